@@ -1,0 +1,551 @@
+"""The broker: topics, the registry of subscriptions with the trie of their selectors, publish
+routing, delayed redelivery, trimming and recovery, over a `Storage`. It imports no trio:
+callers supply the time for delays and do the waiting (see `mop.backends.local`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+from mop.broker.errors import ConsumerBusy, SubscriptionMismatch
+from mop.broker.storage.api import CursorKey, CursorState, Storage
+from mop.broker.subscription import (
+    Attachment,
+    Bookkeeping,
+    Cursor,
+    Subscription,
+    SubscriptionType,
+)
+from mop.broker.topic import Entry, Topic
+from mop.message import Delivery, Message, MessageId
+from mop.topic_names import mqtt_to_pulsar, pulsar_to_mqtt
+from mop.topics import SubscriptionTrie, TopicTree, matches
+
+__all__ = ["SUBSCRIPTIONS_TABLE", "Broker", "BrokerStats", "Published"]
+
+# The table that holds durable subscriptions (type, selectors, members) for recovery.
+SUBSCRIPTIONS_TABLE = "$broker/subscriptions"
+_READ_BATCH = 1000
+
+
+class _Start(Enum):
+    LATEST = "latest"  # from the next message published
+    EARLIEST = "earliest"  # from the first stored message
+    RECOVER = "recover"  # from the saved cursor, or the first stored message without one
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    message_id: MessageId
+    subscriptions: int  # how many subscriptions the message was routed to
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerStats:
+    topics: int
+    subscriptions: int
+    consumers: int
+    messages_stored: int
+    messages_backlog: int  # waiting for a consumer (including delayed redeliveries)
+    messages_unacked: int  # dispatched to a consumer and not yet acknowledged
+    messages_dropped: int  # by the max_backlog rule, since start
+    messages_expired: int  # dropped at dispatch because `expires_at` had passed, since start
+
+
+def _wall_clock_ms() -> float:
+    return time.time() * 1000.0
+
+
+def _is_exact(selector: str) -> bool:
+    return "+" not in selector and "#" not in selector
+
+
+class Broker:
+    """Routes published messages to subscriptions and keeps their state in `storage`.
+
+    Every method that changes cursors saves the durable ones through the storage before it
+    returns (buffered: made durable by the storage's next sync). Async methods are the ones
+    that wait for storage; nothing else blocks.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        tenant: str = "public",
+        namespace: str = "default",
+        clock: Callable[[], float] = _wall_clock_ms,
+    ) -> None:
+        self.storage = storage
+        self.tenant = tenant
+        self.namespace = namespace
+        self._books = Bookkeeping(clock)
+        self._topics: dict[str, Topic] = {}
+        self._by_mqtt: dict[str, Topic] = {}
+        self._tree = TopicTree()
+        self._subs: dict[str, Subscription] = {}
+        self._trie: SubscriptionTrie[str, Subscription] = SubscriptionTrie()
+        self._delayed: list[tuple[float, int, Cursor, Entry]] = []
+        self._trim_dirty: set[Topic] = set()
+        self._seq = itertools.count()
+
+    # -- lookups ---------------------------------------------------------------------------
+
+    def topic(self, name: str) -> Topic | None:
+        return self._topics.get(name)
+
+    def subscription(self, name: str) -> Subscription | None:
+        return self._subs.get(name)
+
+    # -- publish ---------------------------------------------------------------------------
+
+    async def publish(self, topic: str, message: Message) -> Published:
+        """Store and route a message; waits for the storage sync when `message.qos` >= 1."""
+        node = self._topics.get(topic)
+        created = node is None
+        if node is None:
+            node = self._create_topic(topic)
+        try:
+            message_id = self.storage.append(topic, (message,))[0]
+        except BaseException:
+            if created:
+                self._forget_if_unused(node)
+            raise
+        node.last_id = message_id
+        cursors = node.cursors
+        count = len(cursors)
+        if count:
+            entry = Entry(topic, message_id, message)
+            for cursor in cursors:
+                cursor.sub.offer(cursor, entry)
+            if self._books.changed:
+                self._flush()
+        else:
+            self._trim_dirty.add(node)
+        if message.qos:
+            await self.storage.sync()
+        return Published(message_id, count)
+
+    def _create_topic(self, name: str) -> Topic:
+        topic = Topic(
+            name,
+            pulsar_to_mqtt(name, tenant=self.tenant, namespace=self.namespace),
+            self.storage.last_id(name),
+        )
+        self._topics[name] = topic
+        self._by_mqtt[topic.mqtt] = topic
+        self._tree.add(topic.mqtt)
+        # A new topic joins every subscription whose selectors match it, from its first message.
+        for _, _, sub in self._trie.match(topic.mqtt):
+            if name not in sub.cursors:
+                sub.add_cursor(topic, topic.last_id, load=False)
+        return topic
+
+    def _forget_if_unused(self, topic: Topic) -> None:
+        # Topics made by an exact subscribe that never saw a message need not outlive it.
+        if not topic.cursors and topic.last_id is None and self._topics.get(topic.name) is topic:
+            del self._topics[topic.name]
+            del self._by_mqtt[topic.mqtt]
+            self._tree.discard(topic.mqtt)
+            self._trim_dirty.discard(topic)
+
+    # -- subscriptions ---------------------------------------------------------------------
+
+    async def subscribe(
+        self,
+        name: str,
+        selectors: Iterable[str],
+        *,
+        type: SubscriptionType = SubscriptionType.EXCLUSIVE,
+        durable: bool = True,
+        member: str = "",
+        max_backlog: int = 0,
+        earliest: bool = False,
+        capacity: int = 1000,
+        on_ready: Callable[[], None] | None = None,
+    ) -> Attachment:
+        """Attach a consumer to subscription `name`, creating it or updating it to these
+        selectors and options. An existing subscription keeps its cursors (and so its backlog
+        and the messages its last consumer left unacknowledged, which come first)."""
+        sub = self._subs.get(name)
+        created = sub is None
+        if sub is None:
+            sub = Subscription(
+                name, type, durable=durable, max_backlog=max_backlog, books=self._books
+            )
+            self._subs[name] = sub
+        else:
+            if sub.type is not type:
+                raise SubscriptionMismatch(
+                    f"subscription {name!r} is {sub.type.value}, not {type.value}"
+                )
+            if sub.attachments and (
+                type is SubscriptionType.EXCLUSIVE
+                or (member and any(att.member == member for att in sub.attachments))
+            ):
+                who = f"member {member!r} of " if member else ""
+                raise ConsumerBusy(f"{who}subscription {name!r} already has a consumer")
+            if sub.durable and not durable:
+                self._forget_persisted(sub)
+            elif durable and not sub.durable:
+                self._books.changed.update(sub.cursors.values())  # saved by _flush below
+            sub.durable = durable
+            sub.max_backlog = max_backlog
+        wanted = set(selectors)
+        start = _Start.EARLIEST if earliest else _Start.LATEST
+        loads: list[tuple[Cursor, CursorState | None]] = []
+        try:
+            for selector in [s for s in sub.selectors if s not in wanted]:
+                self._remove_selector(sub, selector)
+            for selector in wanted:
+                if selector not in sub.selectors:
+                    self._add_selector(sub, selector, start, loads)
+        except BaseException:
+            # A selector that names no valid topic: do not leave a half-made subscription.
+            if created:
+                self._drop_subscription(sub)
+            raise
+        sub.members.add(member)
+        att = sub.attach(member, next(self._seq), capacity, on_ready)
+        self._persist(sub)
+        self._flush()
+        try:
+            for cursor, state in loads:
+                await self._load(cursor, state)
+            if sub.durable:
+                await self.storage.sync()
+        except BaseException:
+            self.close(att)
+            raise
+        return att
+
+    async def add_selector(self, sub: Subscription, selector: str) -> None:
+        """Add a selector; topics it matches join from their next message."""
+        if selector in sub.selectors or self._subs.get(sub.name) is not sub:
+            return
+        self._add_selector(sub, selector, _Start.LATEST, [])
+        await self._save(sub)
+
+    async def remove_selector(self, sub: Subscription, selector: str) -> None:
+        """Remove a selector; topics no remaining selector matches leave with their backlog."""
+        if selector not in sub.selectors or self._subs.get(sub.name) is not sub:
+            return
+        self._remove_selector(sub, selector)
+        await self._save(sub)
+
+    async def _save(self, sub: Subscription) -> None:
+        self._persist(sub)
+        self._flush()
+        if sub.durable:
+            await self.storage.sync()
+
+    def _filter_for(self, selector: str) -> str:
+        if not _is_exact(selector):
+            return selector
+        # An exact selector may name the topic either way; the trie holds the MQTT form.
+        name = mqtt_to_pulsar(selector, tenant=self.tenant, namespace=self.namespace)
+        return pulsar_to_mqtt(name, tenant=self.tenant, namespace=self.namespace)
+
+    def _add_selector(
+        self,
+        sub: Subscription,
+        selector: str,
+        start: _Start,
+        loads: list[tuple[Cursor, CursorState | None]],
+        saved: dict[CursorKey, CursorState] | None = None,
+    ) -> None:
+        topic_filter = self._filter_for(selector)
+        sub.selectors[selector] = topic_filter
+        self._trie.add(topic_filter, sub.name, sub)
+        if _is_exact(selector):
+            name = mqtt_to_pulsar(selector, tenant=self.tenant, namespace=self.namespace)
+            topic = self._topics.get(name)
+            if topic is None:
+                self._create_topic(name)  # attaches `sub` too, through the trie
+                return
+            topics = [topic]
+        else:
+            topics = [self._by_mqtt[mqtt] for mqtt in self._tree.match_filter(topic_filter)]
+        for topic in topics:
+            if topic.name in sub.cursors:
+                continue
+            if start is _Start.LATEST:
+                sub.add_cursor(topic, topic.last_id, load=False)
+                continue
+            state = None
+            if start is _Start.RECOVER and saved is not None:
+                state = saved.pop((topic.name, sub.name), None)
+            mark = None if state is None else state.mark_delete
+            loads.append((sub.add_cursor(topic, mark, load=True), state))
+
+    def _remove_selector(self, sub: Subscription, selector: str) -> None:
+        topic_filter = sub.selectors.pop(selector)
+        remaining = set(sub.selectors.values())
+        if topic_filter not in remaining:
+            self._trie.remove(topic_filter, sub.name)
+        for cursor in list(sub.cursors.values()):
+            mqtt = cursor.topic.mqtt
+            if matches(topic_filter, mqtt) and not any(matches(f, mqtt) for f in remaining):
+                self._drop_cursor(cursor)
+
+    def _drop_cursor(self, cursor: Cursor) -> None:
+        sub = cursor.sub
+        sub.drop_cursor(cursor)
+        if sub.durable:
+            self.storage.save_cursors({(cursor.topic.name, sub.name): None})
+        self._trim_dirty.add(cursor.topic)
+        self._forget_if_unused(cursor.topic)
+
+    def _persist(self, sub: Subscription) -> None:
+        if not sub.durable:
+            return
+        record = {
+            "type": sub.type.value,
+            "selectors": sorted(sub.selectors),
+            "members": sorted(sub.members),
+            "max_backlog": sub.max_backlog,
+        }
+        self.storage.table_put(SUBSCRIPTIONS_TABLE, sub.name, json.dumps(record).encode())
+
+    def _forget_persisted(self, sub: Subscription) -> None:
+        self.storage.table_put(SUBSCRIPTIONS_TABLE, sub.name, None)
+        self.storage.save_cursors({(topic, sub.name): None for topic in sub.cursors})
+
+    def _drop_subscription(self, sub: Subscription) -> None:
+        for cursor in list(sub.cursors.values()):
+            self._drop_cursor(cursor)
+        for topic_filter in set(sub.selectors.values()):
+            self._trie.remove(topic_filter, sub.name)
+        sub.selectors.clear()
+        del self._subs[sub.name]
+        if sub.durable:
+            self.storage.table_put(SUBSCRIPTIONS_TABLE, sub.name, None)
+
+    # -- consumers -------------------------------------------------------------------------
+
+    def take(self, att: Attachment, max_messages: int) -> list[Delivery]:
+        """Up to `max_messages` messages dispatched to `att`; [] when none is queued."""
+        if att.closed or not att.queue:
+            return []
+        taken = att.sub.take(att, max_messages)
+        self._flush()
+        return taken
+
+    def ack(self, att: Attachment, deliveries: Iterable[Delivery]) -> None:
+        if att.closed:
+            return
+        att.sub.ack(att, deliveries)
+        self._flush()
+
+    def nack(
+        self, att: Attachment, deliveries: Iterable[Delivery], *, due: float | None = None
+    ) -> None:
+        """Hand messages back for redelivery: now, or at `due` on the clock that the caller
+        also passes to `release_due`."""
+        if att.closed:
+            return
+        back = att.sub.nack(att, deliveries)
+        if due is None:
+            self._return(back)
+        else:
+            for cursor, entry in back:
+                heapq.heappush(self._delayed, (due, next(self._seq), cursor, entry))
+
+    def next_due(self) -> float | None:
+        """When the earliest delayed redelivery is due, if there is one."""
+        return self._delayed[0][0] if self._delayed else None
+
+    def release_due(self, now: float) -> int:
+        """Return delayed messages that are due to their subscriptions; how many were due."""
+        back: list[tuple[Cursor, Entry]] = []
+        delayed = self._delayed
+        while delayed and delayed[0][0] <= now:
+            _, _, cursor, entry = heapq.heappop(delayed)
+            back.append((cursor, entry))
+        self._return(back)
+        return len(back)
+
+    def _return(self, back: list[tuple[Cursor, Entry]]) -> None:
+        grouped: dict[Cursor, list[Entry]] = {}
+        for cursor, entry in back:
+            if cursor.attached:
+                grouped.setdefault(cursor, []).append(entry)
+        subs = {cursor.sub for cursor in grouped}
+        for cursor, entries in grouped.items():
+            cursor.sub.return_front(cursor, entries)
+        for sub in subs:
+            sub.pump()
+        self._flush()
+
+    def close(self, att: Attachment) -> None:
+        """Detach a consumer. A non-durable subscription goes with its last consumer."""
+        if att.closed:
+            return
+        sub = att.sub
+        sub.detach(att)
+        if not sub.durable and self._subs.get(sub.name) is sub:
+            if not any(other.member == att.member for other in sub.attachments):
+                sub.members.discard(att.member)
+            if not sub.attachments:
+                self._drop_subscription(sub)
+        self._flush()
+
+    async def unsubscribe(self, att: Attachment) -> None:
+        """Detach a consumer and remove its member; the subscription goes with its last one."""
+        sub = att.sub
+        if not att.closed:
+            sub.detach(att)
+        if self._subs.get(sub.name) is not sub:
+            return
+        if not any(other.member == att.member for other in sub.attachments):
+            sub.members.discard(att.member)
+        await self._after_member_change(sub)
+
+    async def delete_subscription(self, name: str, member: str = "") -> None:
+        """Remove an offline member; the subscription goes with its last member."""
+        sub = self._subs.get(name)
+        if sub is None:
+            return
+        if any(att.member == member for att in sub.attachments):
+            raise ConsumerBusy(f"member {member!r} of {name!r} has a consumer attached")
+        sub.members.discard(member)
+        await self._after_member_change(sub)
+
+    async def _after_member_change(self, sub: Subscription) -> None:
+        if not sub.members and not sub.attachments:
+            self._drop_subscription(sub)
+        else:
+            self._persist(sub)
+        self._flush()
+        if sub.durable:
+            await self.storage.sync()
+
+    # -- cursors, trimming, recovery -------------------------------------------------------
+
+    def _flush(self) -> None:
+        """Save the durable cursors that changed; note their topics for trimming."""
+        changed = self._books.changed
+        if not changed:
+            return
+        updates: dict[CursorKey, CursorState | None] = {}
+        for cursor in changed:
+            self._trim_dirty.add(cursor.topic)
+            if cursor.sub.durable and cursor.attached and not cursor.loading:
+                updates[(cursor.topic.name, cursor.sub.name)] = cursor.state()
+        changed.clear()
+        if updates:
+            self.storage.save_cursors(updates)
+
+    def trim_acknowledged(self) -> int:
+        """Drop stored messages that every subscription of their topic has acknowledged (all
+        of them, on a topic without subscriptions); returns how many topics were trimmed."""
+        dirty, self._trim_dirty = self._trim_dirty, set()
+        trimmed = 0
+        for topic in dirty:
+            if self._topics.get(topic.name) is not topic:
+                continue
+            through = _trim_point(topic)
+            if through is not None and (topic.trimmed is None or through > topic.trimmed):
+                self.storage.trim(topic.name, through)
+                topic.trimmed = through
+                trimmed += 1
+        return trimmed
+
+    async def _load(self, cursor: Cursor, state: CursorState | None) -> None:
+        """Read a cursor's backlog from storage: every stored message after its mark_delete
+        that it has not acknowledged, up to the topic's last id when the read started."""
+        topic = cursor.topic
+        upto = topic.last_id
+        after = None if state is None else state.mark_delete
+        acked = frozenset() if state is None else state.acked
+        ids: list[MessageId] = []
+        entries: list[Entry] = []
+        try:
+            while upto is not None and (after is None or after < upto):
+                page = await self.storage.read(topic.name, after, _READ_BATCH)
+                if not page:
+                    break
+                for message_id, message in page:
+                    if message_id > upto:
+                        break
+                    ids.append(message_id)
+                    if message_id not in acked:
+                        entries.append(Entry(topic.name, message_id, message))
+                after = page[-1][0]
+        except BaseException:
+            if cursor.attached and cursor.loading:
+                # Leave the cursor usable, as if it had started after `upto`.
+                if upto is not None and (cursor.mark_delete is None or cursor.mark_delete < upto):
+                    cursor.mark_delete = upto
+                cursor.sub.finish_load(cursor, [], [], frozenset())
+                self._flush()
+            raise
+        if cursor.attached:
+            cursor.sub.finish_load(cursor, ids, entries, acked)
+            cursor.sub.pump()
+            self._flush()
+
+    async def recover(self) -> None:
+        """Rebuild topics, durable subscriptions and their backlogs from storage. Call once,
+        on a new broker, before anything else. Redelivery counts start again from 0."""
+        saved = self.storage.load_cursors()
+        for name in self.storage.topics():
+            if name not in self._topics:
+                self._create_topic(name)
+        loads: list[tuple[Cursor, CursorState | None]] = []
+        for name, raw in self.storage.table_items(SUBSCRIPTIONS_TABLE):
+            record = json.loads(raw)
+            sub = Subscription(
+                name,
+                SubscriptionType(record["type"]),
+                durable=True,
+                max_backlog=int(record["max_backlog"]),
+                books=self._books,
+            )
+            sub.members.update(record["members"])
+            self._subs[name] = sub
+            for selector in record["selectors"]:
+                self._add_selector(sub, selector, _Start.RECOVER, loads, saved)
+        # What is left belongs to subscriptions or topics that are gone.
+        if saved:
+            self.storage.save_cursors(dict.fromkeys(saved))
+        for cursor, state in loads:
+            await self._load(cursor, state)
+        self._trim_dirty.update(self._topics.values())
+        self._flush()
+
+    # -- stats -----------------------------------------------------------------------------
+
+    def stats(self) -> BrokerStats:
+        subs = self._subs.values()
+        backlog = sum(len(c.backlog) for sub in subs for c in sub.cursors.values())
+        attachments = [att for sub in subs for att in sub.attachments]
+        return BrokerStats(
+            topics=len(self._topics),
+            subscriptions=len(self._subs),
+            consumers=len(attachments),
+            messages_stored=self.storage.stats().messages,
+            messages_backlog=backlog + len(self._delayed),
+            messages_unacked=sum(len(att.queue) + len(att.unacked) for att in attachments),
+            messages_dropped=self._books.dropped,
+            messages_expired=self._books.expired,
+        )
+
+
+def _trim_point(topic: Topic) -> MessageId | None:
+    if not topic.cursors:
+        return topic.last_id
+    lowest: MessageId | None = None
+    for cursor in topic.cursors:
+        mark = cursor.mark_delete
+        if mark is None:
+            return None
+        if lowest is None or mark < lowest:
+            lowest = mark
+    return lowest

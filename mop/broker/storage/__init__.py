@@ -1,0 +1,22 @@
+"""Where the broker keeps messages, cursors and tables: the `Storage` interface and its
+implementations."""
+
+from mop.broker.storage.api import (
+    CursorKey,
+    CursorState,
+    Storage,
+    StorageError,
+    StorageFull,
+    StorageStats,
+)
+from mop.broker.storage.memory import MemoryStorage
+
+__all__ = [
+    "CursorKey",
+    "CursorState",
+    "MemoryStorage",
+    "Storage",
+    "StorageError",
+    "StorageFull",
+    "StorageStats",
+]

@@ -1,0 +1,120 @@
+"""The storage interface under the broker: one ordered write-ahead stream of messages, cursors
+and table entries, made durable in groups by `sync()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeAlias
+
+from mop.message import Message, MessageId
+
+__all__ = [
+    "CursorKey",
+    "CursorState",
+    "Storage",
+    "StorageError",
+    "StorageFull",
+    "StorageStats",
+]
+
+# (topic, subscription)
+CursorKey: TypeAlias = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class CursorState:
+    """Where a subscription stands on one topic.
+
+    Every message with an id <= `mark_delete` is acknowledged (None: no message is); `acked`
+    holds the ids after `mark_delete` that are acknowledged one by one. Every other stored
+    message after `mark_delete` is still owed to the subscription.
+    """
+
+    mark_delete: MessageId | None
+    acked: frozenset[MessageId] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class StorageStats:
+    topics: int
+    messages: int
+    bytes: int
+
+
+class StorageError(Exception):
+    """The storage failed to read or write (I/O error, corrupt data, closed store)."""
+
+
+class StorageFull(StorageError):
+    """The disk or a configured size limit refuses more data; backends answer `QuotaExceeded`."""
+
+
+class Storage(Protocol):
+    """Messages per topic, subscription cursors and small key -> value tables.
+
+    Every mutation (`append`, `trim`, `delete_topic`, `save_cursors`, `table_put`) returns at
+    once: it takes effect for readers immediately and is queued, in call order, for writing.
+    `await sync()` returns when everything queued before the call is durable under the store's
+    fsync policy, so concurrent callers share one write and one fsync (group commit), and a
+    durable cursor or table entry never refers to a message that is lost. A store may raise
+    `StorageFull` from a mutation (refusing it) or from `sync()` (the write failed).
+
+    Message ids are strictly increasing per topic for the whole life of the store, across
+    `trim` and restarts; only `delete_topic` lets a topic start again.
+    """
+
+    def append(self, topic: str, messages: Sequence[Message]) -> list[MessageId]:
+        """Assign the next ids of `topic` to `messages` (creating the topic) and queue them."""
+        ...
+
+    async def sync(self) -> None:
+        """Return once every mutation made before this call is durable."""
+        ...
+
+    async def read(
+        self, topic: str, after: MessageId | None, max_count: int
+    ) -> list[tuple[MessageId, Message]]:
+        """Up to `max_count` stored messages of `topic` with an id greater than `after`
+        (None: from the first one kept), in id order; [] for an unknown topic."""
+        ...
+
+    def topics(self) -> list[str]:
+        """Every topic that has been appended to and not deleted (even if trimmed empty)."""
+        ...
+
+    def last_id(self, topic: str) -> MessageId | None:
+        """The id last assigned in `topic` (even if trimmed since), None if there is none."""
+        ...
+
+    def trim(self, topic: str, through: MessageId) -> None:
+        """Drop the messages of `topic` with an id <= `through`; their space may be reclaimed."""
+        ...
+
+    def delete_topic(self, topic: str) -> None:
+        """Forget `topic`, its messages and its cursors."""
+        ...
+
+    def save_cursors(self, updates: Mapping[CursorKey, CursorState | None]) -> None:
+        """Record cursor states (None deletes one). Cheap: a store keeps only the latest state
+        of each cursor, so callers may save on every acknowledgement."""
+        ...
+
+    def load_cursors(self) -> dict[CursorKey, CursorState]:
+        """Every saved cursor."""
+        ...
+
+    def table_put(self, table: str, key: str, value: bytes | None) -> None:
+        """Set a key of a table (None deletes it)."""
+        ...
+
+    def table_items(self, table: str) -> Iterator[tuple[str, bytes]]:
+        """A snapshot of every key of a table with its latest value."""
+        ...
+
+    def stats(self) -> StorageStats: ...
+
+    async def aclose(self) -> None:
+        """Make everything durable and release files; later calls raise `StorageError`."""
+        ...

@@ -1,0 +1,233 @@
+"""Segment files of the durable log: naming, the directory lock, and every blocking read,
+write, truncate, fsync and unlink. Called from worker threads only, never from the trio loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = [
+    "DirectoryLock",
+    "SegmentFiles",
+    "cut_segment",
+    "list_segments",
+    "read_segment",
+    "read_spans",
+    "segment_path",
+]
+
+_SUFFIX = ".log"
+
+
+def segment_path(directory: Path, base: int) -> Path:
+    """Segments are named after the log position of their first byte, so names sort in log
+    order and a position maps to its file without any table."""
+    return directory / f"{base:020d}{_SUFFIX}"
+
+
+def list_segments(directory: Path) -> list[int]:
+    bases = []
+    for path in directory.iterdir():
+        if path.suffix == _SUFFIX and path.stem.isdigit():
+            bases.append(int(path.stem))
+    return sorted(bases)
+
+
+def read_segment(directory: Path, base: int) -> bytes:
+    return segment_path(directory, base).read_bytes()
+
+
+def read_spans(directory: Path, spans: Sequence[tuple[int, int, int]]) -> list[bytes]:
+    """Read (segment base, offset in file, size) spans, opening each file once.
+
+    Raises FileNotFoundError when a segment was reclaimed since the caller looked its
+    positions up; the caller looks them up again.
+    """
+    fds: dict[int, int] = {}
+    try:
+        chunks = []
+        for base, offset, size in spans:
+            fd = fds.get(base)
+            if fd is None:
+                fd = fds[base] = os.open(segment_path(directory, base), os.O_RDONLY)
+            chunk = os.pread(fd, size, offset)
+            if len(chunk) != size:
+                raise OSError(errno.EIO, f"short read in segment {base}")
+            chunks.append(chunk)
+        return chunks
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def cut_segment(directory: Path, base: int, size: int) -> None:
+    """Shorten a segment to `size` bytes (0: remove it) durably; recovery uses this to drop a
+    torn tail before the log is appended to again."""
+    path = segment_path(directory, base)
+    if size == 0:
+        path.unlink()
+    else:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class DirectoryLock:
+    """An exclusive POSIX lock on `LOCK` in the data directory, so that two processes never
+    write one log. POSIX (not flock) locks, so a store reopened in the same process after a
+    simulated crash is not locked out by the abandoned one."""
+
+    def __init__(self, directory: Path) -> None:
+        self._fd = os.open(directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._fd)
+            raise
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class SegmentFiles:
+    """The write side of the log files. `write` puts a run of log bytes at their positions,
+    creating segment files as the run crosses into them, and undoes its partial writes when it
+    fails, so the files always end at a record boundary that was written whole.
+
+    Thread-safe through one lock: the writer thread and a reclaiming thread never interleave.
+    """
+
+    def __init__(self, directory: Path, *, seal_fsync: bool) -> None:
+        self.directory = directory
+        self._seal_fsync = seal_fsync  # fsync a segment when the log moves past it
+        self._lock = threading.Lock()
+        self._fds: dict[int, int] = {}
+        self._dirty: set[int] = set()
+        self._directory_dirty = False
+        self._damaged: str | None = None
+
+    def write(
+        self, start: int, data: bytes | bytearray, bases: Sequence[int], fsync: bool
+    ) -> None:
+        """Write `data` at log position `start`; `bases` are the bases of the segments the run
+        touches, in order (the first may begin before `start`). Fsync everything written so
+        far when `fsync`."""
+        with self._lock:
+            if self._damaged is not None:
+                raise OSError(errno.EIO, self._damaged)
+            undo: list[tuple[int, int]] = []
+            try:
+                self._write_chunks(start, memoryview(data), bases, undo)
+                for base in bases[:-1]:
+                    self._seal(base)
+                if fsync:
+                    self._fsync_dirty()
+            except OSError:
+                self._undo(undo)
+                raise
+
+    def fsync(self) -> None:
+        with self._lock:
+            self._fsync_dirty()
+
+    def unlink(self, base: int) -> None:
+        """Delete a reclaimed segment and make the deletion durable."""
+        with self._lock:
+            self._close(base)
+            self._dirty.discard(base)
+            with contextlib.suppress(FileNotFoundError):
+                segment_path(self.directory, base).unlink()
+            _fsync_directory(self.directory)
+
+    def close(self) -> None:
+        with self._lock:
+            for base in list(self._fds):
+                self._close(base)
+
+    def _write_chunks(
+        self, start: int, data: memoryview, bases: Sequence[int], undo: list[tuple[int, int]]
+    ) -> None:
+        end = start + len(data)
+        for i, base in enumerate(bases):
+            limit = bases[i + 1] if i + 1 < len(bases) else end
+            lo, hi = max(start, base), min(end, limit)
+            if lo >= hi:
+                continue
+            fd = self._open(base, create=lo == base)
+            undo.append((base, lo - base))
+            chunk = data[lo - start : hi - start]
+            offset = lo - base
+            while chunk:
+                written = os.pwrite(fd, chunk, offset)
+                chunk, offset = chunk[written:], offset + written
+            self._dirty.add(base)
+
+    def _open(self, base: int, *, create: bool) -> int:
+        fd = self._fds.get(base)
+        if fd is None:
+            flags = os.O_WRONLY | (os.O_CREAT | os.O_TRUNC if create else 0)
+            fd = self._fds[base] = os.open(segment_path(self.directory, base), flags, 0o644)
+            self._directory_dirty |= create
+        return fd
+
+    def _seal(self, base: int) -> None:
+        if self._seal_fsync and base in self._dirty:
+            os.fsync(self._fds[base])
+            self._dirty.discard(base)
+        if base not in self._dirty:
+            self._close(base)
+
+    def _fsync_dirty(self) -> None:
+        for base in sorted(self._dirty):
+            fd = self._fds.get(base)
+            if fd is not None:
+                os.fsync(fd)
+        if self._directory_dirty:
+            _fsync_directory(self.directory)
+            self._directory_dirty = False
+        # Sealed segments are never written again; only the newest keeps its descriptor.
+        newest = max(self._fds, default=-1)
+        for base in self._dirty:
+            if base != newest:
+                self._close(base)
+        self._dirty.clear()
+
+    def _undo(self, undo: list[tuple[int, int]]) -> None:
+        """Cut every touched file back to where this write started (a new file goes away)."""
+        try:
+            for base, size in reversed(undo):
+                if size == 0:
+                    self._close(base)
+                    self._dirty.discard(base)
+                    with contextlib.suppress(FileNotFoundError):
+                        segment_path(self.directory, base).unlink()
+                else:
+                    os.ftruncate(self._fds[base], size)
+        except OSError as exc:
+            # The files may now hold a partial record before later writes: refuse to go on.
+            self._damaged = f"could not undo a failed write: {exc}"
+
+    def _close(self, base: int) -> None:
+        fd = self._fds.pop(base, None)
+        if fd is not None:
+            os.close(fd)

@@ -1,0 +1,127 @@
+"""The `mop` command: run a node (`mop run`), show the effective settings (`mop config`).
+
+Exit codes: 0 after a clean stop, 1 when the node cannot start, 2 for bad settings or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from importlib import metadata
+
+import trio
+
+from mop.config import ConfigError, dump_settings, load_settings
+from mop.node import StartupError, serve_node
+from mop.settings import Settings
+
+EXIT_OK = 0
+EXIT_STARTUP_FAILED = 1
+EXIT_USAGE = 2
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+logger = logging.getLogger(__name__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line `argv` (default: `sys.argv[1:]`) and return the exit code."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        # argparse has already printed the help, the version or the usage error.
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        return _fail(exc, EXIT_USAGE)
+    command: Callable[[Settings, argparse.Namespace], int] = args.command
+    return command(settings, args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mop",
+        description="MQTT and Pulsar messaging broker.",
+        epilog="Settings: embedded defaults, ./settings.toml, --config FILE, then MOP_* variables.",
+    )
+    parser.add_argument("--version", action="version", version=f"mop {_version()}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+
+    run = commands.add_parser("run", help="run a node until SIGINT or SIGTERM")
+    run.set_defaults(command=_run)
+
+    show = commands.add_parser("config", help="print the effective settings")
+    show.add_argument("--json", action="store_true", help="print JSON instead of TOML")
+    show.set_defaults(command=_show_config)
+
+    for command in (run, show):
+        command.add_argument(
+            "--config", metavar="FILE", help="settings file (TOML) overriding ./settings.toml"
+        )
+    return parser
+
+
+def _version() -> str:
+    try:
+        return metadata.version("mop")
+    except metadata.PackageNotFoundError:  # running from a source tree that is not installed
+        return "0+unknown"
+
+
+def _fail(error: object, code: int) -> int:
+    print(f"mop: error: {error}", file=sys.stderr)
+    return code
+
+
+def _show_config(settings: Settings, args: argparse.Namespace) -> int:
+    if args.json:
+        print(json.dumps(dataclasses.asdict(settings), indent=2))
+    else:
+        print(dump_settings(settings), end="")
+    return EXIT_OK
+
+
+def _run(settings: Settings, args: argparse.Namespace) -> int:
+    logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
+    failures: list[BaseException] = []
+    try:
+        trio.run(_serve, settings)
+    except* StartupError as group:
+        failures.extend(_leaves(group))
+    except* KeyboardInterrupt:
+        # Ctrl-C before the signal handlers are installed: stop quietly, as a later one would.
+        pass
+    for failure in failures:
+        _fail(failure, EXIT_STARTUP_FAILED)
+    return EXIT_STARTUP_FAILED if failures else EXIT_OK
+
+
+async def _serve(settings: Settings) -> None:
+    async with trio.open_nursery() as nursery:
+        await nursery.start(_cancel_on_signal, nursery.cancel_scope)
+        await nursery.start(serve_node, settings)
+
+
+async def _cancel_on_signal(
+    scope: trio.CancelScope, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Cancel `scope` (stopping the node) at the first SIGINT or SIGTERM."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
+        async for signum in signals:
+            logger.info("received %s, stopping", signal.Signals(signum).name)
+            scope.cancel()
+            return
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    leaves: list[BaseException] = []
+    for exc in group.exceptions:
+        leaves.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return leaves

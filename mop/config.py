@@ -1,0 +1,332 @@
+"""Settings files and MOP_* environment variables -> the typed `mop.settings.Settings`.
+
+Files use dynaconf's format (settings in the [default] environment table) and dynaconf parses
+every value; this module layers the sources key by key and checks each value against the
+dataclasses, reporting the first problem as a one-line `ConfigError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tomllib
+import types
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Final, Literal, TypeVar, get_args, get_origin, get_type_hints
+
+from dynaconf.utils.parse_conf import boolean_fix, parse_conf_data
+
+from mop.settings import Settings, TlsSettings
+
+ENV_PREFIX: Final = "MOP_"
+ENV_NESTING: Final = "__"
+# The dynaconf environment (top-level TOML table) that holds mop's settings.
+ENVIRONMENT: Final = "default"
+DEFAULTS_FILE: Final = Path(__file__).with_name("default_settings.toml")
+LOCAL_FILE: Final = "settings.toml"
+
+_T = TypeVar("_T")
+Tree = dict[str, Any]
+
+
+class ConfigError(Exception):
+    """A setting mop cannot use, named by its dotted key (or by the file that is wrong)."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(key, problem)
+        self.key = key
+        self.problem = problem
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.problem}"
+
+
+def load_settings(
+    config_file: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Build the effective settings, or raise `ConfigError`.
+
+    Sources, each overriding the ones before it key by key: the embedded defaults,
+    `./settings.toml` if the working directory has one, `config_file`, then the `MOP_*` entries
+    of `environ` (default: `os.environ`), with `__` between nesting levels.
+    """
+    tree: Tree = {}
+    for source, layer in _layers(config_file, os.environ if environ is None else environ):
+        _merge(tree, layer, source, Settings, "")
+    return _build(Settings, tree, "")
+
+
+def dump_settings(settings: Settings) -> str:
+    """`settings` as a settings file (TOML, in the [default] table) that loads back to them."""
+    lines: list[str] = []
+    _dump_table(settings, ENVIRONMENT, lines)
+    return "\n".join(lines) + "\n"
+
+
+# --- reading the sources -------------------------------------------------------------------------
+
+
+def _layers(
+    config_file: str | os.PathLike[str] | None, environ: Mapping[str, str]
+) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    # The sources are not handed to a Dynaconf object: it would take SETTINGS_FILE_FOR_DYNACONF
+    # and ENV_FOR_DYNACONF from the process environment (defeating `environ`), and between files
+    # it replaces whole tables or, when merging, appends lists instead of replacing them.
+    files = [DEFAULTS_FILE]
+    local = Path.cwd() / LOCAL_FILE
+    if local.is_file():
+        files.append(local)
+    if config_file is not None:
+        path = Path(config_file)
+        if not path.is_file():
+            raise ConfigError(os.fspath(config_file), "settings file not found")
+        files.append(path)
+    for path in files:
+        yield f"file {path}", _read_file(path)
+    # Sorted so that a whole table (MOP_MQTT) comes before the keys that refine it (MOP_MQTT__PORT).
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX):
+            yield f"environment variable {name}", _read_variable(name, environ[name])
+
+
+def _read_file(path: Path) -> Mapping[str, Any]:
+    """The [default] table of a settings file, its values parsed as dynaconf parses them."""
+    try:
+        with path.open("rb") as file:
+            document = tomllib.load(file)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(str(path), f"cannot read settings file ({exc})") from None
+    # A misplaced [mqtt] or a misspelt [defualt] would otherwise be ignored without a word.
+    for key in document:
+        if key != ENVIRONMENT:
+            raise ConfigError(
+                str(path), f"unexpected top-level key {key!r}: settings go in the [default] table"
+            )
+    table = document.get(ENVIRONMENT, {})
+    if not isinstance(table, dict):
+        raise ConfigError(str(path), "[default] must be a table")
+    parsed: Mapping[str, Any] = parse_conf_data(table, tomlfy=False, box_settings={})
+    return parsed
+
+
+def _read_variable(name: str, raw: str) -> Mapping[str, Any]:
+    """One MOP_A__B=value variable as {"a": {"b": value}}; values are parsed as TOML by dynaconf."""
+    value: Any = parse_conf_data(boolean_fix(raw), tomlfy=True, box_settings={})
+    for part in reversed(name[len(ENV_PREFIX) :].split(ENV_NESTING)):
+        value = {part: value}
+    layer: Mapping[str, Any] = value
+    return layer
+
+
+def _merge(tree: Tree, layer: Mapping[str, Any], source: str, cls: type, prefix: str) -> None:
+    """Overlay `layer` on `tree`: tables merge key by key; other values, lists too, replace."""
+    sections = _sections(cls)
+    names = _field_names(cls)
+    for raw_key, value in layer.items():
+        name = str(raw_key).lower()
+        key = prefix + name
+        if name not in names:
+            raise ConfigError(key, f"unknown key (from {source})")
+        section = sections.get(name)
+        if section is not None and isinstance(value, Mapping):
+            subtree = tree.get(name)
+            if not isinstance(subtree, dict):
+                subtree = tree[name] = {}
+            _merge(subtree, value, source, section, key + ".")
+        else:
+            tree[name] = value
+
+
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(field.name for field in dataclasses.fields(cls))
+
+
+def _sections(cls: type) -> dict[str, type]:
+    """The fields of `cls` that are tables (nested settings dataclasses)."""
+    hints = get_type_hints(cls)
+    return {
+        field.name: hints[field.name]
+        for field in dataclasses.fields(cls)
+        if dataclasses.is_dataclass(hints[field.name])
+    }
+
+
+# --- checking values -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Bounds:
+    low: int
+    high: int | None = None
+
+    def describe(self) -> str:
+        if self.high is not None:
+            return f"must be an integer between {self.low} and {self.high}"
+        if self.low == 1:
+            return "must be a positive integer"
+        return f"must be an integer >= {self.low}"
+
+
+_PORT: Final = _Bounds(0, 65535)
+_POSITIVE: Final = _Bounds(1)
+_UINT32: Final = _Bounds(0, 0xFFFFFFFF)
+# Integer bounds, by dotted key or by field name; any other integer must be positive.
+_INT_BOUNDS: Final[Mapping[str, _Bounds]] = {
+    "port": _PORT,
+    "ws_port": _PORT,
+    "tls_port": _PORT,
+    "mqtt.max_packet_size": _Bounds(1, 268_435_460),  # MQTT's largest remaining length + header
+    "mqtt.max_inflight": _Bounds(1, 65535),
+    "mqtt.max_topic_length": _Bounds(1, 65535),
+    "mqtt.max_keep_alive": _Bounds(0, 65535),
+    "mqtt.topic_alias_maximum": _Bounds(0, 65535),
+    "mqtt.default_session_expiry": _UINT32,
+    "mqtt.max_session_expiry": _UINT32,
+    "storage.retention_bytes": _Bounds(0),
+    "storage.retention_seconds": _Bounds(0),
+}
+
+_LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_PULSAR_SCHEMES: Final = ("pulsar://", "pulsar+ssl://")
+# Rules for string values (and the strings in lists), by field name: (accepts, problem).
+_STRING_RULES: Final[Mapping[str, tuple[Callable[[str], bool], str]]] = {
+    "log_level": (
+        lambda value: value in _LOG_LEVELS,
+        "must be one of " + ", ".join(repr(level) for level in _LOG_LEVELS),
+    ),
+    "service_url": (lambda value: value.startswith(_PULSAR_SCHEMES), "must be a pulsar:// URL"),
+    "advertised_url": (lambda value: value.startswith(_PULSAR_SCHEMES), "must be a pulsar:// URL"),
+    "brokers": (lambda value: value.startswith(_PULSAR_SCHEMES), "must be pulsar:// URLs"),
+    "protocols": (bool, "must be protocol names"),
+}
+
+# Rules that involve several fields of one table: (accepts, problem).
+_TABLE_RULES: Final[Mapping[type, tuple[tuple[Callable[[Any], bool], str], ...]]] = {
+    TlsSettings: (
+        (
+            lambda tls: (tls.certfile is None) == (tls.keyfile is None),
+            "certfile and keyfile must be set together",
+        ),
+    ),
+}
+
+
+def _build(cls: type[_T], data: Mapping[str, Any], prefix: str) -> _T:
+    hints = get_type_hints(cls)
+    values = {
+        field.name: _convert(prefix + field.name, hints[field.name], data[field.name])
+        for field in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if field.name in data
+    }
+    settings = cls(**values)
+    for accepts, problem in _TABLE_RULES.get(cls, ()):
+        if not accepts(settings):
+            raise ConfigError(prefix.rstrip("."), problem)
+    return settings
+
+
+def _convert(key: str, hint: Any, value: Any) -> Any:
+    """`value` as the type `hint` describes, or a ConfigError naming `key`."""
+    origin = get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, Mapping):
+            raise _invalid(key, "must be a table", value)
+        return _build(hint, value, key + ".")  # type: ignore[arg-type]
+    if origin is Literal:
+        choices = get_args(hint)
+        if value not in choices:
+            raise _invalid(key, "must be one of " + ", ".join(map(repr, choices)), value)
+        return value
+    if origin is types.UnionType:
+        if value is None:
+            return None
+        (present,) = (arg for arg in get_args(hint) if arg is not type(None))
+        return _convert(key, present, value)
+    if origin is tuple:
+        (item,) = get_args(hint)[:1]
+        if not isinstance(value, list | tuple):
+            raise _invalid(key, "must be a list", value)
+        return tuple(_convert(key, item, element) for element in value)
+    return _SCALARS[hint](key, value)
+
+
+def _to_bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _invalid(key, "must be true or false", value)
+    return value
+
+
+def _to_int(key: str, value: Any) -> int:
+    bounds = _INT_BOUNDS.get(key) or _INT_BOUNDS.get(key.rpartition(".")[2]) or _POSITIVE
+    # bool is an int subclass, but `port = true` is a mistake, not 1.
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < bounds.low
+        or (bounds.high is not None and value > bounds.high)
+    ):
+        raise _invalid(key, bounds.describe(), value)
+    return value
+
+
+def _to_float(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise _invalid(key, "must be a positive number", value)
+    return float(value)
+
+
+def _to_str(key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise _invalid(key, "must be a string", value)
+    rule = _STRING_RULES.get(key.rpartition(".")[2])
+    if rule is not None and not rule[0](value):
+        raise _invalid(key, rule[1], value)
+    return value
+
+
+_SCALARS: Final[Mapping[Any, Callable[[str, Any], Any]]] = {
+    bool: _to_bool,
+    int: _to_int,
+    float: _to_float,
+    str: _to_str,
+}
+
+
+def _invalid(key: str, problem: str, value: Any) -> ConfigError:
+    return ConfigError(key, f"{problem} (got {value!r})")
+
+
+# --- writing -------------------------------------------------------------------------------------
+
+
+def _dump_table(table: object, name: str, lines: list[str]) -> None:
+    if lines:
+        lines.append("")
+    lines.append(f"[{name}]")
+    subtables: list[tuple[str, object]] = []
+    for field in dataclasses.fields(table):  # type: ignore[arg-type]
+        value = getattr(table, field.name)
+        if dataclasses.is_dataclass(value):
+            subtables.append((field.name, value))
+        elif value is None:
+            lines.append(f"# {field.name} is not set")
+        else:
+            lines.append(f"{field.name} = {_toml_value(value)}")
+    for key, subtable in subtables:
+        _dump_table(subtable, f"{name}.{key}", lines)
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, str):
+        # JSON string escapes are valid TOML basic-string escapes.
+        return json.dumps(value)
+    return repr(value)

@@ -1,0 +1,97 @@
+"""The MessagingProcessor: the one protocol-neutral core every adapter talks to.
+
+It applies what is common to all protocols (connection limits, counters for metrics and `$SYS`)
+and delegates storage and routing to exactly one Backend, chosen by `mop.node`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from mop.message import Message
+from mop.processor.backend import (
+    Backend,
+    ClientLease,
+    Consumer,
+    PublishResult,
+    SubscriptionSpec,
+    Table,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientContext:
+    """Who is asking: passed with every call so limits, ACLs and metrics can use it."""
+
+    client_id: str
+    protocol: str
+    peer: str = ""
+    username: str | None = None
+
+
+@dataclass(slots=True)
+class ProcessorStats:
+    started_at: float
+    connections: int = 0
+    connections_total: int = 0
+    messages_received: int = 0
+    messages_sent: int = 0
+    bytes_received: int = 0
+    bytes_sent: int = 0
+    messages_dropped: int = 0
+
+    @property
+    def uptime(self) -> float:
+        return time.monotonic() - self.started_at
+
+
+class ConnectionLimitReached(Exception):
+    """The node already serves its configured maximum number of clients."""
+
+
+class MessagingProcessor:
+    def __init__(self, backend: Backend, *, max_connections: int = 0) -> None:
+        self.backend = backend
+        self.max_connections = max_connections
+        self.stats = ProcessorStats(started_at=time.monotonic())
+
+    async def open_client(self, ctx: ClientContext) -> ClientLease:
+        """Admit a client and take its id (fencing an older connection with the same id)."""
+        if self.max_connections and self.stats.connections >= self.max_connections:
+            raise ConnectionLimitReached(f"the node serves {self.max_connections} clients already")
+        self.stats.connections += 1
+        try:
+            lease = await self.backend.open_client(ctx.client_id)
+        except BaseException:
+            self.stats.connections -= 1
+            raise
+        self.stats.connections_total += 1
+        return lease
+
+    async def close_client(self, ctx: ClientContext, lease: ClientLease) -> None:
+        self.stats.connections -= 1
+        await lease.release()
+
+    async def publish(self, ctx: ClientContext, topic: str, message: Message) -> PublishResult:
+        self.stats.messages_received += 1
+        return await self.backend.publish(topic, message)
+
+    async def subscribe(self, ctx: ClientContext, spec: SubscriptionSpec) -> Consumer:
+        return await self.backend.subscribe(spec)
+
+    async def delete_subscription(self, name: str, member: str = "") -> None:
+        await self.backend.delete_subscription(name, member)
+
+    def table(self, name: str) -> Table:
+        return self.backend.table(name)
+
+    async def lookup(self, topic: str) -> str:
+        return await self.backend.lookup(topic)
+
+    def record_sent(self, messages: int, nbytes: int) -> None:
+        self.stats.messages_sent += messages
+        self.stats.bytes_sent += nbytes
+
+    def record_received_bytes(self, nbytes: int) -> None:
+        self.stats.bytes_received += nbytes

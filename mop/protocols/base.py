@@ -1,0 +1,70 @@
+"""The protocol handler lifecycle (Pulsar PIP-41's, in trio terms) and handler discovery.
+
+A node calls, in this order: `initialize(settings)` -> `advertised_data()` ->
+`await start(services)` -> `listeners()` (the node serves them) -> `await close()`.
+Handlers are found through the `mop.protocols` entry-point group, so a package can add one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Protocol
+
+import trio
+
+from mop.processor import MessagingProcessor
+from mop.settings import Settings
+from mop.transport import Handler, ListenerSpec
+
+ENTRY_POINT_GROUP = "mop.protocols"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeServices:
+    """What a node hands its protocol handlers when they start."""
+
+    processor: MessagingProcessor
+    # Background tasks of the handler live here; the node cancels it after `close`.
+    nursery: trio.Nursery
+
+
+class ProtocolHandler(Protocol):
+    name: str
+
+    def initialize(self, settings: Settings) -> None:
+        """Read the settings; no I/O yet."""
+        ...
+
+    def advertised_data(self) -> dict[str, str]:
+        """What this handler serves, for discovery (e.g. {"mqtt": "mqtt://127.0.0.1:1883"})."""
+        ...
+
+    async def start(self, services: NodeServices) -> None:
+        """Start background work; return once the handler is ready for connections."""
+        ...
+
+    def listeners(self) -> list[tuple[ListenerSpec, Handler]]:
+        """The listeners to serve and the connection handler for each."""
+        ...
+
+    async def close(self) -> None:
+        """Stop: finish or refuse in-flight work; the node closes connections afterwards."""
+        ...
+
+
+class UnknownProtocol(LookupError):
+    pass
+
+
+def load_protocol(name: str) -> ProtocolHandler:
+    """Instantiate the handler registered under `name` in the `mop.protocols` group."""
+    found = entry_points(group=ENTRY_POINT_GROUP, name=name)
+    for entry in found:
+        handler_class = entry.load()
+        handler: ProtocolHandler = handler_class()
+        return handler
+    known = sorted(e.name for e in entry_points(group=ENTRY_POINT_GROUP))
+    raise UnknownProtocol(
+        f"unknown protocol {name!r} (installed: {', '.join(known) or 'none'})"
+    )

@@ -1,0 +1,74 @@
+"""The MQTT protocol handler: MQTT 3.1, 3.1.1 and 5.0 over TCP, TLS and WebSocket."""
+
+from __future__ import annotations
+
+from mop.protocols.base import NodeServices
+from mop.protocols.mqtt.server import MqttServer
+from mop.settings import MqttSettings, Settings
+from mop.transport import Handler, ListenerSpec, server_ssl_context
+
+WS_SUBPROTOCOLS = ("mqtt", "mqttv3.1")
+
+
+class MqttProtocol:
+    name = "mqtt"
+
+    def __init__(self) -> None:
+        self._settings: Settings | None = None
+        self._server: MqttServer | None = None
+
+    @property
+    def mqtt(self) -> MqttSettings:
+        assert self._settings is not None, "initialize() first"
+        return self._settings.mqtt
+
+    def initialize(self, settings: Settings) -> None:
+        self._settings = settings
+
+    def advertised_data(self) -> dict[str, str]:
+        urls = {"mqtt": f"mqtt://{self.mqtt.host}:{self.mqtt.port}"}
+        if self.mqtt.tls.enabled:
+            urls["mqtts"] = f"mqtts://{self.mqtt.host}:{self.mqtt.tls_port}"
+        if self.mqtt.ws_enabled:
+            urls["ws"] = f"ws://{self.mqtt.host}:{self.mqtt.ws_port}{self.mqtt.ws_path}"
+        return urls
+
+    async def start(self, services: NodeServices) -> None:
+        assert self._settings is not None, "initialize() first"
+        self._server = MqttServer(self._settings, services.processor)
+        await services.nursery.start(self._server.serve)
+
+    @property
+    def server(self) -> MqttServer:
+        assert self._server is not None, "start() first"
+        return self._server
+
+    def listeners(self) -> list[tuple[ListenerSpec, Handler]]:
+        mqtt = self.mqtt
+        handler = self.server.handle_connection
+        specs = [ListenerSpec(name="mqtt", kind="tcp", host=mqtt.host, port=mqtt.port)]
+        if mqtt.tls.enabled:
+            assert mqtt.tls.certfile is not None and mqtt.tls.keyfile is not None
+            context = server_ssl_context(
+                certfile=mqtt.tls.certfile,
+                keyfile=mqtt.tls.keyfile,
+                cafile=mqtt.tls.cafile,
+                require_client_cert=mqtt.tls.require_client_cert,
+            )
+            specs.append(
+                ListenerSpec(
+                    name="mqtt", kind="tls", host=mqtt.host, port=mqtt.tls_port,
+                    ssl_context=context,
+                )
+            )
+        if mqtt.ws_enabled:
+            specs.append(
+                ListenerSpec(
+                    name="mqtt", kind="ws", host=mqtt.host, port=mqtt.ws_port,
+                    ws_path=mqtt.ws_path, ws_subprotocols=WS_SUBPROTOCOLS,
+                )
+            )
+        return [(spec, handler) for spec in specs]
+
+    async def close(self) -> None:
+        """Nothing to finish: connections close through the node's cancellation."""

@@ -1,0 +1,230 @@
+"""The server side of one MQTT connection as a pure state machine (no I/O).
+
+Feed it bytes with `receive_data`, take packets with `next_event`, turn packets into bytes with
+`send`. It enforces what is per connection: packet order (CONNECT first and once), topic aliases
+in both directions, the server's Receive Maximum, the client's Maximum Packet Size, and the
+Request Problem Information choice. Session semantics live above it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, cast
+
+from mop.protocols.mqtt.codec import NEED_DATA, NeedData, PacketDecoder, encode, encode_publish
+from mop.protocols.mqtt.errors import LocalProtocolError, ProtocolViolation, RemoteProtocolError
+from mop.protocols.mqtt.packets import (
+    Auth,
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    Pingreq,
+    Properties,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Subscribe,
+    Unsubscribe,
+)
+from mop.protocols.mqtt.reason_codes import ReasonCode
+from mop.topics import TopicError, validate_topic_name
+
+# Packets a client may send once connected; anything else is a protocol error.
+_CLIENT_PACKETS = (
+    Publish,
+    Puback,
+    Pubrec,
+    Pubrel,
+    Pubcomp,
+    Subscribe,
+    Unsubscribe,
+    Pingreq,
+    Disconnect,
+    Auth,
+)
+
+
+class ConnectionState(Enum):
+    AWAITING_CONNECT = "awaiting_connect"
+    CONNECTED = "connected"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    max_packet_size: int = 1_048_576
+    receive_maximum: int = 32
+    topic_alias_maximum: int = 10
+    max_topic_length: int = 65535
+    max_topic_levels: int = 128
+
+
+class ServerConnection:
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self.state = ConnectionState.AWAITING_CONNECT
+        self.protocol_level = 4
+        self._decoder = PacketDecoder(protocol_level=5, max_packet_size=limits.max_packet_size)
+        # What the client told us in CONNECT.
+        self.client_receive_maximum = 65535
+        self.client_max_packet_size: int | None = None
+        self.client_topic_alias_maximum = 0
+        self.problem_information = True
+        self.auth_method: str | None = None
+        self._aliases_in: dict[int, str] = {}
+        self._aliases_out: dict[str, int] = {}
+        # Inbound QoS 1/2 packet ids not yet answered with PUBACK / PUBCOMP (Receive Maximum).
+        self._inbound_unacked: set[int] = set()
+
+    # -- receiving -------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes | bytearray) -> None:
+        self._decoder.feed(bytes(data) if isinstance(data, bytearray) else data)
+
+    def next_event(self) -> Packet | NeedData:
+        """The next complete packet from the client, checked against the connection state.
+
+        Raises RemoteProtocolError (with the reason code to answer) when the client misbehaves.
+        """
+        if self.state is ConnectionState.CLOSED:
+            return NEED_DATA
+        packet = self._decoder.next_packet()
+        if isinstance(packet, NeedData):
+            return packet
+        if self.state is ConnectionState.AWAITING_CONNECT:
+            if not isinstance(packet, Connect):
+                raise ProtocolViolation(f"expected CONNECT, got {type(packet).__name__.upper()}")
+            self._accept_connect(packet)
+            return packet
+        if not isinstance(packet, _CLIENT_PACKETS):
+            raise ProtocolViolation(f"{type(packet).__name__.upper()} is not sent by clients")
+        if isinstance(packet, Publish):
+            return self._inbound_publish(packet)
+        if isinstance(packet, Auth) and self.auth_method is None:
+            raise ProtocolViolation("AUTH without an authentication method in CONNECT")
+        return packet
+
+    def _accept_connect(self, connect: Connect) -> None:
+        self.protocol_level = connect.protocol_level
+        self._decoder.protocol_level = connect.protocol_level
+        self.state = ConnectionState.CONNECTED
+        props = connect.properties
+        if props.receive_maximum is not None:
+            self.client_receive_maximum = props.receive_maximum
+        self.client_max_packet_size = props.maximum_packet_size
+        self.client_topic_alias_maximum = props.topic_alias_maximum or 0
+        self.problem_information = props.request_problem_information != 0
+        self.auth_method = props.authentication_method
+
+    def _inbound_publish(self, publish: Publish) -> Publish:
+        alias = publish.properties.topic_alias
+        topic = publish.topic
+        if alias is not None:
+            if alias > self.limits.topic_alias_maximum:
+                raise RemoteProtocolError(
+                    f"topic alias {alias} above the maximum {self.limits.topic_alias_maximum}",
+                    reason_code=ReasonCode.TOPIC_ALIAS_INVALID,
+                )
+            if topic:
+                self._aliases_in[alias] = topic
+            else:
+                known = self._aliases_in.get(alias)
+                if known is None:
+                    raise ProtocolViolation(f"topic alias {alias} was never set")
+                topic = known
+            publish = dataclasses.replace(
+                publish,
+                topic=topic,
+                properties=dataclasses.replace(publish.properties, topic_alias=None),
+            )
+        try:
+            validate_topic_name(
+                topic,
+                max_length=self.limits.max_topic_length,
+                max_levels=self.limits.max_topic_levels,
+            )
+        except TopicError as exc:
+            raise RemoteProtocolError(str(exc), reason_code=exc.reason_code) from exc
+        if publish.qos and publish.packet_id is not None:
+            pid = publish.packet_id
+            if pid not in self._inbound_unacked:
+                if len(self._inbound_unacked) >= self.limits.receive_maximum:
+                    raise RemoteProtocolError(
+                        f"more than {self.limits.receive_maximum} QoS 1/2 messages in flight",
+                        reason_code=ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
+                    )
+                self._inbound_unacked.add(pid)
+        return publish
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def send(self, packet: Packet) -> bytes:
+        """Encode a packet for this client (at its protocol level)."""
+        if isinstance(packet, Publish):
+            raise LocalProtocolError("use send_publish for PUBLISH")
+        if isinstance(packet, Puback | Pubcomp) or (
+            isinstance(packet, Pubrec) and packet.reason_code >= 0x80
+        ):
+            self._inbound_unacked.discard(packet.packet_id)
+        elif isinstance(packet, Disconnect | Connack) and (
+            isinstance(packet, Disconnect) or packet.reason_code >= 0x80
+        ):
+            self.state = ConnectionState.CLOSED
+        if (
+            not self.problem_information
+            and self.protocol_level == 5
+            and not isinstance(packet, Connack | Disconnect)
+        ):
+            packet = _without_problem_information(packet)
+        return encode(packet, self.protocol_level)
+
+    def send_publish(self, publish: Publish) -> bytes | None:
+        """Encode an outbound PUBLISH, using a topic alias when the client allows them.
+
+        Returns None when the packet exceeds the client's Maximum Packet Size: the message is
+        then dropped for this client (MQTT 5 section 3.1.2.25), never sent truncated.
+        """
+        props = publish.properties
+        topic = publish.topic
+        assigned = False
+        if self.client_topic_alias_maximum:
+            alias = self._aliases_out.get(topic)
+            if alias is not None:
+                topic = ""
+                props = dataclasses.replace(props, topic_alias=alias)
+            elif len(self._aliases_out) < self.client_topic_alias_maximum:
+                alias = len(self._aliases_out) + 1
+                self._aliases_out[topic] = alias
+                props = dataclasses.replace(props, topic_alias=alias)
+                assigned = True
+        data = encode_publish(
+            topic,
+            publish.payload,
+            qos=publish.qos,
+            retain=publish.retain,
+            dup=publish.dup,
+            packet_id=publish.packet_id,
+            properties=props,
+            protocol_level=self.protocol_level,
+        )
+        limit = self.client_max_packet_size
+        if limit is not None and len(data) > limit:
+            if assigned:  # the client never learns an alias from a packet that is not sent
+                del self._aliases_out[publish.topic]
+            return None
+        return data
+
+
+def _without_problem_information(packet: Packet) -> Packet:
+    """Drop reason strings and user properties (the client set Request Problem Information
+    to 0, MQTT 5 section 3.1.2.11.7)."""
+    props: Properties | None = getattr(packet, "properties", None)
+    if props is None or (props.reason_string is None and not props.user_properties):
+        return packet
+    stripped = dataclasses.replace(props, reason_string=None, user_properties=())
+    return cast(Packet, dataclasses.replace(cast(Any, packet), properties=stripped))

@@ -1,0 +1,88 @@
+"""Retained messages: the last retained message per MQTT topic, kept in a processor table.
+
+The table makes them durable and visible to every node; the in-memory topic tree answers
+"which retained topics match this filter" without scanning every retained message.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from mop.message import Message
+from mop.processor import Table
+from mop.topics import TopicTree
+
+
+@dataclass(frozen=True, slots=True)
+class Retained:
+    topic: str  # MQTT topic name
+    message: Message
+
+
+class RetainedStore:
+    def __init__(self, table: Table) -> None:
+        self._table = table
+        self._tree = TopicTree()
+        self._messages: dict[str, Message] = {}
+        for key, value in table.items():
+            self._tree.add(key)
+            self._messages[key] = decode_message(value)
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    async def set(self, topic: str, message: Message | None) -> None:
+        """Retain `message` for `topic`; None (an empty retained payload) clears it."""
+        if message is None:
+            if topic not in self._messages:
+                return
+            await self._table.put(topic, None)
+            del self._messages[topic]
+            self._tree.discard(topic)
+            return
+        await self._table.put(topic, encode_message(message))
+        self._messages[topic] = message
+        self._tree.add(topic)
+
+    def match(self, topic_filter: str) -> Iterator[Retained]:
+        """Every unexpired retained message on a topic matching the filter."""
+        now_ms = int(time.time() * 1000)
+        for topic in list(self._tree.match_filter(topic_filter)):
+            message = self._messages[topic]
+            if message.expires_at and message.expires_at <= now_ms:
+                continue  # expired: no longer delivered; removed on the next write to it
+            yield Retained(topic, message)
+
+
+def encode_message(message: Message) -> bytes:
+    return json.dumps(
+        {
+            "payload": base64.b64encode(message.payload).decode(),
+            "properties": [list(pair) for pair in message.properties],
+            "key": message.key,
+            "producer": message.producer,
+            "publish_time": message.publish_time,
+            "event_time": message.event_time,
+            "qos": message.qos,
+            "expires_at": message.expires_at,
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def decode_message(data: bytes) -> Message:
+    doc = json.loads(data)
+    return Message(
+        payload=base64.b64decode(doc["payload"]),
+        properties=tuple((k, v) for k, v in doc["properties"]),
+        key=doc["key"],
+        producer=doc["producer"],
+        publish_time=doc["publish_time"],
+        event_time=doc["event_time"],
+        qos=doc["qos"],
+        expires_at=doc["expires_at"],
+    )

@@ -1,0 +1,170 @@
+"""MQTT session state: subscriptions, packet identifiers in flight, QoS 2 receipts, the will.
+
+Pure data with a compact JSON form, so a session can be stored in a processor table and resumed
+by any node or proxy. Live connection objects hang off it but are never serialized.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from mop.message import Delivery, Message, MessageId
+from mop.protocols.mqtt.packets import Properties, Will
+
+if TYPE_CHECKING:
+    from mop.processor.backend import Consumer
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionOptions:
+    qos: int
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+    identifier: int | None = None
+
+
+@dataclass(slots=True)
+class Outbound:
+    """A QoS 1/2 PUBLISH sent to the client and not yet completed."""
+
+    packet_id: int
+    qos: int
+    topic: str  # canonical topic name
+    message_id: MessageId | None  # None for messages not taken from a consumer (retained)
+    released: bool = False  # PUBREC received, PUBREL sent: only PUBCOMP is missing
+    delivery: Delivery | None = None  # the live delivery to acknowledge; not persisted
+    message: Message | None = None  # kept for resending when there is no delivery
+    consumer: Consumer | None = None  # who gets the acknowledgement; not persisted
+
+
+@dataclass(slots=True)
+class SessionState:
+    client_id: str
+    expiry_interval: int = 0
+    subscriptions: dict[str, SubscriptionOptions] = field(default_factory=dict)
+    will: Will | None = None
+    inbound_qos2: set[int] = field(default_factory=set)
+    outbound: dict[int, Outbound] = field(default_factory=dict)
+    # When an offline session ends (ms since epoch); None while a client is connected.
+    expires_at: int | None = None
+    last_packet_id: int = 0
+
+    def allocate_packet_id(self) -> int | None:
+        """The next free packet identifier, or None when all 65535 are in flight."""
+        if len(self.outbound) >= 65535:
+            return None
+        pid = self.last_packet_id
+        while True:
+            pid = pid % 65535 + 1
+            if pid not in self.outbound:
+                self.last_packet_id = pid
+                return pid
+
+    def outbound_for(self, topic: str, message_id: MessageId) -> Outbound | None:
+        """The in-flight entry of a message delivered before (to resend it with its packet id)."""
+        for entry in self.outbound.values():
+            if entry.message_id == message_id and entry.topic == topic:
+                return entry
+        return None
+
+    def to_bytes(self) -> bytes:
+        doc: dict[str, Any] = {
+            "v": 1,
+            "client_id": self.client_id,
+            "expiry": self.expiry_interval,
+            "subs": {f: _options_doc(o) for f, o in self.subscriptions.items()},
+            "qos2_in": sorted(self.inbound_qos2),
+            "out": [_outbound_doc(o) for o in self.outbound.values() if o.message_id is not None],
+            "expires_at": self.expires_at,
+            "last_pid": self.last_packet_id,
+        }
+        if self.will is not None:
+            doc["will"] = _will_doc(self.will)
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SessionState:
+        doc = json.loads(data)
+        state = cls(
+            client_id=doc["client_id"],
+            expiry_interval=doc["expiry"],
+            subscriptions={f: SubscriptionOptions(**o) for f, o in doc["subs"].items()},
+            inbound_qos2=set(doc["qos2_in"]),
+            expires_at=doc["expires_at"],
+            last_packet_id=doc["last_pid"],
+        )
+        for o in doc["out"]:
+            entry = Outbound(
+                packet_id=o["pid"],
+                qos=o["qos"],
+                topic=o["topic"],
+                message_id=MessageId.parse(o["mid"]),
+                released=o["rel"],
+            )
+            state.outbound[entry.packet_id] = entry
+        if "will" in doc:
+            state.will = _will_from_doc(doc["will"])
+        return state
+
+
+def _options_doc(o: SubscriptionOptions) -> dict[str, Any]:
+    return {
+        "qos": o.qos,
+        "no_local": o.no_local,
+        "retain_as_published": o.retain_as_published,
+        "retain_handling": o.retain_handling,
+        "identifier": o.identifier,
+    }
+
+
+def _outbound_doc(o: Outbound) -> dict[str, Any]:
+    return {
+        "pid": o.packet_id,
+        "qos": o.qos,
+        "topic": o.topic,
+        "mid": str(o.message_id),
+        "rel": o.released,
+    }
+
+
+# Will properties worth keeping across a restart; everything else a will can carry is derived.
+_WILL_PROPS = (
+    "will_delay_interval",
+    "message_expiry_interval",
+    "content_type",
+    "response_topic",
+    "payload_format_indicator",
+)
+
+
+def _will_doc(will: Will) -> dict[str, Any]:
+    p = will.properties
+    return {
+        "topic": will.topic,
+        "payload": base64.b64encode(will.payload).decode(),
+        "qos": will.qos,
+        "retain": will.retain,
+        "props": {name: getattr(p, name) for name in _WILL_PROPS if getattr(p, name) is not None},
+        "corr": base64.b64encode(p.correlation_data).decode() if p.correlation_data else None,
+        "user": [list(pair) for pair in p.user_properties],
+    }
+
+
+def _will_from_doc(doc: dict[str, Any]) -> Will:
+    corr = base64.b64decode(doc["corr"]) if doc["corr"] else None
+    props = Properties(
+        correlation_data=corr,
+        user_properties=tuple((k, v) for k, v in doc["user"]),
+        **doc["props"],
+    )
+    return Will(
+        topic=doc["topic"],
+        payload=base64.b64decode(doc["payload"]),
+        qos=doc["qos"],
+        retain=doc["retain"],
+        properties=props,
+    )

@@ -1,0 +1,246 @@
+"""The subscriptions of one MQTT session and the processor consumers that serve them.
+
+Normal filters share one consumer named after the client id (so overlapping filters give one
+delivery per message); each `$share/{group}/{filter}` has its own consumer in the shared
+subscription `group`. `plan` decides per message the QoS, retain flag and subscription ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from mop.message import Message
+from mop.processor import ClientContext, Consumer, SubscriptionKind, SubscriptionSpec
+from mop.protocols.mqtt.errors import ProtocolViolation
+from mop.protocols.mqtt.mapping import was_retained
+from mop.protocols.mqtt.packets import Suback, Subscribe, Unsuback
+from mop.protocols.mqtt.reason_codes import ReasonCode
+from mop.protocols.mqtt.session import SessionState, SubscriptionOptions
+from mop.topics import SubscriptionTrie, TopicError, parse_shared, validate_topic_filter
+
+Deliver = Callable[[Consumer, SubscriptionOptions | None], Awaitable[None]]
+
+if TYPE_CHECKING:  # the server module imports this one
+    from mop.protocols.mqtt.server import MqttServer
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedDelivery:
+    topic: str
+    message: Message
+    qos: int
+    sub_ids: tuple[int, ...]
+
+
+def shared_subscription_name(group: str, topic_filter: str) -> str:
+    return f"$share/{group}/{topic_filter}"
+
+
+class SessionSubscriptions:
+    def __init__(self, server: MqttServer, ctx: ClientContext, state: SessionState) -> None:
+        self._server = server
+        self._ctx = ctx
+        self._state = state
+        self._trie: SubscriptionTrie[str, SubscriptionOptions] = SubscriptionTrie()
+        self._normal: Consumer | None = None
+        self._shared: dict[str, tuple[Consumer, trio.CancelScope]] = {}
+        self._nursery: trio.Nursery | None = None
+        self._deliver: Deliver | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def restore(self) -> None:
+        """Attach consumers for the subscriptions a resumed session already has."""
+        normal = []
+        for topic_filter, options in self._state.subscriptions.items():
+            shared = parse_shared(topic_filter)
+            if shared.group is None:
+                self._trie.add(topic_filter, topic_filter, options)
+                normal.append(topic_filter)
+            else:
+                consumer = await self._subscribe_shared(shared.group, shared.topic_filter)
+                self._shared[topic_filter] = (consumer, trio.CancelScope())
+        if normal:
+            self._normal = await self._subscribe_normal(frozenset(normal))
+
+    def start(self, nursery: trio.Nursery, deliver: Deliver) -> None:
+        self._nursery, self._deliver = nursery, deliver
+        if self._normal is not None:
+            self._run(self._normal, None, trio.CancelScope())
+        for topic_filter, (consumer, scope) in self._shared.items():
+            self._run(consumer, self._state.subscriptions[topic_filter], scope)
+
+    def _run(
+        self, consumer: Consumer, options: SubscriptionOptions | None, scope: trio.CancelScope
+    ) -> None:
+        assert self._nursery is not None and self._deliver is not None
+        deliver = self._deliver
+
+        async def loop() -> None:
+            with scope:
+                await deliver(consumer, options)
+
+        self._nursery.start_soon(loop)
+
+    async def detach(self, *, unsubscribe: bool) -> None:
+        """The connection ends: close the consumers, or delete them when the session ends."""
+        consumers = [c for c, _ in self._shared.values()]
+        if self._normal is not None:
+            consumers.append(self._normal)
+        for consumer in consumers:
+            if unsubscribe:
+                await consumer.unsubscribe()
+            else:
+                await consumer.close()
+
+    # -- SUBSCRIBE / UNSUBSCRIBE -----------------------------------------------------------
+
+    async def subscribe(
+        self, packet: Subscribe, *, v5: bool
+    ) -> tuple[list[int], list[RetainedDelivery]]:
+        settings = self._server.settings
+        ids = packet.properties.subscription_identifiers
+        identifier = ids[0] if ids else None
+        codes: list[int] = []
+        retained: list[RetainedDelivery] = []
+        for request in packet.subscriptions:
+            topic_filter = request.topic_filter
+            try:
+                validate_topic_filter(
+                    topic_filter,
+                    max_length=settings.max_topic_length,
+                    max_levels=settings.max_topic_levels,
+                )
+            except TopicError as exc:
+                codes.append(exc.reason_code if v5 else 0x80)
+                continue
+            shared = parse_shared(topic_filter)
+            if shared.group is not None and request.no_local and v5:
+                raise ProtocolViolation("No Local on a shared subscription")
+            existed = topic_filter in self._state.subscriptions
+            if (
+                not existed
+                and len(self._state.subscriptions) >= settings.max_subscriptions_per_client
+            ):
+                codes.append(ReasonCode.QUOTA_EXCEEDED if v5 else 0x80)
+                continue
+            granted = min(request.qos, 2)
+            options = SubscriptionOptions(
+                qos=granted,
+                no_local=request.no_local,
+                retain_as_published=request.retain_as_published,
+                retain_handling=request.retain_handling,
+                identifier=identifier,
+            )
+            self._state.subscriptions[topic_filter] = options
+            if shared.group is None:
+                self._trie.add(topic_filter, topic_filter, options)
+                await self._add_normal(topic_filter)
+                if request.retain_handling == 0 or (request.retain_handling == 1 and not existed):
+                    sub_ids = (identifier,) if identifier else ()
+                    retained.extend(
+                        RetainedDelivery(r.topic, r.message, min(granted, r.message.qos), sub_ids)
+                        for r in self._server.retained.match(topic_filter)
+                    )
+            elif not existed:
+                consumer = await self._subscribe_shared(shared.group, shared.topic_filter)
+                scope = trio.CancelScope()
+                self._shared[topic_filter] = (consumer, scope)
+                self._run(consumer, options, scope)
+            codes.append(granted)
+        await self._server.sessions.save(self._state)
+        return codes, retained
+
+    async def unsubscribe(self, filters: tuple[str, ...]) -> list[int]:
+        codes: list[int] = []
+        for topic_filter in filters:
+            if self._state.subscriptions.pop(topic_filter, None) is None:
+                codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
+                continue
+            codes.append(ReasonCode.SUCCESS)
+            shared = self._shared.pop(topic_filter, None)
+            if shared is not None:
+                consumer, scope = shared
+                scope.cancel()
+                await consumer.unsubscribe()
+            else:
+                self._trie.remove(topic_filter, topic_filter)
+                if self._normal is not None:
+                    await self._normal.remove_selector(topic_filter)
+        await self._server.sessions.save(self._state)
+        return codes
+
+    @staticmethod
+    def suback(packet_id: int, codes: list[int], level: int) -> Suback:
+        return Suback(packet_id, tuple(codes))
+
+    @staticmethod
+    def unsuback(packet_id: int, codes: list[int], level: int) -> Unsuback:
+        return Unsuback(packet_id, tuple(codes) if level == 5 else ())
+
+    # -- deliveries ------------------------------------------------------------------------
+
+    def plan(
+        self, topic: str, message: Message, shared: SubscriptionOptions | None
+    ) -> tuple[int, bool, tuple[int, ...]] | None:
+        """QoS, retain flag and subscription ids for delivering `message`, or None to skip it.
+
+        Overlapping filters give one delivery with the highest granted QoS and every matching
+        subscription identifier (MQTT 5 section 3.3.4); No Local filters skip own messages.
+        """
+        if shared is not None:
+            retain = shared.retain_as_published and was_retained(message)
+            ids = (shared.identifier,) if shared.identifier else ()
+            return min(shared.qos, message.qos), retain, ids
+        qos = -1
+        retain = False
+        sub_ids: list[int] = []
+        own = message.producer == self._ctx.client_id
+        for _filter, _key, options in self._trie.match(topic):
+            if options.no_local and own:
+                continue
+            qos = max(qos, options.qos)
+            if options.retain_as_published and was_retained(message):
+                retain = True
+            if options.identifier:
+                sub_ids.append(options.identifier)
+        if qos < 0:
+            return None
+        return min(qos, message.qos), retain, tuple(sub_ids)
+
+    # -- consumers -------------------------------------------------------------------------
+
+    def _spec(
+        self, name: str, selectors: frozenset[str], kind: SubscriptionKind
+    ) -> SubscriptionSpec:
+        return SubscriptionSpec(
+            name=name,
+            selectors=selectors,
+            kind=kind,
+            durable=self._state.expiry_interval > 0,
+            member=self._ctx.client_id,
+            max_backlog=self._server.settings.max_queued_messages,
+        )
+
+    async def _subscribe_normal(self, selectors: frozenset[str]) -> Consumer:
+        spec = self._spec(self._ctx.client_id, selectors, SubscriptionKind.EXCLUSIVE)
+        return await self._server.processor.subscribe(self._ctx, spec)
+
+    async def _subscribe_shared(self, group: str, topic_filter: str) -> Consumer:
+        # The subscription is named after group and filter: `$share/g/a` and `$share/g/b` are
+        # two shared subscriptions (MQTT 5 section 4.8.2), not one with two filters.
+        name = shared_subscription_name(group, topic_filter)
+        spec = self._spec(name, frozenset([topic_filter]), SubscriptionKind.SHARED)
+        return await self._server.processor.subscribe(self._ctx, spec)
+
+    async def _add_normal(self, topic_filter: str) -> None:
+        if self._normal is None:
+            self._normal = await self._subscribe_normal(frozenset([topic_filter]))
+            if self._nursery is not None:
+                self._run(self._normal, None, trio.CancelScope())
+        else:
+            await self._normal.add_selector(topic_filter)

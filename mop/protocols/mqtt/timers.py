@@ -1,0 +1,60 @@
+"""One task that runs many deadline callbacks (session expiry, delayed wills).
+
+A heap instead of a sleeping task per offline session keeps 100k offline sessions cheap.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Awaitable, Callable
+from itertools import count
+
+import trio
+
+log = logging.getLogger("mop.mqtt")
+
+Callback = Callable[[], Awaitable[None]]
+
+
+class Timers:
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, str]] = []
+        self._live: dict[str, tuple[int, Callback]] = {}
+        self._seq = count()
+        self._wake = trio.Event()
+
+    def schedule(self, key: str, delay: float, callback: Callback) -> None:
+        """Run `callback` after `delay` seconds, replacing any timer with the same key."""
+        seq = next(self._seq)
+        self._live[key] = (seq, callback)
+        heapq.heappush(self._heap, (trio.current_time() + max(0.0, delay), seq, key))
+        self._wake.set()
+
+    def cancel(self, key: str) -> bool:
+        return self._live.pop(key, None) is not None
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._live
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            self._wake = trio.Event()
+            deadline = self._heap[0][0] if self._heap else float("inf")
+            with trio.move_on_at(deadline):
+                await self._wake.wait()
+            await self._fire_due()
+
+    async def _fire_due(self) -> None:
+        now = trio.current_time()
+        while self._heap and self._heap[0][0] <= now:
+            _, seq, key = heapq.heappop(self._heap)
+            live = self._live.get(key)
+            if live is None or live[0] != seq:
+                continue  # cancelled or rescheduled
+            del self._live[key]
+            try:
+                await live[1]()
+            except Exception:
+                log.exception("timer %s failed", key)

@@ -1,0 +1,85 @@
+"""Run a real mop node in a background thread, for tests that drive it with blocking clients.
+
+    with running_node(settings) as node:
+        client.connect("127.0.0.1", node.mqtt_port)
+
+The node runs its own trio loop in the thread and is stopped (cleanly, like Ctrl-C) on exit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Any, TypeVar
+
+import trio
+
+from mop.node import Node, open_node
+from mop.settings import MqttSettings, Settings
+
+T = TypeVar("T")
+
+
+def node_settings(**mqtt: Any) -> Settings:
+    """Settings for a throw-away merged node on free loopback ports (MQTT only)."""
+    mqtt.setdefault("port", 0)
+    mqtt.setdefault("sys_interval", 0)
+    return Settings(protocols=("mqtt",), mqtt=dataclasses.replace(MqttSettings(), **mqtt))
+
+
+class RunningNode:
+    def __init__(self, node: Node, token: trio.lowlevel.TrioToken) -> None:
+        self.node = node
+        self._token = token
+
+    @property
+    def mqtt_port(self) -> int:
+        return self.node.address("mqtt", "tcp")[1]
+
+    def port(self, kind: str) -> int:
+        return self.node.address("mqtt", kind)[1]
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the node's trio thread and return its result (to inspect state)."""
+        return trio.from_thread.run_sync(fn, trio_token=self._token)
+
+
+@contextmanager
+def running_node(settings: Settings | None = None, *, timeout: float = 30) -> Iterator[RunningNode]:
+    settings = settings or node_settings()
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with open_node(settings) as node:
+            stop = trio.Event()
+            box["running"] = RunningNode(node, trio.lowlevel.current_trio_token())
+            box["stop"] = stop
+            ready.set()
+            await stop.wait()
+
+    def run() -> None:
+        try:
+            trio.run(main)
+        except BaseException as exc:  # reported to the test thread below
+            box["error"] = exc
+        finally:
+            ready.set()
+
+    thread = threading.Thread(target=run, name="mop-node", daemon=True)
+    thread.start()
+    if not ready.wait(timeout) or "running" not in box:
+        thread.join(timeout)
+        raise RuntimeError(f"node did not start: {box.get('error')!r}")
+    running: RunningNode = box["running"]
+    try:
+        yield running
+    finally:
+        stop: trio.Event = box["stop"]
+        with suppress(trio.RunFinishedError):
+            trio.from_thread.run_sync(stop.set, trio_token=running._token)
+        thread.join(timeout)
+        if "error" in box:
+            raise box["error"]

@@ -1,0 +1,29 @@
+"""Transports: TCP, TLS and WebSocket listeners that hand protocol adapters a plain
+``trio.abc.Stream`` and a ``ConnectionInfo``; the only layer that deals with sockets.
+"""
+
+from mop.transport.listeners import (
+    BoundListener,
+    ConnectionInfo,
+    Handler,
+    ListenerSpec,
+    serve_listener,
+    serve_listeners,
+)
+from mop.transport.tls import peer_certificate_info, server_ssl_context, subject_common_name
+from mop.transport.websocket import WebSocketHandshakeError, WebSocketStream, accept_websocket
+
+__all__ = [
+    "BoundListener",
+    "ConnectionInfo",
+    "Handler",
+    "ListenerSpec",
+    "WebSocketHandshakeError",
+    "WebSocketStream",
+    "accept_websocket",
+    "peer_certificate_info",
+    "serve_listener",
+    "serve_listeners",
+    "server_ssl_context",
+    "subject_common_name",
+]

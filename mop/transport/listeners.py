@@ -1,0 +1,291 @@
+"""Listeners: accept TCP connections, add TLS and WebSocket layers as configured, and hand each
+protocol adapter a plain ``trio.abc.Stream`` plus a ``ConnectionInfo`` describing the peer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, NoReturn
+
+import trio
+
+from mop.transport.tls import peer_certificate_info
+from mop.transport.websocket import WebSocketHandshakeError, accept_websocket
+
+__all__ = [
+    "BoundListener",
+    "ConnectionInfo",
+    "Handler",
+    "ListenerSpec",
+    "serve_listener",
+    "serve_listeners",
+]
+
+logger = logging.getLogger("mop.transport")
+
+# Which layers each kind of listener puts on top of TCP.
+_TLS_KINDS = frozenset({"tls", "wss"})
+_WEBSOCKET_KINDS = frozenset({"ws", "wss"})
+KINDS = frozenset({"tcp"}) | _TLS_KINDS | _WEBSOCKET_KINDS
+
+# Closing is polite (TLS close_notify, WebSocket close frame) but must not let a peer that
+# stopped reading pin a finished connection's task.
+_CLOSE_TIMEOUT = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionInfo:
+    """What the transport knows about an accepted connection.
+
+    ``peer_certificate`` is the verified client certificate in ``getpeercert()`` form when the
+    listener asks for client certificates and the client sent one; ``ws_subprotocol`` is the
+    negotiated WebSocket subprotocol (None on plain TCP/TLS or when none was negotiated).
+    """
+
+    transport: str
+    local: tuple[str, int]
+    peer: tuple[str, int]
+    peer_certificate: dict[str, Any] | None = None
+    ws_subprotocol: str | None = None
+
+
+Handler = Callable[[trio.abc.Stream, ConnectionInfo], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSpec:
+    """One listening endpoint. ``kind`` is "tcp", "tls", "ws" or "wss"; port 0 picks a free port.
+
+    ``ssl_context`` is required for "tls" and "wss". ``ws_path`` None accepts any path.
+    ``ws_subprotocols`` is in order of preference, e.g. ``("mqtt", "mqttv3.1")``.
+    ``handshake_timeout`` bounds the TLS handshake and WebSocket upgrade together.
+    """
+
+    name: str
+    kind: str
+    host: str
+    port: int
+    ssl_context: ssl.SSLContext | None = None
+    ws_path: str | None = None
+    ws_subprotocols: tuple[str, ...] = ()
+    handshake_timeout: float = 10.0
+    backlog: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"listener {self.name!r}: kind must be one of {sorted(KINDS)}")
+        if self.kind in _TLS_KINDS and self.ssl_context is None:
+            raise ValueError(f"listener {self.name!r}: kind {self.kind!r} needs an ssl_context")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"listener {self.name!r}: port {self.port} is out of range")
+        if not self.handshake_timeout > 0:
+            raise ValueError(f"listener {self.name!r}: handshake_timeout must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class BoundListener:
+    """A socket that is listening: ``port`` is the real port, also when the spec said 0.
+
+    A spec whose host resolves to several addresses (e.g. "localhost" on IPv4 and IPv6)
+    yields one BoundListener per address, all on the same port.
+    """
+
+    spec: ListenerSpec
+    host: str
+    port: int
+
+
+async def serve_listeners(
+    specs: Sequence[ListenerSpec],
+    handler: Handler,
+    *,
+    task_status: trio.TaskStatus[list[BoundListener]] = trio.TASK_STATUS_IGNORED,
+) -> NoReturn:
+    """Listen on every spec and run ``await handler(stream, info)`` for each connection.
+
+    All sockets are bound before anything is reported: a failure (e.g. a port in use) raises
+    ``OSError`` naming the listener and address, and nothing is left open. Then
+    ``task_status.started(bound)`` reports the bound addresses and connections are served until
+    cancelled. Each connection has its own task, in which the TLS handshake and WebSocket
+    upgrade run under ``handshake_timeout``, so slow or hostile clients never delay others.
+    The transport closes the stream once the handler returns. Errors of one connection
+    (failed handshakes, broken connections, exceptions from the handler) are logged to
+    ``mop.transport`` and never reach the listener or other connections.
+    """
+    opened: list[tuple[ListenerSpec, list[trio.SocketListener]]] = []
+    try:
+        for spec in specs:
+            opened.append((spec, await _open_sockets(spec)))
+    except BaseException:
+        for _, sockets in opened:
+            for listener in sockets:
+                await trio.aclose_forcefully(listener)
+        raise
+    bound = [
+        BoundListener(spec, *_address(listener.socket.getsockname()))
+        for spec, sockets in opened
+        for listener in sockets
+    ]
+    async with trio.open_nursery() as nursery:
+        for spec, sockets in opened:
+            # trio.serve_listeners keeps accepting through EMFILE and similar overload errors.
+            nursery.start_soon(
+                partial(
+                    trio.serve_listeners,
+                    partial(_serve_connection, spec, handler),
+                    sockets,
+                    handler_nursery=nursery,
+                )
+            )
+        for entry in bound:
+            logger.info(
+                "%s: listening on %s %s:%d",
+                entry.spec.name,
+                entry.spec.kind,
+                entry.host,
+                entry.port,
+            )
+        task_status.started(bound)
+        # Also with no specs at all: serving nothing still runs until cancelled.
+        await trio.sleep_forever()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def serve_listener(
+    spec: ListenerSpec,
+    handler: Handler,
+    *,
+    task_status: trio.TaskStatus[list[BoundListener]] = trio.TASK_STATUS_IGNORED,
+) -> NoReturn:
+    """``serve_listeners`` for a single spec."""
+    await serve_listeners([spec], handler, task_status=task_status)
+
+
+async def _open_sockets(spec: ListenerSpec) -> list[trio.SocketListener]:
+    """Bind every address ``spec.host`` resolves to, all on one port even when it is 0."""
+    try:
+        infos = await trio.socket.getaddrinfo(
+            spec.host or None,
+            spec.port,
+            type=trio.socket.SOCK_STREAM,
+            flags=trio.socket.AI_PASSIVE,
+        )
+    except OSError as exc:
+        raise _bind_error(spec, spec.port, exc) from exc
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    sockets: list[trio.SocketListener] = []
+    port = spec.port
+    try:
+        for address in addresses:
+            try:
+                sockets += await trio.open_tcp_listeners(port, host=address, backlog=spec.backlog)
+            except OSError as exc:
+                raise _bind_error(spec, port, exc, address) from exc
+            # trio would give each address its own random port; keep them together instead.
+            port = port or _address(sockets[0].socket.getsockname())[1]
+    except BaseException:
+        for listener in sockets:
+            await trio.aclose_forcefully(listener)
+        raise
+    return sockets
+
+
+def _bind_error(spec: ListenerSpec, port: int, exc: OSError, address: str | None = None) -> OSError:
+    where = f"{address or spec.host}:{port}"
+    return OSError(
+        exc.errno,
+        f"listener {spec.name!r} ({spec.kind}) cannot listen on {where}: {exc.strerror or exc}",
+    )
+
+
+def _address(sockaddr: Any) -> tuple[str, int]:
+    # IPv6 socket addresses carry flow info and scope id too; callers want host and port.
+    return str(sockaddr[0]), int(sockaddr[1])
+
+
+@dataclass(slots=True)
+class _Layers:
+    """The stream of a connection being opened; ``stream`` is always the outermost layer so
+    that closing it closes everything built so far."""
+
+    stream: trio.abc.Stream
+    peer_certificate: dict[str, Any] | None = None
+    ws_subprotocol: str | None = None
+
+
+async def _serve_connection(spec: ListenerSpec, handler: Handler, tcp: trio.SocketStream) -> None:
+    layers = _Layers(tcp)
+    try:
+        await _run_connection(spec, handler, tcp, layers)
+    except Exception:
+        # The handler's own bugs: keep the traceback, keep the listener.
+        logger.exception("%s: connection handler failed", spec.name)
+    finally:
+        with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                await layers.stream.aclose()
+
+
+async def _run_connection(
+    spec: ListenerSpec, handler: Handler, tcp: trio.SocketStream, layers: _Layers
+) -> None:
+    try:
+        # trio enables this already; it is stated here because MQTT's small packets depend on it.
+        tcp.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, True)
+        local = _address(tcp.socket.getsockname())
+        peer = _address(tcp.socket.getpeername())
+    except OSError as exc:
+        # The client reset the connection before we looked at it.
+        logger.info("%s: connection lost before it could be served: %s", spec.name, exc)
+        return
+    try:
+        with trio.fail_after(spec.handshake_timeout):
+            await _open_layers(spec, layers)
+    except trio.TooSlowError:
+        logger.info(
+            "%s: dropped %s:%d, handshake not finished within %g s",
+            spec.name,
+            *peer,
+            spec.handshake_timeout,
+        )
+        return
+    except (trio.BrokenResourceError, WebSocketHandshakeError, OSError) as exc:
+        logger.info("%s: handshake with %s:%d failed: %s", spec.name, *peer, _describe(exc))
+        return
+    info = ConnectionInfo(spec.kind, local, peer, layers.peer_certificate, layers.ws_subprotocol)
+    try:
+        await handler(layers.stream, info)
+    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        # Peers vanish all the time; this is not a handler bug.
+        logger.info("%s: connection from %s:%d lost: %s", spec.name, *peer, _describe(exc))
+
+
+async def _open_layers(spec: ListenerSpec, layers: _Layers) -> None:
+    if spec.kind in _TLS_KINDS:
+        assert spec.ssl_context is not None  # checked by ListenerSpec
+        # https_compatible: a peer that drops TCP without close_notify reads as EOF, like on
+        # plain TCP; MQTT and Pulsar frames are length-prefixed, so truncation stays visible.
+        tls = trio.SSLStream(
+            layers.stream, spec.ssl_context, server_side=True, https_compatible=True
+        )
+        layers.stream = tls
+        await tls.do_handshake()
+        layers.peer_certificate = peer_certificate_info(tls)
+    if spec.kind in _WEBSOCKET_KINDS:
+        websocket = await accept_websocket(
+            layers.stream, path=spec.ws_path, subprotocols=spec.ws_subprotocols
+        )
+        layers.stream = websocket
+        layers.ws_subprotocol = websocket.subprotocol
+
+
+def _describe(exc: BaseException) -> str:
+    # trio wraps ssl and socket errors in BrokenResourceError; the cause is the useful part.
+    text = str(exc) or type(exc).__name__
+    cause = exc.__cause__
+    return f"{text}: {cause!r}" if cause is not None else text

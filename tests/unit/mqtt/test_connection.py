@@ -1,0 +1,156 @@
+"""The pure server connection state machine: ordering rules, aliases, limits (no network)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mop.protocols.mqtt.codec import NEED_DATA, PacketDecoder, encode
+from mop.protocols.mqtt.connection import ConnectionLimits, ConnectionState, ServerConnection
+from mop.protocols.mqtt.errors import ProtocolViolation, RemoteProtocolError
+from mop.protocols.mqtt.packets import (
+    Connack,
+    Connect,
+    Disconnect,
+    Pingreq,
+    Properties,
+    Puback,
+    Publish,
+    Suback,
+)
+from mop.protocols.mqtt.reason_codes import ReasonCode
+
+
+def connected(level: int = 5, limits: ConnectionLimits | None = None, **props: object) -> ServerConnection:
+    conn = ServerConnection(limits or ConnectionLimits())
+    conn.receive_data(encode(Connect("c1", protocol_level=level, properties=Properties(**props)), level))  # type: ignore[arg-type]
+    assert isinstance(conn.next_event(), Connect)
+    return conn
+
+
+def feed(conn: ServerConnection, packet: object, level: int = 5) -> object:
+    conn.receive_data(encode(packet, level))  # type: ignore[arg-type]
+    return conn.next_event()
+
+
+def test_connect_must_come_first() -> None:
+    conn = ServerConnection(ConnectionLimits())
+    conn.receive_data(encode(Publish("a", b"x"), 5))
+    with pytest.raises(ProtocolViolation):
+        conn.next_event()
+
+
+def test_second_connect_is_a_protocol_error() -> None:
+    conn = connected()
+    with pytest.raises(ProtocolViolation):
+        feed(conn, Connect("again", protocol_level=5))
+
+
+def test_partial_packet_needs_more_data() -> None:
+    conn = connected()
+    data = encode(Pingreq(), 5)
+    conn.receive_data(data[:1])
+    assert conn.next_event() is NEED_DATA
+    conn.receive_data(data[1:])
+    assert isinstance(conn.next_event(), Pingreq)
+
+
+def test_server_packets_from_a_client_are_refused() -> None:
+    conn = connected()
+    with pytest.raises(ProtocolViolation):
+        feed(conn, Suback(1, (0,)))
+
+
+def test_inbound_topic_alias_is_resolved() -> None:
+    conn = connected(limits=ConnectionLimits(topic_alias_maximum=5))
+    first = feed(conn, Publish("a/b", b"1", properties=Properties(topic_alias=2)))
+    second = feed(conn, Publish("", b"2", properties=Properties(topic_alias=2)))
+    assert isinstance(first, Publish) and isinstance(second, Publish)
+    assert first.topic == second.topic == "a/b"
+    assert second.properties.topic_alias is None
+
+
+def test_topic_alias_above_maximum() -> None:
+    conn = connected(limits=ConnectionLimits(topic_alias_maximum=2))
+    with pytest.raises(RemoteProtocolError) as info:
+        feed(conn, Publish("a", b"", properties=Properties(topic_alias=3)))
+    assert info.value.reason_code == ReasonCode.TOPIC_ALIAS_INVALID
+
+
+def test_unknown_topic_alias() -> None:
+    conn = connected()
+    with pytest.raises(ProtocolViolation):
+        feed(conn, Publish("", b"", properties=Properties(topic_alias=1)))
+
+
+def test_receive_maximum_is_enforced_and_released_by_acks() -> None:
+    conn = connected(limits=ConnectionLimits(receive_maximum=2))
+    feed(conn, Publish("t", b"", qos=1, packet_id=1))
+    feed(conn, Publish("t", b"", qos=1, packet_id=2))
+    with pytest.raises(RemoteProtocolError) as info:
+        feed(conn, Publish("t", b"", qos=1, packet_id=3))
+    assert info.value.reason_code == ReasonCode.RECEIVE_MAXIMUM_EXCEEDED
+    conn = connected(limits=ConnectionLimits(receive_maximum=1))
+    feed(conn, Publish("t", b"", qos=1, packet_id=1))
+    conn.send(Puback(1))
+    assert isinstance(feed(conn, Publish("t", b"", qos=1, packet_id=2)), Publish)
+
+
+def test_invalid_topic_name_in_publish() -> None:
+    conn = connected()
+    with pytest.raises(RemoteProtocolError) as info:
+        feed(conn, Publish("a/+", b""))
+    assert info.value.reason_code == ReasonCode.TOPIC_NAME_INVALID
+
+
+def test_topic_levels_limit() -> None:
+    conn = connected(limits=ConnectionLimits(max_topic_levels=3))
+    with pytest.raises(RemoteProtocolError):
+        feed(conn, Publish("a/b/c/d", b""))
+
+
+def test_outbound_topic_alias_used_when_client_allows() -> None:
+    conn = connected(topic_alias_maximum=1)
+    first = conn.send_publish(Publish("long/topic", b"1"))
+    second = conn.send_publish(Publish("long/topic", b"2"))
+    other = conn.send_publish(Publish("other", b"3"))
+    decoder = PacketDecoder(protocol_level=5)
+    for data in (first, second, other):
+        assert data is not None
+        decoder.feed(data)
+    p1, p2, p3 = decoder.next_packet(), decoder.next_packet(), decoder.next_packet()
+    assert isinstance(p1, Publish) and isinstance(p2, Publish) and isinstance(p3, Publish)
+    assert (p1.topic, p1.properties.topic_alias) == ("long/topic", 1)
+    assert (p2.topic, p2.properties.topic_alias) == ("", 1)
+    assert (p3.topic, p3.properties.topic_alias) == ("other", None)
+
+
+def test_oversize_outbound_publish_is_dropped() -> None:
+    conn = connected(maximum_packet_size=64)
+    assert conn.send_publish(Publish("t", b"x" * 10)) is not None
+    assert conn.send_publish(Publish("t", b"x" * 100)) is None
+
+
+def test_no_problem_information_strips_reason_strings() -> None:
+    conn = connected(request_problem_information=0)
+    data = conn.send(Puback(1, 0x10, Properties(reason_string="nobody")))
+    decoder = PacketDecoder(protocol_level=5)
+    decoder.feed(data)
+    ack = decoder.next_packet()
+    assert isinstance(ack, Puback) and ack.properties.reason_string is None
+    # CONNACK and DISCONNECT keep them.
+    data = conn.send(Disconnect(0x80, Properties(reason_string="bye")))
+    decoder.feed(data)
+    bye = decoder.next_packet()
+    assert isinstance(bye, Disconnect) and bye.properties.reason_string == "bye"
+
+
+def test_level_4_encodes_without_properties() -> None:
+    conn = connected(level=4)
+    data = conn.send(Connack(True, 0, Properties(reason_string="ignored")))
+    assert data == b"\x20\x02\x01\x00"
+
+
+def test_disconnect_closes_the_state() -> None:
+    conn = connected()
+    conn.send(Disconnect(ReasonCode.SERVER_SHUTTING_DOWN))
+    assert conn.state is ConnectionState.CLOSED

@@ -1,0 +1,41 @@
+"""Session state serialization and packet identifier allocation."""
+
+from __future__ import annotations
+
+from mop.message import MessageId
+from mop.protocols.mqtt.packets import Properties, Will
+from mop.protocols.mqtt.session import Outbound, SessionState, SubscriptionOptions
+
+
+def test_round_trip_keeps_everything_that_must_survive() -> None:
+    state = SessionState(client_id="c", expiry_interval=60, expires_at=123, last_packet_id=7)
+    state.subscriptions["a/#"] = SubscriptionOptions(2, no_local=True, identifier=5)
+    state.subscriptions["$share/g/b"] = SubscriptionOptions(1, retain_handling=2)
+    state.inbound_qos2.update({3, 9})
+    state.outbound[4] = Outbound(4, 2, "persistent://public/default/a", MessageId(1, 2), released=True)
+    state.outbound[5] = Outbound(5, 1, "persistent://public/default/r", None)  # retained: not kept
+    state.will = Will(
+        "w", b"\x00bye", 1, True,
+        Properties(will_delay_interval=5, correlation_data=b"\x01", user_properties=(("k", "v"),)),
+    )
+    back = SessionState.from_bytes(state.to_bytes())
+    assert back.subscriptions == state.subscriptions
+    assert back.inbound_qos2 == {3, 9}
+    assert list(back.outbound) == [4]
+    assert back.outbound[4].message_id == MessageId(1, 2) and back.outbound[4].released
+    assert back.will == state.will
+    assert (back.expires_at, back.last_packet_id, back.expiry_interval) == (123, 7, 60)
+
+
+def test_packet_ids_skip_those_in_flight_and_wrap() -> None:
+    state = SessionState(client_id="c", last_packet_id=65534)
+    state.outbound[65535] = Outbound(65535, 1, "t", None)
+    state.outbound[1] = Outbound(1, 1, "t", None)
+    assert state.allocate_packet_id() == 2
+
+
+def test_no_packet_id_when_all_are_in_flight() -> None:
+    state = SessionState(client_id="c")
+    for pid in range(1, 65536):
+        state.outbound[pid] = Outbound(pid, 1, "t", None)
+    assert state.allocate_packet_id() is None

@@ -1,0 +1,248 @@
+"""Settings loading: defaults, layering of files and MOP_* variables, and one-line errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mop.config import DEFAULTS_FILE, ConfigError, dump_settings, load_settings
+from mop.settings import Settings
+
+REPO_SETTINGS = Path(__file__).parents[2] / "settings.toml"
+# The embedded defaults leave the Pulsar adapter out until it lands; everything else is Settings().
+DEFAULTS = dataclasses.replace(Settings(), protocols=("mqtt",))
+
+
+@pytest.fixture(autouse=True)
+def _empty_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # load_settings reads ./settings.toml; run each test where there is none unless it writes one.
+    monkeypatch.chdir(tmp_path)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def error_for(config_file: Path | None = None, **environ: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_settings(config_file, environ=environ)
+    assert "\n" not in str(info.value)
+    return info.value
+
+
+def test_defaults() -> None:
+    assert load_settings(environ={}) == DEFAULTS
+
+
+def test_every_key_is_in_the_defaults_file() -> None:
+    text = DEFAULTS_FILE.read_text(encoding="utf-8")
+    with DEFAULTS_FILE.open("rb") as file:
+        defaults = tomllib.load(file)["default"]
+
+    def check(section: object, table: dict[str, object]) -> None:
+        for field in dataclasses.fields(section):  # type: ignore[arg-type]
+            value = getattr(section, field.name)
+            if dataclasses.is_dataclass(value):
+                check(value, table[field.name])  # type: ignore[arg-type]
+            elif value is None:  # unset keys are shown commented out
+                assert f"\n# {field.name} = " in text, field.name
+            else:
+                assert field.name in table, field.name
+
+    check(Settings(), defaults)
+
+
+def test_repository_settings_file_matches_embedded_defaults() -> None:
+    with REPO_SETTINGS.open("rb") as repo, DEFAULTS_FILE.open("rb") as embedded:
+        assert tomllib.load(repo) == tomllib.load(embedded)
+
+
+def test_environment_overrides() -> None:
+    settings = load_settings(
+        environ={
+            "MOP_MODE": "separated",
+            "MOP_DATA_DIR": "/var/lib/mop",
+            "MOP_PROTOCOLS": '["mqtt"]',
+            "MOP_MQTT__PORT": "1884",
+            "MOP_MQTT__RETAIN_AVAILABLE": "false",
+            "MOP_MQTT__CONNECT_TIMEOUT": "2.5",
+            "MOP_MQTT__TLS__CERTFILE": "/etc/mop/server.crt",
+            "MOP_MQTT__TLS__KEYFILE": "/etc/mop/server.key",
+            "MOP_CLUSTER__BROKERS": '["pulsar://127.0.0.1:6650", "pulsar://127.0.0.1:6651"]',
+            "MOP_STORAGE__FSYNC": "never",
+            "PATH": "/usr/bin",  # not ours: ignored
+        }
+    )
+    assert settings.mode == "separated"
+    assert settings.data_dir == "/var/lib/mop"
+    assert settings.protocols == ("mqtt",)
+    assert settings.mqtt.port == 1884
+    assert settings.mqtt.host == DEFAULTS.mqtt.host  # a nested override keeps its neighbours
+    assert settings.mqtt.retain_available is False
+    assert settings.mqtt.connect_timeout == 2.5
+    assert settings.mqtt.tls.enabled
+    assert settings.cluster.brokers == ("pulsar://127.0.0.1:6650", "pulsar://127.0.0.1:6651")
+    assert settings.storage.fsync == "never"
+
+
+def test_environ_defaults_to_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MOP_MQTT__PORT", "1999")
+    assert load_settings().mqtt.port == 1999
+
+
+def test_config_file_overrides(tmp_path: Path) -> None:
+    config = write(
+        tmp_path / "mop.toml",
+        """
+        [default]
+        protocols = ["mqtt", "pulsar"]
+        [default.mqtt]
+        port = 1885
+        [default.storage]
+        fsync = "interval"
+        """,
+    )
+    settings = load_settings(config, environ={})
+    assert settings.protocols == ("mqtt", "pulsar")
+    assert settings.mqtt.port == 1885
+    assert settings.storage.fsync == "interval"
+    assert settings.mqtt.max_inflight == DEFAULTS.mqtt.max_inflight
+
+
+def test_layers_merge_key_by_key_and_lists_replace(tmp_path: Path) -> None:
+    write(
+        tmp_path / "settings.toml",
+        '[default]\nprotocols = ["mqtt", "pulsar"]\n[default.mqtt]\nhost = "0.0.0.0"\n',
+    )
+    config = write(tmp_path / "other.toml", '[default]\nprotocols = ["pulsar"]\n')
+    settings = load_settings(config, environ={"MOP_MQTT__PORT": "0"})
+    assert settings.mqtt.host == "0.0.0.0"  # from ./settings.toml
+    assert settings.mqtt.port == 0  # from the environment
+    assert settings.protocols == ("pulsar",)  # the later list replaces the earlier one
+
+
+def test_dynaconf_none_token_unsets_a_value(tmp_path: Path) -> None:
+    write(
+        tmp_path / "settings.toml",
+        '[default.mqtt.tls]\ncertfile = "/etc/mop/a.crt"\nkeyfile = "/etc/mop/a.key"\n',
+    )
+    assert load_settings(environ={}).mqtt.tls.enabled
+    config = write(tmp_path / "plain.toml", '[default.mqtt.tls]\ncertfile = "@none"\n')
+    environ = {"MOP_MQTT__TLS__KEYFILE": "@none"}
+    assert not load_settings(config, environ=environ).mqtt.tls.enabled
+
+
+def test_environment_beats_config_file(tmp_path: Path) -> None:
+    config = write(tmp_path / "mop.toml", "[default.mqtt]\nport = 1885\n")
+    assert load_settings(config, environ={"MOP_MQTT__PORT": "1886"}).mqtt.port == 1886
+
+
+def test_dump_loads_back(tmp_path: Path) -> None:
+    settings = load_settings(
+        environ={
+            "MOP_MQTT__TLS__CERTFILE": 'C:\\certs\\a "b".crt',
+            "MOP_MQTT__TLS__KEYFILE": "/k",
+            "MOP_CLUSTER__BROKERS": '["pulsar://a:1"]',
+        }
+    )
+    config = write(tmp_path / "dumped.toml", dump_settings(settings))
+    assert load_settings(config, environ={}) == settings
+
+
+@pytest.mark.parametrize(
+    ("environ", "key", "problem"),
+    [
+        ({"MOP_MQTT__PORT": "abc"}, "mqtt.port", "must be an integer between 0 and 65535"),
+        ({"MOP_MQTT__PORT": "65536"}, "mqtt.port", "between 0 and 65535 (got 65536)"),
+        ({"MOP_PULSAR__PORT": "-1"}, "pulsar.port", "between 0 and 65535"),
+        ({"MOP_ADMIN__PORT": "true"}, "admin.port", "between 0 and 65535 (got True)"),
+        ({"MOP_MODE": "both"}, "mode", "must be one of 'merged', 'separated' (got 'both')"),
+        ({"MOP_STORAGE__FSYNC": "sometimes"}, "storage.fsync", "'always', 'interval', 'never'"),
+        ({"MOP_MQTT__MAX_CONNECTIONS": "0"}, "mqtt.max_connections", "positive integer"),
+        ({"MOP_MQTT__MAX_INFLIGHT": "70000"}, "mqtt.max_inflight", "between 1 and 65535"),
+        ({"MOP_STORAGE__RETENTION_BYTES": "-5"}, "storage.retention_bytes", ">= 0"),
+        ({"MOP_MQTT__CONNECT_TIMEOUT": "0"}, "mqtt.connect_timeout", "positive number"),
+        ({"MOP_MQTT__WS_ENABLED": "yes"}, "mqtt.ws_enabled", "must be true or false"),
+        ({"MOP_DATA_DIR": "1"}, "data_dir", "must be a string (got 1)"),
+        ({"MOP_LOG_LEVEL": "LOUD"}, "log_level", "must be one of 'DEBUG'"),
+        ({"MOP_PROTOCOLS": "mqtt"}, "protocols", "must be a list (got 'mqtt')"),
+        ({"MOP_PROTOCOLS": '[""]'}, "protocols", "protocol names"),
+        ({"MOP_CLUSTER__BROKERS": '["http://a:1"]'}, "cluster.brokers", "pulsar:// URLs"),
+        ({"MOP_CLUSTER__SERVICE_URL": "a:1"}, "cluster.service_url", "pulsar:// URL"),
+        ({"MOP_MQTT": "5"}, "mqtt", "must be a table (got 5)"),
+        ({"MOP_MQTT__TLS__CERTFILE": "/c"}, "mqtt.tls", "certfile and keyfile must be set"),
+        ({"MOP_MQTT__TLS__KEYFILE": "/k"}, "mqtt.tls", "certfile and keyfile must be set"),
+    ],
+)
+def test_invalid_values(environ: dict[str, str], key: str, problem: str) -> None:
+    error = error_for(**environ)
+    assert error.key == key
+    assert problem in error.problem
+    assert str(error) == f"{key}: {error.problem}"
+
+
+def test_message_format() -> None:
+    error = error_for(MOP_MQTT__PORT="abc")
+    assert str(error) == "mqtt.port: must be an integer between 0 and 65535 (got 'abc')"
+
+
+def test_unknown_key_from_environment() -> None:
+    error = error_for(MOP_MQTT__PROT="1884")
+    assert error.key == "mqtt.prot"
+    assert error.problem == "unknown key (from environment variable MOP_MQTT__PROT)"
+
+
+def test_unknown_key_from_file(tmp_path: Path) -> None:
+    config = write(tmp_path / "mop.toml", "[default.storage]\nfsinc = 'never'\n")
+    error = error_for(config)
+    assert error.key == "storage.fsinc"
+    assert error.problem.startswith("unknown key")
+    assert str(config) in error.problem
+
+
+def test_unknown_top_level_key(tmp_path: Path) -> None:
+    error = error_for(MOP_COLOUR="blue")
+    assert (error.key, error.problem.split(" (")[0]) == ("colour", "unknown key")
+
+
+@pytest.mark.parametrize("text", ["[mqtt]\nport = 1\n", "mode = 'merged'\n", "[defualt]\n"])
+def test_settings_outside_the_default_table(tmp_path: Path, text: str) -> None:
+    config = write(tmp_path / "mop.toml", text)
+    error = error_for(config)
+    assert error.key == str(config)
+    assert "[default]" in error.problem
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere.toml"
+    error = error_for(missing)
+    assert error.key == str(missing)
+    assert error.problem == "settings file not found"
+
+
+def test_invalid_toml(tmp_path: Path) -> None:
+    config = write(tmp_path / "mop.toml", "[default\n")
+    error = error_for(config)
+    assert error.key == str(config)
+    assert error.problem.startswith("cannot read settings file")
+
+
+def test_invalid_value_in_local_settings_file(tmp_path: Path) -> None:
+    write(tmp_path / "settings.toml", "[default.mqtt]\nport = 'abc'\n")
+    assert error_for().key == "mqtt.port"
+
+
+@given(port=st.integers(min_value=-(2**70), max_value=2**70))
+def test_port_range(port: int) -> None:
+    environ = {"MOP_MQTT__PORT": str(port)}
+    if 0 <= port <= 65535:
+        assert load_settings(environ=environ).mqtt.port == port
+    else:
+        with pytest.raises(ConfigError, match=r"^mqtt\.port: "):
+            load_settings(environ=environ)

@@ -1,0 +1,1 @@
+"""Tests of mop.transport (a package so that its module names cannot clash with other tests)."""

@@ -1,0 +1,164 @@
+"""serve_listeners over plain TCP: readiness, echo, isolation of failures, start-up errors."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+import trio
+
+from mop.transport import ConnectionInfo, ListenerSpec, serve_listeners
+
+from .servers import Recorder, exchange, running
+
+
+def tcp_spec(name: str, port: int = 0) -> ListenerSpec:
+    return ListenerSpec(name=name, kind="tcp", host="127.0.0.1", port=port)
+
+
+async def test_two_listeners_echo_and_report_their_ports() -> None:
+    recorder = Recorder()
+    async with running([tcp_spec("first"), tcp_spec("second")], recorder) as bound:
+        assert [entry.spec.name for entry in bound] == ["first", "second"]
+        assert all(entry.host == "127.0.0.1" and entry.port > 0 for entry in bound)
+        assert bound[0].port != bound[1].port
+        for entry in bound:
+            async with await trio.open_tcp_stream("127.0.0.1", entry.port) as client:
+                assert await exchange(client, b"hello " + entry.spec.name.encode()) == (
+                    b"hello " + entry.spec.name.encode()
+                )
+                client_address = client.socket.getsockname()
+            info = recorder.infos[-1]
+            assert info.transport == "tcp"
+            assert info.local == ("127.0.0.1", entry.port)
+            assert info.peer == client_address
+            assert info.peer_certificate is None
+            assert info.ws_subprotocol is None
+
+
+async def test_accepted_sockets_have_nodelay() -> None:
+    seen: list[int] = []
+
+    async def handler(stream: trio.abc.Stream, info: ConnectionInfo) -> None:
+        assert isinstance(stream, trio.SocketStream)
+        seen.append(stream.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+    async with (
+        running([tcp_spec("mqtt")], handler) as bound,
+        await trio.open_tcp_stream("127.0.0.1", bound[0].port) as client,
+    ):
+        assert await client.receive_some() == b""
+    assert seen == [1]
+
+
+async def test_transport_closes_the_stream_after_the_handler() -> None:
+    async def handler(stream: trio.abc.Stream, info: ConnectionInfo) -> None:
+        await stream.send_all(b"bye")
+
+    async with (
+        running([tcp_spec("mqtt")], handler) as bound,
+        await trio.open_tcp_stream("127.0.0.1", bound[0].port) as client,
+    ):
+        assert await client.receive_some() == b"bye"
+        assert await client.receive_some() == b""
+
+
+async def test_a_failing_handler_does_not_stop_the_listener(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    calls = 0
+
+    async def handler(stream: trio.abc.Stream, info: ConnectionInfo) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("handler bug")
+        await Recorder()(stream, info)
+
+    async with running([tcp_spec("mqtt")], handler) as bound:
+        async with await trio.open_tcp_stream("127.0.0.1", bound[0].port) as doomed:
+            assert await doomed.receive_some() == b""
+        async with await trio.open_tcp_stream("127.0.0.1", bound[0].port) as client:
+            assert await exchange(client, b"still here") == b"still here"
+
+    failures = [r for r in caplog.records if r.name == "mop.transport" and r.exc_info]
+    assert len(failures) == 1
+    assert failures[0].levelno == logging.ERROR
+    assert "handler bug" in str(failures[0].exc_info[1] if failures[0].exc_info else "")
+
+
+async def test_a_vanishing_peer_is_logged_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="mop.transport")
+    reading = trio.Event()
+    done = trio.Event()
+
+    async def handler(stream: trio.abc.Stream, info: ConnectionInfo) -> None:
+        try:
+            reading.set()
+            await stream.receive_some()
+            # Write until the reset shows up.
+            while True:
+                await stream.send_all(b"x" * 65536)
+        finally:
+            done.set()
+
+    async with running([tcp_spec("mqtt")], handler) as bound:
+        client = await trio.open_tcp_stream("127.0.0.1", bound[0].port)
+        await reading.wait()
+        # SO_LINGER 0 makes close() send a reset instead of a FIN.
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        await client.send_all(b"go")
+        await client.aclose()
+        with trio.fail_after(5):
+            await done.wait()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("lost" in r.getMessage() for r in caplog.records)
+
+
+async def test_port_conflict_fails_before_started() -> None:
+    occupied = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = occupied[0].socket.getsockname()[1]
+    started: list[object] = []
+
+    class Status:
+        def started(self, value: object = None) -> None:
+            started.append(value)
+
+    try:
+        specs = [tcp_spec("fine"), tcp_spec("busy", port)]
+        with pytest.raises(OSError, match=rf"'busy' \(tcp\) cannot listen on 127\.0\.0\.1:{port}"):
+            await serve_listeners(specs, Recorder(), task_status=Status())
+    finally:
+        for listener in occupied:
+            await listener.aclose()
+    assert started == []
+
+
+async def test_stops_accepting_when_cancelled() -> None:
+    async with running([tcp_spec("mqtt")], Recorder()) as bound:
+        port = bound[0].port
+    with pytest.raises(OSError):
+        await trio.open_tcp_stream("127.0.0.1", port)
+
+
+async def test_no_specs_serves_nothing_until_cancelled() -> None:
+    async with running([], Recorder()) as bound:
+        assert bound == []
+        await trio.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"kind": "udp"}, "kind must be one of"),
+        ({"kind": "tls"}, "needs an ssl_context"),
+        ({"kind": "wss"}, "needs an ssl_context"),
+        ({"port": 70000}, "out of range"),
+        ({"handshake_timeout": 0}, "must be positive"),
+    ],
+)
+def test_invalid_specs_are_refused(changes: dict[str, object], message: str) -> None:
+    fields: dict[str, object] = {"name": "mqtt", "kind": "tcp", "host": "127.0.0.1", "port": 0}
+    with pytest.raises(ValueError, match=message):
+        ListenerSpec(**{**fields, **changes})  # type: ignore[arg-type]
