@@ -16,7 +16,11 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 TIMEOUT = 10.0
-VERSIONS = {5: MQTTProtocolVersion.MQTTv5, 4: MQTTProtocolVersion.MQTTv311, 3: MQTTProtocolVersion.MQTTv31}
+VERSIONS = {
+    5: MQTTProtocolVersion.MQTTv5,
+    4: MQTTProtocolVersion.MQTTv311,
+    3: MQTTProtocolVersion.MQTTv31,
+}
 
 
 @dataclass
@@ -126,8 +130,15 @@ class Client:
 
     def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
         self.messages.put(
-            Received(msg.topic, msg.payload, msg.qos, bool(msg.retain), bool(msg.dup),
-                     getattr(msg, "properties", None), msg.mid)
+            Received(
+                msg.topic,
+                msg.payload,
+                msg.qos,
+                bool(msg.retain),
+                bool(msg.dup),
+                getattr(msg, "properties", None),
+                msg.mid,
+            )
         )
 
     def _ack(self, mid: int, result: Any) -> None:
@@ -136,16 +147,22 @@ class Client:
         waiter.result = result
         waiter.event.set()
 
-    def _on_subscribe(self, client: Any, userdata: Any, mid: int, codes: Any, properties: Any) -> None:
+    def _on_subscribe(
+        self, client: Any, userdata: Any, mid: int, codes: Any, properties: Any
+    ) -> None:
         self._ack(mid, [int(c.value) for c in codes])
 
-    def _on_unsubscribe(self, client: Any, userdata: Any, mid: int, codes: Any, properties: Any) -> None:
+    def _on_unsubscribe(
+        self, client: Any, userdata: Any, mid: int, codes: Any, properties: Any
+    ) -> None:
         self._ack(mid, [int(c.value) for c in codes] if codes else [])
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, rc: Any, properties: Any) -> None:
         self._ack(mid, int(rc.value))
 
-    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, rc: Any, properties: Any) -> None:
+    def _on_disconnect(
+        self, client: Any, userdata: Any, flags: Any, rc: Any, properties: Any
+    ) -> None:
         self.disconnects.put(int(rc.value))
 
     def _wait(self, mid: int) -> Any:
@@ -157,7 +174,10 @@ class Client:
     # -- API --------------------------------------------------------------------------------
 
     def connect(self) -> Connack:
-        kwargs: dict[str, Any] = {"keepalive": self.keepalive, "properties": self.connect_properties}
+        kwargs: dict[str, Any] = {
+            "keepalive": self.keepalive,
+            "properties": self.connect_properties,
+        }
         if self.version == 5:
             kwargs["clean_start"] = self.clean
         self._connack = _Waiter()
@@ -167,8 +187,9 @@ class Client:
         self.connack = self._connack.result
         return self.connack  # type: ignore[return-value]
 
-    def subscribe(self, topic: str, qos: int = 0, *, properties: Properties | None = None,
-                  **options: Any) -> list[int]:
+    def subscribe(
+        self, topic: str, qos: int = 0, *, properties: Properties | None = None, **options: Any
+    ) -> list[int]:
         if self.version == 5:
             opts = SubscribeOptions(qos=qos, **options)
             _, mid = self.client.subscribe(topic, options=opts, properties=properties)
@@ -180,8 +201,14 @@ class Client:
         _, mid = self.client.unsubscribe(topic)
         return self._wait(mid)  # type: ignore[no-any-return]
 
-    def publish(self, topic: str, payload: bytes | str = b"", qos: int = 0, retain: bool = False,
-                properties: Properties | None = None) -> int:
+    def publish(
+        self,
+        topic: str,
+        payload: bytes | str = b"",
+        qos: int = 0,
+        retain: bool = False,
+        properties: Properties | None = None,
+    ) -> int:
         """Publish and wait for the flow to complete; the v5 reason code (0 for QoS 0)."""
         info = self.client.publish(topic, payload, qos, retain, properties)
         if qos == 0:
@@ -212,7 +239,9 @@ class Client:
         if self.version == 5:
             from paho.mqtt.reasoncodes import ReasonCode
 
-            self.client.disconnect(ReasonCode(PacketTypes.DISCONNECT, identifier=reason_code), properties)
+            self.client.disconnect(
+                ReasonCode(PacketTypes.DISCONNECT, identifier=reason_code), properties
+            )
         else:
             self.client.disconnect()
         self.client.loop_stop()

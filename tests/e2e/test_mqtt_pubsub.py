@@ -108,7 +108,9 @@ def test_user_properties_and_mqtt5_fields_pass_through(node: RunningNode) -> Non
     got = msg.properties
     assert got.UserProperty == [("a", "1"), ("a", "2"), ("b", "3")]
     assert (got.ContentType, got.ResponseTopic, got.CorrelationData) == (
-        "application/json", "resp/1", b"\x00\x01"
+        "application/json",
+        "resp/1",
+        b"\x00\x01",
     )
     assert got.PayloadFormatIndicator == 1
     assert 58 <= got.MessageExpiryInterval <= 60

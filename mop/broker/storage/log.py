@@ -110,4 +110,3 @@ class LogTail:
             offset = position - flight.start
             return bytes(flight.data[offset : offset + size])
         return None
-

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import TypeAlias
@@ -341,15 +341,36 @@ def _decode_cursor(reader: _Reader) -> Record:
     return CursorRecord(topic, subscription, CursorState(mark_delete, frozenset(reader.ids())))
 
 
-_DECODERS = {
+def _decode_topic_delete(reader: _Reader) -> Record:
+    return TopicDeleteRecord(reader.str())
+
+
+def _decode_cursor_delete(reader: _Reader) -> Record:
+    return CursorRecord(reader.str(), reader.str(), None)
+
+
+def _decode_table_put(reader: _Reader) -> Record:
+    return TableRecord(reader.str(), reader.str(), reader.blob())
+
+
+def _decode_table_delete(reader: _Reader) -> Record:
+    return TableRecord(reader.str(), reader.str(), None)
+
+
+def _decode_epoch(reader: _Reader) -> Record:
+    epoch: int = struct.unpack("<Q", reader.take(8))[0]
+    return EpochRecord(epoch)
+
+
+_DECODERS: dict[Kind, Callable[[_Reader], Record]] = {
     Kind.TOPIC: _decode_topic,
     Kind.TRIM: _decode_trim,
-    Kind.TOPIC_DELETE: lambda r: TopicDeleteRecord(r.str()),
+    Kind.TOPIC_DELETE: _decode_topic_delete,
     Kind.CURSOR: _decode_cursor,
-    Kind.CURSOR_DELETE: lambda r: CursorRecord(r.str(), r.str(), None),
-    Kind.TABLE_PUT: lambda r: TableRecord(r.str(), r.str(), r.blob()),
-    Kind.TABLE_DELETE: lambda r: TableRecord(r.str(), r.str(), None),
-    Kind.EPOCH: lambda r: EpochRecord(struct.unpack("<Q", r.take(8))[0]),
+    Kind.CURSOR_DELETE: _decode_cursor_delete,
+    Kind.TABLE_PUT: _decode_table_put,
+    Kind.TABLE_DELETE: _decode_table_delete,
+    Kind.EPOCH: _decode_epoch,
 }
 
 

@@ -14,6 +14,7 @@ import logging
 import time
 from array import array
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 from mop.broker.storage.index import LogIndex, Run, TopicIndex
@@ -105,7 +106,7 @@ class _Ledger:
 
 
 def _ascending(values: array[int]) -> bool:
-    return all(a < b for a, b in zip(values, values[1:], strict=False))
+    return all(a < b for a, b in pairwise(values))
 
 
 @dataclass(slots=True)

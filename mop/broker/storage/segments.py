@@ -126,9 +126,7 @@ class SegmentFiles:
         self._directory_dirty = False
         self._damaged: str | None = None
 
-    def write(
-        self, start: int, data: bytes | bytearray, bases: Sequence[int], fsync: bool
-    ) -> None:
+    def write(self, start: int, data: bytes | bytearray, bases: Sequence[int], fsync: bool) -> None:
         """Write `data` at log position `start`; `bases` are the bases of the segments the run
         touches, in order (the first may begin before `start`). Fsync everything written so
         far when `fsync`."""

@@ -28,7 +28,7 @@ from mop.processor import (
     QuotaExceeded,
 )
 from mop.protocols.mqtt.codec import NeedData
-from mop.protocols.mqtt.connection import ServerConnection
+from mop.protocols.mqtt.connection import ConnectionState, ServerConnection
 from mop.protocols.mqtt.errors import RemoteProtocolError, UnsupportedProtocolVersion
 from mop.protocols.mqtt.mapping import message_properties
 from mop.protocols.mqtt.outbound import OutboundBuffer
@@ -110,9 +110,22 @@ class ClientHandler:
                 await self._serve_reads()
                 await self._flush_quietly()
                 nursery.cancel_scope.cancel()
+        except trio.Cancelled:
+            # The node is stopping: tell MQTT 5 clients why before the socket closes.
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await self._say_goodbye(ReasonCode.SERVER_SHUTTING_DOWN)
+            raise
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(10):
                 await self._close_session()
+
+    async def _say_goodbye(self, reason: int) -> None:
+        if self.conn.protocol_level != 5 or self.conn.state is not ConnectionState.CONNECTED:
+            return
+        with contextlib.suppress(
+            trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError
+        ):
+            await self.stream.send_all(self.out.take() + self.conn.send(Disconnect(reason)))
 
     async def _flush_quietly(self) -> None:
         with trio.move_on_after(2):

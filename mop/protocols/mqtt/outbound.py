@@ -24,6 +24,12 @@ class OutboundBuffer:
         self._buffer += data
         self._data_ready.set()
 
+    def take(self) -> bytes:
+        """Remove and return what is buffered (to send it some other way at shutdown)."""
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
+
     @property
     def has_space(self) -> bool:
         return len(self._buffer) < self._high_water

@@ -20,9 +20,13 @@ from mop.protocols.mqtt.packets import (
 from mop.protocols.mqtt.reason_codes import ReasonCode
 
 
-def connected(level: int = 5, limits: ConnectionLimits | None = None, **props: object) -> ServerConnection:
+def connected(
+    level: int = 5, limits: ConnectionLimits | None = None, **props: object
+) -> ServerConnection:
     conn = ServerConnection(limits or ConnectionLimits())
-    conn.receive_data(encode(Connect("c1", protocol_level=level, properties=Properties(**props)), level))  # type: ignore[arg-type]
+    conn.receive_data(
+        encode(Connect("c1", protocol_level=level, properties=Properties(**props)), level)
+    )  # type: ignore[arg-type]
     assert isinstance(conn.next_event(), Connect)
     return conn
 

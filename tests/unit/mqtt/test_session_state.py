@@ -12,10 +12,15 @@ def test_round_trip_keeps_everything_that_must_survive() -> None:
     state.subscriptions["a/#"] = SubscriptionOptions(2, no_local=True, identifier=5)
     state.subscriptions["$share/g/b"] = SubscriptionOptions(1, retain_handling=2)
     state.inbound_qos2.update({3, 9})
-    state.outbound[4] = Outbound(4, 2, "persistent://public/default/a", MessageId(1, 2), released=True)
+    state.outbound[4] = Outbound(
+        4, 2, "persistent://public/default/a", MessageId(1, 2), released=True
+    )
     state.outbound[5] = Outbound(5, 1, "persistent://public/default/r", None)  # retained: not kept
     state.will = Will(
-        "w", b"\x00bye", 1, True,
+        "w",
+        b"\x00bye",
+        1,
+        True,
         Properties(will_delay_interval=5, correlation_data=b"\x01", user_properties=(("k", "v"),)),
     )
     back = SessionState.from_bytes(state.to_bytes())

@@ -1,0 +1,437 @@
+"""`DurableStorage`: the `Storage` interface over one shared, checksummed, append-only log of
+segment files, with group commit, recovery after a crash, retention and space reclaim.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import trio
+
+from mop.broker.storage.api import (
+    CursorKey,
+    CursorState,
+    StorageError,
+    StorageFull,
+    StorageStats,
+)
+from mop.broker.storage.index import LogIndex, Run, TopicIndex
+from mop.broker.storage.log import LogTail
+from mop.broker.storage.reads import read_messages
+from mop.broker.storage.records import (
+    TopicRecord,
+    encode_cursor,
+    encode_epoch,
+    encode_message,
+    encode_table,
+    encode_topic,
+    encode_topic_delete,
+    encode_trim,
+)
+from mop.broker.storage.recovery import Recovered, RecoveryReport, recover
+from mop.broker.storage.segments import DirectoryLock, SegmentFiles
+from mop.broker.storage.upkeep import Upkeep
+from mop.message import Message, MessageId
+from mop.settings import StorageSettings
+
+if TYPE_CHECKING:
+    from mop.broker.storage.api import Storage
+
+__all__ = ["DurableStorage", "open_durable_storage"]
+
+logger = logging.getLogger("mop.storage")
+
+# Ledger ids are `epoch << 32 | n`: every opening of the store starts a new epoch, written and
+# fsynced before any id is handed out, so ids given out before a crash (even for messages the
+# crash lost) are never given out again.
+_EPOCH_SHIFT = 32
+# Queued bytes that make `serve` write them out without waiting for a `sync`.
+_FLUSH_BYTES = 1 << 20
+# After ENOSPC, `append` refuses new messages for this long instead of queueing more.
+_FULL_BACKOFF = 1.0
+
+
+class _Flight:
+    """One write in progress; the tasks that need it wait on `done`."""
+
+    __slots__ = ("done", "end", "error")
+
+    def __init__(self, end: int) -> None:
+        self.end = end
+        self.done = trio.Event()
+        self.error: StorageError | None = None
+
+
+def _storage_error(exc: OSError) -> StorageError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFull(f"no space left for the log: {exc}")
+    return StorageError(f"log write failed: {exc}")
+
+
+class DurableStorage:
+    """Implements `Storage` on disk; open it with `open_durable_storage`.
+
+    Durability of `sync()` per `settings.fsync`:
+    - "always": `sync()` returns after the records are written and fsynced; a power loss loses
+      nothing that a returned `sync()` covered.
+    - "interval": `sync()` returns after the records are written to the operating system (they
+      survive a crash of the process, not of the machine); they are fsynced within
+      `fsync_interval` by `serve()`, or failing that by the next write after the interval.
+    - "never": like "interval" without the timed fsync; the operating system decides.
+    Whatever the policy, `aclose()` and the reclaim of a segment fsync the log first.
+
+    Run `serve()` in the nursery that owns the store: it writes queued records in the
+    background, keeps the "interval" promise, applies retention by age and reclaims segments.
+    Without it, those chores run at the end of `sync()` calls.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        settings: StorageSettings,
+        recovered: Recovered,
+        lock: DirectoryLock,
+        *,
+        cache_bytes: int = 32 << 20,
+    ) -> None:
+        self.directory = directory
+        self.settings = settings
+        self.recovery: RecoveryReport = recovered.report
+        self._index: LogIndex = recovered.index
+        self._epoch = recovered.epoch + 1
+        self._next_ledger = self._epoch << _EPOCH_SHIFT
+        self._tail = LogTail(self._index, recovered.end, settings.segment_bytes, self._epoch)
+        self._files = SegmentFiles(directory, seal_fsync=settings.fsync != "never")
+        self._lock = lock
+        self._synced = recovered.end
+        self._last_fsync = time.monotonic()
+        self._flight: _Flight | None = None
+        self._full_until = 0.0
+        self._closed = False
+        self._serving = False
+        self._wakeup = trio.Event()
+        self._cache: OrderedDict[tuple[int, int], tuple[Message, int]] = OrderedDict()
+        self._cache_bytes = 0
+        self._cache_limit = cache_bytes
+        self._upkeep = Upkeep(self)
+
+    # -- mutations -----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError("storage is closed")
+
+    def append(self, topic: str, messages: Sequence[Message]) -> list[MessageId]:
+        self._check_open()
+        if self._full_until and time.monotonic() < self._full_until:
+            raise StorageFull("the disk was full moments ago")
+        index, tail = self._index, self._tail
+        entry_topic = index.topics.get(topic)
+        if entry_topic is None:
+            entry_topic = TopicIndex(topic)
+            index.add_topic(entry_topic)
+        if entry_topic.ledger is None:
+            self._open_ledger(entry_topic)
+        run = entry_topic.runs[-1]
+        millis = time.time_ns() // 1_000_000
+        seconds = millis // 1000
+        ids = []
+        for message in messages:
+            entry = run.next_entry
+            position, size = tail.add(encode_message(run.ledger, entry, millis, message))
+            index.add_message(entry_topic, run, position, size, seconds)
+            self._remember(run.ledger, entry, message, size)
+            ids.append(MessageId(run.ledger, entry))
+        if ids:
+            entry_topic.last_id = ids[-1]
+        limit = self.settings.retention_bytes
+        if limit and entry_topic.bytes > limit:
+            through = entry_topic.over_through(limit)
+            if through is not None:
+                self.trim_topic(entry_topic, through)
+        if len(tail.pending) >= _FLUSH_BYTES:
+            self._wakeup.set()
+        return ids
+
+    def _open_ledger(self, topic: TopicIndex) -> None:
+        if self._next_ledger >= (self._epoch + 1) << _EPOCH_SHIFT:
+            raise StorageError("ledger ids of this epoch are exhausted; reopen the store")
+        ledger = self._next_ledger
+        self._next_ledger += 1
+        topic.ledger = ledger
+        topic.runs.append(Run(ledger, 0))
+        self._index.by_ledger[ledger] = topic
+        self.write_topic(topic)
+
+    def write_topic(self, topic: TopicIndex) -> None:
+        record = TopicRecord(topic.name, topic.ledgers(), topic.last_id, topic.trimmed)
+        position, _ = self._tail.add(encode_topic(record))
+        self._index.set_state(("T", topic.name), position)
+
+    def _remember(self, ledger: int, entry: int, message: Message, size: int) -> None:
+        cache = self._cache
+        cache[ledger, entry] = (message, size)
+        self._cache_bytes += size
+        while self._cache_bytes > self._cache_limit and cache:
+            _, (_, old) = cache.popitem(last=False)
+            self._cache_bytes -= old
+
+    def trim(self, topic: str, through: MessageId) -> None:
+        self._check_open()
+        entry_topic = self._index.topics.get(topic)
+        if entry_topic is None or entry_topic.last_id is None:
+            return
+        self.trim_topic(entry_topic, min(through, entry_topic.last_id))
+
+    def trim_topic(self, topic: TopicIndex, through: MessageId) -> None:
+        """Trim through an id no later than the topic's last one (so that replaying the max
+        trim at recovery equals replaying each one in order)."""
+        if topic.trimmed is not None and through <= topic.trimmed:
+            return
+        self._index.trim_topic(topic, through)
+        self._tail.add(encode_trim(topic.name, through))
+
+    def delete_topic(self, topic: str) -> None:
+        self._check_open()
+        gone = self._index.drop_topic(topic)
+        cursors = self._index.drop_topic_cursors(topic)
+        if gone is not None or cursors:
+            self._tail.add(encode_topic_delete(topic))
+
+    def save_cursors(self, updates: Mapping[CursorKey, CursorState | None]) -> None:
+        self._check_open()
+        index = self._index
+        for key, state in updates.items():
+            if state is None and key not in index.cursors:
+                continue
+            position, _ = self._tail.add(encode_cursor(key[0], key[1], state))
+            index.put_cursor(key, state)
+            index.set_state(("C", *key), None if state is None else position)
+
+    def write_cursor(self, key: CursorKey) -> None:
+        """Queue the current state of a cursor again (reclaim moves it forward)."""
+        position, _ = self._tail.add(encode_cursor(key[0], key[1], self._index.cursors[key]))
+        self._index.set_state(("C", *key), position)
+
+    def table_put(self, table: str, key: str, value: bytes | None) -> None:
+        self._check_open()
+        index = self._index
+        if value is None and key not in index.tables.get(table, {}):
+            return
+        position, _ = self._tail.add(encode_table(table, key, value))
+        index.put_table(table, key, value)
+        index.set_state(("K", table, key), None if value is None else position)
+
+    def write_table_entry(self, table: str, key: str) -> None:
+        """Queue the current value of a table key again (reclaim moves it forward)."""
+        value = self._index.tables[table][key]
+        position, _ = self._tail.add(encode_table(table, key, value))
+        self._index.set_state(("K", table, key), position)
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def topics(self) -> list[str]:
+        return list(self._index.topics)
+
+    def last_id(self, topic: str) -> MessageId | None:
+        entry_topic = self._index.topics.get(topic)
+        return None if entry_topic is None else entry_topic.last_id
+
+    def load_cursors(self) -> dict[CursorKey, CursorState]:
+        return dict(self._index.cursors)
+
+    def table_items(self, table: str) -> Iterator[tuple[str, bytes]]:
+        return iter(list(self._index.tables.get(table, {}).items()))
+
+    def stats(self) -> StorageStats:
+        index = self._index
+        return StorageStats(
+            topics=len(index.topics), messages=index.messages, bytes=index.message_bytes
+        )
+
+    def disk_bytes(self) -> int:
+        """Bytes the log spans on disk, from the oldest segment to the end."""
+        return self._tail.end - self._index.bases[0]
+
+    def segment_count(self) -> int:
+        return len(self._index.segments)
+
+    async def read(
+        self, topic: str, after: MessageId | None, max_count: int
+    ) -> list[tuple[MessageId, Message]]:
+        self._check_open()
+        return await read_messages(self, topic, after, max_count)
+
+    # -- group commit --------------------------------------------------------------------------
+
+    async def sync(self) -> None:
+        self._check_open()
+        fsync = self.settings.fsync == "always"
+        await self.flush(self._tail.end, fsync=fsync)
+        if not self._serving:
+            await self._upkeep.run_if_due()
+
+    async def flush(self, target: int, *, fsync: bool) -> None:
+        """Return once the log up to position `target` is written (and fsynced if `fsync`).
+
+        The first caller that finds no write in progress becomes the writer for everything
+        queued so far; the others wait for its write and go round again if they need more.
+        """
+        tail = self._tail
+        if (self._synced if fsync else tail.written) >= target:
+            await trio.lowlevel.checkpoint()
+            return
+        while (self._synced if fsync else tail.written) < target:
+            flight = self._flight
+            if flight is None:
+                await self._write(fsync)
+                continue
+            await flight.done.wait()
+            if flight.error is not None and target <= flight.end:
+                raise type(flight.error)(*flight.error.args)
+
+    async def _write(self, fsync: bool) -> None:
+        tail, settings = self._tail, self.settings
+        batch = tail.take()
+        flight = self._flight = _Flight(batch.end)
+        now = time.monotonic()
+        if settings.fsync == "interval" and now - self._last_fsync >= settings.fsync_interval:
+            fsync = True
+        try:
+            await trio.to_thread.run_sync(
+                self._files.write, batch.start, batch.data, batch.bases, fsync
+            )
+        except OSError as exc:
+            tail.failed(batch)
+            flight.error = _storage_error(exc)
+            if isinstance(flight.error, StorageFull):
+                self._full_until = time.monotonic() + _FULL_BACKOFF
+            raise flight.error from exc
+        else:
+            tail.done(batch)
+            self._full_until = 0.0
+            if fsync:
+                self._synced = batch.end
+                self._last_fsync = now
+        finally:
+            self._flight = None
+            flight.done.set()
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Background upkeep until the store is closed (see the class docstring)."""
+        if self._serving:
+            raise RuntimeError("serve() is already running")
+        policy = self.settings.fsync
+        tick = self.settings.fsync_interval if policy == "interval" else 1.0
+        self._serving = True
+        task_status.started()
+        try:
+            while not self._closed:
+                with trio.move_on_after(tick):
+                    await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                if self._closed:
+                    break
+                try:
+                    await self.flush(self._tail.end, fsync=policy != "never")
+                    await self._upkeep.run_if_due()
+                except StorageError as exc:
+                    logger.warning("background write failed: %s", exc)
+        finally:
+            self._serving = False
+
+    async def start(self) -> None:
+        """Begin this opening's epoch durably, before any id of it is handed out."""
+        self._tail.add(encode_epoch(self._epoch))
+        await self.flush(self._tail.end, fsync=True)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        self._wakeup.set()
+        try:
+            await self.flush(self._tail.end, fsync=True)
+        finally:
+            while self._flight is not None:
+                await self._flight.done.wait()
+            await self._upkeep.wait_idle()
+            await trio.to_thread.run_sync(self._files.close)
+            self._lock.release()
+
+    def abandon(self) -> None:
+        """Release the files without writing anything still queued, as if the process had
+        been killed: what `sync()` did not cover may be lost. For recovery tests."""
+        self._closed = True
+        self._files.close()
+        self._lock.release()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- for the helpers in reads.py and upkeep.py ---------------------------------------------
+
+    @property
+    def index(self) -> LogIndex:
+        return self._index
+
+    @property
+    def tail(self) -> LogTail:
+        return self._tail
+
+    @property
+    def files(self) -> SegmentFiles:
+        return self._files
+
+    def cached(self, ledger: int, entry: int) -> Message | None:
+        hit = self._cache.get((ledger, entry))
+        return None if hit is None else hit[0]
+
+
+async def open_durable_storage(
+    directory: Path | str, settings: StorageSettings, *, cache_bytes: int = 32 << 20
+) -> DurableStorage:
+    """Open (creating it if needed) the log in `directory`, recover it and return the store;
+    `store.recovery` says what was found. Close it with `aclose()`."""
+    path = Path(directory)
+
+    def recover_locked() -> tuple[DirectoryLock, Recovered]:
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            lock = DirectoryLock(path)
+        except OSError as exc:
+            raise StorageError(f"{path} is in use by another process: {exc}") from exc
+        try:
+            return lock, recover(path)
+        except BaseException:
+            lock.release()
+            raise
+
+    try:
+        lock, recovered = await trio.to_thread.run_sync(recover_locked)
+    except OSError as exc:
+        raise StorageError(f"cannot open the log in {path}: {exc}") from exc
+    store = DurableStorage(path, settings, recovered, lock, cache_bytes=cache_bytes)
+    try:
+        await store.start()
+    except BaseException:
+        store.abandon()
+        raise
+    logger.info("%s: %s", path, recovered.report)
+    return store
+
+
+if TYPE_CHECKING:
+
+    def _implements_storage(store: DurableStorage) -> Storage:
+        return store

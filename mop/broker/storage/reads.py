@@ -1,0 +1,88 @@
+"""Reading messages back from the durable log: from the cache of recent messages, from bytes not
+yet written, or from segment files in a worker thread, one pread per run of adjacent records.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import TYPE_CHECKING
+
+import trio
+
+from mop.broker.storage.api import StorageError
+from mop.broker.storage.records import FRAME, decode_message
+from mop.broker.storage.segments import read_spans
+from mop.message import Message, MessageId
+
+if TYPE_CHECKING:
+    from mop.broker.storage.durable import DurableStorage
+
+__all__ = ["read_messages"]
+
+# A reclaim can move records between looking up their positions and reading them; the read then
+# looks them up again. More than a few moves in a row means something is wrong.
+_ATTEMPTS = 4
+
+
+def _decode(record: bytes, position: int) -> Message:
+    length, crc = FRAME.unpack_from(record)
+    body = memoryview(record)[FRAME.size :]
+    if length != len(body) or zlib.crc32(body) != crc:
+        raise StorageError(f"corrupt record at log position {position}")
+    return decode_message(body)[1]
+
+
+async def read_messages(
+    store: DurableStorage, topic: str, after: MessageId | None, max_count: int
+) -> list[tuple[MessageId, Message]]:
+    for _ in range(_ATTEMPTS):
+        entry_topic = store.index.topics.get(topic)
+        if entry_topic is None or max_count <= 0:
+            await trio.lowlevel.checkpoint()
+            return []
+        found: list[tuple[MessageId, Message | None]] = []
+        misses: list[tuple[int, int, int]] = []  # (slot, position, size)
+        for ledger, entry, position, size in entry_topic.locate(after, max_count):
+            message = store.cached(ledger, entry)
+            if message is None:
+                raw = store.tail.find(position, size)
+                if raw is not None:
+                    message = _decode(raw, position)
+                else:
+                    misses.append((len(found), position, size))
+            found.append((MessageId(ledger, entry), message))
+        if not misses:
+            await trio.lowlevel.checkpoint()
+            return [(i, m) for i, m in found if m is not None]
+        spans, parts = _spans(store, misses)
+        try:
+            chunks = await trio.to_thread.run_sync(read_spans, store.directory, spans)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise StorageError(f"log read failed: {exc}") from exc
+        for (slot, position, _), (span, start, end) in zip(misses, parts, strict=True):
+            found[slot] = (found[slot][0], _decode(chunks[span][start:end], position))
+        return [(i, m) for i, m in found if m is not None]
+    raise StorageError(f"records of {topic} kept moving during a read")
+
+
+def _spans(
+    store: DurableStorage, misses: list[tuple[int, int, int]]
+) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+    """Merge adjacent records of one segment into single reads. Returns the reads as
+    (segment base, offset, size) and, per miss, (read number, start, end) in that read."""
+    spans: list[tuple[int, int, int]] = []
+    parts: list[tuple[int, int, int]] = []
+    index = store.index
+    for _, position, size in misses:
+        base = index.segment_at(position).base
+        if spans:
+            last_base, last_offset, last_size = spans[-1]
+            if last_base == base and last_offset + last_size == position - base:
+                parts.append((len(spans) - 1, last_size, last_size + size))
+                spans[-1] = (base, last_offset, last_size + size)
+                continue
+        parts.append((len(spans), 0, size))
+        spans.append((base, position - base, size))
+    return spans, parts

@@ -1,0 +1,161 @@
+"""Upkeep of the durable log: retention by age, and reclaiming the oldest segment once nothing
+live is left in it, or once the log is mostly garbage (then its live records are copied forward).
+
+Segments are reclaimed oldest first only. That keeps deletions (of cursors, table keys, topics)
+safe to forget: the records they override are always in an older segment, already gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import trio
+
+from mop.broker.storage.api import StorageError
+from mop.broker.storage.index import Segment, StateKey
+from mop.broker.storage.records import Kind, Scanner, message_key
+from mop.broker.storage.segments import read_segment
+
+if TYPE_CHECKING:
+    from mop.broker.storage.durable import DurableStorage
+
+__all__ = ["Upkeep"]
+
+logger = logging.getLogger("mop.storage")
+
+# How many copied records between two checkpoints, so a reclaim never holds the loop long.
+_COPY_SLICE = 2000
+# After a reclaim that could not finish, wait this long before trying again.
+_RECLAIM_BACKOFF = 60.0
+
+
+class Upkeep:
+    """Runs at most one round of chores at a time for one store."""
+
+    def __init__(self, store: DurableStorage) -> None:
+        self.store = store
+        self._running: trio.Event | None = None
+        self._next_retention = 0.0
+        self._reclaim_after = 0.0
+        self.reclaimed = 0  # segments deleted, for tests and metrics
+
+    def due(self) -> bool:
+        if self._running is not None:
+            return False
+        return self._retention_due() or self._reclaimable() is not None
+
+    async def run_if_due(self) -> None:
+        if not self.due():
+            return
+        self._running = trio.Event()
+        try:
+            self._apply_retention()
+            while not self.store.closed and (segment := self._reclaimable()) is not None:
+                if not await self._reclaim(segment):
+                    self._reclaim_after = time.monotonic() + _RECLAIM_BACKOFF
+                    break
+        except StorageError as exc:
+            logger.warning("log upkeep failed: %s", exc)
+        finally:
+            self._running.set()
+            self._running = None
+
+    async def wait_idle(self) -> None:
+        if self._running is not None:
+            await self._running.wait()
+
+    # -- retention -----------------------------------------------------------------------------
+
+    def _retention_due(self) -> bool:
+        seconds = self.store.settings.retention_seconds
+        return bool(seconds) and time.monotonic() >= self._next_retention
+
+    def _apply_retention(self) -> None:
+        """Trim messages older than `retention_seconds`, acknowledged or not."""
+        if not self._retention_due():
+            return
+        seconds = self.store.settings.retention_seconds
+        self._next_retention = time.monotonic() + min(1.0, seconds / 10)
+        cutoff = int(time.time()) - seconds
+        for topic in list(self.store.index.topics.values()):
+            through = topic.expired_through(cutoff)
+            if through is not None:
+                self.store.trim_topic(topic, through)
+
+    # -- reclaim -------------------------------------------------------------------------------
+
+    def _reclaimable(self) -> Segment | None:
+        index = self.store.index
+        if len(index.segments) < 2 or time.monotonic() < self._reclaim_after:
+            return None
+        oldest = index.segments[0]
+        if oldest.live_bytes == 0 and not oldest.state:
+            return oldest
+        # Copying live records forward costs a rewrite; do it once garbage outweighs them, so
+        # the log stays within about twice its live size plus two segments.
+        garbage = self.store.disk_bytes() - index.live_bytes
+        if garbage >= index.live_bytes + 2 * self.store.settings.segment_bytes:
+            return oldest
+        return None
+
+    async def _reclaim(self, segment: Segment) -> bool:
+        store = self.store
+        if segment.live_bytes:
+            data = await trio.to_thread.run_sync(read_segment, store.directory, segment.base)
+            if store.closed:
+                return False
+            await self._copy_messages(segment, data)
+        for key in list(segment.state):
+            self._rewrite(key)
+        if segment.live_bytes or segment.state:
+            logger.error(
+                "segment %d still holds %d live bytes after copying; keeping it",
+                segment.base,
+                segment.live_bytes,
+            )
+            return False
+        # The copies and every record that made the segment's contents stale must be on disk
+        # before the segment goes, whatever the fsync policy.
+        await store.flush(store.tail.end, fsync=True)
+        if store.closed or store.index.segments[0] is not segment:
+            return False
+        await trio.to_thread.run_sync(store.files.unlink, segment.base)
+        store.index.remove_oldest()
+        self.reclaimed += 1
+        return True
+
+    async def _copy_messages(self, segment: Segment, data: bytes) -> None:
+        store = self.store
+        index, tail = store.index, store.tail
+        kind, copied = int(Kind.MESSAGE), 0
+        for offset, body in Scanner(data):
+            if body[0] != kind:
+                continue
+            ledger, entry, _ = message_key(body)
+            found = index.find(ledger, entry)
+            if found is None:
+                continue
+            run, i = found
+            if run.positions[i] != segment.base + offset:
+                continue
+            position = tail.add_framed(data[offset : offset + run.sizes[i]])
+            index.move_message(run, i, position)
+            copied += 1
+            if copied % _COPY_SLICE == 0:
+                await trio.lowlevel.checkpoint()
+                if store.closed:
+                    return
+
+    def _rewrite(self, key: StateKey) -> None:
+        store = self.store
+        match key:
+            case ("T", name):
+                store.write_topic(store.index.topics[name])
+            case ("C", topic, subscription):
+                store.write_cursor((topic, subscription))
+            case ("K", table, table_key):
+                store.write_table_entry(table, table_key)
+            case _:
+                raise AssertionError(f"unknown state key {key!r}")
