@@ -171,8 +171,8 @@ class DurableStorage:
 
     def write_topic(self, topic: TopicIndex) -> None:
         record = TopicRecord(topic.name, topic.ledgers(), topic.last_id, topic.trimmed)
-        position, _ = self._tail.add(encode_topic(record))
-        self._index.set_state(("T", topic.name), position)
+        position, size = self._tail.add(encode_topic(record))
+        self._index.set_state(("T", topic.name), position, size)
 
     def _remember(self, ledger: int, entry: int, message: Message, size: int) -> None:
         cache = self._cache
@@ -210,29 +210,29 @@ class DurableStorage:
         for key, state in updates.items():
             if state is None and key not in index.cursors:
                 continue
-            position, _ = self._tail.add(encode_cursor(key[0], key[1], state))
+            position, size = self._tail.add(encode_cursor(key[0], key[1], state))
             index.put_cursor(key, state)
-            index.set_state(("C", *key), None if state is None else position)
+            index.set_state(("C", *key), None if state is None else position, size)
 
     def write_cursor(self, key: CursorKey) -> None:
         """Queue the current state of a cursor again (reclaim moves it forward)."""
-        position, _ = self._tail.add(encode_cursor(key[0], key[1], self._index.cursors[key]))
-        self._index.set_state(("C", *key), position)
+        position, size = self._tail.add(encode_cursor(*key, self._index.cursors[key]))
+        self._index.set_state(("C", *key), position, size)
 
     def table_put(self, table: str, key: str, value: bytes | None) -> None:
         self._check_open()
         index = self._index
         if value is None and key not in index.tables.get(table, {}):
             return
-        position, _ = self._tail.add(encode_table(table, key, value))
+        position, size = self._tail.add(encode_table(table, key, value))
         index.put_table(table, key, value)
-        index.set_state(("K", table, key), None if value is None else position)
+        index.set_state(("K", table, key), None if value is None else position, size)
 
     def write_table_entry(self, table: str, key: str) -> None:
         """Queue the current value of a table key again (reclaim moves it forward)."""
         value = self._index.tables[table][key]
-        position, _ = self._tail.add(encode_table(table, key, value))
-        self._index.set_state(("K", table, key), position)
+        position, size = self._tail.add(encode_table(table, key, value))
+        self._index.set_state(("K", table, key), position, size)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -261,6 +261,11 @@ class DurableStorage:
 
     def segment_count(self) -> int:
         return len(self._index.segments)
+
+    @property
+    def reclaimed_segments(self) -> int:
+        """Segments deleted since the store was opened."""
+        return self._upkeep.reclaimed
 
     async def read(
         self, topic: str, after: MessageId | None, max_count: int

@@ -173,7 +173,8 @@ class LogIndex:
         self.tables: dict[str, dict[str, bytes]] = {}
         self.segments: list[Segment] = []
         self.bases: list[int] = []
-        self.state_at: dict[StateKey, int] = {}
+        self.state_at: dict[StateKey, tuple[int, int]] = {}  # (position, record size)
+        self.state_bytes = 0
         self.live_bytes = 0
         self.messages = 0
         self.message_bytes = 0
@@ -213,13 +214,17 @@ class LogIndex:
 
     # -- live state ------------------------------------------------------------------------
 
-    def set_state(self, key: StateKey, position: int | None) -> None:
-        """Record that `key`'s latest record is at `position` (None: the key is gone)."""
+    def set_state(self, key: StateKey, position: int | None, size: int = 0) -> None:
+        """Record that `key`'s latest record is at `position` and `size` bytes long (None:
+        the key is gone)."""
         old = self.state_at.pop(key, None)
-        if old is not None and self.segments and old >= self.bases[0]:
-            self.segment_at(old).state.discard(key)
+        if old is not None:
+            self.state_bytes -= old[1]
+            if old[0] >= self.bases[0]:
+                self.segment_at(old[0]).state.discard(key)
         if position is not None:
-            self.state_at[key] = position
+            self.state_at[key] = (position, size)
+            self.state_bytes += size
             self.segment_at(position).state.add(key)
 
     def put_cursor(self, key: CursorKey, state: CursorState | None) -> None:

@@ -95,8 +95,8 @@ class LogTail:
     def failed(self, batch: Batch) -> None:
         """Put a batch that could not be written back in front of the queue; its bytes keep
         their positions, so the next write tries them again."""
-        batch.data += self.pending
-        self.pending = batch.data
+        # A new buffer: the failed write's traceback may still hold views of the old one.
+        self.pending = batch.data + self.pending
         self.pending_base = batch.start
         self.flight = None
 

@@ -18,6 +18,7 @@ __all__ = [
     "FRAME",
     "HEADER_SIZE",
     "MAX_RECORD",
+    "MESSAGE_KEY",
     "MESSAGE_MIN",
     "CursorRecord",
     "EpochRecord",
@@ -156,7 +157,7 @@ class _Reader:
 # kind, ledger, entry, append time (ms), publish_time, event_time, expires_at, qos,
 # producer length, key length (_NO_KEY: None), property count, payload length
 _MESSAGE = struct.Struct("<BQQQqqqBIIII")
-_MESSAGE_KEY = struct.Struct("<QQQ")  # ledger, entry, append time: what recovery reads
+MESSAGE_KEY = struct.Struct("<QQQ")  # ledger, entry, append time: what recovery reads
 MESSAGE_MIN = _MESSAGE.size
 _PAIR = struct.Struct("<II")
 
@@ -191,7 +192,7 @@ def encode_message(ledger: int, entry: int, append_ms: int, message: Message) ->
 
 def message_key(body: bytes | memoryview) -> tuple[int, int, int]:
     """(ledger, entry, append time in ms) of an encoded message body."""
-    key: tuple[int, int, int] = _MESSAGE_KEY.unpack_from(body, 1)
+    key: tuple[int, int, int] = MESSAGE_KEY.unpack_from(body, 1)
     return key
 
 

@@ -125,17 +125,19 @@ class SegmentFiles:
         self._dirty: set[int] = set()
         self._directory_dirty = False
         self._damaged: str | None = None
+        self._closed = False
 
     def write(self, start: int, data: bytes | bytearray, bases: Sequence[int], fsync: bool) -> None:
         """Write `data` at log position `start`; `bases` are the bases of the segments the run
         touches, in order (the first may begin before `start`). Fsync everything written so
         far when `fsync`."""
         with self._lock:
-            if self._damaged is not None:
-                raise OSError(errno.EIO, self._damaged)
+            if self._damaged is not None or self._closed:
+                raise OSError(errno.EIO, self._damaged or "the log is closed")
             undo: list[tuple[int, int]] = []
             try:
-                self._write_chunks(start, memoryview(data), bases, undo)
+                with memoryview(data) as view:
+                    self._write_chunks(start, view, bases, undo)
                 for base in bases[:-1]:
                     self._seal(base)
                 if fsync:
@@ -143,10 +145,6 @@ class SegmentFiles:
             except OSError:
                 self._undo(undo)
                 raise
-
-    def fsync(self) -> None:
-        with self._lock:
-            self._fsync_dirty()
 
     def unlink(self, base: int) -> None:
         """Delete a reclaimed segment and make the deletion durable."""
@@ -159,6 +157,7 @@ class SegmentFiles:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             for base in list(self._fds):
                 self._close(base)
 

@@ -95,8 +95,9 @@ class Upkeep:
             return oldest
         # Copying live records forward costs a rewrite; do it once garbage outweighs them, so
         # the log stays within about twice its live size plus two segments.
-        garbage = self.store.disk_bytes() - index.live_bytes
-        if garbage >= index.live_bytes + 2 * self.store.settings.segment_bytes:
+        live = index.live_bytes + index.state_bytes
+        garbage = self.store.disk_bytes() - live
+        if garbage >= live + 2 * self.store.settings.segment_bytes:
             return oldest
         return None
 

@@ -107,11 +107,20 @@ class PacketDecoder:
     fed bytes are dropped, because the stream can no longer be framed.
     """
 
-    __slots__ = ("_buf", "_error", "_pos", "max_packet_size", "protocol_level")
+    __slots__ = ("_buf", "_error", "_pos", "expect_connect", "max_packet_size", "protocol_level")
 
-    def __init__(self, *, protocol_level: int = 4, max_packet_size: int = MAX_PACKET_SIZE) -> None:
+    def __init__(
+        self,
+        *,
+        protocol_level: int = 4,
+        max_packet_size: int = MAX_PACKET_SIZE,
+        expect_connect: bool = False,
+    ) -> None:
         self.protocol_level = protocol_level
         self.max_packet_size = max_packet_size
+        # A server expecting CONNECT refuses anything else from the first byte, so a peer cannot
+        # make it buffer a large bogus packet until the CONNECT timeout.
+        self.expect_connect = expect_connect
         self._buf = bytearray()
         self._pos = 0  # start of the first undecoded byte in _buf
         self._error: RemoteProtocolError | None = None
@@ -160,6 +169,8 @@ class PacketDecoder:
         if pos >= size:
             return NEED_DATA
         first = buf[pos]
+        if self.expect_connect and first >> 4 != PacketType.CONNECT:
+            raise ProtocolViolation(f"expected CONNECT, got packet type {first >> 4}")
         _check_fixed_header(first >> 4, first & 0x0F, self.protocol_level)
         remaining = 0
         shift = 0

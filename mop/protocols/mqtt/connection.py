@@ -69,7 +69,9 @@ class ServerConnection:
         self.limits = limits
         self.state = ConnectionState.AWAITING_CONNECT
         self.protocol_level = 4
-        self._decoder = PacketDecoder(protocol_level=5, max_packet_size=limits.max_packet_size)
+        self._decoder = PacketDecoder(
+            protocol_level=5, max_packet_size=limits.max_packet_size, expect_connect=True
+        )
         # What the client told us in CONNECT.
         self.client_receive_maximum = 65535
         self.client_max_packet_size: int | None = None
@@ -112,6 +114,7 @@ class ServerConnection:
     def _accept_connect(self, connect: Connect) -> None:
         self.protocol_level = connect.protocol_level
         self._decoder.protocol_level = connect.protocol_level
+        self._decoder.expect_connect = False
         self.state = ConnectionState.CONNECTED
         props = connect.properties
         if props.receive_maximum is not None:

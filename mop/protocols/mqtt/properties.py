@@ -11,8 +11,14 @@ from enum import IntEnum
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from mop.protocols.mqtt.errors import LocalProtocolError, MalformedPacket, ProtocolViolation
+from mop.protocols.mqtt.errors import (
+    LocalProtocolError,
+    MalformedPacket,
+    ProtocolViolation,
+    RemoteProtocolError,
+)
 from mop.protocols.mqtt.packets import NO_PROPERTIES, PacketType, Properties
+from mop.protocols.mqtt.reason_codes import ReasonCode
 
 MAX_VARINT = 268_435_455
 # Property context of the will properties inside CONNECT; no packet type has the value 0.
@@ -314,6 +320,11 @@ def decode_properties(mv: memoryview, pos: int, context: int) -> tuple[Propertie
             )
         value, pos = spec.kind.read(view, pos)
         if spec.maximum is not None and not spec.minimum <= value <= spec.maximum:
+            if ident == PropertyId.TOPIC_ALIAS:
+                # Alias 0 is as invalid as one above the maximum: Topic Alias invalid (0x94).
+                raise RemoteProtocolError(
+                    f"topic alias {value} is invalid", reason_code=ReasonCode.TOPIC_ALIAS_INVALID
+                )
             raise ProtocolViolation(f"property {spec.field} has invalid value {value}")
         if spec.field in values and context not in spec.repeatable_in:
             raise ProtocolViolation(f"property {spec.field} appears more than once")

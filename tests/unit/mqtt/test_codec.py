@@ -288,7 +288,7 @@ REJECTED: list[tuple[str, int, bytes, type[RemoteProtocolError], int]] = [
     ("unknown property id", 5, h("30 06 00 01 't' 02 7F 00"), MalformedPacket, 0x81),
     ("property length past end", 5, h("30 05 00 01 't' 05 01"), MalformedPacket, 0x81),
     ("property value truncated", 5, h("30 06 00 01 't' 02 23 00"), MalformedPacket, 0x81),
-    ("topic alias 0", 5, h("30 07 00 01 't' 03 23 00 00"), ProtocolViolation, 0x82),
+    ("topic alias 0", 5, h("30 07 00 01 't' 03 23 00 00"), RemoteProtocolError, 0x94),
     ("subscription id 0", 5, h("82 09 00 01 02 0B 00 00 01 'a' 00"), ProtocolViolation, 0x82),
     ("maximum qos 2", 5, h("20 05 00 00 02 24 02"), ProtocolViolation, 0x82),
     ("receive maximum 0", 5, h("20 06 00 00 03 21 00 00"), ProtocolViolation, 0x82),

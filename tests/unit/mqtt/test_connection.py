@@ -43,6 +43,13 @@ def test_connect_must_come_first() -> None:
         conn.next_event()
 
 
+def test_non_connect_refused_from_its_first_byte() -> None:
+    conn = ServerConnection(ConnectionLimits())
+    conn.receive_data(b"\x30\xff\xff\x1f")  # a PUBLISH announcing ~500 kB, body never sent
+    with pytest.raises(ProtocolViolation):
+        conn.next_event()
+
+
 def test_second_connect_is_a_protocol_error() -> None:
     conn = connected()
     with pytest.raises(ProtocolViolation):
