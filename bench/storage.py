@@ -56,7 +56,9 @@ async def publish(
     return len(latencies), time.perf_counter() - started, latencies
 
 
-async def bench_appends(root: Path, duration: float, max_messages: int) -> dict[tuple[str, int], float]:
+async def bench_appends(
+    root: Path, duration: float, max_messages: int
+) -> dict[tuple[str, int], float]:
     print("| fsync | publishers | messages | msg/s | p50 ms | p99 ms |")
     print("|---|---:|---:|---:|---:|---:|")
     rates: dict[tuple[str, int], float] = {}
@@ -66,9 +68,7 @@ async def bench_appends(root: Path, duration: float, max_messages: int) -> dict[
             store = await open_durable_storage(directory, StorageSettings(fsync=policy))
             async with trio.open_nursery() as nursery:
                 await nursery.start(store.serve)
-                count, elapsed, latencies = await publish(
-                    store, publishers, duration, max_messages
-                )
+                count, elapsed, latencies = await publish(store, publishers, duration, max_messages)
                 await store.aclose()
             latencies.sort()
             rate = count / elapsed

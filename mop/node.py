@@ -11,12 +11,13 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NoReturn
 
 import trio
 
 from mop.backends.local import LocalBackend
-from mop.broker.storage.memory import MemoryStorage
+from mop.broker.storage import StorageError, open_durable_storage
 from mop.processor import Backend, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
 from mop.settings import Settings
@@ -44,39 +45,62 @@ class Node:
         raise LookupError(f"no {protocol} listener over {kind}")
 
 
-def build_backend(settings: Settings) -> Backend:
-    """The constructor switch: merged mode gets the colocated broker, separated mode remote
-    brokers through lookup."""
-    if settings.mode == "merged":
-        return LocalBackend(
-            MemoryStorage(),
-            tenant=settings.default_tenant,
-            namespace=settings.default_namespace,
-            advertised_url=settings.cluster.advertised_url
-            or f"pulsar://{settings.pulsar.host}:{settings.pulsar.port}",
+async def start_backend(settings: Settings, nursery: trio.Nursery) -> Backend:
+    """The constructor switch: merged mode gets the colocated broker over durable storage in
+    `data_dir`, separated mode remote brokers through lookup. Background work runs in
+    `nursery`; the caller closes the backend with `aclose()`."""
+    if settings.mode == "separated":
+        raise StartupError(
+            'separated mode is not available yet in this release; set mode = "merged"'
         )
-    raise StartupError(
-        "separated mode is not available yet in this release; set mode = \"merged\""
+    directory = Path(settings.data_dir) / "broker"
+    try:
+        storage = await open_durable_storage(directory, settings.storage)
+    except (StorageError, OSError) as exc:
+        raise StartupError(f"storage in {directory}: {exc}") from None
+    log.info("storage: %s", storage.recovery)
+    backend = LocalBackend(
+        storage,
+        tenant=settings.default_tenant,
+        namespace=settings.default_namespace,
+        advertised_url=settings.cluster.advertised_url
+        or f"pulsar://{settings.pulsar.host}:{settings.pulsar.port}",
     )
+    try:
+        await nursery.start(storage.serve)
+        await nursery.start(backend.serve)
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await backend.aclose()
+        raise
+    return backend
 
 
 @asynccontextmanager
 async def open_node(settings: Settings) -> AsyncIterator[Node]:
     handlers = _load_handlers(settings)
-    backend = build_backend(settings)
-    processor = MessagingProcessor(backend, max_connections=settings.mqtt.max_connections)
+    backend: Backend | None = None
     try:
         async with trio.open_nursery() as nursery:
-            bound: list[BoundListener] = []
-            await nursery.start(backend.serve)
+            backend = await start_backend(settings, nursery)
+            processor = MessagingProcessor(backend, max_connections=settings.mqtt.max_connections)
             services = NodeServices(processor=processor, nursery=nursery)
             for handler in handlers.values():
                 handler.initialize(settings)
                 log.debug("%s advertises %s", handler.name, handler.advertised_data())
             for handler in handlers.values():
                 await handler.start(services)
+            bound: list[BoundListener] = []
             for handler in handlers.values():
                 bound.extend(await _serve(nursery, handler))
+            for entry in bound:
+                log.info(
+                    "%s listening on %s %s:%d",
+                    entry.spec.name,
+                    entry.spec.kind,
+                    entry.host,
+                    entry.port,
+                )
             try:
                 yield Node(settings, processor, handlers, tuple(bound))
             finally:
@@ -87,8 +111,9 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
         _raise_startup_error(group)
         raise
     finally:
-        with trio.CancelScope(shield=True):
-            await backend.aclose()
+        if backend is not None:
+            with trio.CancelScope(shield=True):
+                await backend.aclose()
 
 
 async def serve_node(

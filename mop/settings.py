@@ -86,7 +86,7 @@ class StorageSettings:
 class Settings:
     mode: Mode = "merged"
     data_dir: str = "./data"
-    protocols: tuple[str, ...] = ("mqtt", "pulsar")
+    protocols: tuple[str, ...] = ("mqtt",)  # "pulsar" joins when its adapter lands
     default_tenant: str = "public"
     default_namespace: str = "default"
     log_level: str = "INFO"

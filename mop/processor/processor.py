@@ -28,6 +28,8 @@ class ClientContext:
     protocol: str
     peer: str = ""
     username: str | None = None
+    # The node itself (e.g. `$SYS` updates): not counted as a message received from a client.
+    internal: bool = False
 
 
 @dataclass(slots=True)
@@ -74,7 +76,8 @@ class MessagingProcessor:
         await lease.release()
 
     async def publish(self, ctx: ClientContext, topic: str, message: Message) -> PublishResult:
-        self.stats.messages_received += 1
+        if not ctx.internal:
+            self.stats.messages_received += 1
         return await self.backend.publish(topic, message)
 
     async def subscribe(self, ctx: ClientContext, spec: SubscriptionSpec) -> Consumer:

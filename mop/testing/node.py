@@ -9,6 +9,8 @@ The node runs its own trio loop in the thread and is stopped (cleanly, like Ctrl
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -17,16 +19,31 @@ from typing import Any, TypeVar
 import trio
 
 from mop.node import Node, open_node
-from mop.settings import MqttSettings, Settings
+from mop.settings import MqttSettings, Settings, StorageSettings
 
 T = TypeVar("T")
 
 
-def node_settings(**mqtt: Any) -> Settings:
-    """Settings for a throw-away merged node on free loopback ports (MQTT only)."""
+# Data directories made by `node_settings`, removed again when their node stops.
+_TEMPORARY_DIRS: set[str] = set()
+
+
+def node_settings(
+    *, data_dir: str | None = None, storage: StorageSettings | None = None, **mqtt: Any
+) -> Settings:
+    """Settings for a throw-away merged node on free loopback ports (MQTT only), with its data
+    in a fresh temporary directory unless `data_dir` is given."""
     mqtt.setdefault("port", 0)
     mqtt.setdefault("sys_interval", 0)
-    return Settings(protocols=("mqtt",), mqtt=dataclasses.replace(MqttSettings(), **mqtt))
+    if data_dir is None:
+        data_dir = tempfile.mkdtemp(prefix="mop-node-")
+        _TEMPORARY_DIRS.add(data_dir)
+    return Settings(
+        protocols=("mqtt",),
+        data_dir=data_dir,
+        mqtt=dataclasses.replace(MqttSettings(), **mqtt),
+        storage=storage or StorageSettings(),
+    )
 
 
 class RunningNode:
@@ -81,5 +98,8 @@ def running_node(settings: Settings | None = None, *, timeout: float = 30) -> It
         with suppress(trio.RunFinishedError):
             trio.from_thread.run_sync(stop.set, trio_token=running._token)
         thread.join(timeout)
+        if settings.data_dir in _TEMPORARY_DIRS:
+            _TEMPORARY_DIRS.discard(settings.data_dir)
+            shutil.rmtree(settings.data_dir, ignore_errors=True)
         if "error" in box:
             raise box["error"]

@@ -143,7 +143,8 @@ async def serve_listeners(
                 )
             )
         for entry in bound:
-            logger.info(
+            # The node announces its listeners itself; this is for transport-level debugging.
+            logger.debug(
                 "%s: listening on %s %s:%d",
                 entry.spec.name,
                 entry.spec.kind,

@@ -170,7 +170,7 @@ def test_offline_messages_of_mixed_qos_keep_their_order(raw: RawFactory, node: R
     pub.publish("barrier", b"", 1)  # every publish above is processed once this is acknowledged
     sub, connack = raw("mixed")
     assert connack.session_present
-    got = []
+    got: list[tuple[bytes, int]] = []
     releases = 0
     while len(got) < len(sent) or releases < 2:  # acknowledging as a client does
         packet = sub.recv()
@@ -214,7 +214,13 @@ def test_offline_queue_is_bounded_and_drops_qos0_first(version: int) -> None:
         # With room for 4: b0 a1 c1 d0 fill it; e1 evicts b0 (the oldest qos 0), f1 evicts d0,
         # and g1 finds no qos 0 message left to evict, so g1 itself is dropped.
         for payload, qos in [
-            (b"b", 0), (b"a", 1), (b"c", 1), (b"d", 0), (b"e", 1), (b"f", 1), (b"g", 1)
+            (b"b", 0),
+            (b"a", 1),
+            (b"c", 1),
+            (b"d", 0),
+            (b"e", 1),
+            (b"f", 1),
+            (b"g", 1),
         ]:
             pub.publish("bound/t", payload, qos)
         sub = persistent(node.mqtt_port, f"bound-{version}", version=version)
@@ -434,9 +440,7 @@ def test_outbound_qos2_resumes_with_pubrel_after_a_reconnect(
     assert_quiet(sub)
 
 
-def test_receive_maximum_bounds_unacknowledged_messages(
-    raw: RawFactory, node: RunningNode
-) -> None:
+def test_receive_maximum_bounds_unacknowledged_messages(raw: RawFactory, node: RunningNode) -> None:
     sub, _ = raw("rm", properties=Properties(session_expiry_interval=60, receive_maximum=2))
     subscribe(sub, "rm/t", 1)
     pub = Client(node.mqtt_port, "rm-pub")
@@ -482,4 +486,3 @@ def test_unacknowledged_messages_count_against_receive_maximum_after_reconnect(
     sub.send(Puback(again.packet_id))
     second = recv_publish(sub)
     assert (second.payload, second.dup) == (b"b", False)
-

@@ -47,17 +47,28 @@ def await_value(
             return msg
 
 
-def latest(client: Client, topic: str, settle: float = 3 * INTERVAL) -> str:
-    """The last value on `topic` once nothing new has arrived for `settle` seconds."""
-    value = None
+def latest(
+    client: Client,
+    topic: str,
+    current: str | None = None,
+    *,
+    settle: float = 3 * INTERVAL,
+    timeout: float = 5.0,
+) -> str:
+    """The last value on `topic` (`current` when none comes) once nothing new has arrived for
+    `settle` seconds; fails when the value keeps changing for `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    values = [] if current is None else [current]
     while True:
         try:
             msg = client.messages.get(timeout=settle)
         except queue.Empty:
-            assert value is not None, f"nothing on {topic}"
-            return value
+            assert values, f"nothing on {topic}"
+            return values[-1]
         if msg.topic == topic:
-            value = msg.payload.decode()
+            values.append(msg.payload.decode())
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{topic} never settled in {timeout}s: {values}")
 
 
 def test_broker_topics_are_retained_values(sys_node: RunningNode) -> None:
@@ -118,18 +129,19 @@ def test_messages_received_counts_client_publishes(sys_node: RunningNode) -> Non
     pub = Client(sys_node.mqtt_port, "sys-count-pub")
     for i in range(3):
         pub.publish("count/t", f"{i}".encode(), 1)
-    await_value(watch, topic, lambda v: int(v) >= before + 3)
+    seen = await_value(watch, topic, lambda v: int(v) >= before + 3)
     # Only the three client messages count, not the node's own $SYS updates.
-    assert int(latest(watch, topic, settle=6 * INTERVAL)) == before + 3
+    assert int(latest(watch, topic, seen.payload.decode(), settle=6 * INTERVAL)) == before + 3
 
 
 def test_idle_node_does_not_republish_unchanged_values(sys_node: RunningNode) -> None:
     watch = Client(sys_node.mqtt_port, "sys-idle")
     watch.subscribe("$SYS/broker/messages/received", 0)
     watch.subscribe("$SYS/broker/clients/connected", 0)
-    watch.expect(2)  # the retained values
-    latest(watch, "$SYS/broker/messages/received")  # let the first updates settle
-    watch.expect_none(6 * INTERVAL)
+    retained = {m.topic: m.payload.decode() for m in watch.expect(2)}
+    topic = "$SYS/broker/messages/received"
+    latest(watch, topic, retained[topic])  # let the first updates settle ...
+    watch.expect_none(6 * INTERVAL)  # ... then nothing changes while no client does anything
 
 
 def test_v5_client_cannot_publish_to_sys(sys_node: RunningNode) -> None:

@@ -15,7 +15,7 @@ from mop.settings import Settings
 
 REPO_SETTINGS = Path(__file__).parents[2] / "settings.toml"
 # The embedded defaults leave the Pulsar adapter out until it lands; everything else is Settings().
-DEFAULTS = dataclasses.replace(Settings(), protocols=("mqtt",))
+DEFAULTS = Settings()
 
 
 @pytest.fixture(autouse=True)

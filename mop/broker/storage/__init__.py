@@ -9,14 +9,17 @@ from mop.broker.storage.api import (
     StorageFull,
     StorageStats,
 )
+from mop.broker.storage.durable import DurableStorage, open_durable_storage
 from mop.broker.storage.memory import MemoryStorage
 
 __all__ = [
     "CursorKey",
     "CursorState",
+    "DurableStorage",
     "MemoryStorage",
     "Storage",
     "StorageError",
     "StorageFull",
     "StorageStats",
+    "open_durable_storage",
 ]

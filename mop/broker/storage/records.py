@@ -43,8 +43,12 @@ __all__ = [
     "message_key",
 ]
 
-# Every record is framed as: u32 body length, u32 CRC32 (zlib) of the body, body. The first body
-# byte is the record kind.
+# The log is a sequence of segment files named after the log position of their first byte. Each
+# starts with a header (magic, version, base position, epoch, CRC32) and holds records framed as
+# u32 body length, u32 CRC32 (zlib.crc32) of the body, body; all integers little-endian. The first
+# body byte is the record `Kind`; strings and blobs are u32 length + bytes, an id is u64 ledger +
+# u64 entry (ledger 2**64-1 for "none"). Message records carry ledger, entry and append time, and
+# their topic is bound through the topic record that declares the ledger.
 FRAME = struct.Struct("<II")
 # A length above this cannot come from the encoder, so recovery treats it as corruption.
 MAX_RECORD = 1 << 30

@@ -63,8 +63,10 @@ class SessionRegistry:
         A reconnect before the will delay elapses cancels the delayed will (MQTT 5 3.1.3.2.2).
         """
         self._timers.cancel(f"expire:{client_id}")
-        if self._timers.cancel(f"will:{client_id}"):
-            self._wills.pop(client_id, None)
+        # A new connection cancels a waiting will, whether it waits for its delay (a timer) or
+        # for the end of the session (no timer).
+        self._timers.cancel(f"will:{client_id}")
+        self._wills.pop(client_id, None)
         state = self._offline.pop(client_id, None)
         if state is not None and clean_start:
             await self._end(state)

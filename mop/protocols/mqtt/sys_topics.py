@@ -15,7 +15,7 @@ from mop.protocols.mqtt.packets import Publish
 if TYPE_CHECKING:
     from mop.protocols.mqtt.server import MqttServer
 
-SYS_CONTEXT = ClientContext(client_id="$SYS", protocol="mqtt")
+SYS_CONTEXT = ClientContext(client_id="$SYS", protocol="mqtt", internal=True)
 
 
 class SysPublisher:

@@ -190,11 +190,11 @@ class DurableModel(RuleBasedStateMachine):
             assert topic in got.kept, topic
             still = set(ids) & set(model.kept.get(topic, ()))
             assert still <= set(got.kept[topic]), topic
-            last = durable.last[topic]
-            assert last is None or (got.last[topic] is not None and got.last[topic] >= last)
-        for key in durable.cursors.keys() | got.cursors.keys():
-            choices = [durable.cursors.get(key), *self.cursor_values.get(key, [])]
-            assert got.cursors.get(key) in choices, key
+            last, now = durable.last[topic], got.last[topic]
+            assert last is None or (now is not None and now >= last)
+        for cursor in durable.cursors.keys() | got.cursors.keys():
+            choices = [durable.cursors.get(cursor), *self.cursor_values.get(cursor, [])]
+            assert got.cursors.get(cursor) in choices, cursor
         for key in durable.table.keys() | got.table.keys():
             assert got.table.get(key) in [durable.table.get(key), *self.table_values.get(key, [])]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from mop.broker.storage import CursorState, StorageError
+from mop.broker.storage import CursorState
 from mop.broker.storage.durable import DurableStorage, open_durable_storage
 from mop.broker.storage.records import (
     HEADER_SIZE,
@@ -119,9 +119,7 @@ async def test_corrupt_record_in_an_older_segment_skips_the_rest_of_it(tmp_path:
 
 async def test_torn_header_of_a_new_segment_is_removed(tmp_path: Path) -> None:
     await _write_and_close(tmp_path, 3)
-    base = (
-        int(_segments(tmp_path)[-1].stem) + _segments(tmp_path)[-1].stat().st_size
-    )
+    base = int(_segments(tmp_path)[-1].stem) + _segments(tmp_path)[-1].stat().st_size
     torn = tmp_path / f"{base:020d}.log"
     torn.write_bytes(SegmentHeader(base, 9).encode()[:10])
     store = await open_durable_storage(tmp_path, small_settings())
