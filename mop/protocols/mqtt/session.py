@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from mop.processor.backend import Consumer
 
 
+# A session expiry interval of 0xFFFFFFFF means the session never expires (MQTT 5 3.1.2.11.2).
+NEVER_EXPIRES = 0xFFFFFFFF
+
+
 @dataclass(frozen=True, slots=True)
 class SubscriptionOptions:
     qos: int
@@ -49,9 +53,16 @@ class SessionState:
     will: Will | None = None
     inbound_qos2: set[int] = field(default_factory=set)
     outbound: dict[int, Outbound] = field(default_factory=dict)
-    # When an offline session ends (ms since epoch); None while a client is connected.
-    expires_at: int | None = None
+    # When the last connection ended (ms since epoch); None while a client is connected.
+    disconnected_at: int | None = None
     last_packet_id: int = 0
+
+    @property
+    def expires_at(self) -> int | None:
+        """When an offline session ends (ms since epoch); None while connected or never."""
+        if self.disconnected_at is None or self.expiry_interval == NEVER_EXPIRES:
+            return None
+        return self.disconnected_at + self.expiry_interval * 1000
 
     def allocate_packet_id(self) -> int | None:
         """The next free packet identifier, or None when all 65535 are in flight."""
@@ -79,7 +90,7 @@ class SessionState:
             "subs": {f: _options_doc(o) for f, o in self.subscriptions.items()},
             "qos2_in": sorted(self.inbound_qos2),
             "out": [_outbound_doc(o) for o in self.outbound.values() if o.message_id is not None],
-            "expires_at": self.expires_at,
+            "disconnected_at": self.disconnected_at,
             "last_pid": self.last_packet_id,
         }
         if self.will is not None:
@@ -94,7 +105,7 @@ class SessionState:
             expiry_interval=doc["expiry"],
             subscriptions={f: SubscriptionOptions(**o) for f, o in doc["subs"].items()},
             inbound_qos2=set(doc["qos2_in"]),
-            expires_at=doc["expires_at"],
+            disconnected_at=doc["disconnected_at"],
             last_packet_id=doc["last_pid"],
         )
         for o in doc["out"]:

@@ -37,75 +37,86 @@ class SessionRegistry:
         self._timers = timers
         self._publish_will = publish_will
         self._offline: dict[str, SessionState] = {}
-        self._wills: dict[str, Will] = {}
 
     def __len__(self) -> int:
         return len(self._offline)
 
     def recover(self) -> int:
-        """Load offline sessions from the table and schedule their ends; returns the count."""
+        """Load sessions from the table and arm their timers; returns how many there are.
+
+        A session that was connected when the node stopped lost its connection then: its
+        expiry and its will delay count from now. One that expired while the node was down
+        ends at once.
+        """
+        now = now_ms()
         for client_id, data in self._table.items():
             try:
                 state = SessionState.from_bytes(data)
             except (ValueError, KeyError, TypeError):
                 log.error("session %r in %s is unreadable; dropping it", client_id, TABLE)
                 continue
+            if state.disconnected_at is None:
+                state.disconnected_at = now
             self._offline[client_id] = state
-            deadline = state.expires_at if state.expires_at is not None else now_ms()
-            self._timers.schedule(
-                f"expire:{client_id}", (deadline - now_ms()) / 1000, self._expiry(client_id)
-            )
+            self._arm(state)
         return len(self._offline)
 
     async def take(self, client_id: str, *, clean_start: bool) -> tuple[SessionState, bool]:
         """The session for a connecting client, and whether it existed (session present).
 
-        A reconnect before the will delay elapses cancels the delayed will (MQTT 5 3.1.3.2.2).
+        A new connection cancels a will still waiting for its delay or for the end of the
+        session (MQTT 5 3.1.3.2.2), also when it starts clean and so ends the old session.
         """
         self._timers.cancel(f"expire:{client_id}")
-        # A new connection cancels a waiting will, whether it waits for its delay (a timer) or
-        # for the end of the session (no timer).
         self._timers.cancel(f"will:{client_id}")
-        self._wills.pop(client_id, None)
         state = self._offline.pop(client_id, None)
-        if state is not None and clean_start:
-            await self._end(state)
-            state = None
+        if state is not None:
+            state.will = None
+            if clean_start:
+                await self._end(state)
+                state = None
         if state is None:
             return SessionState(client_id=client_id), False
-        state.expires_at = None
+        state.disconnected_at = None
         return state, True
 
     async def release(self, state: SessionState, *, will: Will | None) -> None:
-        """The connection of `state` is gone; keep the session or end it, and handle the will."""
-        client_id = state.client_id
-        expiry = state.expiry_interval
-        if will is not None:
-            delay = will.properties.will_delay_interval or 0
-            if delay and expiry and delay < expiry:
-                self._wills[client_id] = will
-                self._timers.schedule(f"will:{client_id}", delay, self._delayed_will(client_id))
-            elif delay and expiry:
-                self._wills[client_id] = will  # published when the session ends
-            else:
-                await self._publish_will(client_id, will)
-        if expiry == 0:
+        """The connection of `state` is gone: keep the session or end it, and handle the will."""
+        state.disconnected_at = now_ms()
+        state.will = will
+        if state.expiry_interval == 0:
             await self._end(state)
             return
-        state.expires_at = now_ms() + expiry * 1000 if expiry != 0xFFFFFFFF else None
-        self._offline[client_id] = state
+        self._offline[state.client_id] = state
         await self.save(state)
-        if state.expires_at is not None:
-            self._timers.schedule(f"expire:{client_id}", expiry, self._expiry(client_id))
+        self._arm(state)
 
     async def save(self, state: SessionState) -> None:
         if state.expiry_interval:
             await self._table.put(state.client_id, state.to_bytes())
 
-    async def _end(self, state: SessionState) -> None:
-        """Delete a session: its subscriptions in the backend, its table entry, a pending will."""
+    def _arm(self, state: SessionState) -> None:
+        """Schedule the will (after its delay, unless the session ends first) and the expiry."""
         client_id = state.client_id
-        will = self._wills.pop(client_id, None)
+        now = now_ms()
+        expires_at = state.expires_at
+        if state.will is not None:
+            assert state.disconnected_at is not None
+            delay = state.will.properties.will_delay_interval or 0
+            will_at = state.disconnected_at + delay * 1000
+            if expires_at is None or will_at < expires_at:
+                fire = self._delayed_will(client_id)
+                self._timers.schedule(f"will:{client_id}", (will_at - now) / 1000, fire)
+            # otherwise the will goes out when the session ends (see _end)
+        if expires_at is not None:
+            expire = self._expiry(client_id)
+            self._timers.schedule(f"expire:{client_id}", (expires_at - now) / 1000, expire)
+
+    async def _end(self, state: SessionState) -> None:
+        """Delete a session: its subscriptions in the backend, its table entry; then publish a
+        will that was waiting for the end of the session."""
+        client_id = state.client_id
+        will, state.will = state.will, None
         self._timers.cancel(f"will:{client_id}")
         await self._processor.delete_subscription(client_id)
         for topic_filter in state.subscriptions:
@@ -128,8 +139,11 @@ class SessionRegistry:
 
     def _delayed_will(self, client_id: str) -> Callable[[], Awaitable[None]]:
         async def fire() -> None:
-            will = self._wills.pop(client_id, None)
-            if will is not None:
-                await self._publish_will(client_id, will)
+            state = self._offline.get(client_id)
+            if state is None or state.will is None:
+                return
+            will, state.will = state.will, None
+            await self.save(state)
+            await self._publish_will(client_id, will)
 
         return fire

@@ -8,7 +8,7 @@ from mop.protocols.mqtt.session import Outbound, SessionState, SubscriptionOptio
 
 
 def test_round_trip_keeps_everything_that_must_survive() -> None:
-    state = SessionState(client_id="c", expiry_interval=60, expires_at=123, last_packet_id=7)
+    state = SessionState(client_id="c", expiry_interval=60, disconnected_at=123, last_packet_id=7)
     state.subscriptions["a/#"] = SubscriptionOptions(2, no_local=True, identifier=5)
     state.subscriptions["$share/g/b"] = SubscriptionOptions(1, retain_handling=2)
     state.inbound_qos2.update({3, 9})
@@ -29,7 +29,8 @@ def test_round_trip_keeps_everything_that_must_survive() -> None:
     assert list(back.outbound) == [4]
     assert back.outbound[4].message_id == MessageId(1, 2) and back.outbound[4].released
     assert back.will == state.will
-    assert (back.expires_at, back.last_packet_id, back.expiry_interval) == (123, 7, 60)
+    assert (back.disconnected_at, back.last_packet_id, back.expiry_interval) == (123, 7, 60)
+    assert back.expires_at == 123 + 60_000
 
 
 def test_packet_ids_skip_those_in_flight_and_wrap() -> None:
