@@ -274,8 +274,14 @@ def _to_int(key: str, value: Any) -> int:
     return value
 
 
+# Floats where 0 means "off"; every other float must be positive.
+_ZERO_DISABLES: Final = frozenset({"mqtt.sys_interval"})
+
+
 def _to_float(key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise _invalid(key, "must be a positive number", value)
+    if value == 0 and key not in _ZERO_DISABLES:
         raise _invalid(key, "must be a positive number", value)
     return float(value)
 

@@ -1,0 +1,196 @@
+"""A `mop run` process on a data directory, for tests that stop, kill and restart a real node.
+
+    node = NodeProcess(tmp_path / "data")
+    port = node.start()
+    ...
+    node.kill()           # SIGKILL: nothing gets to clean up
+    port = node.start()   # the same data directory, a new process (and a new port)
+    node.stop()           # SIGTERM, which must end the process with status 0
+
+The process's merged stdout and stderr are read line by line in a thread and kept, so a test
+can look for log lines (the storage recovery summary, for instance) of every start so far.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import mop
+
+STARTUP_TIMEOUT = 30.0
+STOP_TIMEOUT = 15.0
+LISTENING = re.compile(r"mqtt listening on tcp (?P<host>\S+):(?P<port>\d+)")
+RECOVERED = re.compile(
+    r"recovered (?P<topics>\d+) topics, (?P<messages>\d+) messages, (?P<cursors>\d+) cursors"
+    r" and (?P<table_keys>\d+) table keys .*; truncated (?P<truncated>\d+) torn bytes"
+)
+
+
+def node_environ(data_dir: Path, **overrides: str) -> dict[str, str]:
+    """The test process's environment without MOP_* variables, plus a data dir, free ports,
+    fsync on every acknowledged write and no $SYS traffic."""
+    environ = {name: value for name, value in os.environ.items() if not name.startswith("MOP_")}
+    # Import the same mop as this test process, installed or not.
+    package_root = str(Path(mop.__file__).resolve().parents[1])
+    environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [package_root, os.environ.get("PYTHONPATH")])
+    )
+    environ.update(
+        MOP_DATA_DIR=str(data_dir),
+        MOP_PROTOCOLS='["mqtt"]',
+        MOP_MQTT__HOST="127.0.0.1",
+        MOP_MQTT__PORT="0",
+        # 0 (off) is refused by the settings loader; an hour keeps $SYS out of the way.
+        MOP_MQTT__SYS_INTERVAL="3600",
+        MOP_STORAGE__FSYNC="always",
+        MOP_LOG_LEVEL="INFO",
+    )
+    environ.update(overrides)
+    return environ
+
+
+class NodeProcess:
+    """One data directory, served by at most one `mop run` process at a time."""
+
+    def __init__(self, data_dir: Path, *, cwd: Path | None = None, **overrides: str) -> None:
+        self.data_dir = data_dir
+        self.cwd = cwd or data_dir.parent
+        self.overrides = overrides
+        self.process: subprocess.Popen[str] | None = None
+        self.port = 0
+        self.output: list[str] = []  # every line of every run so far
+        self.run_output: list[str] = []  # the lines of the current (or last) run
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._reader: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self, timeout: float = STARTUP_TIMEOUT, **overrides: str) -> int:
+        """Start the node and return its MQTT port once it is listening."""
+        assert not self.running, "the node is already running"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lines = queue.Queue()
+        self.run_output = []
+        process = self.process = subprocess.Popen(
+            [sys.executable, "-m", "mop", "run"],
+            cwd=self.cwd,
+            env=node_environ(self.data_dir, **{**self.overrides, **overrides}),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, args=(process, self._lines), daemon=True)
+        self._reader.start()
+        match = self.wait_for(LISTENING, timeout)
+        self.port = int(match["port"])
+        return self.port
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
+        """SIGTERM, as an operator stops the node; returns the exit status."""
+        process = self._require()
+        process.send_signal(signal.SIGTERM)
+        try:
+            code = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=timeout)
+            raise AssertionError(f"node ignored SIGTERM for {timeout}s:\n{self.log()}") from None
+        self._finish()
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL: the process gets no chance to write, flush or close anything."""
+        process = self._require()
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=STOP_TIMEOUT)
+        self._finish()
+
+    def close(self) -> None:
+        """For teardown: kill the process if it still runs."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=STOP_TIMEOUT)
+        self._finish()
+
+    # -- output ------------------------------------------------------------------------------
+
+    def wait_for(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
+        """The first line of the current run from here on that matches `pattern`."""
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                line = self._lines.get(timeout=remaining)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self._keep(line)
+            if match := pattern.search(line):
+                return match
+        raise AssertionError(f"no line matching {pattern.pattern!r}; output:\n{self.log()}")
+
+    def find(self, pattern: re.Pattern[str]) -> list[re.Match[str]]:
+        """Every match in the lines of the current run read so far (reads what is waiting)."""
+        self._drain()
+        return [m for line in self.run_output if (m := pattern.search(line)) is not None]
+
+    def log(self) -> str:
+        self._drain()
+        return "".join(self.output)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                line = self._lines.get_nowait()
+            except queue.Empty:
+                return
+            if line is None:
+                return
+            self._keep(line)
+
+    def _keep(self, line: str) -> None:
+        self.output.append(line)
+        self.run_output.append(line)
+
+    @staticmethod
+    def _read(process: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    def _require(self) -> subprocess.Popen[str]:
+        assert self.process is not None and self.process.poll() is None, "node is not running"
+        return self.process
+
+    def _finish(self) -> None:
+        if self._reader is not None:
+            self._reader.join(timeout=STOP_TIMEOUT)
+            self._reader = None
+        self._drain()
+        if self.process is not None and self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def segment_files(data_dir: Path) -> list[Path]:
+    """The log's segment files, oldest first."""
+    return sorted((data_dir / "broker").glob("*.log"))
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes of every file under `path`."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
