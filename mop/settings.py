@@ -50,7 +50,6 @@ class MqttSettings:
     default_session_expiry: int = 86_400
     max_session_expiry: int = 0xFFFFFFFF
     retain_available: bool = True
-    allow_anonymous: bool = True
     sys_interval: float = 10.0
 
 
