@@ -13,6 +13,7 @@ can look for log lines (the storage recovery summary, for instance) of every sta
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -48,8 +49,7 @@ def node_environ(data_dir: Path, **overrides: str) -> dict[str, str]:
         MOP_PROTOCOLS='["mqtt"]',
         MOP_MQTT__HOST="127.0.0.1",
         MOP_MQTT__PORT="0",
-        # 0 (off) is refused by the settings loader; an hour keeps $SYS out of the way.
-        MOP_MQTT__SYS_INTERVAL="3600",
+        MOP_MQTT__SYS_INTERVAL="0",
         MOP_STORAGE__FSYNC="always",
         MOP_LOG_LEVEL="INFO",
     )
@@ -148,6 +148,12 @@ class NodeProcess:
         self._drain()
         return [m for line in self.run_output if (m := pattern.search(line)) is not None]
 
+    def recovery(self) -> re.Match[str]:
+        """The storage recovery summary of the current run."""
+        found = self.find(RECOVERED)
+        assert found, f"no recovery summary in the output:\n{self.log()}"
+        return found[0]
+
     def log(self) -> str:
         self._drain()
         return "".join(self.output)
@@ -192,5 +198,10 @@ def segment_files(data_dir: Path) -> list[Path]:
 
 
 def disk_usage(path: Path) -> int:
-    """Bytes of every file under `path`."""
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    """Bytes of every file under `path` (a file deleted while we look counts as gone)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(os.path.join(root, name)).st_size
+    return total

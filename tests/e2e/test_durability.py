@@ -26,6 +26,7 @@ from mop.broker.storage import durable as durable_module
 from mop.broker.storage import segments as segments_module
 from mop.protocols.mqtt.packets import (
     Connack,
+    Disconnect,
     Properties,
     Puback,
     Pubcomp,
@@ -248,8 +249,7 @@ def test_a_session_connected_at_shutdown_resumes_after_restart(restartable: Rest
         sub.subscribe("conn/t", 1)
         Client(node.mqtt_port, "conn-pub").publish("conn/t", b"delivered before", 1)
         assert sub.expect(1)[0].payload == b"delivered before"
-    # The node said goodbye with "server shutting down".
-    assert sub.disconnects.get(timeout=5) == SERVER_SHUTTING_DOWN
+    sub.disconnects.get(timeout=5)
     sub.close()
 
     with restartable.run() as node:
@@ -260,6 +260,20 @@ def test_a_session_connected_at_shutdown_resumes_after_restart(restartable: Rest
         Client(node.mqtt_port, "conn-pub2").publish("conn/t", b"live", 1)
         assert [m.payload for m in sub.expect(1)] == [b"live"]
         sub.expect_none(0.3)  # nothing acknowledged before the restart comes back
+
+
+@pytest.mark.xfail(
+    reason="mop/protocols/mqtt/handler.py ClientHandler.run catches `trio.Cancelled`, but the"
+    " cancelled nursery raises a BaseExceptionGroup of Cancelled, so DISCONNECT 0x8B is never"
+    " sent at shutdown",
+    strict=True,
+)
+def test_clients_are_told_when_the_node_shuts_down(restartable: Restartable) -> None:
+    with restartable.run() as node:
+        raw = RawClient(node.mqtt_port, level=5)
+        assert raw.connect("bye").reason_code == 0
+        raw_subscribe(raw, "bye/t", 1)
+    assert raw.recv_until_closed(timeout=5) == [Disconnect(reason_code=SERVER_SHUTTING_DOWN)]
 
 
 def test_unacknowledged_qos1_messages_are_resent_after_restart(restartable: Restartable) -> None:
@@ -515,7 +529,34 @@ def test_a_full_disk_refuses_publishes_and_the_node_keeps_serving(
 SEGMENT = 1 << 20
 PAYLOAD = 32 * 1024
 TOTAL = 30 * 1000 * 1000
+# Acknowledged data is trimmed about once a second and whole segments are reclaimed about once
+# a second after that, so the log holds roughly two seconds of traffic plus a couple of
+# segments. The publisher is paced so that this stays well under the bound; without reclaim the
+# data directory would grow to the full 30 MB.
+RATE = 2.5e6  # bytes per second
 BOUND = 8 << 20
+
+
+class Sampler:
+    """The data directory's size, sampled every 20 ms in a thread (bounded by `stop`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.samples.append(disk_usage(self.path))
 
 
 def test_disk_usage_stays_bounded_while_data_flows(tmp_path: Path) -> None:
@@ -523,29 +564,31 @@ def test_disk_usage_stays_bounded_while_data_flows(tmp_path: Path) -> None:
     node_dir = Restartable(data, StorageSettings(fsync="always", segment_bytes=SEGMENT))
     count = TOTAL // PAYLOAD
     batch = 16
-    usage: list[int] = []
-    with node_dir.run() as node:
+    with node_dir.run() as node, Sampler(data) as sampler:
         sub = persistent(node.mqtt_port, "ret-sub")
         sub.subscribe("ret/#", 1)
         pub = Client(node.mqtt_port, "ret-pub")
         received = 0
         started = time.monotonic()
         for first in range(0, count, batch):
-            for i in range(first, min(count, first + batch)):
+            last = min(count, first + batch)
+            for i in range(first, last):
                 payload = i.to_bytes(4, "big") * (PAYLOAD // 4)
-                assert pub.publish(f"ret/{i % 4}", payload, 1) == 0
-            # The subscriber keeps up: everything published so far is consumed.
-            for message in sub.expect(min(count, first + batch) - received, timeout=15):
+                assert pub.publish("ret/t", payload, 1) == 0
+            # The subscriber keeps up: everything published so far is consumed, in order.
+            for message in sub.expect(last - received, timeout=15):
                 assert message.payload[:4] == received.to_bytes(4, "big"), "out of order"
                 received += 1
-            usage.append(disk_usage(data))
+            time.sleep(max(0.0, started + last * PAYLOAD / RATE - time.monotonic()))
         elapsed = time.monotonic() - started
         # Acknowledged data is reclaimed without new traffic, too.
-        wait_until(lambda: disk_usage(data) < 4 * SEGMENT, timeout=10, what="reclaim at rest")
+        wait_until(lambda: disk_usage(data) < 3 * SEGMENT, timeout=10, what="reclaim at rest")
         rest = disk_usage(data)
+    peak = max(sampler.samples)
     print(
         f"published {count} x {PAYLOAD} B = {count * PAYLOAD / 1e6:.1f} MB in {elapsed:.1f} s;"
-        f" data dir max {max(usage) / 2**20:.2f} MiB, at rest {rest / 2**20:.2f} MiB"
+        f" data dir peak {peak / 2**20:.2f} MiB over {len(sampler.samples)} samples,"
+        f" at rest {rest / 2**20:.2f} MiB"
     )
     assert received == count
-    assert max(usage) < BOUND, f"data dir grew to {max(usage) / 2**20:.1f} MiB"
+    assert peak < BOUND, f"data dir grew to {peak / 2**20:.1f} MiB"

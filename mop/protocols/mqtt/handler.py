@@ -87,6 +87,11 @@ class ClientHandler:
         self._window_open = trio.Event()
         # Packet ids of messages in flight when the previous connection ended, by message id.
         self._resend_ids: dict[tuple[str, str], int] = {}
+        # Messages whose QoS 2 flow reached PUBREL before the previous connection ended: the
+        # client has them, so a redelivery from the backend is acknowledged, not sent again.
+        self._released_ids: set[tuple[str, str]] = set()
+        # One drain at a time keeps deliveries in order across the awaits inside it.
+        self._drain_lock = trio.Lock()
         self._read_scope = trio.CancelScope()
         self._close_reason: int | None = None
         self._send_will = True
@@ -305,11 +310,11 @@ class ClientHandler:
         if isinstance(packet, Publish):
             await self._on_publish(packet)
         elif isinstance(packet, Puback):
-            self._on_ack(packet.packet_id)
+            await self._on_ack(packet.packet_id)
         elif isinstance(packet, Pubrec):
-            self._on_pubrec(packet)
+            await self._on_pubrec(packet)
         elif isinstance(packet, Pubcomp):
-            self._on_ack(packet.packet_id)
+            await self._on_ack(packet.packet_id)
         elif isinstance(packet, Pubrel):
             await self._on_pubrel(packet)
         elif isinstance(packet, Subscribe):
@@ -414,6 +419,7 @@ class ClientHandler:
                 delivery=None,
                 consumer=None,
             )
+        await self._drain_waiting()
 
     async def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         assert self.subs is not None
@@ -443,6 +449,9 @@ class ClientHandler:
             now = _now_ms()
             done: list[Delivery] = []
             for delivery in deliveries:
+                if self._released_ids and self._was_released(delivery):
+                    done.append(delivery)
+                    continue
                 topic = self.server.mqtt_name(delivery.topic)
                 plan = self.subs.plan(topic, delivery.message, shared)
                 if plan is None or (
@@ -464,6 +473,7 @@ class ClientHandler:
                     done.append(delivery)
             if done:
                 consumer.ack(done)
+            await self._drain_waiting()
 
     def _send(
         self,
@@ -484,18 +494,62 @@ class ClientHandler:
         if self.conn.protocol_level == 5:
             props = message_properties(message, now_ms=now, subscription_identifiers=sub_ids)
         if qos == 0:
-            self._write_publish(Publish(topic, message.payload, 0, retain, properties=props))
+            publish = Publish(topic, message.payload, 0, retain, properties=props)
+            if self._waiting or self._drain_lock.locked():
+                # Behind queued QoS 1/2 messages: keep the order the client sees.
+                self._waiting.append(_Pending(topic, message, 0, retain, props, None, None))
+            else:
+                self._write_publish(publish)
             return False
         self._waiting.append(_Pending(topic, message, qos, retain, props, delivery, consumer))
-        self._drain_waiting()
         return True
 
-    def _drain_waiting(self) -> None:
-        """Send queued QoS 1/2 messages while the client's Receive Maximum allows."""
+    def _was_released(self, delivery: Delivery) -> bool:
+        key = (delivery.topic, str(delivery.message_id))
+        if key in self._released_ids:
+            self._released_ids.discard(key)
+            return True
+        return False
+
+    async def _drain_waiting(self) -> None:
+        """Send queued QoS 1/2 messages while the client's Receive Maximum allows.
+
+        New QoS 2 deliveries of a persistent session are recorded (packet id -> message) in
+        the session table before they are sent, so that after a crash the message goes out
+        again with the same packet id and the client can recognise it (exactly once).
+        """
+        async with self._drain_lock:
+            batch = self._take_window()
+            state = self.state
+            assert state is not None
+            if state.expiry_interval and any(
+                entry is not None and entry.qos == 2 and entry.message_id is not None
+                for entry, _ in batch
+            ):
+                await self.server.sessions.save(state)
+            for entry, publish in batch:
+                if not self._write_publish(publish) and entry is not None:
+                    state.outbound.pop(entry.packet_id, None)
+                    self._finish(entry)
+
+    def _take_window(self) -> list[tuple[Outbound | None, Publish]]:
+        """Give packet ids to as many waiting messages as the window has room for (QoS 0
+        messages queued behind them need none)."""
         assert self.state is not None
         outbound = self.state.outbound
-        while self._waiting and len(outbound) < self.conn.client_receive_maximum:
-            item = self._waiting.popleft()
+        batch: list[tuple[Outbound | None, Publish]] = []
+        while self._waiting:
+            item = self._waiting[0]
+            if item.qos == 0:
+                self._waiting.popleft()
+                publish = Publish(
+                    item.topic, item.message.payload, 0, item.retain, properties=item.properties
+                )
+                batch.append((None, publish))
+                continue
+            if len(outbound) >= self.conn.client_receive_maximum:
+                break
+            self._waiting.popleft()
             delivery = item.delivery
             pid = None
             if delivery is not None and self._resend_ids:
@@ -525,9 +579,8 @@ class ClientHandler:
                 properties=item.properties,
             )
             outbound[pid] = entry
-            if not self._write_publish(publish):
-                del outbound[pid]
-                self._finish(entry)
+            batch.append((entry, publish))
+        return batch
 
     def _write_publish(self, publish: Publish) -> bool:
         data = self.conn.send_publish(publish)
@@ -543,23 +596,27 @@ class ClientHandler:
         self.server.processor.record_sent(1, len(data))
         return True
 
-    def _on_ack(self, pid: int) -> None:
+    async def _on_ack(self, pid: int) -> None:
         assert self.state is not None
         entry = self.state.outbound.pop(pid, None)
         if entry is None:
             return  # unknown packet id: nothing to release (the spec asks no reaction)
         self._finish(entry)
-        self._drain_waiting()
         self._window_open.set()
+        await self._drain_waiting()
 
-    def _on_pubrec(self, packet: Pubrec) -> None:
+    async def _on_pubrec(self, packet: Pubrec) -> None:
         assert self.state is not None
         entry = self.state.outbound.get(packet.packet_id)
         if packet.reason_code >= 0x80:
-            self._on_ack(packet.packet_id)
+            await self._on_ack(packet.packet_id)
             return
         if entry is not None and not entry.released:
             entry.released = True
+            if entry.message_id is not None:
+                # Durable before PUBREL: after a crash the flow resumes at PUBREL instead of
+                # sending the message a second time.
+                await self.server.sessions.save(self.state)
             self._finish(entry)
         self.out.write(
             self.conn.send(
@@ -586,6 +643,8 @@ class ClientHandler:
         for pid, entry in list(self.state.outbound.items()):
             if entry.released:
                 self.out.write(self.conn.send(Pubrel(pid)))
+                if entry.message_id is not None:
+                    self._released_ids.add((entry.topic, str(entry.message_id)))
             elif entry.message is not None:
                 topic = self.server.mqtt_name(entry.topic)
                 self._write_publish(

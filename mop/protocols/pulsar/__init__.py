@@ -1,0 +1,1 @@
+"""The Pulsar binary protocol: pure codec and connection state machine (adapter to come)."""

@@ -87,7 +87,12 @@ def read_varint(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
 
 
 def _read_length(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
-    size, pos = read_varint(buf, pos, end)
+    """Read a length prefix; returns (start, stop) of the bytes it announces."""
+    if pos < end and buf[pos] < 0x80:
+        size = buf[pos]
+        pos += 1
+    else:
+        size, pos = read_varint(buf, pos, end)
     stop = pos + size
     if stop > end:
         raise MalformedFrame(f"length-delimited field of {size} bytes overruns its message")
@@ -99,41 +104,61 @@ def _read_length(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
 _Reader = Callable[[Buffer, int, int], tuple[Any, int]]
 _Writer = Callable[[bytearray, Any], None]
 
+_new: Final = object.__new__
 # A reader returns this for an enum value it does not know; proto2 then treats the field as unknown.
 _UNKNOWN: Final = object()
 
 
+# Each reader takes the one-byte varint fast path itself: most values on this path are small.
+
+
 def _read_uint64(buf: Buffer, pos: int, end: int) -> tuple[Any, int]:
+    if pos < end and buf[pos] < 0x80:
+        return buf[pos], pos + 1
     value, pos = read_varint(buf, pos, end)
     return value & _M64, pos
 
 
 def _read_uint32(buf: Buffer, pos: int, end: int) -> tuple[Any, int]:
+    if pos < end and buf[pos] < 0x80:
+        return buf[pos], pos + 1
     value, pos = read_varint(buf, pos, end)
     return value & _M32, pos
 
 
 def _read_int64(buf: Buffer, pos: int, end: int) -> tuple[Any, int]:
+    if pos < end and buf[pos] < 0x80:
+        return buf[pos], pos + 1
     value, pos = read_varint(buf, pos, end)
     value &= _M64
     return (value - (1 << 64) if value >> 63 else value), pos
 
 
 def _read_int32(buf: Buffer, pos: int, end: int) -> tuple[Any, int]:
+    if pos < end and buf[pos] < 0x80:
+        return buf[pos], pos + 1
     value, pos = read_varint(buf, pos, end)
     value &= _M32
     return (value - (1 << 32) if value >> 31 else value), pos
 
 
 def _read_bool(buf: Buffer, pos: int, end: int) -> tuple[Any, int]:
+    if pos < end and buf[pos] < 0x80:
+        return buf[pos] != 0, pos + 1
     value, pos = read_varint(buf, pos, end)
     return value != 0, pos
 
 
 def _read_string(buf: Buffer, pos: int, end: int) -> tuple[Any, int]:
-    start, stop = _read_length(buf, pos, end)
+    if pos < end and buf[pos] < 0x80:
+        start = pos + 1
+        stop = start + buf[pos]
+        if stop > end:
+            raise MalformedFrame("string field overruns its message")
+    else:
+        start, stop = _read_length(buf, pos, end)
     try:
-        return str(buf[start:stop], "utf-8"), stop
+        return buf[start:stop].decode(), stop
     except UnicodeDecodeError:
         raise MalformedFrame("string field is not valid UTF-8") from None
 
@@ -234,20 +259,23 @@ class _Schema:
     # (attribute, tag bytes, writer, default, required, repeated) in field-number order
     encoders: tuple[tuple[str, bytes, _Writer, Any, bool, bool], ...]
     repeated: tuple[str, ...]
+    required: frozenset[str]
 
 
 _SCHEMAS: dict[type, _Schema] = {}
 
 
-def pb(number: int, kind: Kind, *, repeated: bool = False, default: Any = dataclasses.MISSING) -> Any:
+def pb(
+    number: int, kind: Kind, *, repeated: bool = False, default: Any = dataclasses.MISSING
+) -> Any:
     """Declare a message field: `producer_id: int = pb(1, UINT64)`.
 
-    A field without `default` is proto2 `required`. A repeated field defaults to `()` and holds a
-    tuple. An optional field equal to its default is not written, which is what a proto2 reader
-    would read back for the absent field.
+    A field without `default` is proto2 `required`. A repeated field holds a tuple and is declared
+    with `default=()`. An optional field equal to its default is not written, which is what a
+    proto2 reader reads back for the absent field.
     """
-    if repeated and default is dataclasses.MISSING:
-        default = ()
+    if repeated and default != ():
+        raise TypeError("declare repeated fields with default=()")
     spec = FieldSpec(number, kind, repeated, default is dataclasses.MISSING)
     return dataclasses.field(default=default, metadata={"pb": spec})
 
@@ -283,7 +311,8 @@ def _build_schema(cls: type) -> _Schema:
                 by_tag[spec.number << 3 | _WIRE_LEN] = (field.name, _packed_reader(reader), _EXTEND)
         tag = _tag_bytes(spec.number, wire)
         encoders.append((field.name, tag, writer, field.default, spec.required, spec.repeated))
-    return _Schema(by_tag, tuple(encoders), tuple(repeated))
+    required = frozenset(name for name, _, _, _, is_required, _ in encoders if is_required)
+    return _Schema(by_tag, tuple(encoders), tuple(repeated), required)
 
 
 def _packed_reader(element: _Reader) -> _Reader:
@@ -301,8 +330,12 @@ def _packed_reader(element: _Reader) -> _Reader:
 
 @dataclass_transform(frozen_default=True, kw_only_default=True, field_specifiers=(pb,))
 def message(cls: type[_T]) -> type[_T]:
-    """Make `cls` a frozen, keyword-only dataclass encoded as a protobuf message."""
-    made = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)(cls)
+    """Make `cls` a frozen, keyword-only dataclass encoded as a protobuf message.
+
+    No `__slots__`: the decoder fills an instance's `__dict__` in one step, and absent optional
+    fields read their defaults from the class, which makes decoding several times faster.
+    """
+    made = dataclasses.dataclass(frozen=True, kw_only=True)(cls)
     _SCHEMAS[made] = _build_schema(made)
     return made
 
@@ -351,7 +384,8 @@ def decode_message(
     """
     if end is None:
         end = len(buf)
-    by_tag = _SCHEMAS[cls].by_tag
+    schema = _SCHEMAS[cls]
+    by_tag = schema.by_tag
     values: dict[str, Any] = extra
     while pos < end:
         tag = buf[pos]
@@ -365,27 +399,30 @@ def decode_message(
             continue
         name, read, mode = entry
         value, pos = read(buf, pos, end)
+        if value is _UNKNOWN:
+            continue
         if mode == _SINGLE:
-            if value is not _UNKNOWN:
-                values[name] = value
-        elif mode == _APPEND:
-            if value is not _UNKNOWN:
-                values.setdefault(name, []).append(value)
+            values[name] = value
+        elif name in values:
+            if mode == _APPEND:
+                values[name].append(value)
+            else:
+                values[name].extend(value)
         else:
-            values.setdefault(name, []).extend(value)
+            values[name] = [value] if mode == _APPEND else value
     if pos != end:
         raise MalformedFrame(f"{cls.__name__} overruns its length")
-    for name in _SCHEMAS[cls].repeated:
+    for name in schema.repeated:
         if name in values:
             values[name] = tuple(values[name])
-    try:
-        return cls(**values)
-    except TypeError:
-        missing = [
-            name for name, _, _, _, required, _ in _SCHEMAS[cls].encoders
-            if required and name not in values
-        ]
-        raise MalformedFrame(f"{cls.__name__} lacks required field(s) {missing}") from None
+    if not schema.required <= values.keys():
+        missing = sorted(schema.required - values.keys())
+        raise MalformedFrame(f"{cls.__name__} lacks required field(s) {', '.join(missing)}")
+    # The dataclass __init__ would only copy `values` attribute by attribute; fields left out
+    # read the class-level defaults.
+    msg = _new(cls)
+    msg.__dict__.update(values)
+    return msg
 
 
 def _skip_field(buf: Buffer, pos: int, end: int, tag: int) -> int:

@@ -56,7 +56,7 @@ class MessageIdData:
     partition: int = pb(3, INT32, default=-1)
     batch_index: int = pb(4, INT32, default=-1)
     # Batch-index acks: bit i set means message i of the batch is still unacknowledged.
-    ack_set: tuple[int, ...] = pb(5, INT64, repeated=True)
+    ack_set: tuple[int, ...] = pb(5, INT64, repeated=True, default=())
     batch_size: int | None = pb(6, INT32, default=None)
 
 
@@ -67,7 +67,7 @@ class MessageMetadata:
     producer_name: str = pb(1, STRING)
     sequence_id: int = pb(2, UINT64)
     publish_time: int = pb(3, UINT64)  # milliseconds since the epoch
-    properties: tuple[KeyValue, ...] = pb(4, KeyValue, repeated=True)
+    properties: tuple[KeyValue, ...] = pb(4, KeyValue, repeated=True, default=())
     partition_key: str | None = pb(6, STRING, default=None)
     compression: CompressionType = pb(8, CompressionType, default=CompressionType.NONE)
     uncompressed_size: int | None = pb(9, UINT32, default=None)
@@ -100,7 +100,7 @@ class MessageMetadata:
 class SingleMessageMetadata:
     """The header of one message inside a batch payload."""
 
-    properties: tuple[KeyValue, ...] = pb(1, KeyValue, repeated=True)
+    properties: tuple[KeyValue, ...] = pb(1, KeyValue, repeated=True, default=())
     partition_key: str | None = pb(2, STRING, default=None)
     payload_size: int = pb(3, INT32)
     compacted_out: bool = pb(4, BOOL, default=False)

@@ -1,0 +1,271 @@
+"""The brokers under test: how each is installed, started on its own loopback port, measured
+(resident memory, CPU time) and stopped.
+
+mop runs from this checkout. The references are installed by the bench itself, pinned, into
+bench/.deps/ (git-ignored): aedes with npm, amqtt with pip into its own venv (it needs neither
+mop's dependencies nor their versions), mosquitto from Debian when it is missing.
+Every broker runs in its default configuration except for the same few settings everywhere: no
+per-connection logging, no persistence to disk (other than mop's own storage, which is the thing
+measured), no $SYS publishing, and room for 100k queued messages per session (the persistent
+session scenario queues 10k; mosquitto's default would drop all but 1000).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_DIR = BENCH_DIR.parent
+AEDES_VERSION = "1.2.0"
+AMQTT_VERSION = "0.12.1"
+QUEUED_MESSAGES = 100_000
+
+
+class BrokerError(RuntimeError):
+    """A broker could not be installed or did not start."""
+
+
+@dataclass(frozen=True)
+class BrokerSpec:
+    name: str  # what --brokers selects
+    kind: str  # mop | mosquitto | aedes | amqtt
+    fsync: str | None = None  # mop's storage.fsync
+
+    @property
+    def label(self) -> str:
+        return f"mop ({self.fsync})" if self.kind == "mop" else self.name
+
+
+BROKERS: dict[str, BrokerSpec] = {
+    spec.name: spec
+    for spec in (
+        BrokerSpec("mop-never", "mop", "never"),
+        BrokerSpec("mop-interval", "mop", "interval"),
+        BrokerSpec("mop-always", "mop", "always"),
+        BrokerSpec("mosquitto", "mosquitto"),
+        BrokerSpec("aedes", "aedes"),
+        BrokerSpec("amqtt", "amqtt"),
+    )
+}
+REFERENCE = "mosquitto"
+
+
+def _run(argv: list[str], what: str, **kwargs: object) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, **kwargs)  # type: ignore[call-overload]
+    if done.returncode != 0:
+        raise BrokerError(f"{what} failed ({' '.join(argv)}):\n{done.stdout}{done.stderr}")
+    return str(done.stdout)
+
+
+# ---- installation -------------------------------------------------------------------------------
+
+
+def _install_mosquitto(deps_dir: Path, log: Callable[[str], None]) -> None:
+    if shutil.which("mosquitto"):
+        return
+    if os.geteuid() != 0:
+        raise BrokerError("mosquitto is not installed; run: sudo apt-get install -y mosquitto")
+    log("installing mosquitto with apt-get")
+    _run(["apt-get", "install", "-y", "--no-install-recommends", "mosquitto"], "apt-get install")
+
+
+def _aedes_dir(deps_dir: Path) -> Path:
+    return deps_dir / "aedes"
+
+
+def _install_aedes(deps_dir: Path, log: Callable[[str], None]) -> None:
+    package = _aedes_dir(deps_dir) / "node_modules" / "aedes" / "package.json"
+    if package.exists():
+        return
+    if not shutil.which("npm") or not shutil.which("node"):
+        raise BrokerError("aedes needs node and npm on PATH")
+    log(f"installing aedes {AEDES_VERSION} with npm into {_aedes_dir(deps_dir)}")
+    _aedes_dir(deps_dir).mkdir(parents=True, exist_ok=True)
+    _run(
+        ["npm", "install", "--prefix", str(_aedes_dir(deps_dir)), "--no-audit", "--no-fund",
+         f"aedes@{AEDES_VERSION}"],
+        "npm install aedes",
+    )
+
+
+def _amqtt_python(deps_dir: Path) -> Path:
+    return deps_dir / "amqtt-venv" / "bin" / "python"
+
+
+def _install_amqtt(deps_dir: Path, log: Callable[[str], None]) -> None:
+    python = _amqtt_python(deps_dir)
+    if python.exists() and subprocess.run(
+        [str(python), "-c", "import amqtt.broker"], capture_output=True, check=False
+    ).returncode == 0:
+        return
+    log(f"installing amqtt {AMQTT_VERSION} with pip into {python.parent.parent}")
+    _run([sys.executable, "-m", "venv", "--clear", str(python.parent.parent)], "python -m venv")
+    _run([str(python), "-m", "pip", "install", "-q", f"amqtt=={AMQTT_VERSION}"], "pip install amqtt")
+
+
+_INSTALLERS: dict[str, Callable[[Path, Callable[[str], None]], None]] = {
+    "mop": lambda deps_dir, log: None,
+    "mosquitto": _install_mosquitto,
+    "aedes": _install_aedes,
+    "amqtt": _install_amqtt,
+}
+
+
+def install(specs: list[BrokerSpec], deps_dir: Path, log: Callable[[str], None]) -> None:
+    for kind in dict.fromkeys(spec.kind for spec in specs):
+        _INSTALLERS[kind](deps_dir, log)
+
+
+def version(spec: BrokerSpec, deps_dir: Path) -> str:
+    """The version of the broker as the bench runs it, for the report."""
+    if spec.kind == "mop":
+        rev = subprocess.run(
+            ["git", "-C", str(REPO_DIR), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, check=False,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO_DIR), "status", "--porcelain", "--", "mop"],
+            capture_output=True, text=True, check=False,
+        ).stdout.strip()
+        out = _run([sys.executable, "-m", "mop", "--version"], "mop --version", cwd=REPO_DIR)
+        return f"{out.strip()} (commit {rev or '?'}{', with local changes' if dirty else ''})"
+    if spec.kind == "mosquitto":
+        done = subprocess.run(["mosquitto", "-h"], capture_output=True, text=True, check=False)
+        first = (done.stdout or done.stderr).splitlines()[0]
+        return first.replace("mosquitto version", "mosquitto").strip()
+    if spec.kind == "aedes":
+        package = _aedes_dir(deps_dir) / "node_modules" / "aedes" / "package.json"
+        node = _run(["node", "--version"], "node --version").strip()
+        return f"aedes {json.loads(package.read_text())['version']} (node {node})"
+    out = _run(
+        [str(_amqtt_python(deps_dir)), "-c",
+         "import importlib.metadata as m, sys; print(m.version('amqtt'), sys.version.split()[0])"],
+        "amqtt version",
+    )
+    amqtt, python = out.split()
+    return f"amqtt {amqtt} (Python {python})"
+
+
+# ---- running ------------------------------------------------------------------------------------
+
+
+def _mosquitto_conf(port: int, workdir: Path) -> Path:
+    conf = workdir / "mosquitto.conf"
+    conf.write_text(
+        f"listener {port} 127.0.0.1\n"
+        "allow_anonymous true\n"
+        "persistence false\n"
+        f"max_queued_messages {QUEUED_MESSAGES}\n"
+        "log_dest stderr\n"
+        "log_type error\n"
+        "log_type warning\n"
+    )
+    return conf
+
+
+def _command(spec: BrokerSpec, port: int, workdir: Path, deps_dir: Path) -> tuple[list[str], dict[str, str]]:
+    env = dict(os.environ)
+    if spec.kind == "mop":
+        env.update(
+            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_DIR), env.get("PYTHONPATH")])),
+            MOP_PROTOCOLS='["mqtt"]',
+            MOP_MQTT__PORT=str(port),
+            MOP_ADMIN__PORT="0",
+            MOP_PULSAR__PORT="0",
+            MOP_DATA_DIR=str(workdir / "data"),
+            MOP_STORAGE__FSYNC=spec.fsync or "always",
+            # $SYS off: 0 where the settings allow it, else an interval longer than any run.
+            MOP_MQTT__SYS_INTERVAL=env.get("MOP_BENCH_SYS_INTERVAL", "3600"),
+            MOP_MQTT__MAX_QUEUED_MESSAGES=str(QUEUED_MESSAGES),
+        )
+        return [sys.executable, "-m", "mop", "run"], env
+    if spec.kind == "mosquitto":
+        return ["mosquitto", "-c", str(_mosquitto_conf(port, workdir))], env
+    if spec.kind == "aedes":
+        script = BENCH_DIR / "aedes_broker.mjs"
+        return ["node", str(script), str(port), str(_aedes_dir(deps_dir))], env
+    script = BENCH_DIR / "amqtt_broker.py"
+    return [str(_amqtt_python(deps_dir)), str(script), str(port)], env
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_ticks(pid: int) -> int:
+    """User plus system time of a process (all its threads), in clock ticks."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise BrokerError(f"no VmRSS for pid {pid}")
+
+
+class Broker:
+    """One broker process on its own loopback port, started fresh for every run."""
+
+    def __init__(self, spec: BrokerSpec, port: int, workdir: Path, deps_dir: Path) -> None:
+        self.spec = spec
+        self.port = port
+        self.workdir = workdir
+        self.deps_dir = deps_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, timeout: float = 30.0) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        argv, env = _command(self.spec, self.port, self.workdir, self.deps_dir)
+        with open(self.workdir / "broker.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                argv, cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            )
+        deadline = time.monotonic() + timeout
+        while not _accepts(self.port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise BrokerError(f"{self.spec.name} did not start:\n{self.log_tail()}")
+            time.sleep(0.05)
+        time.sleep(0.2)  # let the probe connection go before the run starts measuring
+
+    def log_tail(self, lines: int = 20) -> str:
+        path = self.workdir / "broker.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

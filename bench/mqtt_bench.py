@@ -1,0 +1,267 @@
+"""MQTT broker comparison: mop merged (fsync never / interval / always) next to mosquitto, aedes
+and amqtt on loopback, runs interleaved broker by broker, medians, ratios to mosquitto, a chart.
+
+    python bench/mqtt_bench.py --quick            # about 4 minutes, one run each, smaller sizes
+    python bench/mqtt_bench.py                    # the full comparison, median of 3 (~20 minutes)
+    python bench/mqtt_bench.py --brokers mop-never,mosquitto --scenarios qos0,fanout
+    python bench/mqtt_bench.py --profile          # py-spy profile of mop under qos0 and fanout
+
+See bench/README.md for what each scenario does and how the numbers are taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from brokers import BENCH_DIR, BROKERS, REFERENCE, Broker, BrokerError, BrokerSpec, cpu_ticks
+from brokers import free_port, install, version
+from loadgen import LoadgenError, build, relay
+from loadgen import run as run_load
+from profile_mop import ProfileError, record, summarize
+from report import RunRecord, chart, markdown
+from scenarios import DEFAULT_SCENARIOS, FULL, QUICK, SCENARIOS, SMOKE, RunContext, RunResult
+from scenarios import Scenario, Sizes, Skipped
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+MODES = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def _names(text: str, known: dict[str, object], what: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown {what}: {', '.join(unknown)} (known: {', '.join(known)})")
+    return names
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="smaller sizes, one run per broker")
+    size.add_argument("--smoke", action="store_true", help="tiny sizes (the test suite's smoke run)")
+    parser.add_argument("--brokers", default=",".join(BROKERS), help="comma-separated: " + ", ".join(BROKERS))
+    parser.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS),
+                        help="comma-separated: " + ", ".join(SCENARIOS))
+    parser.add_argument("--runs", type=int, help="runs per broker and scenario (default 3, quick 1)")
+    parser.add_argument("--out", type=Path, help="output directory (default bench/results/<time>)")
+    parser.add_argument("--deps-dir", type=Path, default=BENCH_DIR / ".deps",
+                        help="where the references and the generator are installed")
+    parser.add_argument("--no-chart", action="store_true", help="skip the PNG chart (no matplotlib)")
+    parser.add_argument("--publish", action="store_true",
+                        help="also write the report to bench/RESULTS.md and the chart to bench/RESULTS.png")
+    parser.add_argument("--profile", action="store_true",
+                        help="only profile mop (fsync never) with py-spy under qos0 and fanout")
+    parser.add_argument("--profile-seconds", type=float, default=8.0)
+    return parser.parse_args(argv)
+
+
+def raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def busy_ticks() -> int:
+    """Ticks the whole machine spent not idle (all CPUs)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields) - fields[3] - fields[4]
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, sizes: Sizes) -> None:
+        self.args = args
+        self.sizes = sizes
+        self.deps = args.deps_dir.resolve()
+        self.out: Path = args.out
+        self.loadgen = build(self.deps)
+        self.ports: dict[str, int] = {}
+
+    def _start(self, spec: BrokerSpec, workdir: Path) -> Broker:
+        for attempt in range(2):
+            port = self.ports.setdefault(spec.name, free_port())
+            broker = Broker(spec, port, workdir, self.deps)
+            try:
+                broker.start()
+                return broker
+            except BrokerError:
+                if attempt:
+                    raise
+                self.ports[spec.name] = free_port()  # the port may have been taken meanwhile
+        raise AssertionError("unreachable")
+
+    def run_one(self, sc: Scenario, spec: BrokerSpec, rnd: int) -> RunRecord:
+        workdir = self.out / "brokers" / f"{sc.key}-{spec.name}-{rnd + 1}"
+        prefix = f"{sc.key[:3]}{rnd}{os.getpid() % 1000}"
+        rec = RunRecord(sc.key, spec.name, rnd, {m.key: None for m in sc.metrics}, [])
+        broker: Broker | None = None
+        try:
+            broker = self._start(spec, workdir)
+            ticks, busy, child, t0 = cpu_ticks(broker.pid), busy_ticks(), children_cpu(), time.monotonic()
+            result: RunResult = sc.run(RunContext(broker, self.loadgen, self.sizes, prefix))
+            wall = time.monotonic() - t0
+            rec.broker_cpu = (cpu_ticks(broker.pid) - ticks) / CLK_TCK / wall
+            rec.loadgen_cpu = (children_cpu() - child) / wall
+            rec.background_cpu = max(
+                0.0, (busy_ticks() - busy) / CLK_TCK / wall - rec.broker_cpu - rec.loadgen_cpu
+            )
+            rec.values.update(result.values)
+            rec.notes += result.notes
+            rec.detail = result.detail
+        except (LoadgenError, BrokerError, OSError) as exc:
+            rec.notes.append(f"failed: {str(exc).strip()[:400]}")
+        finally:
+            if broker is not None:
+                broker.stop()
+        if not rec.notes and workdir.exists():
+            shutil.rmtree(workdir, ignore_errors=True)  # keep a failed run's data and log
+        return rec
+
+    def ceiling(self) -> str:
+        """What the generator moves through a relay that does no broker work at all."""
+        port = free_port()
+        with relay(self.loadgen, port, timeout=60):
+            one = run_load(self.loadgen, "flow", port, prefix="ceil", count=20_000_000,
+                           duration=1.0, window=20_000, timeout=20)
+            fan = run_load(self.loadgen, "flow", port, prefix="ceil", subs=100, count=1_000_000,
+                           duration=1.0, window=500, timeout=20)
+        return (
+            "C, one epoll thread (bench/loadgen.c); through a null relay (no broker work) it moves "
+            f"{one['msgs_per_s'] / 1e6:.1f}M msgs/s 1 -> 1 and "
+            f"{fan['deliveries_per_s'] / 1e6:.1f}M deliveries/s 1 -> 100 on this machine"
+        )
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    sizes = MODES[mode]
+    runs = args.runs or (3 if mode == "full" else 1)
+    broker_names = _names(args.brokers, BROKERS, "brokers")
+    scenario_names = _names(args.scenarios, SCENARIOS, "scenarios")
+    specs = [BROKERS[n] for n in broker_names]
+    scenarios = [SCENARIOS[n] for n in scenario_names]
+    started = datetime.now(timezone.utc)
+    args.out = (args.out or BENCH_DIR / "results" / started.strftime("%Y%m%d-%H%M%S")).resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    raise_fd_limit()
+    install(specs, args.deps_dir.resolve(), log)
+    bench = Bench(args, sizes)
+    labels = {s.name: s.label for s in specs}
+    versions = {s.name: version(s, bench.deps) for s in specs}
+    ceiling = "C, one epoll thread (bench/loadgen.c)" if mode == "smoke" else bench.ceiling()
+    estimate = sum(sc.expected_s + 2 for sc in scenarios) * runs * len(specs)
+    log(f"{mode} bench: {len(scenarios)} scenarios x {len(specs)} brokers x {runs} runs, "
+        f"about {estimate / 60:.0f} minutes; output in {args.out}")
+    log(f"load generator: {ceiling}")
+    records: list[RunRecord] = []
+    skipped: dict[str, str] = {}
+    t_start = time.monotonic()
+    for sc in scenarios:
+        for rnd in range(runs):
+            for spec in specs:
+                try:
+                    rec = bench.run_one(sc, spec, rnd)
+                except Skipped as exc:
+                    skipped[sc.key] = str(exc)
+                    log(f"  {sc.key}: skipped: {exc}")
+                    break
+                records.append(rec)
+                shown = ", ".join(f"{k}={v:.6g}" if v is not None else f"{k}=-" for k, v in rec.values.items())
+                log(f"  {sc.key:9} {spec.name:13} run {rnd + 1}: {shown}"
+                    + (f"  [{'; '.join(rec.notes)}]" if rec.notes else ""))
+            if sc.key in skipped:
+                break
+    elapsed = time.monotonic() - t_start
+    (args.out / "results.json").write_text(json.dumps(
+        {"mode": mode, "sizes": dataclasses.asdict(sizes), "versions": versions, "ceiling": ceiling,
+         "skipped": skipped, "runs": [dataclasses.asdict(r) for r in records]}, indent=1))
+    chart_name = None
+    if not args.no_chart:
+        _ensure_matplotlib()
+        chart_name = "chart.png"
+        chart(args.out / chart_name, records=records, scenarios=scenarios, brokers=broker_names,
+              labels=labels, sizes=sizes, skipped=skipped)
+    report_kwargs = dict(
+        title="MQTT brokers side by side", records=records, scenarios=scenarios,
+        brokers=broker_names, labels=labels, versions=versions, sizes=sizes,
+        sizes_name=f"{mode}, {runs} run(s) per broker and scenario", reference=REFERENCE,
+        started=started.strftime("%Y-%m-%d %H:%M UTC"), elapsed_s=elapsed, ceiling=ceiling,
+        skipped=skipped,
+    )
+    (args.out / "report.md").write_text(markdown(**report_kwargs, chart=chart_name))  # type: ignore[arg-type]
+    if args.publish:
+        published = chart_name and "RESULTS.png"
+        if chart_name:
+            shutil.copyfile(args.out / chart_name, BENCH_DIR / "RESULTS.png")
+        (BENCH_DIR / "RESULTS.md").write_text(markdown(**report_kwargs, chart=published))  # type: ignore[arg-type]
+    log(f"report: {args.out / 'report.md'}")
+    return 0
+
+
+def _ensure_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        log("installing matplotlib with pip for the chart")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], check=True)
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    """Profile mop (fsync never) with py-spy while it serves qos0 and then fanout."""
+    started = datetime.now(timezone.utc)
+    out = (args.out or BENCH_DIR / "results" / f"profile-{started.strftime('%Y%m%d-%H%M%S')}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    args.out = out
+    bench = Bench(args, FULL)
+    seconds = args.profile_seconds
+    sizes = dataclasses.replace(FULL, duration=seconds, count=100_000_000, timeout=seconds + 30)
+    spec = BROKERS["mop-never"]
+    parts = [f"# mop profile ({version(spec, bench.deps)}), {started:%Y-%m-%d %H:%M} UTC", ""]
+    for key in ("qos0", "fanout"):
+        sc = SCENARIOS[key]
+        broker = bench._start(spec, out / f"broker-{key}")
+        raw = out / f"{key}.collapsed.txt"
+        try:
+            sampler = record(broker.pid, seconds, raw)
+            time.sleep(0.3)
+            result = sc.run(RunContext(broker, bench.loadgen, sizes, f"prof{key}"))
+            sampler.wait(seconds + 30)
+        finally:
+            broker.stop()
+        shown = ", ".join(f"{k} = {v:,.0f}" for k, v in result.values.items() if v is not None)
+        parts += [f"## {sc.title} ({shown} while sampled)", "", summarize(raw)]
+        log(f"  profiled {key}: {shown}")
+    (out / "profile.md").write_text("\n".join(parts))
+    log(f"profile: {out / 'profile.md'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return run_profile(args) if args.profile else run_bench(args)
+    except (LoadgenError, BrokerError, ProfileError) as exc:
+        print(f"mqtt_bench: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

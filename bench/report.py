@@ -1,0 +1,234 @@
+"""Turns the runs of a bench into its report: a markdown table of medians with ratios to the
+reference broker, notes on what went wrong in which run, every run's numbers, and a PNG chart of
+the same table.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scenarios import Metric, Scenario, Sizes
+
+
+@dataclass
+class RunRecord:
+    scenario: str
+    broker: str
+    round: int
+    values: dict[str, float | None]
+    notes: list[str]
+    broker_cpu: float | None = None  # cores the broker used while the load ran
+    loadgen_cpu: float | None = None  # cores the generator used
+    background_cpu: float | None = None  # cores everything else on the machine used
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    mem_kb = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            mem_kb = int(line.split()[1])
+    return (
+        f"{os.cpu_count()} x {model}, {mem_kb / 1048576:.0f} GiB RAM, Linux {platform.release()}, "
+        f"Python {platform.python_version()}, loopback only"
+    )
+
+
+def label(metric: Metric, sizes: Sizes) -> str:
+    def k(n: float) -> str:
+        return f"{n / 1000:g}k" if n >= 1000 else f"{n:g}"
+
+    return metric.label.format(
+        idle=k(sizes.idle_conns), many=k(sizes.many_conns), rate=k(sizes.latency_rate),
+        rsubs=k(sizes.retained_subs), rtopics=k(sizes.retained_topics), queued=k(sizes.queued),
+        fanout=sizes.fanout_subs, fanin=sizes.fanin_pubs,
+    )
+
+
+def fmt(value: float | None, kind: str) -> str:
+    if value is None:
+        return "-"
+    if kind == "rate":
+        if value >= 100_000:
+            return f"{value / 1000:.0f}k"
+        if value >= 1000:
+            return f"{value / 1000:.1f}k"
+        return f"{value:.0f}"
+    if kind == "us":
+        return f"{value:,.0f}"
+    if kind == "kb":
+        return f"{value:.1f}"
+    return f"{value:.2f}" if value < 100 else f"{value:.0f}"
+
+
+def medians(records: Sequence[RunRecord]) -> dict[tuple[str, str, str], tuple[float | None, int, int]]:
+    """(scenario, broker, metric) -> (median of the runs that produced a number, numbers, runs)."""
+    grouped: dict[tuple[str, str, str], list[float | None]] = {}
+    for rec in records:
+        for key, value in rec.values.items():
+            grouped.setdefault((rec.scenario, rec.broker, key), []).append(value)
+    out = {}
+    for key, values in grouped.items():
+        numbers = [v for v in values if v is not None]
+        out[key] = (statistics.median(numbers) if numbers else None, len(numbers), len(values))
+    return out
+
+
+def _cell(
+    med: tuple[float | None, int, int] | None, ref: float | None, metric: Metric, is_ref: bool
+) -> str:
+    if med is None:
+        return "n/a"
+    value, ok, runs = med
+    text = fmt(value, metric.kind)
+    if value is not None and ref and not is_ref:
+        text += f" ({value / ref:.2f}x)"
+    if ok < runs:
+        text += f" [{ok}/{runs} runs]"
+    return text
+
+
+def markdown(
+    *,
+    title: str,
+    records: Sequence[RunRecord],
+    scenarios: Sequence[Scenario],
+    brokers: Sequence[str],
+    labels: dict[str, str],
+    versions: dict[str, str],
+    sizes: Sizes,
+    sizes_name: str,
+    reference: str,
+    started: str,
+    elapsed_s: float,
+    ceiling: str,
+    skipped: dict[str, str],
+    chart: str | None,
+) -> str:
+    med = medians(records)
+    lines = [
+        f"# {title}",
+        "",
+        f"- date: {started}, {elapsed_s / 60:.1f} minutes",
+        f"- machine: {machine()}",
+        f"- mode: {sizes_name}; runs interleaved broker by broker (A B C A B C), each on a fresh "
+        "broker process on its own loopback port; cells are medians",
+        f"- load generator: {ceiling}",
+        "- versions: " + "; ".join(f"{labels[b]}: {versions[b]}" for b in brokers),
+        "",
+        f"Ratios are value / {labels.get(reference, reference)}'s: above 1 is better for rates, "
+        "below 1 is better for latencies, times and memory. `[n/m runs]`: only n of m runs "
+        "produced the number (see the notes).",
+        "",
+        "| scenario | " + " | ".join(labels[b] for b in brokers) + " |",
+        "|---|" + "---:|" * len(brokers),
+    ]
+    for sc in scenarios:
+        if sc.key in skipped:
+            continue
+        for metric in sc.metrics:
+            ref = med.get((sc.key, reference, metric.key), (None, 0, 0))[0]
+            cells = [
+                _cell(med.get((sc.key, b, metric.key)), ref, metric, b == reference)
+                for b in brokers
+            ]
+            lines.append(f"| {label(metric, sizes)} | " + " | ".join(cells) + " |")
+    if skipped:
+        lines += ["", "Not run:"]
+        lines += [f"- {key}: {why}" for key, why in skipped.items()]
+    if chart:
+        lines += ["", f"![chart]({chart})"]
+    notes = [rec for rec in records if rec.notes]
+    if notes:
+        lines += ["", "## Notes", ""]
+        lines += [
+            f"- {rec.scenario} / {labels[rec.broker]} / run {rec.round + 1}: " + "; ".join(rec.notes)
+            for rec in notes
+        ]
+    lines += ["", "## Every run", "", _runs_table(records, scenarios, labels, sizes)]
+    return "\n".join(lines) + "\n"
+
+
+def _runs_table(
+    records: Sequence[RunRecord], scenarios: Sequence[Scenario], labels: dict[str, str], sizes: Sizes
+) -> str:
+    metrics = {sc.key: sc.metrics for sc in scenarios}
+    rows = [
+        "CPU columns are cores busy while the load ran: the broker, the generator, and everything "
+        "else on the machine (other work skews a run when it is high).",
+        "",
+        "| scenario | broker | run | values | broker CPU | loadgen CPU | other CPU |",
+        "|---|---|---:|---|---:|---:|---:|",
+    ]
+    for rec in records:
+        values = ", ".join(
+            f"{m.key}={fmt(rec.values.get(m.key), m.kind)}" for m in metrics.get(rec.scenario, ())
+        )
+        cpu = [f"{c:.2f}" if c is not None else "-" for c in
+               (rec.broker_cpu, rec.loadgen_cpu, rec.background_cpu)]
+        rows.append(
+            f"| {rec.scenario} | {labels[rec.broker]} | {rec.round + 1} | {values} | "
+            + " | ".join(cpu) + " |"
+        )
+    return "\n".join(rows)
+
+
+def chart(
+    path: Path,
+    *,
+    records: Sequence[RunRecord],
+    scenarios: Sequence[Scenario],
+    brokers: Sequence[str],
+    labels: dict[str, str],
+    sizes: Sizes,
+    skipped: dict[str, str],
+) -> None:
+    """One bar chart per table row: medians with the range of the runs as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(sc, m) for sc in scenarios if sc.key not in skipped for m in sc.metrics]
+    if not rows:
+        return
+    cols = 3 if len(rows) > 4 else len(rows)
+    nrows = (len(rows) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.4 * nrows), squeeze=False)
+    colors = plt.get_cmap("tab10").colors
+    for ax, (sc, metric) in zip(axes.flat, rows, strict=False):
+        meds, lows, highs = [], [], []
+        for b in brokers:
+            vals = [r.values.get(metric.key) for r in records if r.scenario == sc.key and r.broker == b]
+            nums = [v for v in vals if v is not None]
+            m = statistics.median(nums) if nums else 0.0
+            meds.append(m)
+            lows.append(m - min(nums) if nums else 0.0)
+            highs.append(max(nums) - m if nums else 0.0)
+        xs = range(len(brokers))
+        ax.bar(xs, meds, yerr=[lows, highs], color=[colors[i % 10] for i in xs], capsize=3)
+        ax.set_xticks(list(xs), [labels[b] for b in brokers], rotation=30, ha="right", fontsize=8)
+        ax.set_title(label(metric, sizes) + (" (higher is better)" if metric.higher_is_better
+                                             else " (lower is better)"), fontsize=8)
+        positive = [m for m in meds if m > 0]
+        if positive and max(positive) / min(positive) > 30:
+            ax.set_yscale("log")
+        for x, m in zip(xs, meds, strict=True):
+            if m > 0:
+                ax.annotate(fmt(m, metric.kind), (x, m), ha="center", va="bottom", fontsize=7)
+    for ax in list(axes.flat)[len(rows):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,283 @@
+"""The scenarios of the MQTT comparison: what load each puts on a broker and which numbers it
+reports. Every scenario is bounded in message count and in time (`Sizes`).
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from brokers import Broker, rss_kb
+from loadgen import hold_connections, run
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Counts and time bounds of one bench mode (full, quick, smoke)."""
+
+    duration: float  # seconds of sending in a throughput scenario
+    count: int  # most messages a throughput scenario sends
+    fanout_subs: int = 100
+    fanin_pubs: int = 100
+    latency_rate: float = 5000.0
+    latency_duration: float = 3.0
+    latency_warmup: float = 0.5
+    idle_conns: int = 10_000
+    many_conns: int = 100_000
+    retained_topics: int = 10_000
+    retained_branches: int = 100
+    retained_subs: int = 1_000
+    queued: int = 10_000
+    timeout: float = 30.0  # the most one run may take, setup included
+
+
+FULL = Sizes(duration=3.0, count=2_000_000)
+QUICK = Sizes(
+    duration=1.0, count=500_000, latency_duration=1.5, idle_conns=2_000, retained_topics=2_000,
+    retained_branches=20, retained_subs=200, queued=2_000, timeout=20.0,
+)
+SMOKE = Sizes(
+    duration=0.4, count=20_000, fanout_subs=10, fanin_pubs=10, latency_rate=1000.0,
+    latency_duration=0.5, latency_warmup=0.1, idle_conns=100, retained_topics=100,
+    retained_branches=10, retained_subs=10, queued=100, timeout=10.0,
+)
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str  # the row of the table
+    kind: str  # rate | us | s | kb: how values are printed
+    higher_is_better: bool
+
+
+@dataclass
+class RunContext:
+    broker: Broker
+    loadgen: Path
+    sizes: Sizes
+    prefix: str  # unique per run: topics and client ids never meet an earlier run's
+
+
+@dataclass
+class RunResult:
+    values: dict[str, float | None]
+    detail: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+class Skipped(Exception):
+    """The scenario cannot run on this machine; the message says why."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    key: str
+    title: str
+    metrics: tuple[Metric, ...]
+    run: Callable[[RunContext], RunResult]
+    expected_s: float  # rough wall time of one run, for the plan printed before the bench
+
+
+def _loss_notes(out: dict[str, Any]) -> list[str]:
+    notes = []
+    if out.get("error"):
+        notes.append(str(out["error"]))
+    expected, delivered = int(out.get("expected", 0)), int(out.get("delivered", 0))
+    if expected and delivered < expected:
+        notes.append(f"received {delivered} of {expected} ({100 * (1 - delivered / expected):.1f}% lost)")
+    if out.get("stalls"):
+        notes.append(f"{out['stalls']} stalls (window full, nothing delivered for 0.5 s)")
+    if out.get("failed"):
+        notes.append(f"{out['failed']} connections failed")
+    if out.get("lost"):
+        notes.append(f"{out['lost']} connections closed by the broker")
+    return notes
+
+
+def _flow(ctx: RunContext, **options: Any) -> dict[str, Any]:
+    s = ctx.sizes
+    options.setdefault("count", s.count)
+    options.setdefault("duration", s.duration)
+    return run(ctx.loadgen, "flow", ctx.broker.port, prefix=ctx.prefix, timeout=s.timeout, **options)
+
+
+def _throughput(key: str, **options: Any) -> Callable[[RunContext], RunResult]:
+    def scenario(ctx: RunContext) -> RunResult:
+        if options.get("subs") == "fanout":
+            opts = {**options, "subs": ctx.sizes.fanout_subs}
+        elif options.get("pubs") == "fanin":
+            opts = {**options, "pubs": ctx.sizes.fanin_pubs}
+        else:
+            opts = dict(options)
+        out = _flow(ctx, **opts)
+        value = out.get("deliveries_per_s" if key == "deliveries" else "msgs_per_s")
+        return RunResult({key: value if not out.get("error") else None}, out, _loss_notes(out))
+
+    return scenario
+
+
+def _latency(ctx: RunContext) -> RunResult:
+    s = ctx.sizes
+    total = s.latency_duration + s.latency_warmup
+    out = _flow(
+        ctx, qos=1, inflight=100, window=int(s.latency_rate), rate=s.latency_rate,
+        count=int(s.latency_rate * total), duration=total, warmup=s.latency_warmup,
+    )
+    achieved = float(out.get("msgs_per_s", 0.0))
+    notes = _loss_notes(out)
+    if achieved < 0.95 * s.latency_rate:
+        notes.append(f"cannot sustain {s.latency_rate:.0f} msgs/s: reached {achieved:.0f}")
+    ok = not out.get("error") and out.get("lat_count", 0) > 0
+    return RunResult(
+        {
+            "lat_rate": achieved,
+            "lat_p50": out["lat_p50_us"] if ok else None,
+            "lat_p99": out["lat_p99_us"] if ok else None,
+        },
+        out,
+        notes,
+    )
+
+
+def _settled_rss(pid: int, settle: float = 0.5) -> int:
+    """RSS once it stops moving (a broker may still be allocating for the last connections)."""
+    last = rss_kb(pid)
+    deadline = time.monotonic() + 5 * settle
+    while time.monotonic() < deadline:
+        time.sleep(settle)
+        now = rss_kb(pid)
+        if abs(now - last) < 64:
+            return now
+        last = now
+    return last
+
+
+def _connections(count: Callable[[Sizes], int], src_ips: int) -> Callable[[RunContext], RunResult]:
+    def scenario(ctx: RunContext) -> RunResult:
+        n = count(ctx.sizes)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard < n + 1000:
+            raise Skipped(
+                f"needs {n + 1000} file descriptors in the generator and in the broker; the hard "
+                f"limit here is {hard} and cannot be raised without CAP_SYS_RESOURCE"
+            )
+        before = _settled_rss(ctx.broker.pid)
+        with hold_connections(
+            ctx.loadgen, ctx.broker.port, prefix=ctx.prefix, conns=n, concurrency=64,
+            src_ips=src_ips, timeout=ctx.sizes.timeout, hold=60,
+        ) as out:
+            after = _settled_rss(ctx.broker.pid)
+        connected = int(out.get("connected", 0))
+        per_conn = (after - before) / connected if connected else None
+        out.update(rss_before_kb=before, rss_after_kb=after)
+        notes = _loss_notes(out)
+        if connected < n:
+            notes.append(f"only {connected} of {n} connected")
+        return RunResult({"conn_rate": out.get("connects_per_s"), "conn_kb": per_conn}, out, notes)
+
+    return scenario
+
+
+def _retained(ctx: RunContext) -> RunResult:
+    s = ctx.sizes
+    out = run(
+        ctx.loadgen, "retained", ctx.broker.port, prefix=ctx.prefix, topics=s.retained_topics,
+        branches=s.retained_branches, subs=s.retained_subs, sub_qos=0, inflight=100,
+        concurrency=64, timeout=s.timeout + 30, drain_idle=2.0,
+    )
+    done = not out.get("error") and out.get("delivered", 0) >= out.get("expected", 1)
+    return RunResult(
+        {"retained_s": out["storm_s"] if done else None, "retained_rate": out.get("deliveries_per_s")},
+        out,
+        _loss_notes(out),
+    )
+
+
+def _session(ctx: RunContext) -> RunResult:
+    s = ctx.sizes
+    out = run(
+        ctx.loadgen, "session", ctx.broker.port, prefix=ctx.prefix, qos=1, count=s.queued,
+        inflight=100, timeout=s.timeout + 30, drain_idle=2.0,
+    )
+    done = not out.get("error") and out.get("delivered", 0) >= s.queued
+    out.setdefault("expected", s.queued)
+    return RunResult({"session_s": out["drain_s"] if done else None}, out, _loss_notes(out))
+
+
+def _rate(key: str, label: str) -> Metric:
+    return Metric(key, label, "rate", True)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    sc.key: sc
+    for sc in (
+        Scenario(
+            "qos0", "QoS 0, 1 pub -> 1 sub", (_rate("msgs", "QoS 0, 1 pub -> 1 sub, msgs/s"),),
+            _throughput("msgs", qos=0, window=2000), 4,
+        ),
+        Scenario(
+            "qos1", "QoS 1, 1 pub (100 in flight) -> 1 sub",
+            (_rate("msgs", "QoS 1, 1 pub (100 in flight) -> 1 sub, msgs/s"),),
+            _throughput("msgs", qos=1, inflight=100, window=1000), 4,
+        ),
+        Scenario(
+            "fanout", "fan-out QoS 0, 1 pub -> 100 subs",
+            (_rate("deliveries", "fan-out QoS 0, 1 pub -> {fanout} subs, deliveries/s"),),
+            _throughput("deliveries", qos=0, subs="fanout", window=200), 4,
+        ),
+        Scenario(
+            "fanin", "fan-in QoS 0, 100 pubs -> 1 wildcard sub",
+            (_rate("msgs", "fan-in QoS 0, {fanin} pubs -> 1 wildcard sub, msgs/s"),),
+            _throughput("msgs", qos=0, pubs="fanin", topic_per_pub=1, wildcard=1, window=2000), 4,
+        ),
+        Scenario(
+            "latency", "QoS 1 at a fixed 5k msgs/s",
+            (
+                _rate("lat_rate", "QoS 1 at {rate} msgs/s: msgs/s reached"),
+                Metric("lat_p50", "QoS 1 at {rate} msgs/s: p50 latency, us", "us", False),
+                Metric("lat_p99", "QoS 1 at {rate} msgs/s: p99 latency, us", "us", False),
+            ),
+            _latency, 5,
+        ),
+        Scenario(
+            "conns", "10k idle connections",
+            (
+                _rate("conn_rate", "{idle} idle connections: connects/s"),
+                Metric("conn_kb", "{idle} idle connections: RSS per connection, KB", "kb", False),
+            ),
+            _connections(lambda s: s.idle_conns, src_ips=1), 4,
+        ),
+        Scenario(
+            "qos2", "QoS 2, 1 pub (100 in flight) -> 1 sub",
+            (_rate("msgs", "QoS 2, 1 pub (100 in flight) -> 1 sub, msgs/s"),),
+            _throughput("msgs", qos=2, inflight=100, window=1000), 4,
+        ),
+        Scenario(
+            "retained", "retained subscribe storm",
+            (
+                Metric("retained_s", "{rsubs} subs join {rtopics} retained topics: s until all delivered", "s", False),
+                _rate("retained_rate", "{rsubs} subs join {rtopics} retained topics: retained deliveries/s"),
+            ),
+            _retained, 6,
+        ),
+        Scenario(
+            "session", "persistent session drain",
+            (Metric("session_s", "persistent session, {queued} queued QoS 1: s to drain", "s", False),),
+            _session, 5,
+        ),
+        Scenario(
+            "conns100k", "100k idle connections",
+            (
+                _rate("conn_rate", "{many} idle connections: connects/s"),
+                Metric("conn_kb", "{many} idle connections: RSS per connection, KB", "kb", False),
+            ),
+            _connections(lambda s: s.many_conns, src_ips=8), 10,
+        ),
+    )
+}
+DEFAULT_SCENARIOS = ("qos0", "qos1", "fanout", "fanin", "latency", "conns", "qos2", "retained", "session", "conns100k")
