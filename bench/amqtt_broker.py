@@ -3,7 +3,9 @@ the venv that bench/brokers.py installs amqtt into.
 
     amqtt-venv/bin/python amqtt_broker.py PORT
 
-Anonymous access only: no $SYS plugin and no packet or event logging plugins.
+Only the authentication plugin, accepting any client that sends a user name (the bench's clients
+all do): amqtt queues no messages for an anonymous client's persistent session. No $SYS plugin,
+no packet or event logging plugins.
 """
 
 import asyncio
@@ -17,7 +19,7 @@ from amqtt.broker import Broker
 async def serve(port: int) -> None:
     config = {
         "listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{port}"}},
-        "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
+        "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": False}},
     }
     broker = Broker(config)
     await broker.start()

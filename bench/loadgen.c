@@ -51,7 +51,7 @@ typedef struct {
 typedef struct {
     int fd;
     uint32_t idx;
-    uint8_t role, state, epout, clean;
+    uint8_t role, state, epout, clean, leaving; /* leaving: sent DISCONNECT */
     char *filter;            /* subscribed after CONNACK when set */
     Buf in, out;
     uint32_t inflight;       /* outgoing QoS > 0 publishes not yet acknowledged */
@@ -66,12 +66,12 @@ typedef struct {
 } Template;
 
 static struct {
-    const char *mode, *host, *prefix;
+    const char *mode, *host, *prefix, *username;
     long port, pubs, subs, qos, payload, window, inflight, topic_per_pub, wildcard, count;
     long conns, concurrency, src_ips, keepalive, topics, branches, sub_qos;
     double duration, rate, warmup, timeout, drain_idle, stall, hold;
 } opt = {
-    .mode = "flow", .host = "127.0.0.1", .prefix = "bench", .port = 1883, .pubs = 1,
+    .mode = "flow", .host = "127.0.0.1", .prefix = "bench", .username = "bench", .port = 1883, .pubs = 1,
     .subs = 1, .qos = 0, .payload = 100, .window = 2000, .inflight = 100, .count = 100000,
     .conns = 1000, .concurrency = 200, .src_ips = 1, .keepalive = 300, .topics = 10000,
     .branches = 100, .sub_qos = -1, .duration = 3.0, .warmup = 0.0, .timeout = 30.0,
@@ -86,6 +86,7 @@ typedef struct {
 
 static const OptSpec OPTIONS[] = {
     {"mode", 's', &opt.mode}, {"host", 's', &opt.host}, {"prefix", 's', &opt.prefix},
+    {"username", 's', &opt.username},
     {"port", 'l', &opt.port}, {"pubs", 'l', &opt.pubs}, {"subs", 'l', &opt.subs},
     {"qos", 'l', &opt.qos}, {"sub-qos", 'l', &opt.sub_qos}, {"payload", 'l', &opt.payload},
     {"window", 'l', &opt.window}, {"inflight", 'l', &opt.inflight},
@@ -209,17 +210,20 @@ static uint8_t *put_str(uint8_t *w, const char *s, size_t n) {
     return w + n;
 }
 
+/* Every client sends a user name (no password): amqtt queues nothing for anonymous sessions. */
 static void encode_connect(Buf *b, const char *client_id, int clean) {
-    size_t idlen = strlen(client_id), body = 10 + 2 + idlen;
+    size_t idlen = strlen(client_id), userlen = strlen(opt.username);
+    size_t body = 10 + 2 + idlen + (userlen ? 2 + userlen : 0);
     uint8_t *w = buf_put(b, 1 + varint_len(body) + body);
     *w++ = 0x10;
     w = put_varint(w, body);
     w = put_str(w, "MQTT", 4);
     *w++ = 4;
-    *w++ = clean ? 0x02 : 0x00;
+    *w++ = (uint8_t)((clean ? 0x02 : 0x00) | (userlen ? 0x80 : 0x00));
     *w++ = (uint8_t)(opt.keepalive >> 8);
     *w++ = (uint8_t)opt.keepalive;
-    put_str(w, client_id, idlen);
+    w = put_str(w, client_id, idlen);
+    if (userlen) put_str(w, opt.username, userlen);
 }
 
 static void encode_subscribe(Buf *b, const char *filter, int qos) {
@@ -322,7 +326,7 @@ static void conn_close(Conn *c, int lost) {
     if (c->state == ST_CONNECTING || c->state == ST_WAIT_CONNACK) {
         G.failed++;
         G.pending_connects--;
-    } else if (lost) {
+    } else if (lost && !c->leaving) {
         G.lost++;
     }
     struct linger lg = {1, 0}; /* reset, so no TIME_WAIT piles up across runs */
@@ -830,6 +834,7 @@ static int run_session(uint64_t t_start, uint64_t deadline) {
     uint8_t *w = buf_put(&sub->out, 2);
     w[0] = 0xe0;
     w[1] = 0;
+    sub->leaving = 1;
     conn_flush(sub);
     uint64_t until = now_ns() + 200000000ULL;
     while (poll_once(5) < until) {
@@ -851,6 +856,7 @@ static int run_session(uint64_t t_start, uint64_t deadline) {
     G.delivered = 0;
     G.last_rx_ns = 0;
     sub->filter = NULL;
+    sub->leaving = 0;
     sub->state = ST_FREE;
     double cpu0 = cpu_seconds();
     uint64_t t0 = now_ns(), now = t0;

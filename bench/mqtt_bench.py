@@ -23,7 +23,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from brokers import BENCH_DIR, BROKERS, REFERENCE, Broker, BrokerError, BrokerSpec, cpu_ticks
+from brokers import BENCH_DIR, BROKERS, DEFAULT_BROKERS, REFERENCE, Broker, BrokerError, BrokerSpec
+from brokers import cpu_ticks
 from brokers import free_port, install, version
 from loadgen import LoadgenError, build, relay
 from loadgen import run as run_load
@@ -53,9 +54,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="smaller sizes, one run per broker")
     size.add_argument("--smoke", action="store_true", help="tiny sizes (the test suite's smoke run)")
-    parser.add_argument("--brokers", default=",".join(BROKERS), help="comma-separated: " + ", ".join(BROKERS))
+    parser.add_argument("--brokers", default=",".join(DEFAULT_BROKERS),
+                        help="comma-separated, from: " + ", ".join(BROKERS))
     parser.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS),
-                        help="comma-separated: " + ", ".join(SCENARIOS))
+                        help="comma-separated, from: " + ", ".join(SCENARIOS))
     parser.add_argument("--runs", type=int, help="runs per broker and scenario (default 3, quick 1)")
     parser.add_argument("--out", type=Path, help="output directory (default bench/results/<time>)")
     parser.add_argument("--deps-dir", type=Path, default=BENCH_DIR / ".deps",

@@ -171,7 +171,9 @@ def summary(pairs: set[tuple[str, int]]) -> str:
     return f"{len(pairs)} ({'; '.join(sorted(parts))})"
 
 
-def collect(sub: Client, expected: dict[str, set[int]], tag: str, quiet: float = 0.7) -> list[Any]:
+def collect(
+    sub: Client, expected: dict[str, set[int]], tag: str, quiet: float = 0.7
+) -> list[Received]:
     """Messages for `sub` until every expected (topic, number) of round `tag` arrived and then
     nothing more for `quiet` seconds. Fails when nothing arrives for STALL seconds while some
     are missing, or after DRAIN_TIMEOUT."""

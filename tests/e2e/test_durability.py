@@ -26,6 +26,7 @@ from mop.broker.storage import durable as durable_module
 from mop.broker.storage import segments as segments_module
 from mop.protocols.mqtt.packets import (
     Connack,
+    Connect,
     Disconnect,
     Properties,
     Puback,
@@ -131,6 +132,23 @@ def raw_session(port: int, client_id: str, *, expiry: int = 300) -> tuple[RawCli
     )
     assert connack.reason_code == 0, connack
     return client, connack
+
+
+def raw_connect(port: int, client_id: str, *, timeout: float) -> tuple[Connack | None, RawClient]:
+    """CONNECT resuming a session; the CONNACK, or None when the server closed the connection
+    without one (AssertionError when nothing happens within `timeout`)."""
+    client = RawClient(port, level=5)
+    client.send(
+        Connect(
+            client_id,
+            protocol_level=5,
+            clean_start=False,
+            properties=Properties(session_expiry_interval=300),
+        )
+    )
+    packet = client.recv(timeout=timeout)
+    assert packet is None or isinstance(packet, Connack), packet
+    return packet, client
 
 
 def raw_subscribe(client: RawClient, topic_filter: str, qos: int, packet_id: int = 1) -> None:
@@ -457,20 +475,26 @@ def test_shared_subscription_backlog_survives_a_restart(restartable: Restartable
 # -- a full disk -----------------------------------------------------------------------------
 
 
-def test_a_full_disk_refuses_publishes_and_the_node_keeps_serving(
-    restartable: Restartable, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def full(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """While the event is set, every write to the log fails with ENOSPC (as the storage unit
+    tests simulate a full disk); the storage's back-off after ENOSPC is shortened to 0.2 s."""
     monkeypatch.setattr(durable_module, "_FULL_BACKOFF", 0.2)
-    full = threading.Event()
+    event = threading.Event()
     real_pwrite = os.pwrite
 
     def pwrite(fd: int, data: Any, offset: int) -> int:
-        if full.is_set():
+        if event.is_set():
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_pwrite(fd, data, offset)
 
     monkeypatch.setattr(segments_module.os, "pwrite", pwrite)
+    return event
 
+
+def test_a_full_disk_refuses_publishes_and_the_node_keeps_serving(
+    restartable: Restartable, full: threading.Event
+) -> None:
     with restartable.run() as node:
         port = node.mqtt_port
         keeper = persistent(port, "df-keeper")
@@ -504,12 +528,11 @@ def test_a_full_disk_refuses_publishes_and_the_node_keeps_serving(
             time.sleep(0.1)
         assert other.publish("df-other/x", b"fine", 1) == 0
         assert [m.payload for m in other.expect(1)] == [b"fine"]
-        # Refused messages may still arrive (their records were kept queued), acked ones must.
+        # Acknowledged messages arrive. Refused ones may too: the storage keeps a failed batch
+        # queued and writes it once it can (a QoS 1 publisher retrying makes a duplicate).
         got = [m.payload for m in drain(sub)]
-        assert got[-1] == b"after" and set(got) <= {b"refused-1", b"refused-2", b"after"} | {
-            b"refused-3",
-            b"refused-q2",
-        }
+        refused = {b"refused-1", b"refused-2", b"refused-3", b"refused-q2"}
+        assert got[-1] == b"after" and set(got) <= refused | {b"after"}, got
         for client in (pub, sub, other):
             client.disconnect()
         raw.close()
@@ -521,7 +544,36 @@ def test_a_full_disk_refuses_publishes_and_the_node_keeps_serving(
         assert session_present(keeper)
         got = [m.payload for m in drain(keeper)]
         assert got[0] == b"before" and got[-1] == b"after", got
-        assert len(got) == len(set(got)), got
+        assert got.count(b"before") == 1, got  # the retried batch did not write it again
+
+
+@pytest.mark.xfail(
+    reason="mop/protocols/mqtt/handler.py: when _open_session fails after processor.open_client"
+    " and sessions.take (the session save hits the full disk), the exception escapes run():"
+    " the lease is never released (the next CONNECT of that client id waits the 10 s fence"
+    " timeout) and the taken offline session is dropped (session present 0, queue lost)",
+    strict=True,
+)
+def test_a_session_resumed_while_the_disk_is_full_is_kept(
+    restartable: Restartable, full: threading.Event
+) -> None:
+    with restartable.run() as node:
+        keeper = persistent(node.mqtt_port, "full-keeper")
+        keeper.subscribe("full/t", 1)
+        keeper.disconnect()
+        assert Client(node.mqtt_port, "full-pub").publish("full/t", b"queued", 1) == 0
+
+        full.set()
+        refused, _ = raw_connect(node.mqtt_port, "full-keeper", timeout=3)
+        # Refused (ideally CONNACK 0x97) or cut off: either way the session must be kept.
+        assert refused is None or refused.reason_code >= 0x80, refused
+        full.clear()
+        time.sleep(0.3)  # past the storage's back-off after ENOSPC
+
+        connack, raw = raw_connect(node.mqtt_port, "full-keeper", timeout=3)
+        assert connack is not None and connack.reason_code == 0, connack
+        assert connack.session_present
+        assert recv_publish(raw).payload == b"queued"
 
 
 # -- disk usage while data flows -------------------------------------------------------------

@@ -301,6 +301,9 @@ def _build_schema(cls: type) -> _Schema:
     encoders = []
     repeated = []
     specs = [(f, f.metadata["pb"]) for f in dataclasses.fields(cls) if "pb" in f.metadata]
+    numbers = [spec.number for _, spec in specs]
+    if len(set(numbers)) != len(numbers) or min(numbers, default=1) < 1:
+        raise TypeError(f"{cls.__name__} has a repeated or invalid field number: {numbers}")
     for field, spec in sorted(specs, key=lambda item: item[1].number):
         wire, reader, writer = _kind_codec(spec.kind)
         mode = _APPEND if spec.repeated else _SINGLE

@@ -170,17 +170,15 @@ class ServerConnection:
         self.frames_received += 1
         next_state = _RECEIVE.get((self.state, type(event)))
         if next_state is None:
+            where = "before CONNECT" if self.state is ConnectionState.AWAITING_CONNECT else (
+                "from a client"
+            )
             self.state = ConnectionState.CLOSED
-            raise ProtocolViolation(f"{_name(event)} is not allowed {self._where()}")
+            raise ProtocolViolation(f"{_name(event)} is not allowed {where}")
         self.state = next_state
         if isinstance(event, Connect):
             self._accept_connect(event)
         return cast(ClientEvent, event)  # the table admits only client events
-
-    def _where(self) -> str:
-        if self.state is ConnectionState.AWAITING_CONNECT:
-            return "before CONNECT"
-        return "from a client"
 
     def _accept_connect(self, connect: Connect) -> None:
         self.client_version = connect.client_version

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-import crc32c
+from crc32c import crc32c as _crc32c
 
 from mop.protocols.pulsar.codec import (
     Buffer,
@@ -49,8 +49,8 @@ _CRC_BLOCK: Final = struct.Struct(">HI")  # magic, checksum
 
 
 def crc32c_of(data: Buffer) -> int:
-    """CRC32C (Castagnoli) of `data`: the checksum of a payload frame."""
-    return crc32c.crc32c(data)
+    """CRC32C (Castagnoli) of `data`: the checksum of a payload frame (hardware accelerated)."""
+    return _crc32c(data)
 
 
 class NeedData:
@@ -177,14 +177,17 @@ def decode_frame(buf: Buffer, pos: int, end: int) -> Frame:
         return UnknownCommand(type_)
     if cls is Send or cls is Message:
         if stop == end:
-            raise MalformedFrame(f"{cls.__name__.upper()} without metadata and payload")
-        payload, received = _read_payload(buf, stop, end, allow_entry_metadata=cls is Message)
-        if received is not None and received != payload.checksum:
+            raise MalformedFrame(f"{cls.TYPE.name} without metadata and payload")
+        raw, received = _read_checksummed(buf, stop, end, entry_metadata=cls is Message)
+        checksum = _crc32c(raw)
+        if received is not None and received != checksum:
+            # Checked before the metadata is parsed: corrupt metadata is a checksum error too.
             command = decode_message(cls, buf, body_start, body_stop)
-            return ChecksumMismatch(command, received, payload.checksum)
+            return ChecksumMismatch(command, received, checksum)
+        payload = _payload(raw, checksum)
         return decode_message(cls, buf, body_start, body_stop, payload=payload)
     if stop != end:
-        raise MalformedFrame(f"{end - stop} bytes after a {cls.__name__.upper()} command")
+        raise MalformedFrame(f"{end - stop} bytes after a {cls.TYPE.name} command")
     return decode_message(cls, buf, body_start, body_stop)
 
 
@@ -217,11 +220,11 @@ def _read_base_command(buf: Buffer, pos: int, end: int) -> tuple[int, int, int]:
     return type_, body_start, body_stop
 
 
-def _read_payload(
-    buf: Buffer, pos: int, end: int, *, allow_entry_metadata: bool
-) -> tuple[Payload, int | None]:
-    """Parse `[0x0e02 block][0x0e01 crc] metaSize metadata payload`; returns the received crc."""
-    if allow_entry_metadata and end - pos >= 6 and _U16.unpack_from(buf, pos)[0] == (
+def _read_checksummed(
+    buf: Buffer, pos: int, end: int, *, entry_metadata: bool
+) -> tuple[bytes, int | None]:
+    """Split `[0x0e02 block][0x0e01 crc] raw`; returns raw and the checksum received, if any."""
+    if entry_metadata and end - pos >= 6 and _U16.unpack_from(buf, pos)[0] == (
         MAGIC_BROKER_ENTRY_METADATA
     ):
         (size,) = _U32.unpack_from(buf, pos + 2)
@@ -232,13 +235,16 @@ def _read_payload(
         pos += 6
     if end - pos < 4:
         raise MalformedFrame("payload section without a metadata size")
-    raw = bytes(buf[pos:end])
+    return bytes(buf[pos:end]), received
+
+
+def _payload(raw: bytes, checksum: int) -> Payload:
+    """Parse raw = `metaSize | MessageMetadata | payload`."""
     (meta_size,) = _U32.unpack_from(raw, 0)
     if 4 + meta_size > len(raw):
         raise MalformedFrame(f"metadata of {meta_size} bytes overruns its frame")
     metadata = decode_message(MessageMetadata, raw, 4, 4 + meta_size)
-    payload = Payload(metadata, raw[4 + meta_size :], raw, crc32c.crc32c(raw))
-    return payload, received
+    return Payload(metadata, raw[4 + meta_size :], raw, checksum)
 
 
 # --- encoding ------------------------------------------------------------------------------------
@@ -270,7 +276,7 @@ def encode_command(command: Command) -> bytes:
     if isinstance(command, Send | Message):
         payload = command.payload
         if payload is None:
-            raise LocalProtocolError(f"{type(command).__name__.upper()} needs a payload")
+            raise LocalProtocolError(f"{command.TYPE.name} needs a payload")
         return _payload_frame(base, payload.raw, payload.checksum)
     return _HEADER.pack(4 + len(base), len(base)) + base
 
@@ -289,7 +295,7 @@ def make_payload(metadata: MessageMetadata, data: bytes) -> Payload:
     """A payload for SEND/MESSAGE from its metadata and (already batched/compressed) data."""
     meta = message_bytes(metadata)
     raw = b"".join((_U32.pack(len(meta)), meta, data))
-    return Payload(metadata, data, raw, crc32c.crc32c(raw))
+    return Payload(metadata, data, raw, _crc32c(raw))
 
 
 def encode_message_frame(
@@ -326,7 +332,7 @@ def encode_message_frame(
     write_varint(base, len(body))
     base += body
     if checksum is None:
-        checksum = crc32c.crc32c(raw)
+        checksum = _crc32c(raw)
     return _payload_frame(base, raw, checksum)
 
 

@@ -7,6 +7,7 @@ command schema are what the C++ client speaks, before the real adapter exists.
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from mop.protocols.pulsar.commands import (
     CloseConsumer,
     CloseProducer,
     Connect,
+    Error,
     Flow,
     GetLastMessageId,
     GetLastMessageIdResponse,
@@ -38,9 +40,11 @@ from mop.protocols.pulsar.connection import (
     ConnectionLimits,
     ServerConnection,
     lookup_connect,
+    lookup_failed,
     message_id,
     partitioned_metadata,
 )
+from mop.protocols.pulsar.errors import ServerError
 from mop.protocols.pulsar.frames import NeedData, decode_batch
 from mop.protocols.pulsar.metadata import Payload
 
@@ -55,6 +59,7 @@ class Broker:
     subscribes: list[Subscribe] = field(default_factory=list)
     acks: list[Ack] = field(default_factory=list)
     client_versions: list[str] = field(default_factory=list)
+    received: bytearray = field(default_factory=bytearray)
     errors: list[BaseException] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stopping: threading.Event = field(default_factory=threading.Event)
@@ -64,13 +69,15 @@ class Broker:
         host, port = self.listener.getsockname()
         return f"pulsar://{host}:{port}"
 
-    def _serve_connection(self, sock: socket.socket) -> None:
+    def serve_connection(self, sock: socket.socket) -> None:
         conn = ServerConnection(ConnectionLimits(server_version="mop-test"))
         permits: dict[int, int] = {}
         next_entry: dict[int, int] = {}
         try:
             with sock:
                 while data := sock.recv(65536):
+                    with self.lock:
+                        self.received += data
                     conn.receive_data(data)
                     while not isinstance(event := conn.next_event(), NeedData):
                         sock.sendall(self._answer(conn, event, permits, next_entry))
@@ -91,8 +98,13 @@ class Broker:
                 return conn.send(Pong())
             case PartitionedMetadata(request_id=rid):
                 return conn.send(partitioned_metadata(rid))
+            case Lookup(request_id=rid, topic=topic) if topic.endswith("/missing"):
+                return conn.send(lookup_failed(rid, ServerError.TopicNotFound, "no such topic"))
             case Lookup(request_id=rid):
                 return conn.send(lookup_connect(rid, self.url))
+            case Producer(request_id=rid, topic=topic) if topic.endswith("/busy"):
+                error = Error(request_id=rid, error=ServerError.ProducerBusy, message="taken")
+                return conn.send(error)
             case Producer(request_id=rid, producer_id=pid):
                 self.producers.append(event)
                 return conn.send(ProducerSuccess(request_id=rid, producer_name=f"mop-test-{pid}"))
@@ -119,7 +131,6 @@ class Broker:
                 return conn.send(GetLastMessageIdResponse(request_id=rid, last_message_id=last))
             case _:
                 return b""
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _dispatch(
         self, conn: ServerConnection, cid: int, permits: dict[int, int], next_entry: dict[int, int]
@@ -153,7 +164,7 @@ def broker() -> Iterator[Broker]:
             except OSError:
                 return
             sock.settimeout(None)
-            threading.Thread(target=server._serve_connection, args=(sock,), daemon=True).start()
+            threading.Thread(target=server.serve_connection, args=(sock,), daemon=True).start()
 
     thread = threading.Thread(target=accept_loop, daemon=True)
     thread.start()
@@ -209,6 +220,8 @@ def test_handshake_lookup_producer_send_receipt(broker: Broker, client: pulsar.C
     assert abs(meta.publish_time - time.time() * 1000) < 60_000
     # The receipt's id is what the client hands back.
     assert (msg_id.ledger_id(), msg_id.entry_id()) == (1, 0)
+    # The client put a CRC32C block on the SEND, equal to the one computed here.
+    assert b"\x0e\x01" + struct.pack(">I", payload.checksum) + payload.raw in broker.received
 
 
 def test_sequence_ids_and_many_sends(broker: Broker, client: pulsar.Client) -> None:
@@ -283,3 +296,13 @@ def test_reader_from_earliest_and_last_message_id(broker: Broker, client: pulsar
     assert (subscribe.start_message_id.ledger_id, subscribe.start_message_id.entry_id) == (
         earliest, earliest
     )
+
+
+def test_errors_map_to_the_client_exceptions(broker: Broker, client: pulsar.Client) -> None:
+    with pytest.raises(pulsar.ProducerBusy):
+        client.create_producer("persistent://public/default/busy")
+    with pytest.raises(pulsar.TopicNotFound):
+        client.create_producer("persistent://public/default/missing")
+    # The connection survived both answers.
+    client.create_producer(TOPIC).send(b"still fine")
+    assert [s.payload.data for s in broker.sends if s.payload] == [b"still fine"]
