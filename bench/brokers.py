@@ -97,8 +97,15 @@ def _install_aedes(deps_dir: Path, log: Callable[[str], None]) -> None:
     log(f"installing aedes {AEDES_VERSION} with npm into {_aedes_dir(deps_dir)}")
     _aedes_dir(deps_dir).mkdir(parents=True, exist_ok=True)
     _run(
-        ["npm", "install", "--prefix", str(_aedes_dir(deps_dir)), "--no-audit", "--no-fund",
-         f"aedes@{AEDES_VERSION}"],
+        [
+            "npm",
+            "install",
+            "--prefix",
+            str(_aedes_dir(deps_dir)),
+            "--no-audit",
+            "--no-fund",
+            f"aedes@{AEDES_VERSION}",
+        ],
         "npm install aedes",
     )
 
@@ -109,13 +116,19 @@ def _amqtt_python(deps_dir: Path) -> Path:
 
 def _install_amqtt(deps_dir: Path, log: Callable[[str], None]) -> None:
     python = _amqtt_python(deps_dir)
-    if python.exists() and subprocess.run(
-        [str(python), "-c", "import amqtt.broker"], capture_output=True, check=False
-    ).returncode == 0:
+    if (
+        python.exists()
+        and subprocess.run(
+            [str(python), "-c", "import amqtt.broker"], capture_output=True, check=False
+        ).returncode
+        == 0
+    ):
         return
     log(f"installing amqtt {AMQTT_VERSION} with pip into {python.parent.parent}")
     _run([sys.executable, "-m", "venv", "--clear", str(python.parent.parent)], "python -m venv")
-    _run([str(python), "-m", "pip", "install", "-q", f"amqtt=={AMQTT_VERSION}"], "pip install amqtt")
+    _run(
+        [str(python), "-m", "pip", "install", "-q", f"amqtt=={AMQTT_VERSION}"], "pip install amqtt"
+    )
 
 
 _INSTALLERS: dict[str, Callable[[Path, Callable[[str], None]], None]] = {
@@ -131,17 +144,25 @@ def install(specs: list[BrokerSpec], deps_dir: Path, log: Callable[[str], None])
         _INSTALLERS[kind](deps_dir, log)
 
 
+def _git(*args: str) -> str:
+    """Read-only git queries for the report; empty when git or the repository is missing."""
+    try:
+        done = subprocess.run(
+            ["git", "--no-optional-locks", "-C", str(REPO_DIR), *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except OSError:
+        return ""
+    return done.stdout.strip()
+
+
 def version(spec: BrokerSpec, deps_dir: Path) -> str:
     """The version of the broker as the bench runs it, for the report."""
     if spec.kind == "mop":
-        rev = subprocess.run(
-            ["git", "-C", str(REPO_DIR), "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True, check=False,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(REPO_DIR), "status", "--porcelain", "--", "mop"],
-            capture_output=True, text=True, check=False,
-        ).stdout.strip()
+        rev = _git("rev-parse", "--short", "HEAD")
+        dirty = _git("status", "--porcelain", "--", "mop")
         out = _run([sys.executable, "-m", "mop", "--version"], "mop --version", cwd=REPO_DIR)
         return f"{out.strip()} (commit {rev or '?'}{', with local changes' if dirty else ''})"
     if spec.kind == "mosquitto":
@@ -153,8 +174,12 @@ def version(spec: BrokerSpec, deps_dir: Path) -> str:
         node = _run(["node", "--version"], "node --version").strip()
         return f"aedes {json.loads(package.read_text())['version']} (node {node})"
     out = _run(
-        [str(_amqtt_python(deps_dir)), "-c",
-         "import importlib.metadata as m, sys; print(m.version('amqtt'), sys.version.split()[0])"],
+        [
+            str(_amqtt_python(deps_dir)),
+            "-c",
+            "import importlib.metadata as m, sys; "
+            "print(m.version('amqtt'), sys.version.split()[0])",
+        ],
         "amqtt version",
     )
     amqtt, python = out.split()
@@ -169,8 +194,8 @@ def _mosquitto_conf(spec: BrokerSpec, port: int, workdir: Path) -> Path:
     amqtt and every trio or asyncio server have it; mosquitto's default leaves it on."""
     conf = workdir / "mosquitto.conf"
     conf.write_text(
-        ("set_tcp_nodelay true\n" if spec.name.endswith("nodelay") else "") +
-        f"listener {port} 127.0.0.1\n"
+        ("set_tcp_nodelay true\n" if spec.name.endswith("nodelay") else "")
+        + f"listener {port} 127.0.0.1\n"
         "allow_anonymous true\n"
         "persistence false\n"
         f"max_queued_messages {QUEUED_MESSAGES}\n"
@@ -182,7 +207,9 @@ def _mosquitto_conf(spec: BrokerSpec, port: int, workdir: Path) -> Path:
     return conf
 
 
-def _command(spec: BrokerSpec, port: int, workdir: Path, deps_dir: Path) -> tuple[list[str], dict[str, str]]:
+def _command(
+    spec: BrokerSpec, port: int, workdir: Path, deps_dir: Path
+) -> tuple[list[str], dict[str, str]]:
     env = dict(os.environ)
     if spec.kind == "mop":
         env.update(

@@ -20,21 +20,42 @@ import shutil
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
-from brokers import BENCH_DIR, BROKERS, DEFAULT_BROKERS, REFERENCE, Broker, BrokerError, BrokerSpec
-from brokers import cpu_ticks
-from brokers import free_port, install, version
+from brokers import (
+    BENCH_DIR,
+    BROKERS,
+    DEFAULT_BROKERS,
+    REFERENCE,
+    Broker,
+    BrokerError,
+    BrokerSpec,
+    cpu_ticks,
+    free_port,
+    install,
+    version,
+)
 from loadgen import LoadgenError, build, relay
 from loadgen import run as run_load
 from profile_mop import ProfileError, record, summarize
 from report import RunRecord, chart, markdown
-from scenarios import DEFAULT_SCENARIOS, FULL, QUICK, SCENARIOS, SMOKE, RunContext, RunResult
-from scenarios import Scenario, Sizes, Skipped
+from scenarios import (
+    DEFAULT_SCENARIOS,
+    FULL,
+    QUICK,
+    SCENARIOS,
+    SMOKE,
+    RunContext,
+    RunResult,
+    Scenario,
+    Sizes,
+    Skipped,
+)
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 MODES = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
+RATE = 200  # py-spy samples per second
 
 
 def log(message: str) -> None:
@@ -50,24 +71,53 @@ def _names(text: str, known: dict[str, object], what: str) -> list[str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="smaller sizes, one run per broker")
-    size.add_argument("--smoke", action="store_true", help="tiny sizes (the test suite's smoke run)")
-    parser.add_argument("--brokers", default=",".join(DEFAULT_BROKERS),
-                        help="comma-separated, from: " + ", ".join(BROKERS))
-    parser.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS),
-                        help="comma-separated, from: " + ", ".join(SCENARIOS))
-    parser.add_argument("--runs", type=int, help="runs per broker and scenario (default 3, quick 1)")
+    size.add_argument(
+        "--smoke", action="store_true", help="tiny sizes (the test suite's smoke run)"
+    )
+    parser.add_argument(
+        "--brokers",
+        default=",".join(DEFAULT_BROKERS),
+        help="comma-separated, from: " + ", ".join(BROKERS),
+    )
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(DEFAULT_SCENARIOS),
+        help="comma-separated, from: " + ", ".join(SCENARIOS),
+    )
+    parser.add_argument(
+        "--runs", type=int, help="runs per broker and scenario (default 3, quick 1)"
+    )
     parser.add_argument("--out", type=Path, help="output directory (default bench/results/<time>)")
-    parser.add_argument("--deps-dir", type=Path, default=BENCH_DIR / ".deps",
-                        help="where the references and the generator are installed")
-    parser.add_argument("--no-chart", action="store_true", help="skip the PNG chart (no matplotlib)")
-    parser.add_argument("--publish", action="store_true",
-                        help="also write the report to bench/RESULTS.md and the chart to bench/RESULTS.png")
-    parser.add_argument("--profile", action="store_true",
-                        help="only profile mop (fsync never) with py-spy under qos0 and fanout")
+    parser.add_argument(
+        "--deps-dir",
+        type=Path,
+        default=BENCH_DIR / ".deps",
+        help="where the references and the generator are installed",
+    )
+    parser.add_argument(
+        "--no-chart", action="store_true", help="skip the PNG chart (no matplotlib)"
+    )
+    parser.add_argument(
+        "--publish",
+        action="store_true",
+        help="also write the report to bench/RESULTS.md and the chart to bench/RESULTS.png",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="only profile mop (fsync never) with py-spy under qos0 and fanout",
+    )
     parser.add_argument("--profile-seconds", type=float, default=8.0)
+    parser.add_argument(
+        "--profile-scenarios",
+        default="qos0,fanout,qos1",
+        help="scenarios to profile under (default qos0,fanout,qos1)",
+    )
     return parser.parse_args(argv)
 
 
@@ -117,7 +167,12 @@ class Bench:
         broker: Broker | None = None
         try:
             broker = self._start(spec, workdir)
-            ticks, busy, child, t0 = cpu_ticks(broker.pid), busy_ticks(), children_cpu(), time.monotonic()
+            ticks, busy, child, t0 = (
+                cpu_ticks(broker.pid),
+                busy_ticks(),
+                children_cpu(),
+                time.monotonic(),
+            )
             result: RunResult = sc.run(RunContext(broker, self.loadgen, self.sizes, prefix))
             wall = time.monotonic() - t0
             rec.broker_cpu = (cpu_ticks(broker.pid) - ticks) / CLK_TCK / wall
@@ -127,6 +182,7 @@ class Bench:
             )
             rec.values.update(result.values)
             rec.notes += result.notes
+            rec.marked = result.marked
             rec.detail = result.detail
         except (LoadgenError, BrokerError, OSError) as exc:
             rec.notes.append(f"failed: {str(exc).strip()[:400]}")
@@ -141,10 +197,27 @@ class Bench:
         """What the generator moves through a relay that does no broker work at all."""
         port = free_port()
         with relay(self.loadgen, port, timeout=60):
-            one = run_load(self.loadgen, "flow", port, prefix="ceil", count=20_000_000,
-                           duration=1.0, window=20_000, timeout=20)
-            fan = run_load(self.loadgen, "flow", port, prefix="ceil", subs=100, count=1_000_000,
-                           duration=1.0, window=500, timeout=20)
+            one = run_load(
+                self.loadgen,
+                "flow",
+                port,
+                prefix="ceil",
+                count=20_000_000,
+                duration=1.0,
+                window=20_000,
+                timeout=20,
+            )
+            fan = run_load(
+                self.loadgen,
+                "flow",
+                port,
+                prefix="ceil",
+                subs=100,
+                count=1_000_000,
+                duration=1.0,
+                window=500,
+                timeout=20,
+            )
         return (
             "C, one epoll thread (bench/loadgen.c); through a null relay (no broker work) it moves "
             f"{one['msgs_per_s'] / 1e6:.1f}M msgs/s 1 -> 1 and "
@@ -160,7 +233,7 @@ def run_bench(args: argparse.Namespace) -> int:
     scenario_names = _names(args.scenarios, SCENARIOS, "scenarios")
     specs = [BROKERS[n] for n in broker_names]
     scenarios = [SCENARIOS[n] for n in scenario_names]
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     args.out = (args.out or BENCH_DIR / "results" / started.strftime("%Y%m%d-%H%M%S")).resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     raise_fd_limit()
@@ -170,8 +243,10 @@ def run_bench(args: argparse.Namespace) -> int:
     versions = {s.name: version(s, bench.deps) for s in specs}
     ceiling = "C, one epoll thread (bench/loadgen.c)" if mode == "smoke" else bench.ceiling()
     estimate = sum(sc.expected_s + 2 for sc in scenarios) * runs * len(specs)
-    log(f"{mode} bench: {len(scenarios)} scenarios x {len(specs)} brokers x {runs} runs, "
-        f"about {estimate / 60:.0f} minutes; output in {args.out}")
+    log(
+        f"{mode} bench: {len(scenarios)} scenarios x {len(specs)} brokers x {runs} runs, "
+        f"about {estimate / 60:.0f} minutes; output in {args.out}"
+    )
     log(f"load generator: {ceiling}")
     records: list[RunRecord] = []
     skipped: dict[str, str] = {}
@@ -186,26 +261,55 @@ def run_bench(args: argparse.Namespace) -> int:
                     log(f"  {sc.key}: skipped: {exc}")
                     break
                 records.append(rec)
-                shown = ", ".join(f"{k}={v:.6g}" if v is not None else f"{k}=-" for k, v in rec.values.items())
-                log(f"  {sc.key:9} {spec.name:13} run {rnd + 1}: {shown}"
-                    + (f"  [{'; '.join(rec.notes)}]" if rec.notes else ""))
+                shown = ", ".join(
+                    f"{k}={v:.6g}" if v is not None else f"{k}=-" for k, v in rec.values.items()
+                )
+                log(
+                    f"  {sc.key:9} {spec.name:13} run {rnd + 1}: {shown}"
+                    + (f"  [{'; '.join(rec.notes)}]" if rec.notes else "")
+                )
             if sc.key in skipped:
                 break
     elapsed = time.monotonic() - t_start
-    (args.out / "results.json").write_text(json.dumps(
-        {"mode": mode, "sizes": dataclasses.asdict(sizes), "versions": versions, "ceiling": ceiling,
-         "skipped": skipped, "runs": [dataclasses.asdict(r) for r in records]}, indent=1))
+    (args.out / "results.json").write_text(
+        json.dumps(
+            {
+                "mode": mode,
+                "sizes": dataclasses.asdict(sizes),
+                "versions": versions,
+                "ceiling": ceiling,
+                "skipped": skipped,
+                "runs": [dataclasses.asdict(r) for r in records],
+            },
+            indent=1,
+        )
+    )
     chart_name = None
     if not args.no_chart:
         _ensure_matplotlib()
         chart_name = "chart.png"
-        chart(args.out / chart_name, records=records, scenarios=scenarios, brokers=broker_names,
-              labels=labels, sizes=sizes, skipped=skipped)
+        chart(
+            args.out / chart_name,
+            records=records,
+            scenarios=scenarios,
+            brokers=broker_names,
+            labels=labels,
+            sizes=sizes,
+            skipped=skipped,
+        )
     report_kwargs = dict(
-        title="MQTT brokers side by side", records=records, scenarios=scenarios,
-        brokers=broker_names, labels=labels, versions=versions, sizes=sizes,
-        sizes_name=f"{mode}, {runs} run(s) per broker and scenario", reference=REFERENCE,
-        started=started.strftime("%Y-%m-%d %H:%M UTC"), elapsed_s=elapsed, ceiling=ceiling,
+        title="MQTT brokers side by side",
+        records=records,
+        scenarios=scenarios,
+        brokers=broker_names,
+        labels=labels,
+        versions=versions,
+        sizes=sizes,
+        sizes_name=f"{mode}, {runs} run(s) per broker and scenario",
+        reference=REFERENCE,
+        started=started.strftime("%Y-%m-%d %H:%M UTC"),
+        elapsed_s=elapsed,
+        ceiling=ceiling,
         skipped=skipped,
     )
     (args.out / "report.md").write_text(markdown(**report_kwargs, chart=chart_name))  # type: ignore[arg-type]
@@ -227,9 +331,11 @@ def _ensure_matplotlib() -> None:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    """Profile mop (fsync never) with py-spy while it serves qos0 and then fanout."""
-    started = datetime.now(timezone.utc)
-    out = (args.out or BENCH_DIR / "results" / f"profile-{started.strftime('%Y%m%d-%H%M%S')}").resolve()
+    """Profile mop (fsync never) with py-spy while it serves each scenario in turn."""
+    started = datetime.now(UTC)
+    out = (
+        args.out or BENCH_DIR / "results" / f"profile-{started.strftime('%Y%m%d-%H%M%S')}"
+    ).resolve()
     out.mkdir(parents=True, exist_ok=True)
     args.out = out
     bench = Bench(args, FULL)
@@ -237,19 +343,19 @@ def run_profile(args: argparse.Namespace) -> int:
     sizes = dataclasses.replace(FULL, duration=seconds, count=100_000_000, timeout=seconds + 30)
     spec = BROKERS["mop-never"]
     parts = [f"# mop profile ({version(spec, bench.deps)}), {started:%Y-%m-%d %H:%M} UTC", ""]
-    for key in ("qos0", "fanout"):
+    for key in _names(args.profile_scenarios, SCENARIOS, "scenarios"):
         sc = SCENARIOS[key]
         broker = bench._start(spec, out / f"broker-{key}")
         raw = out / f"{key}.collapsed.txt"
         try:
-            sampler = record(broker.pid, seconds, raw)
+            sampler = record(broker.pid, seconds, raw, RATE)
             time.sleep(0.3)
             result = sc.run(RunContext(broker, bench.loadgen, sizes, f"prof{key}"))
             sampler.wait(seconds + 30)
         finally:
             broker.stop()
         shown = ", ".join(f"{k} = {v:,.0f}" for k, v in result.values.items() if v is not None)
-        parts += [f"## {sc.title} ({shown} while sampled)", "", summarize(raw)]
+        parts += [f"## {sc.title} ({shown} while sampled)", "", summarize(raw, seconds, RATE)]
         log(f"  profiled {key}: {shown}")
     (out / "profile.md").write_text("\n".join(parts))
     log(f"profile: {out / 'profile.md'}")

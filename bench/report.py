@@ -23,6 +23,7 @@ class RunRecord:
     round: int
     values: dict[str, float | None]
     notes: list[str]
+    marked: list[str] = field(default_factory=list)
     broker_cpu: float | None = None  # cores the broker used while the load ran
     loadgen_cpu: float | None = None  # cores the generator used
     background_cpu: float | None = None  # cores everything else on the machine used
@@ -50,9 +51,14 @@ def label(metric: Metric, sizes: Sizes) -> str:
         return f"{n / 1000:g}k" if n >= 1000 else f"{n:g}"
 
     return metric.label.format(
-        idle=k(sizes.idle_conns), many=k(sizes.many_conns), rate=k(sizes.latency_rate),
-        rsubs=k(sizes.retained_subs), rtopics=k(sizes.retained_topics), queued=k(sizes.queued),
-        fanout=sizes.fanout_subs, fanin=sizes.fanin_pubs,
+        idle=k(sizes.idle_conns),
+        many=k(sizes.many_conns),
+        rate=k(sizes.latency_rate),
+        rsubs=k(sizes.retained_subs),
+        rtopics=k(sizes.retained_topics),
+        queued=k(sizes.queued),
+        fanout=sizes.fanout_subs,
+        fanin=sizes.fanin_pubs,
     )
 
 
@@ -72,7 +78,9 @@ def fmt(value: float | None, kind: str) -> str:
     return f"{value:.2f}" if value < 100 else f"{value:.0f}"
 
 
-def medians(records: Sequence[RunRecord]) -> dict[tuple[str, str, str], tuple[float | None, int, int]]:
+def medians(
+    records: Sequence[RunRecord],
+) -> dict[tuple[str, str, str], tuple[float | None, int, int]]:
     """(scenario, broker, metric) -> (median of the runs that produced a number, numbers, runs)."""
     grouped: dict[tuple[str, str, str], list[float | None]] = {}
     for rec in records:
@@ -85,15 +93,26 @@ def medians(records: Sequence[RunRecord]) -> dict[tuple[str, str, str], tuple[fl
     return out
 
 
+def ratio(value: float, ref: float) -> str:
+    r = value / ref
+    return f"{r:.0f}x" if r >= 100 else f"{r:.1f}x" if r >= 10 else f"{r:.2f}x"
+
+
 def _cell(
-    med: tuple[float | None, int, int] | None, ref: float | None, metric: Metric, is_ref: bool
+    med: tuple[float | None, int, int] | None,
+    ref: float | None,
+    metric: Metric,
+    is_ref: bool,
+    marked: bool,
 ) -> str:
     if med is None:
         return "n/a"
     value, ok, runs = med
     text = fmt(value, metric.kind)
     if value is not None and ref and not is_ref:
-        text += f" ({value / ref:.2f}x)"
+        text += f" ({ratio(value, ref)})"
+    if marked:
+        text += " †"
     if ok < runs:
         text += f" [{ok}/{runs} runs]"
     return text
@@ -117,6 +136,7 @@ def markdown(
     chart: str | None,
 ) -> str:
     med = medians(records)
+    marked = {(r.scenario, r.broker, key) for r in records for key in r.marked}
     lines = [
         f"# {title}",
         "",
@@ -129,7 +149,8 @@ def markdown(
         "",
         f"Ratios are value / {labels.get(reference, reference)}'s: above 1 is better for rates, "
         "below 1 is better for latencies, times and memory. `[n/m runs]`: only n of m runs "
-        "produced the number (see the notes).",
+        "produced the number (see the notes). †: the broker could not sustain the offered rate, so "
+        "its latency is mostly time spent queueing.",
         "",
         "| scenario | " + " | ".join(labels[b] for b in brokers) + " |",
         "|---|" + "---:|" * len(brokers),
@@ -140,7 +161,13 @@ def markdown(
         for metric in sc.metrics:
             ref = med.get((sc.key, reference, metric.key), (None, 0, 0))[0]
             cells = [
-                _cell(med.get((sc.key, b, metric.key)), ref, metric, b == reference)
+                _cell(
+                    med.get((sc.key, b, metric.key)),
+                    ref,
+                    metric,
+                    b == reference,
+                    (sc.key, b, metric.key) in marked,
+                )
                 for b in brokers
             ]
             lines.append(f"| {label(metric, sizes)} | " + " | ".join(cells) + " |")
@@ -153,7 +180,8 @@ def markdown(
     if notes:
         lines += ["", "## Notes", ""]
         lines += [
-            f"- {rec.scenario} / {labels[rec.broker]} / run {rec.round + 1}: " + "; ".join(rec.notes)
+            f"- {rec.scenario} / {labels[rec.broker]} / run {rec.round + 1}: "
+            + "; ".join(rec.notes)
             for rec in notes
         ]
     lines += ["", "## Every run", "", _runs_table(records, scenarios, labels, sizes)]
@@ -161,7 +189,10 @@ def markdown(
 
 
 def _runs_table(
-    records: Sequence[RunRecord], scenarios: Sequence[Scenario], labels: dict[str, str], sizes: Sizes
+    records: Sequence[RunRecord],
+    scenarios: Sequence[Scenario],
+    labels: dict[str, str],
+    sizes: Sizes,
 ) -> str:
     metrics = {sc.key: sc.metrics for sc in scenarios}
     rows = [
@@ -175,11 +206,14 @@ def _runs_table(
         values = ", ".join(
             f"{m.key}={fmt(rec.values.get(m.key), m.kind)}" for m in metrics.get(rec.scenario, ())
         )
-        cpu = [f"{c:.2f}" if c is not None else "-" for c in
-               (rec.broker_cpu, rec.loadgen_cpu, rec.background_cpu)]
+        cpu = [
+            f"{c:.2f}" if c is not None else "-"
+            for c in (rec.broker_cpu, rec.loadgen_cpu, rec.background_cpu)
+        ]
         rows.append(
             f"| {rec.scenario} | {labels[rec.broker]} | {rec.round + 1} | {values} | "
-            + " | ".join(cpu) + " |"
+            + " | ".join(cpu)
+            + " |"
         )
     return "\n".join(rows)
 
@@ -210,7 +244,9 @@ def chart(
     for ax, (sc, metric) in zip(axes.flat, rows, strict=False):
         meds, lows, highs = [], [], []
         for b in brokers:
-            vals = [r.values.get(metric.key) for r in records if r.scenario == sc.key and r.broker == b]
+            vals = [
+                r.values.get(metric.key) for r in records if r.scenario == sc.key and r.broker == b
+            ]
             nums = [v for v in vals if v is not None]
             m = statistics.median(nums) if nums else 0.0
             meds.append(m)
@@ -219,15 +255,18 @@ def chart(
         xs = range(len(brokers))
         ax.bar(xs, meds, yerr=[lows, highs], color=[colors[i % 10] for i in xs], capsize=3)
         ax.set_xticks(list(xs), [labels[b] for b in brokers], rotation=30, ha="right", fontsize=8)
-        ax.set_title(label(metric, sizes) + (" (higher is better)" if metric.higher_is_better
-                                             else " (lower is better)"), fontsize=8)
+        ax.set_title(
+            label(metric, sizes)
+            + (" (higher is better)" if metric.higher_is_better else " (lower is better)"),
+            fontsize=8,
+        )
         positive = [m for m in meds if m > 0]
         if positive and max(positive) / min(positive) > 30:
             ax.set_yscale("log")
         for x, m in zip(xs, meds, strict=True):
             if m > 0:
                 ax.annotate(fmt(m, metric.kind), (x, m), ha="center", va="bottom", fontsize=7)
-    for ax in list(axes.flat)[len(rows):]:
+    for ax in list(axes.flat)[len(rows) :]:
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -37,13 +37,30 @@ class Sizes:
 
 FULL = Sizes(duration=3.0, count=2_000_000)
 QUICK = Sizes(
-    duration=1.0, count=500_000, latency_duration=1.5, idle_conns=2_000, retained_topics=2_000,
-    retained_branches=20, retained_subs=200, queued=2_000, timeout=20.0,
+    duration=1.0,
+    count=500_000,
+    latency_duration=1.5,
+    idle_conns=2_000,
+    retained_topics=2_000,
+    retained_branches=20,
+    retained_subs=200,
+    queued=2_000,
+    timeout=20.0,
 )
 SMOKE = Sizes(
-    duration=0.4, count=20_000, fanout_subs=10, fanin_pubs=10, latency_rate=1000.0,
-    latency_duration=0.5, latency_warmup=0.1, idle_conns=100, retained_topics=100,
-    retained_branches=10, retained_subs=10, queued=100, timeout=10.0,
+    duration=0.4,
+    count=20_000,
+    fanout_subs=10,
+    fanin_pubs=10,
+    latency_rate=1000.0,
+    latency_duration=0.5,
+    latency_warmup=0.1,
+    idle_conns=100,
+    retained_topics=100,
+    retained_branches=10,
+    retained_subs=10,
+    queued=100,
+    timeout=10.0,
 )
 
 
@@ -68,6 +85,7 @@ class RunResult:
     values: dict[str, float | None]
     detail: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    marked: list[str] = field(default_factory=list)  # metrics to flag: rate not sustained
 
 
 class Skipped(Exception):
@@ -89,7 +107,9 @@ def _loss_notes(out: dict[str, Any]) -> list[str]:
         notes.append(str(out["error"]))
     expected, delivered = int(out.get("expected", 0)), int(out.get("delivered", 0))
     if expected and delivered < expected:
-        notes.append(f"received {delivered} of {expected} ({100 * (1 - delivered / expected):.1f}% lost)")
+        notes.append(
+            f"received {delivered} of {expected} ({100 * (1 - delivered / expected):.1f}% lost)"
+        )
     if out.get("stalls"):
         notes.append(f"{out['stalls']} stalls (window full, nothing delivered for 0.5 s)")
     if out.get("failed"):
@@ -103,7 +123,9 @@ def _flow(ctx: RunContext, **options: Any) -> dict[str, Any]:
     s = ctx.sizes
     options.setdefault("count", s.count)
     options.setdefault("duration", s.duration)
-    return run(ctx.loadgen, "flow", ctx.broker.port, prefix=ctx.prefix, timeout=s.timeout, **options)
+    return run(
+        ctx.loadgen, "flow", ctx.broker.port, prefix=ctx.prefix, timeout=s.timeout, **options
+    )
 
 
 def _throughput(key: str, **options: Any) -> Callable[[RunContext], RunResult]:
@@ -125,13 +147,21 @@ def _latency(ctx: RunContext) -> RunResult:
     s = ctx.sizes
     total = s.latency_duration + s.latency_warmup
     out = _flow(
-        ctx, qos=1, inflight=100, window=int(s.latency_rate), rate=s.latency_rate,
-        count=int(s.latency_rate * total), duration=total, warmup=s.latency_warmup,
+        ctx,
+        qos=1,
+        inflight=100,
+        window=int(s.latency_rate),
+        rate=s.latency_rate,
+        count=int(s.latency_rate * total),
+        duration=total,
+        warmup=s.latency_warmup,
     )
     achieved = float(out.get("msgs_per_s", 0.0))
     notes = _loss_notes(out)
+    marked = []
     if achieved < 0.95 * s.latency_rate:
         notes.append(f"cannot sustain {s.latency_rate:.0f} msgs/s: reached {achieved:.0f}")
+        marked = ["lat_p50", "lat_p99"]
     ok = not out.get("error") and out.get("lat_count", 0) > 0
     return RunResult(
         {
@@ -141,6 +171,7 @@ def _latency(ctx: RunContext) -> RunResult:
         },
         out,
         notes,
+        marked,
     )
 
 
@@ -160,7 +191,7 @@ def _settled_rss(pid: int, settle: float = 0.5) -> int:
 def _connections(count: Callable[[Sizes], int], src_ips: int) -> Callable[[RunContext], RunResult]:
     def scenario(ctx: RunContext) -> RunResult:
         n = count(ctx.sizes)
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         if hard < n + 1000:
             raise Skipped(
                 f"needs {n + 1000} file descriptors in the generator and in the broker; the hard "
@@ -168,8 +199,14 @@ def _connections(count: Callable[[Sizes], int], src_ips: int) -> Callable[[RunCo
             )
         before = _settled_rss(ctx.broker.pid)
         with hold_connections(
-            ctx.loadgen, ctx.broker.port, prefix=ctx.prefix, conns=n, concurrency=64,
-            src_ips=src_ips, timeout=ctx.sizes.timeout, hold=60,
+            ctx.loadgen,
+            ctx.broker.port,
+            prefix=ctx.prefix,
+            conns=n,
+            concurrency=64,
+            src_ips=src_ips,
+            timeout=ctx.sizes.timeout,
+            hold=60,
         ) as out:
             after = _settled_rss(ctx.broker.pid)
         connected = int(out.get("connected", 0))
@@ -186,13 +223,25 @@ def _connections(count: Callable[[Sizes], int], src_ips: int) -> Callable[[RunCo
 def _retained(ctx: RunContext) -> RunResult:
     s = ctx.sizes
     out = run(
-        ctx.loadgen, "retained", ctx.broker.port, prefix=ctx.prefix, topics=s.retained_topics,
-        branches=s.retained_branches, subs=s.retained_subs, sub_qos=0, inflight=100,
-        concurrency=64, timeout=s.timeout + 30, drain_idle=2.0,
+        ctx.loadgen,
+        "retained",
+        ctx.broker.port,
+        prefix=ctx.prefix,
+        topics=s.retained_topics,
+        branches=s.retained_branches,
+        subs=s.retained_subs,
+        sub_qos=0,
+        inflight=100,
+        concurrency=64,
+        timeout=s.timeout + 30,
+        drain_idle=2.0,
     )
     done = not out.get("error") and out.get("delivered", 0) >= out.get("expected", 1)
     return RunResult(
-        {"retained_s": out["storm_s"] if done else None, "retained_rate": out.get("deliveries_per_s")},
+        {
+            "retained_s": out["storm_s"] if done else None,
+            "retained_rate": out.get("deliveries_per_s"),
+        },
         out,
         _loss_notes(out),
     )
@@ -201,8 +250,15 @@ def _retained(ctx: RunContext) -> RunResult:
 def _session(ctx: RunContext) -> RunResult:
     s = ctx.sizes
     out = run(
-        ctx.loadgen, "session", ctx.broker.port, prefix=ctx.prefix, qos=1, count=s.queued,
-        inflight=100, timeout=s.timeout + 30, drain_idle=2.0,
+        ctx.loadgen,
+        "session",
+        ctx.broker.port,
+        prefix=ctx.prefix,
+        qos=1,
+        count=s.queued,
+        inflight=100,
+        timeout=s.timeout + 30,
+        drain_idle=2.0,
     )
     done = not out.get("error") and out.get("delivered", 0) >= s.queued
     out.setdefault("expected", s.queued)
@@ -217,67 +273,100 @@ SCENARIOS: dict[str, Scenario] = {
     sc.key: sc
     for sc in (
         Scenario(
-            "qos0", "QoS 0, 1 pub -> 1 sub", (_rate("msgs", "QoS 0, 1 pub -> 1 sub, msgs/s"),),
-            _throughput("msgs", qos=0, window=2000), 4,
+            "qos0",
+            "QoS 0, 1 pub -> 1 sub",
+            (_rate("msgs", "QoS 0, 1 pub -> 1 sub, msgs/s"),),
+            _throughput("msgs", qos=0, window=2000),
+            4,
         ),
         Scenario(
-            "qos1", "QoS 1, 1 pub (100 in flight) -> 1 sub",
+            "qos1",
+            "QoS 1, 1 pub (100 in flight) -> 1 sub",
             (_rate("msgs", "QoS 1, 1 pub (100 in flight) -> 1 sub, msgs/s"),),
-            _throughput("msgs", qos=1, inflight=100, window=1000), 4,
+            _throughput("msgs", qos=1, inflight=100, window=1000),
+            4,
         ),
         Scenario(
-            "fanout", "fan-out QoS 0, 1 pub -> 100 subs",
+            "fanout",
+            "fan-out QoS 0, 1 pub -> 100 subs",
             (_rate("deliveries", "fan-out QoS 0, 1 pub -> {fanout} subs, deliveries/s"),),
-            _throughput("deliveries", qos=0, subs="fanout", window=200), 4,
+            _throughput("deliveries", qos=0, subs="fanout", window=200),
+            4,
         ),
         Scenario(
-            "fanin", "fan-in QoS 0, 100 pubs -> 1 wildcard sub",
+            "fanin",
+            "fan-in QoS 0, 100 pubs -> 1 wildcard sub",
             (_rate("msgs", "fan-in QoS 0, {fanin} pubs -> 1 wildcard sub, msgs/s"),),
-            _throughput("msgs", qos=0, pubs="fanin", topic_per_pub=1, wildcard=1, window=2000), 4,
+            _throughput("msgs", qos=0, pubs="fanin", topic_per_pub=1, wildcard=1, window=2000),
+            4,
         ),
         Scenario(
-            "latency", "QoS 1 at a fixed 5k msgs/s",
+            "latency",
+            "QoS 1 at a fixed 5k msgs/s",
             (
                 _rate("lat_rate", "QoS 1 at {rate} msgs/s: msgs/s reached"),
                 Metric("lat_p50", "QoS 1 at {rate} msgs/s: p50 latency, us", "us", False),
                 Metric("lat_p99", "QoS 1 at {rate} msgs/s: p99 latency, us", "us", False),
             ),
-            _latency, 5,
+            _latency,
+            5,
         ),
         Scenario(
-            "conns", "10k idle connections",
+            "conns",
+            "10k idle connections",
             (
                 _rate("conn_rate", "{idle} idle connections: connects/s"),
                 Metric("conn_kb", "{idle} idle connections: RSS per connection, KB", "kb", False),
             ),
-            _connections(lambda s: s.idle_conns, src_ips=1), 4,
+            _connections(lambda s: s.idle_conns, src_ips=1),
+            4,
         ),
         Scenario(
-            "qos2", "QoS 2, 1 pub (100 in flight) -> 1 sub",
+            "qos2",
+            "QoS 2, 1 pub (100 in flight) -> 1 sub",
             (_rate("msgs", "QoS 2, 1 pub (100 in flight) -> 1 sub, msgs/s"),),
-            _throughput("msgs", qos=2, inflight=100, window=1000), 4,
+            _throughput("msgs", qos=2, inflight=100, window=1000),
+            4,
         ),
         Scenario(
-            "retained", "retained subscribe storm",
+            "retained",
+            "retained subscribe storm",
             (
-                Metric("retained_s", "{rsubs} subs join {rtopics} retained topics: s until all delivered", "s", False),
-                _rate("retained_rate", "{rsubs} subs join {rtopics} retained topics: retained deliveries/s"),
+                Metric(
+                    "retained_s",
+                    "{rsubs} subs join {rtopics} retained topics: s until all delivered",
+                    "s",
+                    False,
+                ),
+                _rate(
+                    "retained_rate",
+                    "{rsubs} subs join {rtopics} retained topics: retained deliveries/s",
+                ),
             ),
-            _retained, 6,
+            _retained,
+            6,
         ),
         Scenario(
-            "session", "persistent session drain",
-            (Metric("session_s", "persistent session, {queued} queued QoS 1: s to drain", "s", False),),
-            _session, 5,
+            "session",
+            "persistent session drain",
+            (
+                Metric(
+                    "session_s", "persistent session, {queued} queued QoS 1: s to drain", "s", False
+                ),
+            ),
+            _session,
+            5,
         ),
         Scenario(
-            "conns100k", "100k idle connections",
+            "conns100k",
+            "100k idle connections",
             (
                 _rate("conn_rate", "{many} idle connections: connects/s"),
                 Metric("conn_kb", "{many} idle connections: RSS per connection, KB", "kb", False),
             ),
-            _connections(lambda s: s.many_conns, src_ips=8), 10,
+            _connections(lambda s: s.many_conns, src_ips=8),
+            10,
         ),
     )
 }
-DEFAULT_SCENARIOS = ("qos0", "qos1", "fanout", "fanin", "latency", "conns", "qos2", "retained", "session", "conns100k")
+DEFAULT_SCENARIOS = tuple(SCENARIOS)

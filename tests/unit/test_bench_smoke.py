@@ -1,0 +1,48 @@
+"""Smoke run of the MQTT benchmark (bench/mqtt_bench.py): one scenario with tiny counts against a
+mop node only, so the suite notices when the bench stops working. It measures nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench" / "mqtt_bench.py"
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        shutil.which("gcc") is None and shutil.which("cc") is None,
+        reason="the bench's load generator needs a C compiler",
+    ),
+]
+
+
+def test_smoke_run_reports_a_rate_for_mop(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    options = ["--smoke", "--brokers", "mop-never", "--scenarios", "qos0", "--no-chart"]
+    done = subprocess.run(
+        [sys.executable, str(BENCH), *options, "--out", str(out), "--deps-dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    results = json.loads((out / "results.json").read_text())
+    [run] = results["runs"]
+    assert run["values"]["msgs"] > 0, run
+    assert run["detail"]["delivered"] > 0, run
+
+    report = (out / "report.md").read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| QoS 0, 1 pub -> 1 sub"))
+    cell = row.split("|")[2].strip()
+    assert re.fullmatch(r"\d+(\.\d+)?k?", cell), row
