@@ -251,5 +251,5 @@ def test_port_range(port: int) -> None:
 def test_sys_interval_zero_turns_sys_off() -> None:
     settings = load_settings(environ={"MOP_MQTT__SYS_INTERVAL": "0"})
     assert settings.mqtt.sys_interval == 0
-    with pytest.raises(ConfigError, match="mqtt.connect_timeout"):
+    with pytest.raises(ConfigError, match=r"mqtt\.connect_timeout"):
         load_settings(environ={"MOP_MQTT__CONNECT_TIMEOUT": "0"})
