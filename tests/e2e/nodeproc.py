@@ -37,7 +37,8 @@ RECOVERED = re.compile(
 
 def node_environ(data_dir: Path, **overrides: str) -> dict[str, str]:
     """The test process's environment without MOP_* variables, plus a data dir, free ports,
-    fsync on every acknowledged write and no $SYS traffic."""
+    fsync on every acknowledged write and no $SYS traffic. The node runs in a directory of
+    its own (see NodeProcess), so no ./settings.toml of the checkout applies."""
     environ = {name: value for name, value in os.environ.items() if not name.startswith("MOP_")}
     # Import the same mop as this test process, installed or not.
     package_root = str(Path(mop.__file__).resolve().parents[1])
@@ -49,6 +50,10 @@ def node_environ(data_dir: Path, **overrides: str) -> dict[str, str]:
         MOP_PROTOCOLS='["mqtt"]',
         MOP_MQTT__HOST="127.0.0.1",
         MOP_MQTT__PORT="0",
+        MOP_MQTT__WS_PORT="0",
+        MOP_MQTT__TLS_PORT="0",
+        MOP_PULSAR__PORT="0",
+        MOP_ADMIN__PORT="0",
         MOP_MQTT__SYS_INTERVAL="0",
         MOP_STORAGE__FSYNC="always",
         MOP_LOG_LEVEL="INFO",

@@ -352,7 +352,8 @@ def test_a_session_connected_at_the_crash_counts_from_the_restart(node: NodeProc
     [will] = watcher.expect(1, timeout=5)
     arrived = time.monotonic() - restarted
     assert will.payload == b"cw-will is gone"
-    assert arrived >= 1 - 0.3, f"the will came {arrived:.2f} s after the restart, not after 1 s"
+    # Counted from the crash, it would have been due before the restart, and sent at once.
+    assert arrived >= 0.5, f"the will came {arrived:.2f} s after the restart, not after 1 s"
     # Counted from the crash, cw-alive would have expired 1.4 s after the restart.
     time.sleep(max(0.0, restarted + 2.0 - time.monotonic()))
     alive = persistent(port, "cw-alive")

@@ -280,12 +280,6 @@ def test_a_session_connected_at_shutdown_resumes_after_restart(restartable: Rest
         sub.expect_none(0.3)  # nothing acknowledged before the restart comes back
 
 
-@pytest.mark.xfail(
-    reason="mop/protocols/mqtt/handler.py ClientHandler.run catches `trio.Cancelled`, but the"
-    " cancelled nursery raises a BaseExceptionGroup of Cancelled, so DISCONNECT 0x8B is never"
-    " sent at shutdown",
-    strict=True,
-)
 def test_clients_are_told_when_the_node_shuts_down(restartable: Restartable) -> None:
     with restartable.run() as node:
         raw = RawClient(node.mqtt_port, level=5)
@@ -306,7 +300,8 @@ def test_unacknowledged_qos1_messages_are_resent_after_restart(restartable: Rest
         assert first[0].packet_id is not None
         sub.send(Puback(first[0].packet_id))  # only the first is acknowledged
         pub.publish("if/t", b"m4", 1)  # processed after the PUBACK above
-        assert recv_publish(sub).payload == b"m4"
+        first.append(recv_publish(sub))
+        assert first[-1].payload == b"m4"
         sub.close()
         wait_until(lambda: offline_sessions(node) == 1, what="the session to go offline")
 
@@ -317,9 +312,7 @@ def test_unacknowledged_qos1_messages_are_resent_after_restart(restartable: Rest
         # Resent in order, flagged as duplicates, with their original packet identifiers.
         assert [p.payload for p in again] == [b"m1", b"m2", b"m3", b"m4"]
         assert all(p.dup and p.qos == 1 for p in again), again
-        assert [p.packet_id for p in again] == [p.packet_id for p in first[1:]] + [
-            again[-1].packet_id
-        ]
+        assert [p.packet_id for p in again] == [p.packet_id for p in first[1:]]
         for packet in again:
             assert packet.packet_id is not None
             sub.send(Puback(packet.packet_id))
@@ -389,7 +382,9 @@ def test_session_expiry_counts_across_a_restart(restartable: Restartable) -> Non
     time.sleep(max(0.0, disconnected + 2.6 - time.monotonic()))
 
     with restartable.run() as node:
-        assert time.monotonic() < disconnected + 3.7, "restart too slow for this test"
+        # Back before exp-4's deadline, or this test could not tell a re-armed expiry timer
+        # from a session that expired while the node was down.
+        assert time.monotonic() < disconnected + 3.9, "restart too slow for this test"
         wait_until(lambda: offline_sessions(node) == 2, what="exp-2 to be gone")
         gone = persistent(node.mqtt_port, "exp-2", expiry=60)
         assert not session_present(gone)
@@ -547,13 +542,6 @@ def test_a_full_disk_refuses_publishes_and_the_node_keeps_serving(
         assert got.count(b"before") == 1, got  # the retried batch did not write it again
 
 
-@pytest.mark.xfail(
-    reason="mop/protocols/mqtt/handler.py: when _open_session fails after processor.open_client"
-    " and sessions.take (the session save hits the full disk), the exception escapes run():"
-    " the lease is never released (the next CONNECT of that client id waits the 10 s fence"
-    " timeout) and the taken offline session is dropped (session present 0, queue lost)",
-    strict=True,
-)
 def test_a_session_resumed_while_the_disk_is_full_is_kept(
     restartable: Restartable, full: threading.Event
 ) -> None:
@@ -646,13 +634,6 @@ def test_disk_usage_stays_bounded_while_data_flows(tmp_path: Path) -> None:
     assert peak < BOUND, f"data dir grew to {peak / 2**20:.1f} MiB"
 
 
-@pytest.mark.xfail(
-    reason="mop/protocols/mqtt/handler.py (e07fd34): every QoS 2 delivery batch and every PUBREC"
-    " saves the whole session (SessionState.to_bytes with all in-flight entries, up to the"
-    " client's Receive Maximum) to the mqtt-sessions table: log writes grow with the square of"
-    " the in-flight count (about 85 MB for 1000 messages of 100 B)",
-    strict=True,
-)
 def test_delivering_qos2_backlog_does_not_amplify_writes(restartable: Restartable) -> None:
     count = 1000
     with restartable.run() as node:

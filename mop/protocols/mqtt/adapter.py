@@ -57,15 +57,22 @@ class MqttProtocol:
             )
             specs.append(
                 ListenerSpec(
-                    name="mqtt", kind="tls", host=mqtt.host, port=mqtt.tls_port,
+                    name="mqtt",
+                    kind="tls",
+                    host=mqtt.host,
+                    port=mqtt.tls_port,
                     ssl_context=context,
                 )
             )
         if mqtt.ws_enabled:
             specs.append(
                 ListenerSpec(
-                    name="mqtt", kind="ws", host=mqtt.host, port=mqtt.ws_port,
-                    ws_path=mqtt.ws_path, ws_subprotocols=WS_SUBPROTOCOLS,
+                    name="mqtt",
+                    kind="ws",
+                    host=mqtt.host,
+                    port=mqtt.ws_port,
+                    ws_path=mqtt.ws_path,
+                    ws_subprotocols=WS_SUBPROTOCOLS,
                 )
             )
         return [(spec, handler) for spec in specs]

@@ -70,10 +70,20 @@ MAX_PACKET_SIZE: Final = MAX_VARINT + 5
 
 # Fixed header flags each packet type must carry (spec 2.1.3); PUBLISH carries dup/qos/retain.
 _REQUIRED_FLAGS: Final[dict[int, int]] = {
-    PacketType.CONNECT: 0, PacketType.CONNACK: 0, PacketType.PUBACK: 0, PacketType.PUBREC: 0,
-    PacketType.PUBREL: 2, PacketType.PUBCOMP: 0, PacketType.SUBSCRIBE: 2, PacketType.SUBACK: 0,
-    PacketType.UNSUBSCRIBE: 2, PacketType.UNSUBACK: 0, PacketType.PINGREQ: 0,
-    PacketType.PINGRESP: 0, PacketType.DISCONNECT: 0, PacketType.AUTH: 0,
+    PacketType.CONNECT: 0,
+    PacketType.CONNACK: 0,
+    PacketType.PUBACK: 0,
+    PacketType.PUBREC: 0,
+    PacketType.PUBREL: 2,
+    PacketType.PUBCOMP: 0,
+    PacketType.SUBSCRIBE: 2,
+    PacketType.SUBACK: 0,
+    PacketType.UNSUBSCRIBE: 2,
+    PacketType.UNSUBACK: 0,
+    PacketType.PINGREQ: 0,
+    PacketType.PINGRESP: 0,
+    PacketType.DISCONNECT: 0,
+    PacketType.AUTH: 0,
 }
 
 
@@ -133,7 +143,7 @@ class PacketDecoder:
         if self._pos:
             # Drop decoded bytes once per feed, not per packet: many small packets arriving in one
             # read are walked by offset, and deleting from the front of a bytearray is cheap.
-            del self._buf[:self._pos]
+            del self._buf[: self._pos]
             self._pos = 0
         self._buf += data
 
@@ -279,8 +289,16 @@ def _decode_connect(mv: memoryview, flags: int, decoder_level: int) -> Connect:
         password, pos = read_binary(mv, pos)
     _expect_end(mv, pos, PacketType.CONNECT)
     return Connect(
-        client_id, name, level, bool(connect_flags & 0x02), keep_alive, username, password, will,
-        bridge, props,
+        client_id,
+        name,
+        level,
+        bool(connect_flags & 0x02),
+        keep_alive,
+        username,
+        password,
+        will,
+        bridge,
+        props,
     )
 
 
@@ -348,10 +366,15 @@ def _decode_subscribe(mv: memoryview, flags: int, level: int) -> Subscribe:
             raise MalformedPacket("subscription with QoS 3")
         if options & 0x30 == 0x30:
             raise ProtocolViolation("subscription with retain handling 3")
-        subscriptions.append(SubscriptionRequest(
-            topic_filter, options & 0x03, bool(options & 0x04), bool(options & 0x08),
-            (options >> 4) & 0x03,
-        ))
+        subscriptions.append(
+            SubscriptionRequest(
+                topic_filter,
+                options & 0x03,
+                bool(options & 0x04),
+                bool(options & 0x08),
+                (options >> 4) & 0x03,
+            )
+        )
     if not subscriptions:
         raise ProtocolViolation("SUBSCRIBE without topic filters")
     return Subscribe(packet_id, tuple(subscriptions), props)
@@ -441,6 +464,11 @@ _DECODERS: Final[dict[int, _Decoder]] = {
 
 
 __all__ = [
-    "MAX_PACKET_SIZE", "NEED_DATA", "NeedData", "PROTOCOL_NAMES", "PacketDecoder", "encode",
+    "MAX_PACKET_SIZE",
+    "NEED_DATA",
+    "NeedData",
+    "PROTOCOL_NAMES",
+    "PacketDecoder",
+    "encode",
     "encode_publish",
 ]

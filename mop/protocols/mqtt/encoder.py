@@ -110,10 +110,17 @@ def encode_publish(
     if remaining > MAX_VARINT:
         raise LocalProtocolError(f"PUBLISH body of {remaining} bytes exceeds the MQTT maximum")
     first = 0x30 | (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0)
-    return b"".join((
-        bytes((first,)), encode_varint(remaining), topic_length.to_bytes(2, "big"), topic_bytes,
-        id_bytes, props, payload,
-    ))
+    return b"".join(
+        (
+            bytes((first,)),
+            encode_varint(remaining),
+            topic_length.to_bytes(2, "big"),
+            topic_bytes,
+            id_bytes,
+            props,
+            payload,
+        )
+    )
 
 
 def _encode_connect(p: Connect, level: int) -> bytes:
@@ -135,7 +142,8 @@ def _encode_connect(p: Connect, level: int) -> bytes:
         _check_qos(will.qos, "will")
         flags |= 0x04 | (will.qos << 3) | (0x20 if will.retain else 0)
     parts = [
-        encode_utf8(name), bytes((level | (0x80 if p.bridge else 0), flags)),
+        encode_utf8(name),
+        bytes((level | (0x80 if p.bridge else 0), flags)),
         p.keep_alive.to_bytes(2, "big"),
     ]
     if level == 5:
@@ -156,10 +164,14 @@ def _encode_connect(p: Connect, level: int) -> bytes:
 def _encode_connack(p: Connack, level: int) -> bytes:
     flags = b"\x01" if p.session_present else b"\x00"
     if level == 5:
-        return _frame(0x20, [
-            flags, _reason_byte(p.reason_code, PacketType.CONNACK),
-            encode_properties(p.properties, PacketType.CONNACK),
-        ])
+        return _frame(
+            0x20,
+            [
+                flags,
+                _reason_byte(p.reason_code, PacketType.CONNACK),
+                encode_properties(p.properties, PacketType.CONNACK),
+            ],
+        )
     # Levels 3/4 take either a return code 0..5 or an MQTT 5 reason code to translate.
     code = p.reason_code
     if not (0 <= code <= 5 or code in REASON_CODES_BY_PACKET[PacketType.CONNACK]):
@@ -169,8 +181,14 @@ def _encode_connack(p: Connack, level: int) -> bytes:
 
 def _encode_publish(p: Publish, level: int) -> bytes:
     return encode_publish(
-        p.topic, p.payload, qos=p.qos, retain=p.retain, dup=p.dup, packet_id=p.packet_id,
-        properties=p.properties, protocol_level=level,
+        p.topic,
+        p.payload,
+        qos=p.qos,
+        retain=p.retain,
+        dup=p.dup,
+        packet_id=p.packet_id,
+        properties=p.properties,
+        protocol_level=level,
     )
 
 
@@ -190,9 +208,9 @@ def _ack_encoder(
         id_bytes = _packet_id_bytes(p.packet_id)
         if level < 5:
             return _frame(first_byte, [id_bytes])  # no reason code before MQTT 5
-        return _frame(first_byte, [id_bytes, *_encode_reason_tail(
-            p.reason_code, p.properties, packet_type
-        )])
+        return _frame(
+            first_byte, [id_bytes, *_encode_reason_tail(p.reason_code, p.properties, packet_type)]
+        )
 
     return encode
 
@@ -249,9 +267,10 @@ def _encode_unsuback(p: Unsuback, level: int) -> bytes:
     if not p.reason_codes:
         raise LocalProtocolError("an MQTT 5 UNSUBACK needs one reason code per topic filter")
     props = encode_properties(p.properties, PacketType.UNSUBACK)
-    return _frame(0xB0, [id_bytes, props, *(
-        _reason_byte(code, PacketType.UNSUBACK) for code in p.reason_codes
-    )])
+    return _frame(
+        0xB0,
+        [id_bytes, props, *(_reason_byte(code, PacketType.UNSUBACK) for code in p.reason_codes)],
+    )
 
 
 def _encode_disconnect(p: Disconnect, level: int) -> bytes:

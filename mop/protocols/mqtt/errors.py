@@ -69,6 +69,11 @@ class LocalProtocolError(MqttError):
 
 
 __all__ = [
-    "LocalProtocolError", "MalformedPacket", "MqttError", "PacketTooLarge", "ProtocolViolation",
-    "RemoteProtocolError", "UnsupportedProtocolVersion",
+    "LocalProtocolError",
+    "MalformedPacket",
+    "MqttError",
+    "PacketTooLarge",
+    "ProtocolViolation",
+    "RemoteProtocolError",
+    "UnsupportedProtocolVersion",
 ]

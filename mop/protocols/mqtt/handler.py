@@ -102,7 +102,7 @@ class ClientHandler:
                 await self._serve_reads()
                 await self._flush_quietly()
                 nursery.cancel_scope.cancel()
-        except trio.Cancelled:
+        except* trio.Cancelled:
             # The node is stopping: tell MQTT 5 clients why before the socket closes.
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await self._say_goodbye(ReasonCode.SERVER_SHUTTING_DOWN)
@@ -199,6 +199,7 @@ class ClientHandler:
             requested = 0 if connect.clean_start else settings.default_session_expiry
         expiry = min(requested, settings.max_session_expiry)
         state, present = await self.server.sessions.take(client_id, clean_start=connect.clean_start)
+        previous = (state.expiry_interval, state.disconnected_at)
         state.expiry_interval = expiry
         state.will = connect.will
         self.state = state
@@ -212,7 +213,27 @@ class ClientHandler:
             server_keep_alive = self.keep_alive
         self.subs = SessionSubscriptions(self.server, self.ctx, state)
         self.flow = Outflow(self.server, self.conn, self.out, self.ctx, state, self.subs)
-        await self.subs.restore()
+        try:
+            await self.subs.restore()
+            state.disconnected_at = None
+            await self.server.sessions.save(state)
+        except BackendError as exc:
+            # Not resumable durably now (e.g. the disk is full): leave the session as it was
+            # and refuse, rather than run a session whose state would not survive.
+            with contextlib.suppress(BackendError):
+                await self.subs.detach(unsubscribe=False)
+            state.expiry_interval, state.disconnected_at = previous
+            if present:
+                self.server.sessions.put_back(state)
+            await self.server.processor.close_client(self.ctx, self.lease)
+            self.lease = None
+            reason = (
+                ReasonCode.QUOTA_EXCEEDED
+                if isinstance(exc, QuotaExceeded)
+                else ReasonCode.UNSPECIFIED_ERROR
+            )
+            await self._refuse_connect(reason, f"the session cannot be stored: {exc}")
+            return False
         props = NO_PROPERTIES
         if v5:
             props = Properties(
@@ -230,7 +251,6 @@ class ClientHandler:
                 ),
             )
         self.out.write(self.conn.send(Connack(session_present=present, properties=props)))
-        await self.server.sessions.save(state)
         log.debug("%s: %r connected (level %d)", self.ctx.peer, client_id, connect.protocol_level)
         return True
 

@@ -147,19 +147,16 @@ class Outflow:
     async def drain(self) -> None:
         """Send queued QoS 1/2 messages while the client's Receive Maximum allows.
 
-        New QoS 2 deliveries of a persistent session are recorded (packet id -> message) in
-        the session table before they are sent, so that after a crash the message goes out
-        again with the same packet id and the client can recognise it (exactly once).
+        New QoS 2 deliveries of a persistent session are recorded (packet id -> message)
+        before they are sent, so that after a crash the message goes out again with the same
+        packet id and the client can recognise it (exactly once).
         """
         async with self._drain_lock:
             batch = self._take_window()
             state = self._state
-            assert state is not None
-            if state.expiry_interval and any(
-                entry is not None and entry.qos == 2 and entry.message_id is not None
-                for entry, _ in batch
-            ):
-                await self._server.sessions.save(state)
+            for entry, _ in batch:
+                if entry is not None and entry.qos == 2:
+                    await self._server.sessions.record_flow(state, entry)
             for entry, publish in batch:
                 if not self._write_publish(publish) and entry is not None:
                     state.outbound.pop(entry.packet_id, None)
@@ -236,6 +233,8 @@ class Outflow:
             return  # unknown packet id: nothing to release (the spec asks no reaction)
         self._finish(entry)
         self._window_open.set()
+        if entry.qos == 2:
+            await self._server.sessions.forget_flow(self._state, pid)
         await self.drain()
 
     async def on_pubrec(self, packet: Pubrec) -> None:
@@ -245,10 +244,9 @@ class Outflow:
             return
         if entry is not None and not entry.released:
             entry.released = True
-            if entry.message_id is not None:
-                # Durable before PUBREL: after a crash the flow resumes at PUBREL instead of
-                # sending the message a second time.
-                await self._server.sessions.save(self._state)
+            # Durable before PUBREL: after a crash the flow resumes at PUBREL instead of
+            # sending the message a second time.
+            await self._server.sessions.record_flow(self._state, entry)
             self._finish(entry)
         self._out.write(
             self._conn.send(

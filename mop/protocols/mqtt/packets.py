@@ -195,12 +195,43 @@ class Auth:
 
 
 Packet = (
-    Connect | Connack | Publish | Puback | Pubrec | Pubrel | Pubcomp | Subscribe | Suback
-    | Unsubscribe | Unsuback | Pingreq | Pingresp | Disconnect | Auth
+    Connect
+    | Connack
+    | Publish
+    | Puback
+    | Pubrec
+    | Pubrel
+    | Pubcomp
+    | Subscribe
+    | Suback
+    | Unsubscribe
+    | Unsuback
+    | Pingreq
+    | Pingresp
+    | Disconnect
+    | Auth
 )
 
 __all__ = [
-    "Auth", "Connack", "Connect", "Disconnect", "NO_PROPERTIES", "Packet", "PacketType", "Pingreq",
-    "Pingresp", "Properties", "Puback", "Pubcomp", "Publish", "Pubrec", "Pubrel", "Suback",
-    "Subscribe", "SubscriptionRequest", "Unsuback", "Unsubscribe", "Will",
+    "Auth",
+    "Connack",
+    "Connect",
+    "Disconnect",
+    "NO_PROPERTIES",
+    "Packet",
+    "PacketType",
+    "Pingreq",
+    "Pingresp",
+    "Properties",
+    "Puback",
+    "Pubcomp",
+    "Publish",
+    "Pubrec",
+    "Pubrel",
+    "Suback",
+    "Subscribe",
+    "SubscriptionRequest",
+    "Unsuback",
+    "Unsubscribe",
+    "Will",
 ]

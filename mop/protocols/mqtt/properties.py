@@ -46,7 +46,7 @@ def read_u16(mv: memoryview, pos: int) -> tuple[int, int]:
 def read_u32(mv: memoryview, pos: int) -> tuple[int, int]:
     if pos + 4 > len(mv):
         raise MalformedPacket("packet ends inside a four byte integer")
-    return int.from_bytes(mv[pos:pos + 4], "big"), pos + 4
+    return int.from_bytes(mv[pos : pos + 4], "big"), pos + 4
 
 
 def read_varint(mv: memoryview, pos: int) -> tuple[int, int]:
@@ -74,7 +74,7 @@ def read_utf8(mv: memoryview, pos: int) -> tuple[str, int]:
     if end > len(mv):
         raise MalformedPacket("string runs past the end of the packet")
     try:
-        text = str(mv[pos + 2:end], "utf-8")
+        text = str(mv[pos + 2 : end], "utf-8")
     except UnicodeDecodeError as exc:
         raise MalformedPacket(f"invalid UTF-8 string: {exc.reason}") from None
     if "\x00" in text:
@@ -88,7 +88,7 @@ def read_binary(mv: memoryview, pos: int) -> tuple[bytes, int]:
     end = pos + 2 + ((mv[pos] << 8) | mv[pos + 1])
     if end > len(mv):
         raise MalformedPacket("binary data runs past the end of the packet")
-    return mv[pos + 2:end].tobytes(), end
+    return mv[pos + 2 : end].tobytes(), end
 
 
 def read_pair(mv: memoryview, pos: int) -> tuple[tuple[str, str], int]:
@@ -218,22 +218,48 @@ class PropertySpec(NamedTuple):
 
 
 def _row(
-    ident: PropertyId, field: str, kind: DataType, contexts: frozenset[int], *,
-    minimum: int = 0, maximum: int | None = None, repeatable_in: frozenset[int] = frozenset(),
+    ident: PropertyId,
+    field: str,
+    kind: DataType,
+    contexts: frozenset[int],
+    *,
+    minimum: int = 0,
+    maximum: int | None = None,
+    repeatable_in: frozenset[int] = frozenset(),
 ) -> PropertySpec:
     return PropertySpec(
-        ident, field, kind, contexts, minimum, kind.limit if maximum is None else maximum,
-        repeatable_in, bool(repeatable_in),
+        ident,
+        field,
+        kind,
+        contexts,
+        minimum,
+        kind.limit if maximum is None else maximum,
+        repeatable_in,
+        bool(repeatable_in),
     )
 
 
 _T = PacketType
 _P = PropertyId
 _PUBLISH_OR_WILL = frozenset({_T.PUBLISH, WILL})
-_ANY_WITH_PROPERTIES = frozenset({
-    _T.CONNECT, _T.CONNACK, _T.PUBLISH, WILL, _T.PUBACK, _T.PUBREC, _T.PUBREL, _T.PUBCOMP,
-    _T.SUBSCRIBE, _T.SUBACK, _T.UNSUBSCRIBE, _T.UNSUBACK, _T.DISCONNECT, _T.AUTH,
-})
+_ANY_WITH_PROPERTIES = frozenset(
+    {
+        _T.CONNECT,
+        _T.CONNACK,
+        _T.PUBLISH,
+        WILL,
+        _T.PUBACK,
+        _T.PUBREC,
+        _T.PUBREL,
+        _T.PUBCOMP,
+        _T.SUBSCRIBE,
+        _T.SUBACK,
+        _T.UNSUBSCRIBE,
+        _T.UNSUBACK,
+        _T.DISCONNECT,
+        _T.AUTH,
+    }
+)
 
 
 def _ctx(*types: int) -> frozenset[int]:
@@ -241,50 +267,114 @@ def _ctx(*types: int) -> frozenset[int]:
 
 
 _TABLE = (
-    _row(_P.PAYLOAD_FORMAT_INDICATOR, "payload_format_indicator", BYTE, _PUBLISH_OR_WILL,
-         maximum=1),
+    _row(
+        _P.PAYLOAD_FORMAT_INDICATOR, "payload_format_indicator", BYTE, _PUBLISH_OR_WILL, maximum=1
+    ),
     _row(_P.MESSAGE_EXPIRY_INTERVAL, "message_expiry_interval", FOUR_BYTE_INT, _PUBLISH_OR_WILL),
     _row(_P.CONTENT_TYPE, "content_type", UTF8, _PUBLISH_OR_WILL),
     _row(_P.RESPONSE_TOPIC, "response_topic", UTF8, _PUBLISH_OR_WILL),
     _row(_P.CORRELATION_DATA, "correlation_data", BINARY, _PUBLISH_OR_WILL),
     # Several subscription identifiers may reach a subscriber in one PUBLISH; SUBSCRIBE has one.
-    _row(_P.SUBSCRIPTION_IDENTIFIER, "subscription_identifiers", VARINT,
-         _ctx(_T.PUBLISH, _T.SUBSCRIBE), minimum=1, repeatable_in=_ctx(_T.PUBLISH)),
-    _row(_P.SESSION_EXPIRY_INTERVAL, "session_expiry_interval", FOUR_BYTE_INT,
-         _ctx(_T.CONNECT, _T.CONNACK, _T.DISCONNECT)),
+    _row(
+        _P.SUBSCRIPTION_IDENTIFIER,
+        "subscription_identifiers",
+        VARINT,
+        _ctx(_T.PUBLISH, _T.SUBSCRIBE),
+        minimum=1,
+        repeatable_in=_ctx(_T.PUBLISH),
+    ),
+    _row(
+        _P.SESSION_EXPIRY_INTERVAL,
+        "session_expiry_interval",
+        FOUR_BYTE_INT,
+        _ctx(_T.CONNECT, _T.CONNACK, _T.DISCONNECT),
+    ),
     _row(_P.ASSIGNED_CLIENT_IDENTIFIER, "assigned_client_identifier", UTF8, _ctx(_T.CONNACK)),
     _row(_P.SERVER_KEEP_ALIVE, "server_keep_alive", TWO_BYTE_INT, _ctx(_T.CONNACK)),
-    _row(_P.AUTHENTICATION_METHOD, "authentication_method", UTF8,
-         _ctx(_T.CONNECT, _T.CONNACK, _T.AUTH)),
-    _row(_P.AUTHENTICATION_DATA, "authentication_data", BINARY,
-         _ctx(_T.CONNECT, _T.CONNACK, _T.AUTH)),
-    _row(_P.REQUEST_PROBLEM_INFORMATION, "request_problem_information", BYTE, _ctx(_T.CONNECT),
-         maximum=1),
+    _row(
+        _P.AUTHENTICATION_METHOD,
+        "authentication_method",
+        UTF8,
+        _ctx(_T.CONNECT, _T.CONNACK, _T.AUTH),
+    ),
+    _row(
+        _P.AUTHENTICATION_DATA, "authentication_data", BINARY, _ctx(_T.CONNECT, _T.CONNACK, _T.AUTH)
+    ),
+    _row(
+        _P.REQUEST_PROBLEM_INFORMATION,
+        "request_problem_information",
+        BYTE,
+        _ctx(_T.CONNECT),
+        maximum=1,
+    ),
     _row(_P.WILL_DELAY_INTERVAL, "will_delay_interval", FOUR_BYTE_INT, _ctx(WILL)),
-    _row(_P.REQUEST_RESPONSE_INFORMATION, "request_response_information", BYTE, _ctx(_T.CONNECT),
-         maximum=1),
+    _row(
+        _P.REQUEST_RESPONSE_INFORMATION,
+        "request_response_information",
+        BYTE,
+        _ctx(_T.CONNECT),
+        maximum=1,
+    ),
     _row(_P.RESPONSE_INFORMATION, "response_information", UTF8, _ctx(_T.CONNACK)),
     _row(_P.SERVER_REFERENCE, "server_reference", UTF8, _ctx(_T.CONNACK, _T.DISCONNECT)),
-    _row(_P.REASON_STRING, "reason_string", UTF8,
-         _ctx(_T.CONNACK, _T.PUBACK, _T.PUBREC, _T.PUBREL, _T.PUBCOMP, _T.SUBACK, _T.UNSUBACK,
-              _T.DISCONNECT, _T.AUTH)),
-    _row(_P.RECEIVE_MAXIMUM, "receive_maximum", TWO_BYTE_INT, _ctx(_T.CONNECT, _T.CONNACK),
-         minimum=1),
-    _row(_P.TOPIC_ALIAS_MAXIMUM, "topic_alias_maximum", TWO_BYTE_INT,
-         _ctx(_T.CONNECT, _T.CONNACK)),
+    _row(
+        _P.REASON_STRING,
+        "reason_string",
+        UTF8,
+        _ctx(
+            _T.CONNACK,
+            _T.PUBACK,
+            _T.PUBREC,
+            _T.PUBREL,
+            _T.PUBCOMP,
+            _T.SUBACK,
+            _T.UNSUBACK,
+            _T.DISCONNECT,
+            _T.AUTH,
+        ),
+    ),
+    _row(
+        _P.RECEIVE_MAXIMUM, "receive_maximum", TWO_BYTE_INT, _ctx(_T.CONNECT, _T.CONNACK), minimum=1
+    ),
+    _row(_P.TOPIC_ALIAS_MAXIMUM, "topic_alias_maximum", TWO_BYTE_INT, _ctx(_T.CONNECT, _T.CONNACK)),
     _row(_P.TOPIC_ALIAS, "topic_alias", TWO_BYTE_INT, _ctx(_T.PUBLISH), minimum=1),
     _row(_P.MAXIMUM_QOS, "maximum_qos", BYTE, _ctx(_T.CONNACK), maximum=1),
     _row(_P.RETAIN_AVAILABLE, "retain_available", BYTE, _ctx(_T.CONNACK), maximum=1),
-    _row(_P.USER_PROPERTY, "user_properties", STRING_PAIR, _ANY_WITH_PROPERTIES,
-         repeatable_in=_ANY_WITH_PROPERTIES),
-    _row(_P.MAXIMUM_PACKET_SIZE, "maximum_packet_size", FOUR_BYTE_INT,
-         _ctx(_T.CONNECT, _T.CONNACK), minimum=1),
-    _row(_P.WILDCARD_SUBSCRIPTION_AVAILABLE, "wildcard_subscription_available", BYTE,
-         _ctx(_T.CONNACK), maximum=1),
-    _row(_P.SUBSCRIPTION_IDENTIFIER_AVAILABLE, "subscription_identifier_available", BYTE,
-         _ctx(_T.CONNACK), maximum=1),
-    _row(_P.SHARED_SUBSCRIPTION_AVAILABLE, "shared_subscription_available", BYTE,
-         _ctx(_T.CONNACK), maximum=1),
+    _row(
+        _P.USER_PROPERTY,
+        "user_properties",
+        STRING_PAIR,
+        _ANY_WITH_PROPERTIES,
+        repeatable_in=_ANY_WITH_PROPERTIES,
+    ),
+    _row(
+        _P.MAXIMUM_PACKET_SIZE,
+        "maximum_packet_size",
+        FOUR_BYTE_INT,
+        _ctx(_T.CONNECT, _T.CONNACK),
+        minimum=1,
+    ),
+    _row(
+        _P.WILDCARD_SUBSCRIPTION_AVAILABLE,
+        "wildcard_subscription_available",
+        BYTE,
+        _ctx(_T.CONNACK),
+        maximum=1,
+    ),
+    _row(
+        _P.SUBSCRIPTION_IDENTIFIER_AVAILABLE,
+        "subscription_identifier_available",
+        BYTE,
+        _ctx(_T.CONNACK),
+        maximum=1,
+    ),
+    _row(
+        _P.SHARED_SUBSCRIPTION_AVAILABLE,
+        "shared_subscription_available",
+        BYTE,
+        _ctx(_T.CONNACK),
+        maximum=1,
+    ),
 )
 
 PROPERTY_SPECS: Mapping[int, PropertySpec] = MappingProxyType({s.id: s for s in _TABLE})
@@ -368,8 +458,30 @@ def encode_properties(props: Properties, context: int) -> bytes:
 
 
 __all__ = [
-    "BINARY", "BYTE", "DataType", "FOUR_BYTE_INT", "MAX_VARINT", "PROPERTY_SPECS", "PropertyId",
-    "PropertySpec", "STRING_PAIR", "TWO_BYTE_INT", "UTF8", "VARINT", "WILL", "context_name",
-    "decode_properties", "encode_binary", "encode_properties", "encode_utf8", "encode_varint",
-    "read_binary", "read_byte", "read_pair", "read_u16", "read_u32", "read_utf8", "read_varint",
+    "BINARY",
+    "BYTE",
+    "DataType",
+    "FOUR_BYTE_INT",
+    "MAX_VARINT",
+    "PROPERTY_SPECS",
+    "PropertyId",
+    "PropertySpec",
+    "STRING_PAIR",
+    "TWO_BYTE_INT",
+    "UTF8",
+    "VARINT",
+    "WILL",
+    "context_name",
+    "decode_properties",
+    "encode_binary",
+    "encode_properties",
+    "encode_utf8",
+    "encode_varint",
+    "read_binary",
+    "read_byte",
+    "read_pair",
+    "read_u16",
+    "read_u32",
+    "read_utf8",
+    "read_varint",
 ]

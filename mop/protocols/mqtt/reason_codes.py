@@ -79,66 +79,132 @@ class ConnectReturnCode(IntEnum):
 
 _R = ReasonCode
 
-_ACK_CODES = frozenset({
-    _R.SUCCESS, _R.NO_MATCHING_SUBSCRIBERS, _R.UNSPECIFIED_ERROR, _R.IMPLEMENTATION_SPECIFIC_ERROR,
-    _R.NOT_AUTHORIZED, _R.TOPIC_NAME_INVALID, _R.PACKET_IDENTIFIER_IN_USE, _R.QUOTA_EXCEEDED,
-    _R.PAYLOAD_FORMAT_INVALID,
-})
+_ACK_CODES = frozenset(
+    {
+        _R.SUCCESS,
+        _R.NO_MATCHING_SUBSCRIBERS,
+        _R.UNSPECIFIED_ERROR,
+        _R.IMPLEMENTATION_SPECIFIC_ERROR,
+        _R.NOT_AUTHORIZED,
+        _R.TOPIC_NAME_INVALID,
+        _R.PACKET_IDENTIFIER_IN_USE,
+        _R.QUOTA_EXCEEDED,
+        _R.PAYLOAD_FORMAT_INVALID,
+    }
+)
 _RELEASE_CODES = frozenset({_R.SUCCESS, _R.PACKET_IDENTIFIER_NOT_FOUND})
 
 # Spec sections 3.2.2.2, 3.4.2.1, 3.5.2.1, 3.6.2.1, 3.7.2.1, 3.9.3, 3.11.3, 3.14.2.1, 3.15.2.1.
-REASON_CODES_BY_PACKET: Mapping[PacketType, frozenset[int]] = MappingProxyType({
-    PacketType.CONNACK: frozenset({
-        _R.SUCCESS, _R.UNSPECIFIED_ERROR, _R.MALFORMED_PACKET, _R.PROTOCOL_ERROR,
-        _R.IMPLEMENTATION_SPECIFIC_ERROR, _R.UNSUPPORTED_PROTOCOL_VERSION,
-        _R.CLIENT_IDENTIFIER_NOT_VALID, _R.BAD_USER_NAME_OR_PASSWORD, _R.NOT_AUTHORIZED,
-        _R.SERVER_UNAVAILABLE, _R.SERVER_BUSY, _R.BANNED, _R.BAD_AUTHENTICATION_METHOD,
-        _R.TOPIC_NAME_INVALID, _R.PACKET_TOO_LARGE, _R.QUOTA_EXCEEDED, _R.PAYLOAD_FORMAT_INVALID,
-        _R.RETAIN_NOT_SUPPORTED, _R.QOS_NOT_SUPPORTED, _R.USE_ANOTHER_SERVER, _R.SERVER_MOVED,
-        _R.CONNECTION_RATE_EXCEEDED,
-    }),
-    PacketType.PUBACK: _ACK_CODES,
-    PacketType.PUBREC: _ACK_CODES,
-    PacketType.PUBREL: _RELEASE_CODES,
-    PacketType.PUBCOMP: _RELEASE_CODES,
-    PacketType.SUBACK: frozenset({
-        _R.GRANTED_QOS_0, _R.GRANTED_QOS_1, _R.GRANTED_QOS_2, _R.UNSPECIFIED_ERROR,
-        _R.IMPLEMENTATION_SPECIFIC_ERROR, _R.NOT_AUTHORIZED, _R.TOPIC_FILTER_INVALID,
-        _R.PACKET_IDENTIFIER_IN_USE, _R.QUOTA_EXCEEDED, _R.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
-        _R.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED, _R.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED,
-    }),
-    PacketType.UNSUBACK: frozenset({
-        _R.SUCCESS, _R.NO_SUBSCRIPTION_EXISTED, _R.UNSPECIFIED_ERROR,
-        _R.IMPLEMENTATION_SPECIFIC_ERROR, _R.NOT_AUTHORIZED, _R.TOPIC_FILTER_INVALID,
-        _R.PACKET_IDENTIFIER_IN_USE,
-    }),
-    PacketType.DISCONNECT: frozenset({
-        _R.NORMAL_DISCONNECTION, _R.DISCONNECT_WITH_WILL, _R.UNSPECIFIED_ERROR, _R.MALFORMED_PACKET,
-        _R.PROTOCOL_ERROR, _R.IMPLEMENTATION_SPECIFIC_ERROR, _R.NOT_AUTHORIZED, _R.SERVER_BUSY,
-        _R.SERVER_SHUTTING_DOWN, _R.KEEP_ALIVE_TIMEOUT, _R.SESSION_TAKEN_OVER,
-        _R.TOPIC_FILTER_INVALID, _R.TOPIC_NAME_INVALID, _R.RECEIVE_MAXIMUM_EXCEEDED,
-        _R.TOPIC_ALIAS_INVALID, _R.PACKET_TOO_LARGE, _R.MESSAGE_RATE_TOO_HIGH, _R.QUOTA_EXCEEDED,
-        _R.ADMINISTRATIVE_ACTION, _R.PAYLOAD_FORMAT_INVALID, _R.RETAIN_NOT_SUPPORTED,
-        _R.QOS_NOT_SUPPORTED, _R.USE_ANOTHER_SERVER, _R.SERVER_MOVED,
-        _R.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED, _R.CONNECTION_RATE_EXCEEDED,
-        _R.MAXIMUM_CONNECT_TIME, _R.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
-        _R.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED,
-    }),
-    PacketType.AUTH: frozenset({_R.SUCCESS, _R.CONTINUE_AUTHENTICATION, _R.REAUTHENTICATE}),
-})
+REASON_CODES_BY_PACKET: Mapping[PacketType, frozenset[int]] = MappingProxyType(
+    {
+        PacketType.CONNACK: frozenset(
+            {
+                _R.SUCCESS,
+                _R.UNSPECIFIED_ERROR,
+                _R.MALFORMED_PACKET,
+                _R.PROTOCOL_ERROR,
+                _R.IMPLEMENTATION_SPECIFIC_ERROR,
+                _R.UNSUPPORTED_PROTOCOL_VERSION,
+                _R.CLIENT_IDENTIFIER_NOT_VALID,
+                _R.BAD_USER_NAME_OR_PASSWORD,
+                _R.NOT_AUTHORIZED,
+                _R.SERVER_UNAVAILABLE,
+                _R.SERVER_BUSY,
+                _R.BANNED,
+                _R.BAD_AUTHENTICATION_METHOD,
+                _R.TOPIC_NAME_INVALID,
+                _R.PACKET_TOO_LARGE,
+                _R.QUOTA_EXCEEDED,
+                _R.PAYLOAD_FORMAT_INVALID,
+                _R.RETAIN_NOT_SUPPORTED,
+                _R.QOS_NOT_SUPPORTED,
+                _R.USE_ANOTHER_SERVER,
+                _R.SERVER_MOVED,
+                _R.CONNECTION_RATE_EXCEEDED,
+            }
+        ),
+        PacketType.PUBACK: _ACK_CODES,
+        PacketType.PUBREC: _ACK_CODES,
+        PacketType.PUBREL: _RELEASE_CODES,
+        PacketType.PUBCOMP: _RELEASE_CODES,
+        PacketType.SUBACK: frozenset(
+            {
+                _R.GRANTED_QOS_0,
+                _R.GRANTED_QOS_1,
+                _R.GRANTED_QOS_2,
+                _R.UNSPECIFIED_ERROR,
+                _R.IMPLEMENTATION_SPECIFIC_ERROR,
+                _R.NOT_AUTHORIZED,
+                _R.TOPIC_FILTER_INVALID,
+                _R.PACKET_IDENTIFIER_IN_USE,
+                _R.QUOTA_EXCEEDED,
+                _R.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
+                _R.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
+                _R.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED,
+            }
+        ),
+        PacketType.UNSUBACK: frozenset(
+            {
+                _R.SUCCESS,
+                _R.NO_SUBSCRIPTION_EXISTED,
+                _R.UNSPECIFIED_ERROR,
+                _R.IMPLEMENTATION_SPECIFIC_ERROR,
+                _R.NOT_AUTHORIZED,
+                _R.TOPIC_FILTER_INVALID,
+                _R.PACKET_IDENTIFIER_IN_USE,
+            }
+        ),
+        PacketType.DISCONNECT: frozenset(
+            {
+                _R.NORMAL_DISCONNECTION,
+                _R.DISCONNECT_WITH_WILL,
+                _R.UNSPECIFIED_ERROR,
+                _R.MALFORMED_PACKET,
+                _R.PROTOCOL_ERROR,
+                _R.IMPLEMENTATION_SPECIFIC_ERROR,
+                _R.NOT_AUTHORIZED,
+                _R.SERVER_BUSY,
+                _R.SERVER_SHUTTING_DOWN,
+                _R.KEEP_ALIVE_TIMEOUT,
+                _R.SESSION_TAKEN_OVER,
+                _R.TOPIC_FILTER_INVALID,
+                _R.TOPIC_NAME_INVALID,
+                _R.RECEIVE_MAXIMUM_EXCEEDED,
+                _R.TOPIC_ALIAS_INVALID,
+                _R.PACKET_TOO_LARGE,
+                _R.MESSAGE_RATE_TOO_HIGH,
+                _R.QUOTA_EXCEEDED,
+                _R.ADMINISTRATIVE_ACTION,
+                _R.PAYLOAD_FORMAT_INVALID,
+                _R.RETAIN_NOT_SUPPORTED,
+                _R.QOS_NOT_SUPPORTED,
+                _R.USE_ANOTHER_SERVER,
+                _R.SERVER_MOVED,
+                _R.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
+                _R.CONNECTION_RATE_EXCEEDED,
+                _R.MAXIMUM_CONNECT_TIME,
+                _R.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
+                _R.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED,
+            }
+        ),
+        PacketType.AUTH: frozenset({_R.SUCCESS, _R.CONTINUE_AUTHENTICATION, _R.REAUTHENTICATE}),
+    }
+)
 
 # Level 3/4 SUBACK return codes: the granted QoS or 0x80 for failure.
 V3_SUBACK_CODES = frozenset({0, 1, 2, 0x80})
 
-_V3_CONNACK: Mapping[int, ConnectReturnCode] = MappingProxyType({
-    _R.SUCCESS: ConnectReturnCode.ACCEPTED,
-    _R.UNSUPPORTED_PROTOCOL_VERSION: ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION,
-    _R.CLIENT_IDENTIFIER_NOT_VALID: ConnectReturnCode.IDENTIFIER_REJECTED,
-    _R.BAD_USER_NAME_OR_PASSWORD: ConnectReturnCode.BAD_USER_NAME_OR_PASSWORD,
-    _R.NOT_AUTHORIZED: ConnectReturnCode.NOT_AUTHORIZED,
-    _R.BANNED: ConnectReturnCode.NOT_AUTHORIZED,
-    _R.BAD_AUTHENTICATION_METHOD: ConnectReturnCode.NOT_AUTHORIZED,
-})
+_V3_CONNACK: Mapping[int, ConnectReturnCode] = MappingProxyType(
+    {
+        _R.SUCCESS: ConnectReturnCode.ACCEPTED,
+        _R.UNSUPPORTED_PROTOCOL_VERSION: ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION,
+        _R.CLIENT_IDENTIFIER_NOT_VALID: ConnectReturnCode.IDENTIFIER_REJECTED,
+        _R.BAD_USER_NAME_OR_PASSWORD: ConnectReturnCode.BAD_USER_NAME_OR_PASSWORD,
+        _R.NOT_AUTHORIZED: ConnectReturnCode.NOT_AUTHORIZED,
+        _R.BANNED: ConnectReturnCode.NOT_AUTHORIZED,
+        _R.BAD_AUTHENTICATION_METHOD: ConnectReturnCode.NOT_AUTHORIZED,
+    }
+)
 
 
 def v3_connack_code(reason: int) -> int:
@@ -157,6 +223,9 @@ def v3_connack_code(reason: int) -> int:
 
 
 __all__ = [
-    "ConnectReturnCode", "REASON_CODES_BY_PACKET", "ReasonCode", "V3_SUBACK_CODES",
+    "ConnectReturnCode",
+    "REASON_CODES_BY_PACKET",
+    "ReasonCode",
+    "V3_SUBACK_CODES",
     "v3_connack_code",
 ]

@@ -55,7 +55,7 @@ class MqttServer:
         self.sys = SysPublisher(self, VERSION)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        recovered = self.sessions.recover()
+        recovered = await self.sessions.recover()
         log.info("mqtt: %d retained messages, %d offline sessions", len(self.retained), recovered)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.timers.serve)

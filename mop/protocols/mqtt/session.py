@@ -47,6 +47,9 @@ class Outbound:
 
 @dataclass(slots=True)
 class SessionState:
+    """One client's session. Its JSON form holds everything but the QoS 2 flows in progress,
+    which are stored one record per packet id (see `outbound_to_bytes`)."""
+
     client_id: str
     expiry_interval: int = 0
     subscriptions: dict[str, SubscriptionOptions] = field(default_factory=dict)
@@ -75,13 +78,6 @@ class SessionState:
                 self.last_packet_id = pid
                 return pid
 
-    def outbound_for(self, topic: str, message_id: MessageId) -> Outbound | None:
-        """The in-flight entry of a message delivered before (to resend it with its packet id)."""
-        for entry in self.outbound.values():
-            if entry.message_id == message_id and entry.topic == topic:
-                return entry
-        return None
-
     def to_bytes(self) -> bytes:
         doc: dict[str, Any] = {
             "v": 1,
@@ -89,9 +85,15 @@ class SessionState:
             "expiry": self.expiry_interval,
             "subs": {f: _options_doc(o) for f, o in self.subscriptions.items()},
             "qos2_in": sorted(self.inbound_qos2),
-            "out": [_outbound_doc(o) for o in self.outbound.values() if o.message_id is not None],
             "disconnected_at": self.disconnected_at,
             "last_pid": self.last_packet_id,
+            # QoS 1 messages in flight, so that a resumed session resends them with their packet
+            # ids even after a restart (QoS 2 flows have records of their own).
+            "out": [
+                [e.packet_id, e.topic, str(e.message_id)]
+                for e in self.outbound.values()
+                if e.qos == 1 and e.message_id is not None
+            ],
         }
         if self.will is not None:
             doc["will"] = _will_doc(self.will)
@@ -108,15 +110,8 @@ class SessionState:
             disconnected_at=doc["disconnected_at"],
             last_packet_id=doc["last_pid"],
         )
-        for o in doc["out"]:
-            entry = Outbound(
-                packet_id=o["pid"],
-                qos=o["qos"],
-                topic=o["topic"],
-                message_id=MessageId.parse(o["mid"]),
-                released=o["rel"],
-            )
-            state.outbound[entry.packet_id] = entry
+        for packet_id, topic, message_id in doc["out"]:
+            state.outbound[packet_id] = Outbound(packet_id, 1, topic, MessageId.parse(message_id))
         if "will" in doc:
             state.will = _will_from_doc(doc["will"])
         return state
@@ -132,14 +127,21 @@ def _options_doc(o: SubscriptionOptions) -> dict[str, Any]:
     }
 
 
-def _outbound_doc(o: Outbound) -> dict[str, Any]:
-    return {
-        "pid": o.packet_id,
-        "qos": o.qos,
-        "topic": o.topic,
-        "mid": str(o.message_id),
-        "rel": o.released,
-    }
+def outbound_to_bytes(entry: Outbound) -> bytes:
+    """A QoS 2 flow in progress, stored on its own so each step writes a few bytes."""
+    doc = {"topic": entry.topic, "mid": str(entry.message_id), "rel": entry.released}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def outbound_from_bytes(packet_id: int, data: bytes) -> Outbound:
+    doc = json.loads(data)
+    return Outbound(
+        packet_id=packet_id,
+        qos=2,
+        topic=doc["topic"],
+        message_id=MessageId.parse(doc["mid"]),
+        released=doc["rel"],
+    )
 
 
 # Will properties worth keeping across a restart; everything else a will can carry is derived.

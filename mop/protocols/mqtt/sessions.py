@@ -14,13 +14,21 @@ from collections.abc import Awaitable, Callable
 
 from mop.processor import MessagingProcessor
 from mop.protocols.mqtt.packets import Will
-from mop.protocols.mqtt.session import SessionState
+from mop.protocols.mqtt.session import (
+    Outbound,
+    SessionState,
+    outbound_from_bytes,
+    outbound_to_bytes,
+)
 from mop.protocols.mqtt.timers import Timers
 from mop.topics import parse_shared
 
 log = logging.getLogger("mop.mqtt")
 
 TABLE = "mqtt-sessions"
+# QoS 2 deliveries in progress, one record per (client id, packet id): each step of a flow
+# writes a few bytes instead of the whole session.
+FLOWS_TABLE = "mqtt-qos2-flows"
 PublishWill = Callable[[str, Will], Awaitable[None]]
 
 
@@ -34,6 +42,7 @@ class SessionRegistry:
     ) -> None:
         self._processor = processor
         self._table = processor.table(TABLE)
+        self._flows = processor.table(FLOWS_TABLE)
         self._timers = timers
         self._publish_will = publish_will
         self._offline: dict[str, SessionState] = {}
@@ -41,7 +50,7 @@ class SessionRegistry:
     def __len__(self) -> int:
         return len(self._offline)
 
-    def recover(self) -> int:
+    async def recover(self) -> int:
         """Load sessions from the table and arm their timers; returns how many there are.
 
         A session that was connected when the node stopped lost its connection then: its
@@ -58,6 +67,14 @@ class SessionRegistry:
             if state.disconnected_at is None:
                 state.disconnected_at = now
             self._offline[client_id] = state
+        for key, data in list(self._flows.items()):
+            client_id, _, packet_id = key.rpartition("/")
+            owner = self._offline.get(client_id)
+            if owner is None:
+                await self._flows.put(key, None)  # its session is gone
+                continue
+            owner.outbound[int(packet_id)] = outbound_from_bytes(int(packet_id), data)
+        for state in self._offline.values():
             self._arm(state)
         return len(self._offline)
 
@@ -77,8 +94,13 @@ class SessionRegistry:
                 state = None
         if state is None:
             return SessionState(client_id=client_id), False
-        state.disconnected_at = None
         return state, True
+
+    def put_back(self, state: SessionState) -> None:
+        """Return a session taken by a connection that could not open (its stored state is
+        unchanged), re-arming its timers."""
+        self._offline[state.client_id] = state
+        self._arm(state)
 
     async def release(self, state: SessionState, *, will: Will | None) -> None:
         """The connection of `state` is gone: keep the session or end it, and handle the will."""
@@ -94,6 +116,18 @@ class SessionRegistry:
     async def save(self, state: SessionState) -> None:
         if state.expiry_interval:
             await self._table.put(state.client_id, state.to_bytes())
+
+    async def record_flow(self, state: SessionState, entry: Outbound) -> None:
+        """Make a QoS 2 delivery's packet id (and whether PUBREC came) durable."""
+        if state.expiry_interval and entry.message_id is not None:
+            await self._flows.put(
+                _flow_key(state.client_id, entry.packet_id), outbound_to_bytes(entry)
+            )
+
+    async def forget_flow(self, state: SessionState, packet_id: int) -> None:
+        key = _flow_key(state.client_id, packet_id)
+        if self._flows.get(key) is not None:
+            await self._flows.put(key, None)
 
     def _arm(self, state: SessionState) -> None:
         """Schedule the will (after its delay, unless the session ends first) and the expiry."""
@@ -123,6 +157,8 @@ class SessionRegistry:
             if parse_shared(topic_filter).group is not None:
                 # Shared subscriptions are named after their `$share/...` filter.
                 await self._processor.delete_subscription(topic_filter, member=client_id)
+        for packet_id in state.outbound:
+            await self.forget_flow(state, packet_id)
         if self._table.get(client_id) is not None:
             await self._table.put(client_id, None)
         if will is not None:
@@ -147,3 +183,8 @@ class SessionRegistry:
             await self._publish_will(client_id, will)
 
         return fire
+
+
+def _flow_key(client_id: str, packet_id: int) -> str:
+    # The packet id goes last: client ids may contain "/", packet ids never do.
+    return f"{client_id}/{packet_id}"

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from mop.message import MessageId
 from mop.protocols.mqtt.packets import Properties, Will
-from mop.protocols.mqtt.session import Outbound, SessionState, SubscriptionOptions
+from mop.protocols.mqtt.session import (
+    Outbound,
+    SessionState,
+    SubscriptionOptions,
+    outbound_from_bytes,
+    outbound_to_bytes,
+)
 
 
 def test_round_trip_keeps_everything_that_must_survive() -> None:
@@ -26,11 +32,25 @@ def test_round_trip_keeps_everything_that_must_survive() -> None:
     back = SessionState.from_bytes(state.to_bytes())
     assert back.subscriptions == state.subscriptions
     assert back.inbound_qos2 == {3, 9}
-    assert list(back.outbound) == [4]
-    assert back.outbound[4].message_id == MessageId(1, 2) and back.outbound[4].released
+    assert back.outbound == {}  # QoS 2 flows are stored one record each, not in the session
+    state.outbound[6] = Outbound(6, 1, "persistent://public/default/b", MessageId(3, 4))
+    back = SessionState.from_bytes(state.to_bytes())
+    assert list(back.outbound) == [6] and back.outbound[6].message_id == MessageId(3, 4)
     assert back.will == state.will
     assert (back.disconnected_at, back.last_packet_id, back.expiry_interval) == (123, 7, 60)
     assert back.expires_at == 123 + 60_000
+
+
+def test_qos2_flow_record_round_trip() -> None:
+    entry = Outbound(4, 2, "persistent://public/default/a", MessageId(1, 2), released=True)
+    back = outbound_from_bytes(4, outbound_to_bytes(entry))
+    assert (back.packet_id, back.qos, back.topic, back.message_id, back.released) == (
+        4,
+        2,
+        "persistent://public/default/a",
+        MessageId(1, 2),
+        True,
+    )
 
 
 def test_packet_ids_skip_those_in_flight_and_wrap() -> None:
