@@ -292,6 +292,10 @@ class Broker:
             time.sleep(0.05)
         time.sleep(0.2)  # let the probe connection go before the run starts measuring
 
+    def exit_code(self) -> int | None:
+        """None while the process runs."""
+        return None if self.proc is None else self.proc.poll()
+
     def log_tail(self, lines: int = 20) -> str:
         path = self.workdir / "broker.log"
         text = path.read_text(errors="replace") if path.exists() else ""

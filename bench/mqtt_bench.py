@@ -1,10 +1,10 @@
 """MQTT broker comparison: mop merged (fsync never / interval / always) next to mosquitto, aedes
 and amqtt on loopback, runs interleaved broker by broker, medians, ratios to mosquitto, a chart.
 
-    python bench/mqtt_bench.py --quick            # about 4 minutes, one run each, smaller sizes
-    python bench/mqtt_bench.py                    # the full comparison, median of 3 (~20 minutes)
+    python bench/mqtt_bench.py --quick            # about 3 minutes, one run each, smaller sizes
+    python bench/mqtt_bench.py                    # the full comparison, median of 3 (~15 minutes)
     python bench/mqtt_bench.py --brokers mop-never,mosquitto --scenarios qos0,fanout
-    python bench/mqtt_bench.py --profile          # py-spy profile of mop under qos0 and fanout
+    python bench/mqtt_bench.py --profile          # py-spy profile of mop under qos0, fanout, qos1
 
 See bench/README.md for what each scenario does and how the numbers are taken.
 """
@@ -22,6 +22,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from brokers import (
     BENCH_DIR,
@@ -112,6 +113,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="only profile mop (fsync never) with py-spy under qos0 and fanout",
     )
+    parser.add_argument(
+        "--report-from",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="only write the report (and chart) again from an earlier run's results.json",
+    )
     parser.add_argument("--profile-seconds", type=float, default=8.0)
     parser.add_argument(
         "--profile-scenarios",
@@ -161,18 +168,27 @@ class Bench:
         raise AssertionError("unreachable")
 
     def run_one(self, sc: Scenario, spec: BrokerSpec, rnd: int) -> RunRecord:
-        workdir = self.out / "brokers" / f"{sc.key}-{spec.name}-{rnd + 1}"
-        prefix = f"{sc.key[:3]}{rnd}{os.getpid() % 1000}"
+        """One run on a fresh broker; run again once if the broker process ended during the run
+        (on a shared machine something else may stop it), keeping the first attempt's note."""
+        rec, died = self._attempt(sc, spec, rnd, "")
+        if died:
+            retry, _ = self._attempt(sc, spec, rnd, "-retry")
+            retry.notes.insert(0, f"first attempt discarded: {'; '.join(rec.notes)}")
+            rec = retry
+        return rec
+
+    def _attempt(
+        self, sc: Scenario, spec: BrokerSpec, rnd: int, suffix: str
+    ) -> tuple[RunRecord, bool]:
+        workdir = self.out / "brokers" / f"{sc.key}-{spec.name}-{rnd + 1}{suffix}"
+        prefix = f"{sc.key[:3]}{rnd}{suffix[:2]}{os.getpid() % 1000}"
         rec = RunRecord(sc.key, spec.name, rnd, {m.key: None for m in sc.metrics}, [])
         broker: Broker | None = None
+        died = False
         try:
             broker = self._start(spec, workdir)
-            ticks, busy, child, t0 = (
-                cpu_ticks(broker.pid),
-                busy_ticks(),
-                children_cpu(),
-                time.monotonic(),
-            )
+            ticks, busy = cpu_ticks(broker.pid), busy_ticks()
+            child, t0 = children_cpu(), time.monotonic()
             result: RunResult = sc.run(RunContext(broker, self.loadgen, self.sizes, prefix))
             wall = time.monotonic() - t0
             rec.broker_cpu = (cpu_ticks(broker.pid) - ticks) / CLK_TCK / wall
@@ -188,10 +204,15 @@ class Bench:
             rec.notes.append(f"failed: {str(exc).strip()[:400]}")
         finally:
             if broker is not None:
+                code = broker.exit_code()
+                if code is not None:
+                    died = True
+                    rec.values = {m.key: None for m in sc.metrics}
+                    rec.notes.append(f"the broker process ended during the run (exit code {code})")
                 broker.stop()
         if not rec.notes and workdir.exists():
             shutil.rmtree(workdir, ignore_errors=True)  # keep a failed run's data and log
-        return rec
+        return rec, died
 
     def ceiling(self) -> str:
         """What the generator moves through a relay that does no broker work at all."""
@@ -239,7 +260,6 @@ def run_bench(args: argparse.Namespace) -> int:
     raise_fd_limit()
     install(specs, args.deps_dir.resolve(), log)
     bench = Bench(args, sizes)
-    labels = {s.name: s.label for s in specs}
     versions = {s.name: version(s, bench.deps) for s in specs}
     ceiling = "C, one epoll thread (bench/loadgen.c)" if mode == "smoke" else bench.ceiling()
     estimate = sum(sc.expected_s + 2 for sc in scenarios) * runs * len(specs)
@@ -270,56 +290,69 @@ def run_bench(args: argparse.Namespace) -> int:
                 )
             if sc.key in skipped:
                 break
-    elapsed = time.monotonic() - t_start
-    (args.out / "results.json").write_text(
-        json.dumps(
-            {
-                "mode": mode,
-                "sizes": dataclasses.asdict(sizes),
-                "versions": versions,
-                "ceiling": ceiling,
-                "skipped": skipped,
-                "runs": [dataclasses.asdict(r) for r in records],
-            },
-            indent=1,
-        )
-    )
+    results = {
+        "command": " ".join(["python", "bench/mqtt_bench.py", *sys.argv[1:]]),
+        "mode": mode,
+        "runs_per_broker": runs,
+        "started": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "elapsed_s": time.monotonic() - t_start,
+        "brokers": broker_names,
+        "scenarios": scenario_names,
+        "sizes": dataclasses.asdict(sizes),
+        "versions": versions,
+        "ceiling": ceiling,
+        "skipped": skipped,
+        "runs": [dataclasses.asdict(r) for r in records],
+    }
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    write_reports(results, args.out, chart_png=not args.no_chart, publish=args.publish)
+    return 0
+
+
+def write_reports(results: dict[str, Any], out: Path, *, chart_png: bool, publish: bool) -> None:
+    """report.md (and chart.png) in `out` from a results.json; with `publish` also
+    bench/RESULTS.md and bench/RESULTS.png."""
+    records = [RunRecord(**r) for r in results["runs"]]
+    scenarios = [SCENARIOS[k] for k in results["scenarios"]]
+    brokers: list[str] = results["brokers"]
+    labels = {name: BROKERS[name].label for name in brokers}
+    sizes = Sizes(**results["sizes"])
     chart_name = None
-    if not args.no_chart:
+    if chart_png:
         _ensure_matplotlib()
         chart_name = "chart.png"
         chart(
-            args.out / chart_name,
+            out / chart_name,
             records=records,
             scenarios=scenarios,
-            brokers=broker_names,
+            brokers=brokers,
             labels=labels,
             sizes=sizes,
-            skipped=skipped,
+            skipped=results["skipped"],
         )
-    report_kwargs = dict(
+    report: dict[str, Any] = dict(
         title="MQTT brokers side by side",
         records=records,
         scenarios=scenarios,
-        brokers=broker_names,
+        brokers=brokers,
         labels=labels,
-        versions=versions,
+        versions=results["versions"],
         sizes=sizes,
-        sizes_name=f"{mode}, {runs} run(s) per broker and scenario",
+        sizes_name=f"{results['mode']}, {results['runs_per_broker']} runs per broker and scenario",
         reference=REFERENCE,
-        started=started.strftime("%Y-%m-%d %H:%M UTC"),
-        elapsed_s=elapsed,
-        ceiling=ceiling,
-        skipped=skipped,
+        started=results["started"],
+        elapsed_s=results["elapsed_s"],
+        ceiling=results["ceiling"],
+        skipped=results["skipped"],
+        command=results["command"],
     )
-    (args.out / "report.md").write_text(markdown(**report_kwargs, chart=chart_name))  # type: ignore[arg-type]
-    if args.publish:
-        published = chart_name and "RESULTS.png"
+    (out / "report.md").write_text(markdown(**report, chart=chart_name))
+    if publish:
         if chart_name:
-            shutil.copyfile(args.out / chart_name, BENCH_DIR / "RESULTS.png")
-        (BENCH_DIR / "RESULTS.md").write_text(markdown(**report_kwargs, chart=published))  # type: ignore[arg-type]
-    log(f"report: {args.out / 'report.md'}")
-    return 0
+            shutil.copyfile(out / chart_name, BENCH_DIR / "RESULTS.png")
+        published = "RESULTS.png" if chart_name else None
+        (BENCH_DIR / "RESULTS.md").write_text(markdown(**report, chart=published))
+    log(f"report: {out / 'report.md'}")
 
 
 def _ensure_matplotlib() -> None:
@@ -365,6 +398,11 @@ def run_profile(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        if args.report_from:
+            results = json.loads(args.report_from.read_text())
+            out = args.report_from.resolve().parent
+            write_reports(results, out, chart_png=not args.no_chart, publish=args.publish)
+            return 0
         return run_profile(args) if args.profile else run_bench(args)
     except (LoadgenError, BrokerError, ProfileError) as exc:
         print(f"mqtt_bench: {exc}", file=sys.stderr)

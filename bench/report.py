@@ -133,6 +133,7 @@ def markdown(
     elapsed_s: float,
     ceiling: str,
     skipped: dict[str, str],
+    command: str,
     chart: str | None,
 ) -> str:
     med = medians(records)
@@ -140,7 +141,7 @@ def markdown(
     lines = [
         f"# {title}",
         "",
-        f"- date: {started}, {elapsed_s / 60:.1f} minutes",
+        f"- date: {started}, {elapsed_s / 60:.1f} minutes: `{command}`",
         f"- machine: {machine()}",
         f"- mode: {sizes_name}; runs interleaved broker by broker (A B C A B C), each on a fresh "
         "broker process on its own loopback port; cells are medians",
@@ -196,8 +197,9 @@ def _runs_table(
 ) -> str:
     metrics = {sc.key: sc.metrics for sc in scenarios}
     rows = [
-        "CPU columns are cores busy while the load ran: the broker, the generator, and everything "
-        "else on the machine (other work skews a run when it is high).",
+        "CPU columns are cores busy on average over the whole run (setup and settling included): "
+        "the broker, the generator, and everything else on the machine (other work skews a run "
+        "when it is high).",
         "",
         "| scenario | broker | run | values | broker CPU | loadgen CPU | other CPU |",
         "|---|---|---:|---|---:|---:|---:|",

@@ -213,8 +213,10 @@ def _connections(count: Callable[[Sizes], int], src_ips: int) -> Callable[[RunCo
         per_conn = (after - before) / connected if connected else None
         out.update(rss_before_kb=before, rss_after_kb=after)
         notes = _loss_notes(out)
-        if connected < n:
-            notes.append(f"only {connected} of {n} connected")
+        lost = int(out.get("held", {}).get("lost", out.get("lost", 0)))
+        if connected < n or lost:
+            notes.append(f"{connected} of {n} connected, {lost} closed by the broker")
+            return RunResult({"conn_rate": None, "conn_kb": None}, out, notes)
         return RunResult({"conn_rate": out.get("connects_per_s"), "conn_kb": per_conn}, out, notes)
 
     return scenario

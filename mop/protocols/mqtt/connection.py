@@ -156,7 +156,12 @@ class ServerConnection:
         if publish.qos and publish.packet_id is not None:
             pid = publish.packet_id
             if pid not in self._inbound_unacked:
-                if len(self._inbound_unacked) >= self.limits.receive_maximum:
+                # Only MQTT 5 clients learn our Receive Maximum (in CONNACK); 3.1/3.1.1
+                # clients are bounded by their 65535 packet identifiers alone.
+                if (
+                    self.protocol_level == 5
+                    and len(self._inbound_unacked) >= self.limits.receive_maximum
+                ):
                     raise RemoteProtocolError(
                         f"more than {self.limits.receive_maximum} QoS 1/2 messages in flight",
                         reason_code=ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,

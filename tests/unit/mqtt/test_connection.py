@@ -106,6 +106,13 @@ def test_receive_maximum_is_enforced_and_released_by_acks() -> None:
     assert isinstance(feed(conn, Publish("t", b"", qos=1, packet_id=2)), Publish)
 
 
+def test_receive_maximum_does_not_apply_to_level_4_clients() -> None:
+    # A 3.1.1 client never learns the server's Receive Maximum, so it cannot be held to it.
+    conn = connected(level=4, limits=ConnectionLimits(receive_maximum=2))
+    for pid in range(1, 50):
+        assert isinstance(feed(conn, Publish("t", b"", qos=2, packet_id=pid), 4), Publish)
+
+
 def test_invalid_topic_name_in_publish() -> None:
     conn = connected()
     with pytest.raises(RemoteProtocolError) as info:
