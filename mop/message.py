@@ -7,18 +7,32 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True, order=True)
 class MessageId:
-    """Position of a message in its topic, in the form the Pulsar protocol uses."""
+    """Position of a message in its topic, in the form the Pulsar protocol uses.
+
+    (ledger, entry) names a stored entry; `batch_index` names one message of an entry that
+    holds several (a batch), and is -1 for the entry as a whole.
+    """
 
     ledger: int
     entry: int
+    batch_index: int = -1
 
     def __str__(self) -> str:
-        return f"{self.ledger}:{self.entry}"
+        if self.batch_index < 0:
+            return f"{self.ledger}:{self.entry}"
+        return f"{self.ledger}:{self.entry}:{self.batch_index}"
 
     @classmethod
     def parse(cls, text: str) -> MessageId:
-        ledger, _, entry = text.partition(":")
-        return cls(int(ledger), int(entry))
+        parts = text.split(":")
+        if len(parts) not in (2, 3):
+            raise ValueError(f"not a message id: {text!r}")
+        return cls(*(int(part) for part in parts))
+
+    @property
+    def whole(self) -> MessageId:
+        """The id of the entry this message is part of (itself for a whole entry)."""
+        return self if self.batch_index < 0 else MessageId(self.ledger, self.entry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +42,14 @@ class Message:
     `properties` is an ordered list of pairs (duplicates allowed), like Pulsar's repeated
     KeyValue field and MQTT 5 user properties. `qos` is the producer's delivery guarantee:
     0 may be dropped under pressure (oldest first), 1 and 2 are kept until acknowledged.
-    `expires_at` (ms since the epoch, 0 = never) lets every backend drop expired messages.
+    `expires_at` (ms since the epoch, 0 = never) lets every backend drop expired messages;
+    `deliver_at` (ms since the epoch, 0 = at once) holds it back from shared subscriptions.
+
+    An entry may hold several messages (a Pulsar batch): `batch` lists them, each with its own
+    payload and properties, and they share the entry's id, told apart by `MessageId.batch_index`.
+    `wire` is what the producing protocol (`wire_format`, e.g. "pulsar") encoded beyond these
+    fields (for Pulsar, the metadata block), kept so that consumers of that protocol receive the
+    message exactly as it was sent; other protocols ignore it.
     """
 
     payload: bytes
@@ -39,13 +60,28 @@ class Message:
     event_time: int = 0
     qos: int = 1
     expires_at: int = 0
+    deliver_at: int = 0
+    batch: tuple[Message, ...] = ()
+    wire_format: str = ""
+    wire: bytes = b""
+
+    @property
+    def count(self) -> int:
+        """How many messages this entry holds: the batch size, or 1."""
+        return len(self.batch) or 1
 
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """One message handed to a consumer; acknowledge it by passing it back to the consumer."""
+    """One message handed to a consumer; acknowledge it by passing it back to the consumer.
+
+    A consumer that takes batches whole gets the entry with `acked`, the batch indexes it
+    acknowledged already (on redelivery after a partial acknowledgement); other consumers get
+    one delivery per unacknowledged batch message, with its `batch_index` in `message_id`.
+    """
 
     topic: str
     message_id: MessageId
     message: Message
     redelivery_count: int = 0
+    acked: frozenset[int] = frozenset()

@@ -85,7 +85,7 @@ class StorageSettings:
 class Settings:
     mode: Mode = "merged"
     data_dir: str = "./data"
-    protocols: tuple[str, ...] = ("mqtt",)  # "pulsar" joins when its adapter lands
+    protocols: tuple[str, ...] = ("mqtt", "pulsar")
     default_tenant: str = "public"
     default_namespace: str = "default"
     log_level: str = "INFO"

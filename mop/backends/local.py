@@ -5,25 +5,37 @@ and storage. Waiting (receive, fencing, delayed redelivery) is done here, with t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Iterable, Iterator
+import time
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from mop.broker import (
-    SUBSCRIPTIONS_TABLE,
+    BROKER_TABLE_PREFIX,
     Attachment,
     Broker,
     BrokerError,
     BrokerStats,
+    ConsumerOptions,
+    ProducerAccess,
+    ProducerHandle,
+    Published,
+    Sequenced,
     SubscriptionType,
 )
+from mop.broker import ProducerBusy as BrokerProducerBusy
+from mop.broker import ProducerFenced as BrokerProducerFenced
 from mop.broker.storage import Storage, StorageError, StorageFull
-from mop.message import Delivery, Message
+from mop.message import Delivery, Message, MessageId
 from mop.processor.backend import (
     BackendError,
     ConsumerClosed,
+    CursorPosition,
+    ProducerBusy,
+    ProducerFenced,
+    ProducerSpec,
     PublishResult,
     QuotaExceeded,
     StartPosition,
@@ -31,9 +43,19 @@ from mop.processor.backend import (
 )
 
 if TYPE_CHECKING:
-    from mop.processor.backend import Backend, ClientLease, Consumer, Table
+    from mop.processor.backend import Backend, ClientLease, Consumer, Producer, Table
 
-__all__ = ["LocalBackend", "LocalConsumer", "LocalLease", "LocalTable", "open_local_backend"]
+__all__ = [
+    "LocalBackend",
+    "LocalConsumer",
+    "LocalLease",
+    "LocalProducer",
+    "LocalTable",
+    "open_local_backend",
+]
+
+# Messages a permit-based consumer may hold unacknowledged before dispatch to it pauses.
+MAX_UNACKED_PER_CONSUMER = 50_000
 
 
 @contextmanager
@@ -45,6 +67,10 @@ def _translated() -> Iterator[None]:
         raise QuotaExceeded(str(exc)) from exc
     except StorageError as exc:
         raise BackendError(str(exc), reason="storage_error") from exc
+    except BrokerProducerBusy as exc:
+        raise ProducerBusy(str(exc)) from exc
+    except BrokerProducerFenced as exc:
+        raise ProducerFenced(str(exc)) from exc
     except BrokerError as exc:
         raise BackendError(str(exc), reason=exc.reason) from exc
 
@@ -87,6 +113,9 @@ class LocalConsumer:
         self._att: Attachment | None = None
         self._wakeup: trio.Event | None = None
         self._closed = False
+        self._active = False
+        self._seen_active = False  # what `active_changed` last reported
+        self._active_event = trio.Event()
 
     @property
     def spec(self) -> SubscriptionSpec:
@@ -100,6 +129,24 @@ class LocalConsumer:
         # Called by the broker when messages are queued for this consumer.
         if self._wakeup is not None:
             self._wakeup.set()
+
+    def _on_active(self, active: bool) -> None:
+        # Called by the broker when a failover subscription's active consumer changes.
+        self._active = active
+        self._active_event.set()
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    async def active_changed(self) -> bool:
+        while True:
+            self._attachment()
+            if self._active != self._seen_active:
+                self._seen_active = self._active
+                return self._active
+            self._active_event = trio.Event()
+            await self._active_event.wait()
 
     def _attachment(self) -> Attachment:
         if self._closed or self._att is None:
@@ -141,6 +188,32 @@ class LocalConsumer:
             else:
                 self._backend.broker.nack(self._att, deliveries)
 
+    def ack_through(self, topic: str, message_id: MessageId) -> None:
+        if not self._closed and self._att is not None:
+            with _translated():
+                self._backend.broker.ack_through(self._att, topic, message_id)
+
+    def grant(self, permits: int) -> None:
+        if not self._closed and self._att is not None:
+            with _translated():
+                self._backend.broker.grant(self._att, permits)
+
+    async def seek(
+        self, topic: str, *, message_id: MessageId | None = None, publish_time: int | None = None
+    ) -> None:
+        att = self._attachment()
+        with _translated():
+            await self._backend.broker.reset(
+                att.sub, topic, message_id=message_id, publish_time=publish_time
+            )
+        self._backend._delays_changed()
+
+    async def position(self, topic: str) -> CursorPosition:
+        att = self._attachment()
+        with _translated():
+            last, mark = await self._backend.broker.position(att.sub, topic)
+        return CursorPosition(last, mark)
+
     async def add_selector(self, selector: str) -> None:
         att = self._attachment()
         with _translated():
@@ -178,6 +251,117 @@ class LocalConsumer:
                 self._backend.broker.close(self._att)
         if self._wakeup is not None:
             self._wakeup.set()
+        self._active_event.set()
+
+
+class _Stored:
+    """The awaitable `LocalProducer.send` returns: the message is in place, and awaiting
+    makes it durable (a coroutine only comes to life when awaited, so an unawaited one is no
+    leak)."""
+
+    __slots__ = ("_backend", "_published", "_sync")
+
+    def __init__(self, backend: LocalBackend, published: Published, sync: bool) -> None:
+        self._backend = backend
+        self._published = published
+        self._sync = sync
+
+    def __await__(self) -> Generator[Any, None, PublishResult]:
+        return self._wait().__await__()
+
+    async def _wait(self) -> PublishResult:
+        published = self._published
+        if self._sync:
+            with _translated():
+                await self._backend.storage.sync()
+        else:
+            await trio.lowlevel.checkpoint()
+        return PublishResult(published.message_id, published.subscriptions, published.duplicate)
+
+
+class LocalProducer:
+    """A producer registered with the broker's producer rules for its topic."""
+
+    def __init__(self, backend: LocalBackend, spec: ProducerSpec) -> None:
+        self._backend = backend
+        self._spec = spec
+        self._changed = trio.Event()
+        with _translated():
+            self._handle: ProducerHandle = backend.broker.producers.add(
+                spec.topic,
+                spec.name,
+                ProducerAccess(spec.access.value),
+                epoch=spec.epoch,
+                topic_epoch=spec.topic_epoch,
+                on_change=self._notify,
+            )
+
+    def _notify(self) -> None:
+        self._changed.set()
+
+    @property
+    def spec(self) -> ProducerSpec:
+        return self._spec
+
+    @property
+    def ready(self) -> bool:
+        return self._handle.ready
+
+    @property
+    def topic_epoch(self) -> int | None:
+        return self._handle.topic_epoch
+
+    @property
+    def last_sequence_id(self) -> int:
+        return self._backend.broker.sequences.last(self._spec.topic, self._spec.name)
+
+    async def _wait_change(self) -> None:
+        if self._changed.is_set():
+            self._changed = trio.Event()
+        await self._changed.wait()
+
+    async def wait_ready(self) -> None:
+        handle = self._handle
+        while not handle.ready:
+            if handle.closed:
+                raise ProducerFenced(f"producer {self._spec.name!r} will not get the topic")
+            await self._wait_change()
+        await trio.lowlevel.checkpoint()
+
+    async def wait_fenced(self) -> None:
+        handle = self._handle
+        while not handle.fenced:
+            await self._wait_change()
+
+    def send(
+        self, message: Message, *, sequence_id: int = -1, highest_sequence_id: int = -1
+    ) -> _Stored:
+        handle = self._handle
+        if handle.fenced:
+            raise ProducerFenced(f"producer {self._spec.name!r} was fenced")
+        if handle.closed or not handle.ready:
+            raise BackendError(f"producer {self._spec.name!r} cannot send now", reason="closed")
+        backend = self._backend
+        backend._check_running()
+        sequence = None
+        if sequence_id >= 0:
+            sequence = Sequenced(
+                self._spec.name,
+                sequence_id,
+                max(sequence_id, highest_sequence_id),
+                durable=self._spec.durable_name,
+            )
+        with _translated():
+            published = backend.broker.store(self._spec.topic, message, sequence=sequence)
+        if message.deliver_at:
+            backend._delays_changed()
+        sync = bool(message.qos) and not published.duplicate
+        return _Stored(backend, published, sync)
+
+    async def close(self) -> None:
+        self._backend.broker.producers.remove(self._handle)
+        self._changed.set()
+        await trio.lowlevel.checkpoint()
 
 
 class LocalTable:
@@ -253,12 +437,21 @@ class LocalBackend:
             nursery.cancel_scope.cancel()
 
     async def _redeliver_delayed(self) -> None:
+        """Return nacked messages after their delay, and release messages held back until
+        their `deliver_at` (on the wall clock)."""
+        broker = self.broker
         while True:
             self._delay_event = trio.Event()
-            due = self.broker.next_due()
-            with trio.move_on_at(due if due is not None else float("inf")):
+            due = broker.next_due()
+            deadline = float("inf") if due is None else due
+            scheduled = broker.next_scheduled()
+            if scheduled is not None:
+                wait = max(0.0, (scheduled - time.time() * 1000.0) / 1000.0)
+                deadline = min(deadline, trio.current_time() + wait)
+            with trio.move_on_at(deadline):
                 await self._delay_event.wait()
-            self.broker.release_due(trio.current_time())
+            broker.release_due(trio.current_time())
+            broker.release_scheduled()
 
     def _delays_changed(self) -> None:
         self._delay_event.set()
@@ -302,7 +495,19 @@ class LocalBackend:
         self._check_running()
         with _translated():
             published = await self.broker.publish(topic, message)
+        if message.deliver_at:
+            self._delays_changed()
         return PublishResult(published.message_id, published.subscriptions)
+
+    async def open_producer(self, spec: ProducerSpec) -> LocalProducer:
+        self._check_running()
+        producer = LocalProducer(self, spec)
+        await trio.lowlevel.checkpoint()
+        return producer
+
+    async def topics(self, namespace: str) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        return self.broker.topics(namespace)
 
     async def subscribe(self, spec: SubscriptionSpec) -> LocalConsumer:
         self._check_running()
@@ -316,10 +521,19 @@ class LocalBackend:
                 member=spec.member,
                 max_backlog=spec.max_backlog,
                 earliest=spec.start is StartPosition.EARLIEST,
-                capacity=self.receiver_queue,
+                start_at=spec.start_at,
+                capacity=MAX_UNACKED_PER_CONSUMER if spec.permits else self.receiver_queue,
                 on_ready=consumer._on_ready,
+                options=ConsumerOptions(
+                    credit=spec.permits,
+                    whole_batches=spec.whole_batches,
+                    rank=(spec.priority, spec.consumer_name),
+                    on_active=consumer._on_active,
+                ),
             )
         consumer._att = att
+        consumer._seen_active = consumer._active
+        self._delays_changed()
         if self._closed:
             consumer._shutdown()
             raise BackendError("backend is closed", reason="closed")
@@ -332,7 +546,7 @@ class LocalBackend:
             await self.broker.delete_subscription(name, member)
 
     def table(self, name: str) -> LocalTable:
-        if name == SUBSCRIPTIONS_TABLE:
+        if name.startswith(BROKER_TABLE_PREFIX):
             raise ValueError(f"table {name!r} is reserved for the broker")
         table = self._tables.get(name)
         if table is None:
@@ -395,6 +609,10 @@ async def open_local_backend(
 if TYPE_CHECKING:
 
     def _conforms(
-        backend: LocalBackend, consumer: LocalConsumer, table: LocalTable, lease: LocalLease
-    ) -> tuple[Backend, Consumer, Table, ClientLease]:
-        return backend, consumer, table, lease
+        backend: LocalBackend,
+        consumer: LocalConsumer,
+        table: LocalTable,
+        lease: LocalLease,
+        producer: LocalProducer,
+    ) -> tuple[Backend, Consumer, Table, ClientLease, Producer]:
+        return backend, consumer, table, lease, producer

@@ -1,19 +1,44 @@
 """The colocated broker of merged mode: topics, subscriptions with their cursors, dispatch, and
 the storage under them. Only `mop.backends.local` uses it."""
 
-from mop.broker.broker import SUBSCRIPTIONS_TABLE, Broker, BrokerStats, Published
-from mop.broker.errors import BrokerError, ConsumerBusy, SubscriptionMismatch
+from mop.broker.broker import (
+    BROKER_TABLE_PREFIX,
+    PRODUCERS_TABLE,
+    SUBSCRIPTIONS_TABLE,
+    Broker,
+    BrokerStats,
+    Published,
+)
+from mop.broker.dispatch import ConsumerOptions
+from mop.broker.errors import (
+    BrokerError,
+    ConsumerBusy,
+    ProducerBusy,
+    ProducerFenced,
+    SubscriptionMismatch,
+)
+from mop.broker.positions import id_before
+from mop.broker.producers import ProducerAccess, ProducerHandle, Sequenced
 from mop.broker.subscription import Attachment, Subscription, SubscriptionType
 
 __all__ = [
+    "BROKER_TABLE_PREFIX",
+    "PRODUCERS_TABLE",
     "SUBSCRIPTIONS_TABLE",
     "Attachment",
     "Broker",
     "BrokerError",
     "BrokerStats",
     "ConsumerBusy",
+    "ConsumerOptions",
+    "ProducerAccess",
+    "ProducerBusy",
+    "ProducerFenced",
+    "ProducerHandle",
     "Published",
+    "Sequenced",
     "Subscription",
     "SubscriptionMismatch",
     "SubscriptionType",
+    "id_before",
 ]

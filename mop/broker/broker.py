@@ -1,19 +1,27 @@
 """The broker: topics, the registry of subscriptions with the trie of their selectors, publish
-routing, delayed redelivery, trimming and recovery, over a `Storage`. It imports no trio:
-callers supply the time for delays and do the waiting (see `mop.backends.local`).
+routing (with producer deduplication), delayed redelivery, cursor resets, trimming and recovery,
+over a `Storage`. It imports no trio: callers supply the time for delays and do the waiting.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
-import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-from mop.broker.errors import ConsumerBusy, SubscriptionMismatch
+from mop.broker.delays import DelayQueue
+from mop.broker.dispatch import DEFAULT_OPTIONS, ConsumerOptions
+from mop.broker.errors import ConsumerBusy
+from mop.broker.positions import (
+    id_before,
+    last_message,
+    mark_for_time,
+    read_backlog,
+    trim_point,
+)
+from mop.broker.producers import ProducerRegistry, SequenceBook, Sequenced
 from mop.broker.storage.api import CursorKey, CursorState, Storage
 from mop.broker.subscription import (
     Attachment,
@@ -22,21 +30,31 @@ from mop.broker.subscription import (
     Subscription,
     SubscriptionType,
 )
-from mop.broker.topic import Entry, Topic
+from mop.broker.topic import NON_PERSISTENT, Entry, Topic, Topics, is_exact
 from mop.message import Delivery, Message, MessageId
-from mop.topic_names import mqtt_to_pulsar, pulsar_to_mqtt
-from mop.topics import SubscriptionTrie, TopicTree, matches
+from mop.topics import SubscriptionTrie, matches
 
-__all__ = ["SUBSCRIPTIONS_TABLE", "Broker", "BrokerStats", "Published"]
+__all__ = [
+    "BROKER_TABLE_PREFIX",
+    "PRODUCERS_TABLE",
+    "SUBSCRIPTIONS_TABLE",
+    "Broker",
+    "BrokerStats",
+    "Published",
+]
 
-# The table that holds durable subscriptions (type, selectors, members) for recovery.
+# Tables of the broker itself; their names start with BROKER_TABLE_PREFIX.
+BROKER_TABLE_PREFIX = "$broker/"
+# Durable subscriptions (type, selectors, members), for recovery.
 SUBSCRIPTIONS_TABLE = "$broker/subscriptions"
-_READ_BATCH = 1000
+# The last sequence id of each application-named producer: "{topic}\n{name}" -> decimal.
+PRODUCERS_TABLE = "$broker/producers"
 
 
 class _Start(Enum):
     LATEST = "latest"  # from the next message published
     EARLIEST = "earliest"  # from the first stored message
+    AT = "at"  # from a given message id
     RECOVER = "recover"  # from the saved cursor, or the first stored message without one
 
 
@@ -44,6 +62,7 @@ class _Start(Enum):
 class Published:
     message_id: MessageId
     subscriptions: int  # how many subscriptions the message was routed to
+    duplicate: bool = False  # not stored: the producer had sent this sequence id already
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +79,6 @@ class BrokerStats:
 
 def _wall_clock_ms() -> float:
     return time.time() * 1000.0
-
-
-def _is_exact(selector: str) -> bool:
-    return "+" not in selector and "#" not in selector
 
 
 class Broker:
@@ -86,14 +101,14 @@ class Broker:
         self.tenant = tenant
         self.namespace = namespace
         self._books = Bookkeeping(clock)
-        self._topics: dict[str, Topic] = {}
-        self._by_mqtt: dict[str, Topic] = {}
-        self._tree = TopicTree()
+        self._topics = Topics(tenant=tenant, namespace=namespace)
         self._subs: dict[str, Subscription] = {}
         self._trie: SubscriptionTrie[str, Subscription] = SubscriptionTrie()
-        self._delayed: list[tuple[float, int, Cursor, Entry]] = []
+        self._delayed = DelayQueue()
         self._trim_dirty: set[Topic] = set()
         self._seq = itertools.count()
+        self.producers = ProducerRegistry()
+        self.sequences = SequenceBook()
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -105,42 +120,64 @@ class Broker:
 
     # -- publish ---------------------------------------------------------------------------
 
-    async def publish(self, topic: str, message: Message) -> Published:
+    async def publish(
+        self, topic: str, message: Message, *, sequence: Sequenced | None = None
+    ) -> Published:
         """Store and route a message; waits for the storage sync when `message.qos` >= 1."""
+        published = self.store(topic, message, sequence=sequence)
+        if message.qos and not published.duplicate and not topic.startswith(NON_PERSISTENT):
+            await self.storage.sync()
+        return published
+
+    def store(
+        self, topic: str, message: Message, *, sequence: Sequenced | None = None
+    ) -> Published:
+        """Store and route a message without waiting for the storage sync: messages take their
+        place in call order, and are durable once a later `storage.sync()` returns. A message
+        of a non-persistent topic is not stored, and goes only to attached consumers. One whose
+        sequence id its producer sent before is dropped (`duplicate`)."""
+        if sequence is not None and self.sequences.is_duplicate(topic, sequence):
+            return Published(MessageId(-1, -1), 0, duplicate=True)
         node = self._topics.get(topic)
         created = node is None
         if node is None:
             node = self._create_topic(topic)
-        try:
-            message_id = self.storage.append(topic, (message,))[0]
-        except BaseException:
-            if created:
-                self._forget_if_unused(node)
-            raise
+        if node.persistent:
+            try:
+                message_id = self.storage.append(topic, (message,))[0]
+            except BaseException:
+                if created:
+                    self._forget_if_unused(node)
+                raise
+        else:
+            message_id = node.next_transient_id()
         node.last_id = message_id
+        node.last_count = len(message.batch)
+        if sequence is not None:
+            saved = self.sequences.record(topic, sequence)
+            if saved is not None:
+                self.storage.table_put(PRODUCERS_TABLE, *saved)
         cursors = node.cursors
         count = len(cursors)
         if count:
             entry = Entry(topic, message_id, message)
             for cursor in cursors:
-                cursor.sub.offer(cursor, entry)
+                if node.persistent or cursor.sub.attachments:
+                    cursor.sub.offer(cursor, entry)
             if self._books.changed:
                 self._flush()
         else:
             self._trim_dirty.add(node)
-        if message.qos:
-            await self.storage.sync()
         return Published(message_id, count)
 
+    # -- topics ----------------------------------------------------------------------------
+
+    def topics(self, namespace: str) -> list[str]:
+        """Every topic of `namespace` ("tenant/namespace"), persistent or not."""
+        return self._topics.in_namespace(namespace)
+
     def _create_topic(self, name: str) -> Topic:
-        topic = Topic(
-            name,
-            pulsar_to_mqtt(name, tenant=self.tenant, namespace=self.namespace),
-            self.storage.last_id(name),
-        )
-        self._topics[name] = topic
-        self._by_mqtt[topic.mqtt] = topic
-        self._tree.add(topic.mqtt)
+        topic = self._topics.add(name, self.storage.last_id(name))
         # A new topic joins every subscription whose selectors match it, from its first message.
         for _, _, sub in self._trie.match(topic.mqtt):
             if name not in sub.cursors:
@@ -150,9 +187,7 @@ class Broker:
     def _forget_if_unused(self, topic: Topic) -> None:
         # Topics made by an exact subscribe that never saw a message need not outlive it.
         if not topic.cursors and topic.last_id is None and self._topics.get(topic.name) is topic:
-            del self._topics[topic.name]
-            del self._by_mqtt[topic.mqtt]
-            self._tree.discard(topic.mqtt)
+            self._topics.discard(topic)
             self._trim_dirty.discard(topic)
 
     # -- subscriptions ---------------------------------------------------------------------
@@ -167,12 +202,17 @@ class Broker:
         member: str = "",
         max_backlog: int = 0,
         earliest: bool = False,
+        start_at: MessageId | None = None,
         capacity: int = 1000,
         on_ready: Callable[[], None] | None = None,
+        options: ConsumerOptions = DEFAULT_OPTIONS,
     ) -> Attachment:
         """Attach a consumer to subscription `name`, creating it or updating it to these
         selectors and options. An existing subscription keeps its cursors (and so its backlog
-        and the messages its last consumer left unacknowledged, which come first)."""
+        and the messages its last consumer left unacknowledged, which come first).
+
+        New cursors start after the last message, at the first stored one (`earliest`) or at
+        `start_at` (inclusive). See `Attachment` for the consumer's `options`."""
         sub = self._subs.get(name)
         created = sub is None
         if sub is None:
@@ -181,16 +221,7 @@ class Broker:
             )
             self._subs[name] = sub
         else:
-            if sub.type is not type:
-                raise SubscriptionMismatch(
-                    f"subscription {name!r} is {sub.type.value}, not {type.value}"
-                )
-            if sub.attachments and (
-                type is SubscriptionType.EXCLUSIVE
-                or (member and any(att.member == member for att in sub.attachments))
-            ):
-                who = f"member {member!r} of " if member else ""
-                raise ConsumerBusy(f"{who}subscription {name!r} already has a consumer")
+            sub.admit(type, member)
             if sub.durable and not durable:
                 self._forget_persisted(sub)
             elif durable and not sub.durable:
@@ -199,20 +230,23 @@ class Broker:
             sub.max_backlog = max_backlog
         wanted = set(selectors)
         start = _Start.EARLIEST if earliest else _Start.LATEST
+        mark = None
+        if start_at is not None:
+            start, mark = _Start.AT, id_before(start_at)
         loads: list[tuple[Cursor, CursorState | None]] = []
         try:
             for selector in [s for s in sub.selectors if s not in wanted]:
                 self._remove_selector(sub, selector)
             for selector in wanted:
                 if selector not in sub.selectors:
-                    self._add_selector(sub, selector, start, loads)
+                    self._add_selector(sub, selector, start, loads, at=mark)
         except BaseException:
             # A selector that names no valid topic: do not leave a half-made subscription.
             if created:
                 self._drop_subscription(sub)
             raise
         sub.members.add(member)
-        att = sub.attach(member, next(self._seq), capacity, on_ready)
+        att = sub.attach(Attachment(sub, member, next(self._seq), capacity, on_ready, options))
         self._persist(sub)
         self._flush()
         try:
@@ -245,13 +279,6 @@ class Broker:
         if sub.durable:
             await self.storage.sync()
 
-    def _filter_for(self, selector: str) -> str:
-        if not _is_exact(selector):
-            return selector
-        # An exact selector may name the topic either way; the trie holds the MQTT form.
-        name = mqtt_to_pulsar(selector, tenant=self.tenant, namespace=self.namespace)
-        return pulsar_to_mqtt(name, tenant=self.tenant, namespace=self.namespace)
-
     def _add_selector(
         self,
         sub: Subscription,
@@ -259,19 +286,21 @@ class Broker:
         start: _Start,
         loads: list[tuple[Cursor, CursorState | None]],
         saved: dict[CursorKey, CursorState] | None = None,
+        *,
+        at: MessageId | None = None,
     ) -> None:
-        topic_filter = self._filter_for(selector)
+        topic_filter = self._topics.filter_for(selector)
         sub.selectors[selector] = topic_filter
         self._trie.add(topic_filter, sub.name, sub)
-        if _is_exact(selector):
-            name = mqtt_to_pulsar(selector, tenant=self.tenant, namespace=self.namespace)
+        if is_exact(selector):
+            name = self._topics.name_for(selector)
             topic = self._topics.get(name)
             if topic is None:
                 self._create_topic(name)  # attaches `sub` too, through the trie
                 return
             topics = [topic]
         else:
-            topics = [self._by_mqtt[mqtt] for mqtt in self._tree.match_filter(topic_filter)]
+            topics = self._topics.matching(topic_filter)
         for topic in topics:
             if topic.name in sub.cursors:
                 continue
@@ -281,6 +310,8 @@ class Broker:
             state = None
             if start is _Start.RECOVER and saved is not None:
                 state = saved.pop((topic.name, sub.name), None)
+            elif start is _Start.AT and at is not None:
+                state = CursorState(at)
             mark = None if state is None else state.mark_delete
             loads.append((sub.add_cursor(topic, mark, load=True), state))
 
@@ -303,15 +334,8 @@ class Broker:
         self._forget_if_unused(cursor.topic)
 
     def _persist(self, sub: Subscription) -> None:
-        if not sub.durable:
-            return
-        record = {
-            "type": sub.type.value,
-            "selectors": sorted(sub.selectors),
-            "members": sorted(sub.members),
-            "max_backlog": sub.max_backlog,
-        }
-        self.storage.table_put(SUBSCRIPTIONS_TABLE, sub.name, json.dumps(record).encode())
+        if sub.durable:
+            self.storage.table_put(SUBSCRIPTIONS_TABLE, sub.name, sub.record())
 
     def _forget_persisted(self, sub: Subscription) -> None:
         self.storage.table_put(SUBSCRIPTIONS_TABLE, sub.name, None)
@@ -355,26 +379,46 @@ class Broker:
             self._return(back)
         else:
             for cursor, entry in back:
-                heapq.heappush(self._delayed, (due, next(self._seq), cursor, entry))
+                self._delayed.push(due, cursor, entry)
+
+    def ack_through(self, att: Attachment, topic: str, message_id: MessageId) -> None:
+        """Cumulative acknowledgement of `topic` up to `message_id` for the subscription."""
+        if att.closed:
+            return
+        att.sub.ack_through(topic, message_id)
+        self._flush()
+
+    def grant(self, att: Attachment, permits: int) -> None:
+        """Let a credit-based consumer be sent `permits` more messages."""
+        if not att.closed:
+            att.sub.grant(att, permits)
+            self._flush()
 
     def next_due(self) -> float | None:
         """When the earliest delayed redelivery is due, if there is one."""
-        return self._delayed[0][0] if self._delayed else None
+        return self._delayed.next_due()
 
     def release_due(self, now: float) -> int:
         """Return delayed messages that are due to their subscriptions; how many were due."""
-        back: list[tuple[Cursor, Entry]] = []
-        delayed = self._delayed
-        while delayed and delayed[0][0] <= now:
-            _, _, cursor, entry = heapq.heappop(delayed)
-            back.append((cursor, entry))
+        back = self._delayed.pop_due(now)
+        self._return(back)
+        return len(back)
+
+    def next_scheduled(self) -> float | None:
+        """When the earliest message held back until its `deliver_at` is due (wall clock ms)."""
+        return self._books.held.next_due()
+
+    def release_scheduled(self) -> int:
+        """Hand the held messages that are due to their subscriptions; how many were due."""
+        back = self._books.held.pop_due(self._books.clock())
         self._return(back)
         return len(back)
 
     def _return(self, back: list[tuple[Cursor, Entry]]) -> None:
         grouped: dict[Cursor, list[Entry]] = {}
         for cursor, entry in back:
-            if cursor.attached:
+            # A message may have been acknowledged (cumulatively) while it waited.
+            if cursor.attached and not cursor.is_acked(entry.message_id):
                 grouped.setdefault(cursor, []).append(entry)
         subs = {cursor.sub for cursor in grouped}
         for cursor, entries in grouped.items():
@@ -426,6 +470,48 @@ class Broker:
         if sub.durable:
             await self.storage.sync()
 
+    # -- positions -------------------------------------------------------------------------
+
+    async def position(
+        self, sub: Subscription, topic: str
+    ) -> tuple[MessageId | None, MessageId | None]:
+        """The last message of `topic` (with the index of its last batch message, for a batch)
+        and where the subscription's acknowledgements stand on it (its mark_delete)."""
+        node = self._topics.get(topic)
+        last = None if node is None else await last_message(self.storage, node)
+        cursor = sub.cursors.get(topic)
+        return last, None if cursor is None else cursor.mark_delete
+
+    async def reset(
+        self,
+        sub: Subscription,
+        topic: str,
+        *,
+        message_id: MessageId | None = None,
+        publish_time: int | None = None,
+    ) -> None:
+        """Move the subscription on `topic` back or forward: to `message_id` (inclusive), or to
+        the first message published at or after `publish_time` (ms), or with neither to the
+        first stored message. Acknowledgements after that point are forgotten, and messages
+        its consumers hold are taken back without counting a redelivery."""
+        cursor = sub.cursors.get(topic)
+        if cursor is None or self._subs.get(sub.name) is not sub:
+            return
+        if publish_time is not None:
+            mark = await mark_for_time(self.storage, topic, publish_time, cursor.topic.last_id)
+        else:
+            mark = None if message_id is None else id_before(message_id)
+        cursor = sub.cursors.get(topic)
+        if cursor is None:
+            return
+        node = cursor.topic
+        sub.drop_cursor(cursor)
+        fresh = sub.add_cursor(node, mark, load=True)
+        self._flush()
+        await self._load(fresh, CursorState(mark))
+        if sub.durable:
+            await self.storage.sync()
+
     # -- cursors, trimming, recovery -------------------------------------------------------
 
     def _flush(self) -> None:
@@ -436,7 +522,9 @@ class Broker:
         updates: dict[CursorKey, CursorState | None] = {}
         for cursor in changed:
             self._trim_dirty.add(cursor.topic)
-            if cursor.sub.durable and cursor.attached and not cursor.loading:
+            if cursor.sub.durable and cursor.attached and not cursor.loading and (
+                cursor.topic.persistent
+            ):
                 updates[(cursor.topic.name, cursor.sub.name)] = cursor.state()
         changed.clear()
         if updates:
@@ -448,9 +536,9 @@ class Broker:
         dirty, self._trim_dirty = self._trim_dirty, set()
         trimmed = 0
         for topic in dirty:
-            if self._topics.get(topic.name) is not topic:
+            if self._topics.get(topic.name) is not topic or not topic.persistent:
                 continue
-            through = _trim_point(topic)
+            through = trim_point(topic)
             if through is not None and (topic.trimmed is None or through > topic.trimmed):
                 self.storage.trim(topic.name, through)
                 topic.trimmed = through
@@ -464,20 +552,8 @@ class Broker:
         upto = topic.last_id
         after = None if state is None else state.mark_delete
         acked = frozenset() if state is None else state.acked
-        ids: list[MessageId] = []
-        entries: list[Entry] = []
         try:
-            while upto is not None and (after is None or after < upto):
-                page = await self.storage.read(topic.name, after, _READ_BATCH)
-                if not page:
-                    break
-                for message_id, message in page:
-                    if message_id > upto:
-                        break
-                    ids.append(message_id)
-                    if message_id not in acked:
-                        entries.append(Entry(topic.name, message_id, message))
-                after = page[-1][0]
+            ids, entries = await read_backlog(self.storage, topic.name, after, upto, acked)
         except BaseException:
             if cursor.attached and cursor.loading:
                 # Leave the cursor usable, as if it had started after `upto`.
@@ -500,18 +576,11 @@ class Broker:
                 self._create_topic(name)
         loads: list[tuple[Cursor, CursorState | None]] = []
         for name, raw in self.storage.table_items(SUBSCRIPTIONS_TABLE):
-            record = json.loads(raw)
-            sub = Subscription(
-                name,
-                SubscriptionType(record["type"]),
-                durable=True,
-                max_backlog=int(record["max_backlog"]),
-                books=self._books,
-            )
-            sub.members.update(record["members"])
+            sub, selectors = Subscription.from_record(name, raw, self._books)
             self._subs[name] = sub
-            for selector in record["selectors"]:
+            for selector in selectors:
                 self._add_selector(sub, selector, _Start.RECOVER, loads, saved)
+        self.sequences.restore(self.storage.table_items(PRODUCERS_TABLE))
         # What is left belongs to subscriptions or topics that are gone.
         if saved:
             self.storage.save_cursors(dict.fromkeys(saved))
@@ -531,21 +600,8 @@ class Broker:
             subscriptions=len(self._subs),
             consumers=len(attachments),
             messages_stored=self.storage.stats().messages,
-            messages_backlog=backlog + len(self._delayed),
+            messages_backlog=backlog + len(self._delayed) + len(self._books.held),
             messages_unacked=sum(len(att.queue) + len(att.unacked) for att in attachments),
             messages_dropped=self._books.dropped,
             messages_expired=self._books.expired,
         )
-
-
-def _trim_point(topic: Topic) -> MessageId | None:
-    if not topic.cursors:
-        return topic.last_id
-    lowest: MessageId | None = None
-    for cursor in topic.cursors:
-        mark = cursor.mark_delete
-        if mark is None:
-            return None
-        if lowest is None or mark < lowest:
-            lowest = mark
-    return lowest

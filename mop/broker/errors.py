@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["BrokerError", "ConsumerBusy", "SubscriptionMismatch"]
+__all__ = [
+    "BrokerError",
+    "ConsumerBusy",
+    "ProducerBusy",
+    "ProducerFenced",
+    "SubscriptionMismatch",
+]
 
 
 class BrokerError(Exception):
@@ -19,3 +25,15 @@ class SubscriptionMismatch(BrokerError):
     """The subscription exists with another type than the one asked for."""
 
     reason = "subscription_mismatch"
+
+
+class ProducerBusy(BrokerError):
+    """The producer name is taken, or the topic's access mode leaves no room for the producer."""
+
+    reason = "producer_busy"
+
+
+class ProducerFenced(BrokerError):
+    """An exclusive producer was taken over (fenced) by another one and may not come back."""
+
+    reason = "producer_fenced"

@@ -1,29 +1,22 @@
-"""Subscriptions, their cursors (one per matching topic) and attached consumers, and the dispatch
-rules of the four subscription types. Plain objects and plain calls, with no I/O and no trio, so
-every rule can be tested directly; `Broker` drives them and talks to storage.
+"""Subscriptions, their cursors (one per matching topic) and how messages move through them to
+attached consumers (`mop.broker.dispatch`). Plain objects and plain calls, with no I/O and no
+trio, so every rule can be tested directly; `Broker` drives them and talks to storage.
 """
 
 from __future__ import annotations
 
-import zlib
+import json
 from collections import deque
 from collections.abc import Callable, Iterable
-from enum import StrEnum
 
+from mop.broker.delays import DelayQueue
+from mop.broker.dispatch import PICKERS, Attachment, SubscriptionType
+from mop.broker.errors import ConsumerBusy, SubscriptionMismatch
 from mop.broker.storage.api import CursorState
 from mop.broker.topic import Entry, Topic
 from mop.message import Delivery, MessageId
 
 __all__ = ["Attachment", "Bookkeeping", "Cursor", "Subscription", "SubscriptionType"]
-
-_MASK64 = (1 << 64) - 1
-
-
-class SubscriptionType(StrEnum):
-    EXCLUSIVE = "exclusive"
-    SHARED = "shared"
-    FAILOVER = "failover"
-    KEY_SHARED = "key_shared"
 
 
 class Bookkeeping:
@@ -31,13 +24,15 @@ class Bookkeeping:
     broker last looked (to save them and to consider their topic for trimming) and drop
     counters. `clock` gives the wall clock in milliseconds, for message expiry."""
 
-    __slots__ = ("changed", "clock", "dropped", "expired")
+    __slots__ = ("changed", "clock", "dropped", "expired", "held")
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
         self.changed: set[Cursor] = set()
         self.dropped = 0
         self.expired = 0
+        # Messages held back until their `deliver_at` (on `clock`).
+        self.held = DelayQueue()
 
 
 def _by_id(entry: Entry) -> MessageId:
@@ -56,6 +51,7 @@ class Cursor:
         "in_ready",
         "loading",
         "mark_delete",
+        "partial",
         "qos0",
         "redeliveries",
         "returned",
@@ -73,6 +69,9 @@ class Cursor:
         self.acked: set[MessageId] = set()
         self.backlog: deque[Entry] = deque()
         self.redeliveries: dict[MessageId, int] = {}
+        # Batch entries acknowledged in part: entry id -> bit set of the acknowledged indexes.
+        # Kept in memory only: after a restart the whole batch is owed again.
+        self.partial: dict[MessageId, int] = {}
         self.qos0 = 0  # qos-0 entries in the backlog, so a full backlog knows if it can evict
         self.returned = 0  # entries at the front of the backlog that came back from consumers
         self.in_ready = False
@@ -86,6 +85,8 @@ class Cursor:
     def ack(self, message_id: MessageId) -> None:
         if self.redeliveries:
             self.redeliveries.pop(message_id, None)
+        if self.partial:
+            self.partial.pop(message_id, None)
         ids = self.ids
         if ids and ids[0] == message_id:
             ids.popleft()
@@ -94,6 +95,22 @@ class Cursor:
         elif self.mark_delete is None or message_id > self.mark_delete:
             self.acked.add(message_id)
         self.sub.books.changed.add(self)
+
+    def is_acked(self, message_id: MessageId) -> bool:
+        mark = self.mark_delete
+        return (mark is not None and message_id <= mark) or message_id in self.acked
+
+    def ack_member(self, entry: Entry, index: int) -> bool:
+        """Acknowledge one message of a batch entry; True when that completes the entry."""
+        size = len(entry.message.batch)
+        if not 0 <= index < size:
+            return False
+        bits = self.partial.get(entry.message_id, 0) | (1 << index)
+        if bits == (1 << size) - 1:
+            self.ack(entry.message_id)
+            return True
+        self.partial[entry.message_id] = bits
+        return False
 
     def settle(self) -> None:
         """Fold acknowledged ids at the front into `mark_delete`."""
@@ -106,106 +123,6 @@ class Cursor:
 
     def state(self) -> CursorState:
         return CursorState(self.mark_delete, frozenset(self.acked))
-
-
-class Attachment:
-    """A consumer attached to a subscription. `queue` holds messages dispatched to it and not
-    yet taken, `unacked` those taken and not yet acknowledged; together they are bounded by
-    `capacity` (the receiver queue). `on_ready` is called when `queue` stops being empty."""
-
-    __slots__ = (
-        "capacity",
-        "closed",
-        "ident",
-        "member",
-        "on_ready",
-        "queue",
-        "seed",
-        "seq",
-        "sub",
-        "unacked",
-    )
-
-    def __init__(
-        self,
-        sub: Subscription,
-        member: str,
-        seq: int,
-        capacity: int,
-        on_ready: Callable[[], None] | None,
-    ) -> None:
-        self.sub = sub
-        self.member = member
-        self.seq = seq
-        self.ident = member or f"#{seq}"
-        self.seed = zlib.crc32(self.ident.encode("utf-8", "surrogatepass"))
-        self.capacity = capacity
-        self.on_ready = on_ready
-        self.queue: deque[Entry] = deque()
-        self.unacked: dict[tuple[str, MessageId], Entry] = {}
-        self.closed = False
-
-    def __repr__(self) -> str:
-        return f"Attachment({self.sub.name!r}, {self.ident!r})"
-
-    @property
-    def space(self) -> int:
-        return self.capacity - len(self.queue) - len(self.unacked)
-
-    def push(self, entry: Entry) -> None:
-        queue = self.queue
-        queue.append(entry)
-        if len(queue) == 1 and self.on_ready is not None:
-            self.on_ready()
-
-
-Picker = Callable[["Subscription", Entry], Attachment | None]
-
-
-def _pick_first(sub: Subscription, entry: Entry) -> Attachment | None:
-    # Exclusive has one attachment; failover keeps them sorted, the first one is active.
-    att = sub.attachments[0]
-    return att if att.space > 0 else None
-
-
-def _pick_round_robin(sub: Subscription, entry: Entry) -> Attachment | None:
-    atts = sub.attachments
-    count = len(atts)
-    start = sub.rr
-    for step in range(count):
-        index = (start + step) % count
-        att = atts[index]
-        if att.space > 0:
-            sub.rr = index + 1
-            return att
-    return None
-
-
-def _mix(value: int) -> int:
-    # splitmix64 finaliser: spreads a 32-bit key hash into well-mixed per-member weights.
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return value ^ (value >> 31)
-
-
-def _pick_by_key(sub: Subscription, entry: Entry) -> Attachment | None:
-    key = entry.message.key
-    if key is None:
-        return _pick_round_robin(sub, entry)
-    # Rendezvous hashing: each key goes to the member with the highest weight for it, so a
-    # key keeps its member while membership is unchanged and only the keys of a member that
-    # leaves (or some keys, for one that joins) move.
-    digest = zlib.crc32(key.encode("utf-8", "surrogatepass"))
-    best = max(sub.attachments, key=lambda att: _mix(digest ^ (att.seed << 32)))
-    return best if best.space > 0 else None
-
-
-_PICKERS: dict[SubscriptionType, Picker] = {
-    SubscriptionType.EXCLUSIVE: _pick_first,
-    SubscriptionType.FAILOVER: _pick_first,
-    SubscriptionType.SHARED: _pick_round_robin,
-    SubscriptionType.KEY_SHARED: _pick_by_key,
-}
 
 
 class Subscription:
@@ -223,6 +140,7 @@ class Subscription:
         "books",
         "cursors",
         "durable",
+        "holds",
         "max_backlog",
         "members",
         "name",
@@ -254,10 +172,50 @@ class Subscription:
         self.ready: deque[Cursor] = deque()
         self.retry: deque[Cursor] = deque()
         self.rr = 0
-        self._pick = _PICKERS[type]
+        self._pick = PICKERS[type]
+        # Shared subscriptions hold a message back until its `deliver_at`; the others do not.
+        self.holds = type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED)
 
     def __repr__(self) -> str:
         return f"Subscription({self.name!r}, {self.type.value})"
+
+    def admit(self, type: SubscriptionType, member: str) -> None:
+        """Check that one more consumer of `type` (and `member`) may attach."""
+        if self.type is not type:
+            raise SubscriptionMismatch(
+                f"subscription {self.name!r} is {self.type.value}, not {type.value}"
+            )
+        if self.attachments and (
+            type is SubscriptionType.EXCLUSIVE
+            or (member and any(att.member == member for att in self.attachments))
+        ):
+            who = f"member {member!r} of " if member else ""
+            raise ConsumerBusy(f"{who}subscription {self.name!r} already has a consumer")
+
+    def record(self) -> bytes:
+        """What recovery needs of a durable subscription (its cursors are saved apart)."""
+        return json.dumps({
+            "type": self.type.value,
+            "selectors": sorted(self.selectors),
+            "members": sorted(self.members),
+            "max_backlog": self.max_backlog,
+        }).encode()
+
+    @classmethod
+    def from_record(
+        cls, name: str, raw: bytes, books: Bookkeeping
+    ) -> tuple[Subscription, list[str]]:
+        """The durable subscription of a `record`, and the selectors it is to get again."""
+        record = json.loads(raw)
+        sub = cls(
+            name,
+            SubscriptionType(record["type"]),
+            durable=True,
+            max_backlog=int(record["max_backlog"]),
+            books=books,
+        )
+        sub.members.update(record["members"])
+        return sub, list(record["selectors"])
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -265,12 +223,22 @@ class Subscription:
         """Route a newly published message: straight to a consumer when nothing is queued
         before it, else into the backlog. This is the per-subscription publish path."""
         cursor.ids.append(entry.message_id)
+        if self.holds and self._held(cursor, entry):
+            return
         if not cursor.backlog and not cursor.loading and self.attachments:
             att = self._pick(self, entry)
             if att is not None:
                 att.push(entry)
                 return
         self.enqueue(cursor, entry)
+
+    def _held(self, cursor: Cursor, entry: Entry) -> bool:
+        """Hold a message with a future `deliver_at` back (the broker releases it when due)."""
+        due = entry.message.deliver_at
+        if due and due > self.books.clock():
+            self.books.held.push(due, cursor, entry)
+            return True
+        return False
 
     def enqueue(self, cursor: Cursor, entry: Entry) -> None:
         """Append to the backlog under the `max_backlog` rule: a full backlog drops its oldest
@@ -391,22 +359,32 @@ class Subscription:
         cursor.qos0 = 0
         cursor.loading = False
         for entry in entries:
-            self.enqueue(cursor, entry)
+            if not (self.holds and self._held(cursor, entry)):
+                self.enqueue(cursor, entry)
         for entry in arrived:
             self.enqueue(cursor, entry)
         self.books.changed.add(cursor)
 
     # -- consumers -------------------------------------------------------------------------
 
-    def attach(
-        self, member: str, seq: int, capacity: int, on_ready: Callable[[], None] | None
-    ) -> Attachment:
-        att = Attachment(self, member, seq, capacity, on_ready)
+    def attach(self, att: Attachment) -> Attachment:
         self.attachments.append(att)
-        # Sorted by member, so that failover's active consumer is the lowest member id.
-        self.attachments.sort(key=lambda a: (a.member, a.seq))
+        # Sorted by rank and member, so that failover's active consumer is the first of them.
+        self.attachments.sort(key=lambda a: (a.rank, a.member, a.seq))
+        self._update_active()
         self.pump()
         return att
+
+    def _update_active(self) -> None:
+        if self.type is not SubscriptionType.FAILOVER:
+            return
+        first = self.attachments[0] if self.attachments else None
+        for att in self.attachments:
+            active = att is first
+            if att.active is not active:
+                att.active = active
+                if att.on_active is not None:
+                    att.on_active(active)
 
     def detach(self, att: Attachment) -> None:
         """Remove a consumer; what it had not acknowledged goes back to the front (counted as
@@ -415,6 +393,7 @@ class Subscription:
         self.attachments.remove(att)
         if self.rr >= len(self.attachments):
             self.rr = 0
+        self._update_active()
         returned: dict[Cursor, list[Entry]] = {}
         for entry in att.unacked.values():
             cursor = self.cursors.get(entry.topic)
@@ -434,14 +413,18 @@ class Subscription:
         self.pump()
 
     def take(self, att: Attachment, max_messages: int) -> list[Delivery]:
-        """Hand up to `max_messages` queued messages to the consumer, dropping expired ones."""
+        """Hand up to `max_messages` queued entries to the consumer, dropping expired ones.
+
+        A batch entry is one delivery for a consumer that takes batches whole, else one
+        delivery per message of it not acknowledged yet (so the list may be longer)."""
         taken: list[Delivery] = []
         queue = att.queue
         unacked = att.unacked
         cursors = self.cursors
         now = 0.0
         freed = False
-        while queue and len(taken) < max_messages:
+        entries = 0
+        while queue and entries < max_messages:
             entry = queue.popleft()
             cursor = cursors[entry.topic]
             message = entry.message
@@ -450,21 +433,49 @@ class Subscription:
                 if message.expires_at <= now:
                     self.books.expired += 1
                     cursor.ack(entry.message_id)
+                    if att.credit is not None:
+                        att.credit += message.count
                     freed = True
                     continue
+            entries += 1
             unacked[(entry.topic, entry.message_id)] = entry
             count = cursor.redeliveries.get(entry.message_id, 0) if cursor.redeliveries else 0
-            taken.append(Delivery(entry.topic, entry.message_id, message, count))
+            bits = cursor.partial.get(entry.message_id, 0) if cursor.partial else 0
+            if not message.batch:
+                taken.append(Delivery(entry.topic, entry.message_id, message, count))
+            elif att.whole_batches:
+                acked = frozenset(i for i in range(len(message.batch)) if bits >> i & 1)
+                taken.append(Delivery(entry.topic, entry.message_id, message, count, acked))
+            else:
+                mid = entry.message_id
+                taken.extend(
+                    Delivery(entry.topic, MessageId(mid.ledger, mid.entry, index), member, count)
+                    for index, member in enumerate(message.batch)
+                    if not bits >> index & 1
+                )
         if freed:
             self.pump()
         return taken
 
     def ack(self, att: Attachment, deliveries: Iterable[Delivery]) -> None:
+        """Acknowledge deliveries; one with a batch index acknowledges that message of its
+        batch, and the entry once all of them are."""
         unacked = att.unacked
         cursors = self.cursors
         done = False
         for delivery in deliveries:
-            entry = unacked.pop((delivery.topic, delivery.message_id), None)
+            mid = delivery.message_id
+            key = (delivery.topic, mid.whole)
+            if mid.batch_index >= 0:
+                member_of = unacked.get(key)
+                cursor = cursors.get(delivery.topic)
+                if member_of is None or cursor is None:
+                    continue
+                if cursor.ack_member(member_of, mid.batch_index):
+                    del unacked[key]
+                    done = True
+                continue
+            entry = unacked.pop(key, None)
             if entry is None:
                 continue  # acknowledged twice, or its topic left the subscription
             done = True
@@ -474,12 +485,51 @@ class Subscription:
         if done:
             self.pump()
 
+    def ack_through(self, topic: str, message_id: MessageId) -> None:
+        """Cumulative acknowledgement: every message of `topic` up to `message_id` (up to and
+        including that message of its batch, with a batch index), wherever it is."""
+        cursor = self.cursors.get(topic)
+        if cursor is None:
+            return
+        whole = message_id.whole
+        partial = message_id.batch_index >= 0
+        through = MessageId(whole.ledger, whole.entry - 1) if partial else whole
+        ids = cursor.ids
+        while ids and ids[0] <= through:
+            cursor.ack(ids[0])
+        cursor.acked = {mid for mid in cursor.acked if mid > through}
+        if len(cursor.backlog) and cursor.backlog[0].message_id <= through:
+            kept = [entry for entry in cursor.backlog if entry.message_id > through]
+            cursor.returned = max(0, cursor.returned - (len(cursor.backlog) - len(kept)))
+            cursor.backlog = deque(kept)
+            cursor.qos0 = sum(1 for entry in kept if entry.message.qos == 0)
+        for att in self.attachments:
+            for key in [k for k in att.unacked if k[0] == topic and k[1] <= through]:
+                del att.unacked[key]
+            att.withdraw(topic, through)
+        if partial and whole in ids:
+            for att in self.attachments:
+                entry = att.unacked.get((topic, whole))
+                if entry is not None:
+                    for index in range(message_id.batch_index + 1):
+                        if cursor.ack_member(entry, index):
+                            del att.unacked[(topic, whole)]
+                            break
+        self.books.changed.add(cursor)
+        self.pump()
+
+    def grant(self, att: Attachment, permits: int) -> None:
+        """Let a credit-based consumer be sent `permits` more messages."""
+        if att.credit is not None and permits > 0:
+            att.credit += permits
+            self.pump()
+
     def nack(self, att: Attachment, deliveries: Iterable[Delivery]) -> list[tuple[Cursor, Entry]]:
         """Take messages back from a consumer, counting a redelivery; the caller puts them back
-        now or after a delay (`return_front`)."""
+        now or after a delay (`return_front`). A batch message takes its whole entry back."""
         back: list[tuple[Cursor, Entry]] = []
         for delivery in deliveries:
-            entry = att.unacked.pop((delivery.topic, delivery.message_id), None)
+            entry = att.unacked.pop((delivery.topic, delivery.message_id.whole), None)
             cursor = self.cursors.get(delivery.topic)
             if entry is None or cursor is None:
                 continue
@@ -507,8 +557,7 @@ class Subscription:
         cursor.returned = 0
         self.books.changed.discard(cursor)
         for att in self.attachments:
-            if any(entry.topic == name for entry in att.queue):
-                att.queue = deque(entry for entry in att.queue if entry.topic != name)
+            att.withdraw(name)
             for key in [key for key in att.unacked if key[0] == name]:
                 del att.unacked[key]
         self.pump()

@@ -7,11 +7,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from mop.message import Message, MessageId
+from mop.topic_names import mqtt_to_pulsar, pulsar_to_mqtt
+from mop.topics import TopicTree
 
 if TYPE_CHECKING:
     from mop.broker.subscription import Cursor
 
-__all__ = ["Entry", "Topic"]
+__all__ = ["NON_PERSISTENT", "Entry", "Topic", "Topics", "is_exact"]
+
+NON_PERSISTENT = "non-persistent://"
 
 
 class Entry(NamedTuple):
@@ -23,12 +27,19 @@ class Entry(NamedTuple):
 
 
 class Topic:
-    __slots__ = ("cursors", "last_id", "mqtt", "name", "trimmed")
+    """A topic. A non-persistent one (`non-persistent://...`) keeps nothing in storage: its
+    ids come from a counter of this process, and only attached consumers see its messages.
+    `last_count` is the batch size of the last entry (0: a single message; None: not known,
+    after a restart)."""
+
+    __slots__ = ("cursors", "last_count", "last_id", "mqtt", "name", "persistent", "trimmed")
 
     def __init__(self, name: str, mqtt: str, last_id: MessageId | None) -> None:
         self.name = name
         self.mqtt = mqtt
         self.last_id = last_id
+        self.last_count: int | None = None if last_id is not None else 0
+        self.persistent = not name.startswith(NON_PERSISTENT)
         # What publish walks: one cursor per attached subscription, kept up to date when
         # subscriptions or selectors change so that a publish never searches for them.
         self.cursors: list[Cursor] = []
@@ -36,3 +47,70 @@ class Topic:
 
     def __repr__(self) -> str:
         return f"Topic({self.name!r})"
+
+    def next_transient_id(self) -> MessageId:
+        """The id of the next message of a non-persistent topic."""
+        last = self.last_id
+        return MessageId(0, 0 if last is None else last.entry + 1)
+
+
+def is_exact(selector: str) -> bool:
+    """Whether a selector names one topic (it is no MQTT filter with wildcards)."""
+    return "+" not in selector and "#" not in selector
+
+
+class Topics:
+    """The topics a broker knows, by name and by MQTT name (in a tree, for MQTT filters)."""
+
+    def __init__(self, *, tenant: str, namespace: str) -> None:
+        self.tenant = tenant
+        self.namespace = namespace
+        self._by_name: dict[str, Topic] = {}
+        self._by_mqtt: dict[str, Topic] = {}
+        self._tree = TopicTree()
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+    def get(self, name: str) -> Topic | None:
+        return self._by_name.get(name)
+
+    def values(self) -> list[Topic]:
+        return list(self._by_name.values())
+
+    def add(self, name: str, last_id: MessageId | None) -> Topic:
+        mqtt = pulsar_to_mqtt(name, tenant=self.tenant, namespace=self.namespace)
+        topic = self._by_name[name] = self._by_mqtt[mqtt] = Topic(name, mqtt, last_id)
+        self._tree.add(mqtt)
+        return topic
+
+    def discard(self, topic: Topic) -> None:
+        if self._by_name.get(topic.name) is topic:
+            del self._by_name[topic.name]
+            del self._by_mqtt[topic.mqtt]
+            self._tree.discard(topic.mqtt)
+
+    def name_for(self, selector: str) -> str:
+        """The topic an exact selector names, given in MQTT or Pulsar form."""
+        return mqtt_to_pulsar(selector, tenant=self.tenant, namespace=self.namespace)
+
+    def filter_for(self, selector: str) -> str:
+        """The MQTT filter of a selector: an exact one may name its topic either way."""
+        if not is_exact(selector):
+            return selector
+        return pulsar_to_mqtt(self.name_for(selector), tenant=self.tenant, namespace=self.namespace)
+
+    def matching(self, topic_filter: str) -> list[Topic]:
+        """The topics whose MQTT names match an MQTT filter."""
+        return [self._by_mqtt[mqtt] for mqtt in self._tree.match_filter(topic_filter)]
+
+    def in_namespace(self, namespace: str) -> list[str]:
+        """The names of the topics of `namespace` ("tenant/namespace"), of either domain."""
+        return [
+            name
+            for name in self._by_name
+            if "/".join(name.partition("://")[2].split("/", 2)[:2]) == namespace
+        ]

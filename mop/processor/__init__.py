@@ -6,6 +6,12 @@ from mop.processor.backend import (
     ClientLease,
     Consumer,
     ConsumerClosed,
+    CursorPosition,
+    Producer,
+    ProducerAccess,
+    ProducerBusy,
+    ProducerFenced,
+    ProducerSpec,
     PublishResult,
     QuotaExceeded,
     StartPosition,
@@ -16,12 +22,15 @@ from mop.processor.backend import (
 from mop.processor.processor import (
     ClientContext,
     ConnectionLimitReached,
+    CountedProducer,
     MessagingProcessor,
     ProcessorStats,
 )
 
 __all__ = [
     "Backend", "BackendError", "ClientContext", "ClientLease", "ConnectionLimitReached",
-    "Consumer", "ConsumerClosed", "MessagingProcessor", "ProcessorStats", "PublishResult",
-    "QuotaExceeded", "StartPosition", "SubscriptionKind", "SubscriptionSpec", "Table",
+    "Consumer", "ConsumerClosed", "CountedProducer", "CursorPosition", "MessagingProcessor",
+    "ProcessorStats", "Producer", "ProducerAccess", "ProducerBusy", "ProducerFenced",
+    "ProducerSpec", "PublishResult", "QuotaExceeded", "StartPosition", "SubscriptionKind",
+    "SubscriptionSpec", "Table",
 ]

@@ -8,7 +8,7 @@ those names (see `mop.topic_names`), so one selector can cover topics that do no
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
@@ -31,6 +31,15 @@ class StartPosition(StrEnum):
     EARLIEST = "earliest"
 
 
+class ProducerAccess(StrEnum):
+    """Who else may produce on a topic while a producer is there."""
+
+    SHARED = "shared"  # anyone but an exclusive producer
+    EXCLUSIVE = "exclusive"  # no one: refused when the topic has producers
+    WAIT_FOR_EXCLUSIVE = "wait_for_exclusive"  # no one: waits until the topic is free
+    EXCLUSIVE_WITH_FENCING = "exclusive_with_fencing"  # no one: takes over, fencing the others
+
+
 class BackendError(Exception):
     """A backend could not do what was asked; `reason` is a short machine-readable cause."""
 
@@ -44,6 +53,20 @@ class QuotaExceeded(BackendError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, reason="quota_exceeded")
+
+
+class ProducerBusy(BackendError):
+    """The producer name is taken, or the topic's producers leave no room for this one."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="producer_busy")
+
+
+class ProducerFenced(BackendError):
+    """Another producer took the topic over (exclusive with fencing); this one may not return."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="producer_fenced")
 
 
 class ConsumerClosed(Exception):
@@ -70,6 +93,33 @@ class SubscriptionSpec:
     member: str = ""
     start: StartPosition = StartPosition.LATEST
     max_backlog: int = 0
+    # Where a new subscription (or a non-durable one) begins: at this message, inclusive.
+    start_at: MessageId | None = None
+    # Flow control by permits: the consumer is sent only as many messages as it granted with
+    # `Consumer.grant` (a batch uses one per message), instead of filling a receiver queue.
+    permits: bool = False
+    # Deliver a batch entry as one Delivery (the consumer unpacks `message.batch`) rather
+    # than one Delivery per message.
+    whole_batches: bool = False
+    # The order of the consumers of a failover subscription: the lowest (priority,
+    # consumer_name) is the active one. Neither is kept with the subscription.
+    priority: int = 0
+    consumer_name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerSpec:
+    """A producer of one topic. `name` is unique on the topic: a producer reconnecting under
+    its name gives a higher `epoch`. `durable_name` says the application chose the name, so
+    the producer's last sequence id is kept across restarts (deduplication). `topic_epoch` is
+    the fencing token of an exclusive producer that comes back (see `Producer.topic_epoch`)."""
+
+    topic: str
+    name: str
+    access: ProducerAccess = ProducerAccess.SHARED
+    durable_name: bool = False
+    epoch: int = 0
+    topic_epoch: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +127,18 @@ class PublishResult:
     message_id: MessageId
     # How many subscriptions took the message; None when the backend cannot tell.
     subscriptions: int | None
+    # Not stored again: its producer had sent this sequence id before.
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CursorPosition:
+    """Where a topic ends and where a subscription stands on it."""
+
+    # The topic's last message (its last batch message for a batch); None when it has none.
+    last: MessageId | None
+    # Every message up to here is acknowledged by the subscription (None: none is).
+    mark_delete: MessageId | None
 
 
 class Consumer(Protocol):
@@ -100,6 +162,36 @@ class Consumer(Protocol):
         """Hand messages back for redelivery (to any member) after `delay` seconds."""
         ...
 
+    def ack_through(self, topic: str, message_id: MessageId) -> None:
+        """Cumulative acknowledgement: every message of `topic` up to and including
+        `message_id`, for the whole subscription."""
+        ...
+
+    def grant(self, permits: int) -> None:
+        """With `SubscriptionSpec.permits`: allow `permits` more messages to be sent."""
+        ...
+
+    async def seek(
+        self, topic: str, *, message_id: MessageId | None = None, publish_time: int | None = None
+    ) -> None:
+        """Reset the subscription on `topic` to `message_id` (inclusive), to the first message
+        published at or after `publish_time` (ms), or with neither to the first stored one.
+        Later acknowledgements are forgotten; what consumers hold is taken back, uncounted.
+        Only messages still stored can be reached."""
+        ...
+
+    async def position(self, topic: str) -> CursorPosition: ...
+
+    @property
+    def active(self) -> bool:
+        """In a failover subscription, whether messages go to this consumer."""
+        ...
+
+    async def active_changed(self) -> bool:
+        """Wait until `active` differs from what this call last returned (from its value when
+        the consumer was made, the first time) and return the new value."""
+        ...
+
     async def add_selector(self, selector: str) -> None:
         """Start receiving messages published from now on to topics matching `selector`."""
         ...
@@ -115,6 +207,48 @@ class Consumer(Protocol):
     async def unsubscribe(self) -> None:
         """Leave the subscription for good (delete it when this was its last member)."""
         ...
+
+
+class Producer(Protocol):
+    """A registered producer of one topic (see `ProducerSpec` and `ProducerAccess`)."""
+
+    @property
+    def spec(self) -> ProducerSpec: ...
+
+    @property
+    def ready(self) -> bool:
+        """False while a wait-for-exclusive producer waits for the topic."""
+        ...
+
+    @property
+    def topic_epoch(self) -> int | None:
+        """The fencing token of an exclusive producer (None for a shared one)."""
+        ...
+
+    @property
+    def last_sequence_id(self) -> int:
+        """The highest sequence id stored for this producer name on the topic (-1: none)."""
+        ...
+
+    async def wait_ready(self) -> None:
+        """Return once the producer may send; raises ProducerFenced if it never will."""
+        ...
+
+    async def wait_fenced(self) -> None:
+        """Return when another producer took the topic over; this one can no longer send."""
+        ...
+
+    def send(
+        self, message: Message, *, sequence_id: int = -1, highest_sequence_id: int = -1
+    ) -> Awaitable[PublishResult]:
+        """Store `message` behind those sent before (in call order) and return an awaitable
+        that completes once it is durable. A message whose `sequence_id` (>= 0) is not above
+        the producer's last one is not stored again (`PublishResult.duplicate`); a batch
+        carries the ids `sequence_id`..`highest_sequence_id`. Raises BackendError at once when
+        the message cannot be taken (quota, storage, a producer that is not ready)."""
+        ...
+
+    async def close(self) -> None: ...
 
 
 class Table(Protocol):
@@ -161,6 +295,15 @@ class Backend(Protocol):
         ...
 
     async def subscribe(self, spec: SubscriptionSpec) -> Consumer: ...
+
+    async def open_producer(self, spec: ProducerSpec) -> Producer:
+        """Register a producer; raises ProducerBusy or ProducerFenced when the topic's access
+        rules refuse it. A wait-for-exclusive producer may come back not `ready` yet."""
+        ...
+
+    async def topics(self, namespace: str) -> list[str]:
+        """The topics of `namespace` ("tenant/namespace"), persistent or not, in full form."""
+        ...
 
     async def delete_subscription(self, name: str, member: str = "") -> None:
         """Remove a member of a subscription that has no consumer attached (e.g. an expired

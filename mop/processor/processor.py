@@ -7,6 +7,7 @@ and delegates storage and routing to exactly one Backend, chosen by `mop.node`.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from mop.message import Message
@@ -14,6 +15,8 @@ from mop.processor.backend import (
     Backend,
     ClientLease,
     Consumer,
+    Producer,
+    ProducerSpec,
     PublishResult,
     SubscriptionSpec,
     Table,
@@ -46,6 +49,47 @@ class ProcessorStats:
     @property
     def uptime(self) -> float:
         return time.monotonic() - self.started_at
+
+
+class CountedProducer:
+    """A backend producer whose sends count as messages received from clients."""
+
+    def __init__(self, producer: Producer, stats: ProcessorStats) -> None:
+        self._producer = producer
+        self._stats = stats
+
+    @property
+    def spec(self) -> ProducerSpec:
+        return self._producer.spec
+
+    @property
+    def ready(self) -> bool:
+        return self._producer.ready
+
+    @property
+    def topic_epoch(self) -> int | None:
+        return self._producer.topic_epoch
+
+    @property
+    def last_sequence_id(self) -> int:
+        return self._producer.last_sequence_id
+
+    async def wait_ready(self) -> None:
+        await self._producer.wait_ready()
+
+    async def wait_fenced(self) -> None:
+        await self._producer.wait_fenced()
+
+    def send(
+        self, message: Message, *, sequence_id: int = -1, highest_sequence_id: int = -1
+    ) -> Awaitable[PublishResult]:
+        self._stats.messages_received += message.count
+        return self._producer.send(
+            message, sequence_id=sequence_id, highest_sequence_id=highest_sequence_id
+        )
+
+    async def close(self) -> None:
+        await self._producer.close()
 
 
 class ConnectionLimitReached(Exception):
@@ -82,6 +126,13 @@ class MessagingProcessor:
 
     async def subscribe(self, ctx: ClientContext, spec: SubscriptionSpec) -> Consumer:
         return await self.backend.subscribe(spec)
+
+    async def open_producer(self, ctx: ClientContext, spec: ProducerSpec) -> Producer:
+        """Register a producer (see `Backend.open_producer`); its sends are counted."""
+        return CountedProducer(await self.backend.open_producer(spec), self.stats)
+
+    async def topics(self, ctx: ClientContext, namespace: str) -> list[str]:
+        return await self.backend.topics(namespace)
 
     async def delete_subscription(self, name: str, member: str = "") -> None:
         await self.backend.delete_subscription(name, member)

@@ -23,7 +23,9 @@ __all__ = ["MemoryStorage"]
 
 
 def _size(message: Message) -> int:
-    return len(message.payload) + sum(len(k) + len(v) for k, v in message.properties)
+    own = len(message.payload) + len(message.wire)
+    own += sum(len(k) + len(v) for k, v in message.properties)
+    return own + sum(_size(member) for member in message.batch)
 
 
 class _Log:

@@ -191,6 +191,26 @@ def encode_message(ledger: int, entry: int, append_ms: int, message: Message) ->
         raw_name, raw_value = name.encode(), value.encode()
         parts += (_PAIR.pack(len(raw_name), len(raw_value)), raw_name, raw_value)
     parts.append(message.payload)
+    if message.deliver_at or message.wire_format or message.wire or message.batch:
+        parts.append(_extension(message))
+    return b"".join(parts)
+
+
+# Written after the payload only when a message uses one of the later fields (so records of
+# plain messages are unchanged): version, deliver_at, wire format and wire bytes, and the
+# messages of a batch, each encoded like a message record of its own.
+_EXTENSION = struct.Struct("<Bq")
+_EXTENSION_VERSION = 1
+
+
+def _extension(message: Message) -> bytes:
+    parts = [
+        _EXTENSION.pack(_EXTENSION_VERSION, message.deliver_at),
+        _str(message.wire_format),
+        _blob(message.wire),
+        _U32.pack(len(message.batch)),
+    ]
+    parts += [_blob(encode_message(0, 0, 0, member)) for member in message.batch]
     return b"".join(parts)
 
 
@@ -212,6 +232,15 @@ def decode_message(body: bytes | memoryview) -> tuple[MessageId, Message]:
         n_name, n_value = _PAIR.unpack(reader.take(_PAIR.size))
         properties.append((reader.take(n_name).decode(), reader.take(n_value).decode()))
     payload = reader.take(n_payload)
+    deliver_at, wire_format, wire = 0, "", b""
+    batch: tuple[Message, ...] = ()
+    if reader.offset != len(body):
+        version, deliver_at = _EXTENSION.unpack(reader.take(_EXTENSION.size))
+        if version != _EXTENSION_VERSION:
+            raise ValueError(f"unknown message extension version {version}")
+        wire_format = reader.str()
+        wire = reader.blob()
+        batch = tuple(decode_message(reader.blob())[1] for _ in range(reader.u32()))
     if reader.offset != len(body):
         raise ValueError("trailing bytes after message")
     message = Message(
@@ -223,6 +252,10 @@ def decode_message(body: bytes | memoryview) -> tuple[MessageId, Message]:
         event_time=event,
         qos=qos,
         expires_at=expires,
+        deliver_at=deliver_at,
+        batch=batch,
+        wire_format=wire_format,
+        wire=wire,
     )
     return MessageId(ledger, entry), message
 

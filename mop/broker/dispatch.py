@@ -1,0 +1,182 @@
+"""Consumers attached to a subscription and, per subscription type, the rule that picks the
+consumer for each message (first, round robin, or by key with rendezvous hashing). No I/O.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from mop.broker.topic import Entry
+from mop.message import MessageId
+
+if TYPE_CHECKING:
+    from mop.broker.subscription import Subscription
+
+__all__ = [
+    "DEFAULT_OPTIONS", "PICKERS", "Attachment", "ConsumerOptions", "Picker", "SubscriptionType",
+]
+
+_MASK64 = (1 << 64) - 1
+
+
+class SubscriptionType(StrEnum):
+    EXCLUSIVE = "exclusive"
+    SHARED = "shared"
+    FAILOVER = "failover"
+    KEY_SHARED = "key_shared"
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerOptions:
+    """How a consumer takes messages, beyond its receiver queue (see `Attachment`)."""
+
+    credit: bool = False
+    whole_batches: bool = False
+    rank: tuple[int, str] = (0, "")
+    on_active: Callable[[bool], None] | None = None
+
+
+DEFAULT_OPTIONS = ConsumerOptions()
+
+
+class Attachment:
+    """A consumer attached to a subscription. `queue` holds messages dispatched to it and not
+    yet taken, `unacked` those taken and not yet acknowledged; together they are bounded by
+    `capacity` (the receiver queue). `on_ready` is called when `queue` stops being empty.
+
+    Options: with `credit` the consumer is also sent no more messages than it granted (a batch
+    entry uses one per message); `whole_batches` consumers take a batch as one delivery;
+    `rank` orders the consumers of a failover subscription (the first is active) and
+    `on_active` is called when this one becomes or stops being the active one.
+    """
+
+    __slots__ = (
+        "active",
+        "capacity",
+        "closed",
+        "credit",
+        "ident",
+        "member",
+        "on_active",
+        "on_ready",
+        "queue",
+        "rank",
+        "seed",
+        "seq",
+        "sub",
+        "unacked",
+        "whole_batches",
+    )
+
+    def __init__(
+        self,
+        sub: Subscription,
+        member: str,
+        seq: int,
+        capacity: int,
+        on_ready: Callable[[], None] | None,
+        options: ConsumerOptions = DEFAULT_OPTIONS,
+    ) -> None:
+        self.sub = sub
+        self.member = member
+        self.seq = seq
+        self.ident = member or f"#{seq}"
+        self.seed = zlib.crc32(self.ident.encode("utf-8", "surrogatepass"))
+        self.capacity = capacity
+        self.credit = 0 if options.credit else None
+        self.whole_batches = options.whole_batches
+        self.rank = options.rank
+        self.on_ready = on_ready
+        self.on_active = options.on_active
+        self.active = False
+        self.queue: deque[Entry] = deque()
+        self.unacked: dict[tuple[str, MessageId], Entry] = {}
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"Attachment({self.sub.name!r}, {self.ident!r})"
+
+    @property
+    def space(self) -> int:
+        room = self.capacity - len(self.queue) - len(self.unacked)
+        credit = self.credit
+        return room if credit is None or credit > room else credit
+
+    def push(self, entry: Entry) -> None:
+        queue = self.queue
+        queue.append(entry)
+        if self.credit is not None:
+            self.credit -= entry.message.count
+        if len(queue) == 1 and self.on_ready is not None:
+            self.on_ready()
+
+    def withdraw(self, topic: str, through: MessageId | None = None) -> None:
+        """Remove queued messages of `topic` (up to `through`), giving back their credit."""
+        queue = self.queue
+        def goes(entry: Entry) -> bool:
+            return entry.topic == topic and (through is None or entry.message_id <= through)
+
+        if not any(goes(entry) for entry in queue):
+            return
+        kept: deque[Entry] = deque()
+        for entry in queue:
+            if goes(entry):
+                if self.credit is not None:
+                    self.credit += entry.message.count
+            else:
+                kept.append(entry)
+        self.queue = kept
+
+
+Picker = Callable[["Subscription", Entry], Attachment | None]
+
+
+def _pick_first(sub: Subscription, entry: Entry) -> Attachment | None:
+    # Exclusive has one attachment; failover keeps them sorted, the first one is active.
+    att = sub.attachments[0]
+    return att if att.space > 0 else None
+
+
+def _pick_round_robin(sub: Subscription, entry: Entry) -> Attachment | None:
+    atts = sub.attachments
+    count = len(atts)
+    start = sub.rr
+    for step in range(count):
+        index = (start + step) % count
+        att = atts[index]
+        if att.space > 0:
+            sub.rr = index + 1
+            return att
+    return None
+
+
+def _mix(value: int) -> int:
+    # splitmix64 finaliser: spreads a 32-bit key hash into well-mixed per-member weights.
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+def _pick_by_key(sub: Subscription, entry: Entry) -> Attachment | None:
+    key = entry.message.key
+    if key is None:
+        return _pick_round_robin(sub, entry)
+    # Rendezvous hashing: each key goes to the member with the highest weight for it, so a
+    # key keeps its member while membership is unchanged and only the keys of a member that
+    # leaves (or some keys, for one that joins) move.
+    digest = zlib.crc32(key.encode("utf-8", "surrogatepass"))
+    best = max(sub.attachments, key=lambda att: _mix(digest ^ (att.seed << 32)))
+    return best if best.space > 0 else None
+
+
+PICKERS: dict[SubscriptionType, Picker] = {
+    SubscriptionType.EXCLUSIVE: _pick_first,
+    SubscriptionType.FAILOVER: _pick_first,
+    SubscriptionType.SHARED: _pick_round_robin,
+    SubscriptionType.KEY_SHARED: _pick_by_key,
+}

@@ -1,0 +1,97 @@
+"""Positions in a topic, read from storage: a cursor's backlog, the message at a publish time,
+the size of the last batch, and how far acknowledged data can be trimmed.
+"""
+
+from __future__ import annotations
+
+from mop.broker.storage.api import Storage
+from mop.broker.topic import Entry, Topic
+from mop.message import MessageId
+
+__all__ = ["id_before", "last_message", "mark_for_time", "read_backlog", "trim_point"]
+
+READ_BATCH = 1000
+# An entry number above any a store hands out, for "just before the first entry of a ledger".
+_LAST_ENTRY = (1 << 63) - 1
+
+
+def id_before(message_id: MessageId) -> MessageId | None:
+    """An id that sorts just before the entry of `message_id`: a cursor whose mark_delete is
+    there still owes that entry. None when nothing can sort before it."""
+    if message_id.entry > 0:
+        return MessageId(message_id.ledger, message_id.entry - 1)
+    if message_id.ledger > 0:
+        return MessageId(message_id.ledger - 1, _LAST_ENTRY)
+    return None
+
+
+async def read_backlog(
+    storage: Storage,
+    topic: str,
+    after: MessageId | None,
+    upto: MessageId | None,
+    acked: frozenset[MessageId],
+) -> tuple[list[MessageId], list[Entry]]:
+    """Every stored id of `topic` after `after` up to `upto`, and the entries among them that
+    are not in `acked`."""
+    ids: list[MessageId] = []
+    entries: list[Entry] = []
+    while upto is not None and (after is None or after < upto):
+        page = await storage.read(topic, after, READ_BATCH)
+        if not page:
+            break
+        for message_id, message in page:
+            if message_id > upto:
+                break
+            ids.append(message_id)
+            if message_id not in acked:
+                entries.append(Entry(topic, message_id, message))
+        after = page[-1][0]
+    return ids, entries
+
+
+async def mark_for_time(
+    storage: Storage, topic: str, publish_time: int, last: MessageId | None
+) -> MessageId | None:
+    """The id just before the first stored message published at or after `publish_time`
+    (`last`, the topic's last id, when there is none)."""
+    mark: MessageId | None = None
+    after: MessageId | None = None
+    while True:
+        page = await storage.read(topic, after, READ_BATCH)
+        if not page:
+            return last if last is not None else mark
+        for message_id, message in page:
+            if message.publish_time >= publish_time:
+                return mark
+            mark = message_id
+        after = page[-1][0]
+
+
+async def last_message(storage: Storage, topic: Topic) -> MessageId | None:
+    """The id of the topic's last message: for a batch, of its last message in the batch."""
+    last = topic.last_id
+    if last is None:
+        return None
+    if topic.last_count is None:  # not known since the restart: read the entry
+        page = await storage.read(topic.name, id_before(last), 1)
+        count = len(page[0][1].batch) if page and page[0][0] == last else 0
+        if topic.last_id == last:
+            topic.last_count = count
+    else:
+        count = topic.last_count
+    return MessageId(last.ledger, last.entry, count - 1) if count else last
+
+
+def trim_point(topic: Topic) -> MessageId | None:
+    """Up to where every subscription of `topic` has acknowledged (everything, without any)."""
+    if not topic.cursors:
+        return topic.last_id
+    lowest: MessageId | None = None
+    for cursor in topic.cursors:
+        mark = cursor.mark_delete
+        if mark is None:
+            return None
+        if lowest is None or mark < lowest:
+            lowest = mark
+    return lowest

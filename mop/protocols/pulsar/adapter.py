@@ -1,0 +1,47 @@
+"""The Pulsar protocol handler: the Pulsar binary protocol over TCP for pulsar-client apps."""
+
+from __future__ import annotations
+
+from mop.protocols.base import NodeServices
+from mop.protocols.pulsar.server import PulsarServer, Timers
+from mop.settings import PulsarSettings, Settings
+from mop.transport import Handler, ListenerSpec
+
+
+class PulsarProtocol:
+    name = "pulsar"
+
+    def __init__(self, timers: Timers | None = None) -> None:
+        self._settings: Settings | None = None
+        self._server: PulsarServer | None = None
+        self._timers = timers
+
+    @property
+    def pulsar(self) -> PulsarSettings:
+        assert self._settings is not None, "initialize() first"
+        return self._settings.pulsar
+
+    def initialize(self, settings: Settings) -> None:
+        self._settings = settings
+
+    def advertised_data(self) -> dict[str, str]:
+        assert self._settings is not None, "initialize() first"
+        url = self._settings.cluster.advertised_url
+        return {"pulsar": url or f"pulsar://{self.pulsar.host}:{self.pulsar.port}"}
+
+    async def start(self, services: NodeServices) -> None:
+        assert self._settings is not None, "initialize() first"
+        self._server = PulsarServer(self._settings, services.processor, self._timers)
+        await services.nursery.start(self._server.serve)
+
+    @property
+    def server(self) -> PulsarServer:
+        assert self._server is not None, "start() first"
+        return self._server
+
+    def listeners(self) -> list[tuple[ListenerSpec, Handler]]:
+        spec = ListenerSpec(name="pulsar", kind="tcp", host=self.pulsar.host, port=self.pulsar.port)
+        return [(spec, self.server.handle_connection)]
+
+    async def close(self) -> None:
+        """Nothing to finish: connections close through the node's cancellation."""

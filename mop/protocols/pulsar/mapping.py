@@ -1,0 +1,182 @@
+"""Pulsar messages <-> protocol-neutral `Message`s, and Pulsar message ids <-> `MessageId`s.
+
+A SEND becomes a Message whose neutral fields serve every protocol and whose `wire` keeps the
+metadata block as sent, so Pulsar consumers get the very bytes the producer wrote (and its
+checksum holds). A batch becomes one entry whose `batch` lists its messages; a batch that
+cannot be split (compressed, encrypted) is kept whole, opaque to other protocols.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+from mop.message import Message, MessageId
+from mop.protocols.pulsar.codec import decode_message, message_bytes
+from mop.protocols.pulsar.errors import PulsarError
+from mop.protocols.pulsar.metadata import (
+    EARLIEST_ID,
+    LATEST_ID,
+    CompressionType,
+    KeyValue,
+    MessageIdData,
+    MessageMetadata,
+    Payload,
+    SingleMessageMetadata,
+)
+
+WIRE_FORMAT: Final = "pulsar"
+_U32: Final = struct.Struct(">I")
+_MASK64: Final = (1 << 64) - 1
+# The signed forms of the special start ids (the client keeps ids as int64).
+EARLIEST: Final = MessageId(-1, -1)
+LATEST: Final = MessageId(LATEST_ID, LATEST_ID)
+
+
+# --- message ids ---------------------------------------------------------------------------------
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def from_id_data(data: MessageIdData) -> MessageId:
+    """The MessageId a client named (EARLIEST / LATEST for the special start ids)."""
+    if data.ledger_id == EARLIEST_ID and data.entry_id == EARLIEST_ID:
+        return EARLIEST
+    return MessageId(_signed(data.ledger_id), _signed(data.entry_id), max(-1, data.batch_index))
+
+
+def to_id_data(message_id: MessageId | None, batch_index: int | None = None) -> MessageIdData:
+    """MessageIdData for an id; None (no message) is sent as (-1, -1)."""
+    if message_id is None:
+        return MessageIdData(ledger_id=_MASK64, entry_id=_MASK64)
+    index = message_id.batch_index if batch_index is None else batch_index
+    return MessageIdData(
+        ledger_id=message_id.ledger & _MASK64,
+        entry_id=message_id.entry & _MASK64,
+        batch_index=index,
+    )
+
+
+# --- SEND -> Message -----------------------------------------------------------------------------
+
+
+def _pairs(properties: tuple[KeyValue, ...]) -> tuple[tuple[str, str], ...]:
+    return tuple((kv.key, kv.value) for kv in properties)
+
+
+def _key(partition_key: str | None, ordering_key: bytes | None) -> str | None:
+    # Key_Shared dispatch hashes the ordering key when there is one, else the partition key.
+    if ordering_key is not None:
+        return ordering_key.decode("utf-8", "surrogateescape")
+    return partition_key
+
+
+def message_from_payload(payload: Payload) -> Message:
+    """The stored form of a SEND's metadata and payload."""
+    meta = payload.metadata
+    raw = payload.raw
+    (meta_size,) = _U32.unpack_from(raw, 0)
+    wire = raw[4 : 4 + meta_size]
+    producer = meta.producer_name
+    publish_time = meta.publish_time
+    batch: tuple[Message, ...] = ()
+    if meta.num_messages_in_batch is not None and meta.compression is CompressionType.NONE:
+        batch = split_batch(payload.data, meta.num_messages_in_batch, producer, publish_time)
+    return Message(
+        payload=b"" if batch or meta.null_value else payload.data,
+        properties=_pairs(meta.properties),
+        key=_key(meta.partition_key, meta.ordering_key),
+        producer=producer,
+        publish_time=publish_time,
+        event_time=meta.event_time or 0,
+        deliver_at=max(0, meta.deliver_at_time or 0),
+        batch=batch,
+        wire_format=WIRE_FORMAT,
+        wire=wire,
+    )
+
+
+def split_batch(data: bytes, count: int, producer: str, publish_time: int) -> tuple[Message, ...]:
+    """The messages of an uncompressed batch payload, each keeping its metadata bytes; () when
+    the payload does not parse as `count` entries (e.g. it is encrypted)."""
+    members = []
+    pos = 0
+    end = len(data)
+    try:
+        for _ in range(count):
+            (size,) = _U32.unpack_from(data, pos)
+            meta_end = pos + 4 + size
+            if meta_end > end:
+                return ()
+            meta = decode_message(SingleMessageMetadata, data, pos + 4, meta_end)
+            stop = meta_end + meta.payload_size
+            if meta.payload_size < 0 or stop > end:
+                return ()
+            members.append(Message(
+                payload=b"" if meta.null_value else data[meta_end:stop],
+                properties=_pairs(meta.properties),
+                key=(
+                    None if meta.null_partition_key
+                    else _key(meta.partition_key, meta.ordering_key)
+                ),
+                producer=producer,
+                publish_time=publish_time,
+                event_time=meta.event_time or 0,
+                wire_format=WIRE_FORMAT,
+                wire=data[pos + 4 : meta_end],
+            ))
+            pos = stop
+    except (struct.error, PulsarError):
+        return ()
+    return tuple(members) if pos == end and members else ()
+
+
+# --- Message -> MESSAGE --------------------------------------------------------------------------
+
+
+def entry_bytes(message: Message, message_id: MessageId) -> bytes:
+    """`metaSize | metadata | payload` for delivering `message` to a Pulsar consumer."""
+    if message.wire_format == WIRE_FORMAT and message.wire:
+        meta = message.wire
+    else:
+        meta = message_bytes(_metadata_for(message, message_id))
+    data = _batch_payload(message.batch) if message.batch else message.payload
+    return b"".join((_U32.pack(len(meta)), meta, data))
+
+
+def _metadata_for(message: Message, message_id: MessageId) -> MessageMetadata:
+    """Metadata for a message another protocol produced (e.g. an MQTT PUBLISH)."""
+    return MessageMetadata(
+        producer_name=message.producer or "mop",
+        sequence_id=max(0, message_id.entry),
+        publish_time=message.publish_time,
+        properties=tuple(KeyValue(key=k, value=v) for k, v in message.properties),
+        partition_key=message.key,
+        num_messages_in_batch=len(message.batch) if message.batch else None,
+        event_time=message.event_time or None,
+        deliver_at_time=message.deliver_at or None,
+    )
+
+
+def _batch_payload(members: tuple[Message, ...]) -> bytes:
+    parts: list[bytes] = []
+    for member in members:
+        if member.wire_format == WIRE_FORMAT and member.wire:
+            meta = member.wire
+        else:
+            meta = message_bytes(SingleMessageMetadata(
+                properties=tuple(KeyValue(key=k, value=v) for k, v in member.properties),
+                partition_key=member.key,
+                payload_size=len(member.payload),
+                event_time=member.event_time or None,
+            ))
+        parts += (_U32.pack(len(meta)), meta, member.payload)
+    return b"".join(parts)
+
+
+__all__ = [
+    "EARLIEST", "LATEST", "WIRE_FORMAT", "entry_bytes", "from_id_data", "message_from_payload",
+    "split_batch", "to_id_data",
+]

@@ -1,0 +1,125 @@
+"""What the Pulsar adapter shares between connections: limits, timers, topic names, the URL it
+advertises and the names it gives producers. `handle_connection` serves one client.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import uuid
+from dataclasses import dataclass
+
+import trio
+
+from mop.processor import BackendError, MessagingProcessor
+from mop.protocols.pulsar.connection import ConnectionLimits
+from mop.protocols.pulsar.errors import ServerError
+from mop.settings import Settings
+from mop.topic_names import PulsarTopicName
+from mop.topics import TopicError
+from mop.transport import ConnectionInfo
+
+log = logging.getLogger("mop.pulsar")
+
+SERVER_VERSION = "mop 0.1.0"  # kept in step with mop.__version__ (pyproject)
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
+
+
+# BackendError.reason -> the ServerError that answers it.
+_SERVER_ERRORS = {
+    "consumer_busy": ServerError.ConsumerBusy,
+    "subscription_mismatch": ServerError.ConsumerBusy,
+    "producer_busy": ServerError.ProducerBusy,
+    "producer_fenced": ServerError.ProducerFenced,
+    "quota_exceeded": ServerError.ProducerBlockedQuotaExceededError,
+    "storage_error": ServerError.PersistenceError,
+    "closed": ServerError.ServiceNotReady,
+}
+
+
+def server_error(exc: BackendError) -> ServerError:
+    """The ServerError that answers a failed backend call."""
+    return _SERVER_ERRORS.get(exc.reason, ServerError.UnknownError)
+
+
+class TopicRefused(Exception):
+    """A topic name the node does not serve; `error` is the ServerError to answer."""
+
+    def __init__(self, error: ServerError, message: str) -> None:
+        super().__init__(message)
+        self.error = error
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Timers:
+    """How long a client may take: to send CONNECT, and to show signs of life (the broker
+    PINGs a connection silent for one interval and drops it after a second one)."""
+
+    connect_timeout: float = 10.0
+    keepalive_interval: float = 30.0
+
+
+class PulsarServer:
+    def __init__(
+        self, settings: Settings, processor: MessagingProcessor, timers: Timers | None = None
+    ) -> None:
+        self.processor = processor
+        self.settings = settings
+        self.timers = timers or Timers()
+        self.limits = ConnectionLimits(server_version=SERVER_VERSION)
+        self.tenant = settings.default_tenant
+        self.namespace = settings.default_namespace
+        # Broker-assigned producer names are unique across restarts, since a producer's name
+        # keys its sequence ids (deduplication).
+        self._boot = uuid.uuid4().hex[:8]
+        self._names = itertools.count()
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+
+    async def handle_connection(self, stream: trio.abc.Stream, info: ConnectionInfo) -> None:
+        from mop.protocols.pulsar.handler import PulsarConnection
+
+        await PulsarConnection(self, stream, info).run()
+
+    def service_url(self, info: ConnectionInfo) -> str:
+        """The URL lookups answer with: the configured advertised URL, else this listener."""
+        advertised = self.settings.cluster.advertised_url
+        if advertised:
+            return advertised
+        host = self.settings.pulsar.host
+        if host in _WILDCARD_HOSTS:
+            host = info.local[0]
+        if ":" in host:
+            host = f"[{host}]"
+        return f"pulsar://{host}:{info.local[1]}"
+
+    def producer_name(self) -> str:
+        return f"mop-{self._boot}-{next(self._names)}"
+
+    def topic(self, name: str) -> str:
+        """The canonical name of a topic this node serves, or TopicRefused.
+
+        Every namespace of the node's default tenant is served (namespaces need no creation);
+        other tenants are unknown. Local names with MQTT wildcards are refused, because MQTT
+        subscribers could not name such a topic exactly.
+        """
+        try:
+            parsed = PulsarTopicName.parse(name)
+        except TopicError as exc:
+            raise TopicRefused(ServerError.InvalidTopicName, str(exc)) from None
+        self.check_namespace(f"{parsed.tenant}/{parsed.namespace}")
+        if "+" in parsed.local_name or "#" in parsed.local_name:
+            raise TopicRefused(
+                ServerError.InvalidTopicName, f"topic name {name!r} contains '+' or '#'"
+            )
+        return str(parsed)
+
+    def check_namespace(self, namespace: str) -> None:
+        tenant, _, rest = namespace.partition("/")
+        if tenant != self.tenant or not rest or "/" in rest:
+            raise TopicRefused(
+                ServerError.TopicNotFound,
+                f"namespace {namespace!r} does not exist (this node serves {self.tenant}/*)",
+            )

@@ -1,0 +1,136 @@
+"""Pulsar messages <-> neutral messages (`mop.protocols.pulsar.mapping`): SEND payloads become
+entries that go back out byte for byte, batches split into their messages, messages of other
+protocols get Pulsar metadata, special ids; the batch splitter is fuzzed."""
+
+from __future__ import annotations
+
+import struct
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mop.message import Message, MessageId
+from mop.protocols.pulsar.codec import decode_message
+from mop.protocols.pulsar.frames import decode_batch, encode_batch, make_payload
+from mop.protocols.pulsar.mapping import (
+    EARLIEST,
+    LATEST,
+    entry_bytes,
+    from_id_data,
+    message_from_payload,
+    split_batch,
+    to_id_data,
+)
+from mop.protocols.pulsar.metadata import (
+    EARLIEST_ID,
+    LATEST_ID,
+    BatchEntry,
+    CompressionType,
+    KeyValue,
+    MessageIdData,
+    MessageMetadata,
+    SingleMessageMetadata,
+)
+
+
+def _metadata(**fields: object) -> MessageMetadata:
+    base: dict[str, object] = {"producer_name": "p", "sequence_id": 7, "publish_time": 1000}
+    base.update(fields)
+    return MessageMetadata(**base)  # type: ignore[arg-type]
+
+
+def _raw_metadata(raw: bytes) -> MessageMetadata:
+    (size,) = struct.unpack_from(">I", raw)
+    return decode_message(MessageMetadata, raw, 4, 4 + size)
+
+
+def test_a_single_message_keeps_its_fields_and_its_bytes() -> None:
+    meta = _metadata(
+        properties=(KeyValue(key="a", value="1"), KeyValue(key="a", value="2")),
+        partition_key="k", event_time=5, deliver_at_time=2000,
+    )
+    payload = make_payload(meta, b"data")
+    message = message_from_payload(payload)
+    assert (message.payload, message.key, message.producer) == (b"data", "k", "p")
+    assert message.properties == (("a", "1"), ("a", "2"))
+    assert (message.publish_time, message.event_time, message.deliver_at) == (1000, 5, 2000)
+    assert entry_bytes(message, MessageId(1, 2)) == payload.raw
+
+
+def test_the_ordering_key_is_the_dispatch_key() -> None:
+    payload = make_payload(_metadata(partition_key="p", ordering_key=b"o"), b"x")
+    assert message_from_payload(payload).key == "o"
+
+
+def test_a_null_value_has_no_payload_for_other_protocols() -> None:
+    payload = make_payload(_metadata(null_value=True), b"")
+    message = message_from_payload(payload)
+    assert message.payload == b""
+    assert entry_bytes(message, MessageId(0, 0)) == payload.raw
+
+
+def test_a_batch_splits_into_messages_and_goes_back_whole() -> None:
+    entries = [
+        BatchEntry(SingleMessageMetadata(
+            payload_size=len(data), properties=(KeyValue(key="i", value=str(i)),),
+            partition_key=f"k{i}", sequence_id=i,
+        ), data)
+        for i, data in enumerate([b"zero", b"", b"two"])
+    ]
+    payload = make_payload(_metadata(num_messages_in_batch=3), encode_batch(entries))
+    message = message_from_payload(payload)
+    assert message.payload == b"" and message.count == 3
+    assert [m.payload for m in message.batch] == [b"zero", b"", b"two"]
+    assert [m.properties for m in message.batch] == [(("i", str(i)),) for i in range(3)]
+    assert [m.key for m in message.batch] == ["k0", "k1", "k2"]
+    assert {m.producer for m in message.batch} == {"p"}
+    assert entry_bytes(message, MessageId(1, 2)) == payload.raw
+
+
+def test_a_compressed_batch_stays_whole() -> None:
+    payload = make_payload(
+        _metadata(num_messages_in_batch=2, compression=CompressionType.LZ4), b"\x01\x02\x03"
+    )
+    message = message_from_payload(payload)
+    assert message.batch == () and message.payload == b"\x01\x02\x03"
+    assert entry_bytes(message, MessageId(1, 2)) == payload.raw
+
+
+def test_messages_of_other_protocols_get_metadata() -> None:
+    message = Message(b"hi", (("colour", "red"),), key="k", producer="mqtt-client",
+                      publish_time=99, event_time=3)
+    raw = entry_bytes(message, MessageId(4, 5))
+    meta = _raw_metadata(raw)
+    assert (meta.producer_name, meta.publish_time, meta.partition_key) == ("mqtt-client", 99, "k")
+    assert meta.properties == (KeyValue(key="colour", value="red"),)
+    assert meta.event_time == 3 and meta.num_messages_in_batch is None
+    assert raw.endswith(b"hi")
+
+
+def test_neutral_batches_are_encoded_as_pulsar_batches() -> None:
+    message = Message(b"", batch=(Message(b"a", key="x"), Message(b"bc")), producer="n")
+    raw = entry_bytes(message, MessageId(0, 0))
+    meta = _raw_metadata(raw)
+    assert meta.num_messages_in_batch == 2
+    (size,) = struct.unpack_from(">I", raw)
+    entries = decode_batch(raw[4 + size :], 2)
+    assert [e.payload for e in entries] == [b"a", b"bc"]
+    assert entries[0].metadata.partition_key == "x"
+
+
+def test_special_ids() -> None:
+    earliest = MessageIdData(ledger_id=EARLIEST_ID, entry_id=EARLIEST_ID)
+    latest = MessageIdData(ledger_id=LATEST_ID, entry_id=LATEST_ID)
+    assert from_id_data(earliest) == EARLIEST
+    assert from_id_data(latest) == LATEST
+    assert from_id_data(MessageIdData(ledger_id=3, entry_id=4, batch_index=2)) == MessageId(3, 4, 2)
+    none = to_id_data(None)
+    assert (none.ledger_id, none.entry_id) == (EARLIEST_ID, EARLIEST_ID)
+    assert to_id_data(MessageId(3, 4), batch_index=1).batch_index == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.integers(min_value=1, max_value=5))
+def test_splitting_any_bytes_never_raises(data: bytes, count: int) -> None:
+    members = split_batch(data, count, "p", 0)
+    assert members == () or len(members) == count

@@ -1,0 +1,320 @@
+"""The Pulsar adapter over in-memory streams (no sockets) on a virtual clock: keepalive, the
+connect timeout, answers that keep the connection, and the producer/consumer plumbing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+import trio.testing
+
+from mop.backends.local import open_local_backend
+from mop.broker.storage.memory import MemoryStorage
+from mop.processor import MessagingProcessor
+from mop.protocols.pulsar.commands import (
+    Ack,
+    AckResponse,
+    AckType,
+    ActiveConsumerChange,
+    CloseConsumer,
+    CloseProducer,
+    Command,
+    Connect,
+    Connected,
+    Error,
+    Flow,
+    GetLastMessageId,
+    GetLastMessageIdResponse,
+    Message,
+    Ping,
+    Pong,
+    Producer,
+    ProducerAccessMode,
+    ProducerSuccess,
+    Seek,
+    Send,
+    SendReceipt,
+    Subscribe,
+    SubType,
+    Success,
+    Unsubscribe,
+)
+from mop.protocols.pulsar.errors import ServerError
+from mop.protocols.pulsar.frames import (
+    Frame,
+    FrameDecoder,
+    NeedData,
+    encode_batch,
+    encode_command,
+    make_payload,
+)
+from mop.protocols.pulsar.metadata import (
+    BatchEntry,
+    KeyValue,
+    MessageIdData,
+    MessageMetadata,
+    SingleMessageMetadata,
+)
+from mop.protocols.pulsar.server import PulsarServer, Timers
+from mop.settings import Settings
+from mop.transport import ConnectionInfo
+
+INFO = ConnectionInfo(transport="tcp", local=("127.0.0.1", 6650), peer=("127.0.0.1", 5000))
+TOPIC = "persistent://public/default/memory"
+
+
+class Peer:
+    """The client end of an in-memory connection, speaking through mop's codec."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.decoder = FrameDecoder(max_frame_size=64 << 20)
+
+    async def send(self, command: Command) -> None:
+        await self.stream.send_all(encode_command(command))
+
+    async def recv(self, within: float = 5) -> Frame | None:
+        with trio.fail_after(within):
+            while True:
+                frame = self.decoder.next_frame()
+                if not isinstance(frame, NeedData):
+                    return frame
+                data = await self.stream.receive_some(65536)
+                if not data:
+                    return None
+                self.decoder.feed(data)
+
+    async def connect(self) -> Connected:
+        await self.send(Connect(client_version="memory", protocol_version=20))
+        answer = await self.recv()
+        assert isinstance(answer, Connected), answer
+        return answer
+
+
+@asynccontextmanager
+async def pulsar_server(
+    timers: Timers | None = None,
+) -> AsyncIterator[tuple[PulsarServer, trio.Nursery]]:
+    settings = Settings(protocols=("pulsar",))
+    async with open_local_backend(MemoryStorage()) as backend, trio.open_nursery() as nursery:
+        server = PulsarServer(settings, MessagingProcessor(backend), timers)
+        await nursery.start(server.serve)
+        yield server, nursery
+        nursery.cancel_scope.cancel()
+
+
+def open_peer(server: PulsarServer, nursery: trio.Nursery) -> Peer:
+    client, served = trio.testing.memory_stream_pair()
+
+    async def serve() -> None:
+        # What the transport does: the stream closes when the handler returns.
+        async with served:
+            await server.handle_connection(served, INFO)
+
+    nursery.start_soon(serve)
+    return Peer(client)
+
+
+async def test_a_silent_client_is_pinged_then_dropped(autojump_clock: trio.abc.Clock) -> None:
+    async with pulsar_server(Timers(keepalive_interval=30)) as (server, nursery):
+        peer = open_peer(server, nursery)
+        await peer.connect()
+        start = trio.current_time()
+        assert isinstance(await peer.recv(within=40), Ping)
+        assert 29 < trio.current_time() - start < 31
+        assert await peer.recv(within=40) is None  # silent for a second interval
+        assert 59 < trio.current_time() - start < 61
+
+
+async def test_a_client_that_answers_pings_stays(autojump_clock: trio.abc.Clock) -> None:
+    async with pulsar_server(Timers(keepalive_interval=30)) as (server, nursery):
+        peer = open_peer(server, nursery)
+        await peer.connect()
+        for _ in range(5):
+            # Silent for an interval: PING; the PONG counts as life, so the next comes later.
+            assert isinstance(await peer.recv(within=70), Ping)
+            await peer.send(Pong())
+        await peer.send(Ping())
+        assert isinstance(await peer.recv(), Pong)
+
+
+async def test_no_connect_in_time_closes(autojump_clock: trio.abc.Clock) -> None:
+    async with pulsar_server(Timers(connect_timeout=10)) as (server, nursery):
+        peer = open_peer(server, nursery)
+        start = trio.current_time()
+        assert await peer.recv(within=20) is None
+        assert 9 < trio.current_time() - start < 11
+
+
+async def test_errors_are_answers_and_the_connection_goes_on() -> None:
+    async with pulsar_server() as (server, nursery):
+        peer = open_peer(server, nursery)
+        await peer.connect()
+        await peer.send(Seek(consumer_id=9, request_id=1))
+        error = await peer.recv()
+        assert isinstance(error, Error)
+        assert (error.request_id, error.error) == (1, ServerError.ConsumerNotFound)
+        await peer.send(Unsubscribe(consumer_id=9, request_id=2))
+        assert isinstance(await peer.recv(), Error)
+        await peer.send(CloseConsumer(consumer_id=9, request_id=3))
+        assert await peer.recv() == Success(request_id=3)
+        await peer.send(CloseProducer(producer_id=9, request_id=4))
+        assert await peer.recv() == Success(request_id=4)
+        await peer.send(Producer(topic="persistent://nobody/ns/t", producer_id=1, request_id=5))
+        refused = await peer.recv()
+        assert isinstance(refused, Error) and refused.error is ServerError.TopicNotFound
+        await peer.send(Ping())
+        assert isinstance(await peer.recv(), Pong)
+
+
+async def _produce(peer: Peer, *payloads: bytes) -> list[SendReceipt]:
+    await peer.send(Producer(topic=TOPIC, producer_id=1, request_id=100))
+    assert isinstance(await peer.recv(), ProducerSuccess)
+    receipts = []
+    for seq, payload in enumerate(payloads):
+        meta = MessageMetadata(producer_name="p", sequence_id=seq, publish_time=seq + 1)
+        await peer.send(Send(producer_id=1, sequence_id=seq, payload=make_payload(meta, payload)))
+        receipt = await peer.recv()
+        assert isinstance(receipt, SendReceipt), receipt
+        receipts.append(receipt)
+    return receipts
+
+
+async def _subscribe(peer: Peer, consumer_id: int, sub_type: SubType = SubType.Exclusive) -> None:
+    await peer.send(Subscribe(
+        topic=TOPIC, subscription="s", sub_type=sub_type, consumer_id=consumer_id,
+        request_id=200 + consumer_id,
+    ))
+    assert await peer.recv() == Success(request_id=200 + consumer_id)
+
+
+async def test_messages_wait_for_permits_and_use_one_per_message() -> None:
+    async with pulsar_server() as (server, nursery):
+        peer = open_peer(server, nursery)
+        await peer.connect()
+        await _subscribe(peer, 1)
+        await _produce(peer, b"a", b"b", b"c")
+        with trio.move_on_after(0.2):
+            unexpected = await peer.recv()
+            raise AssertionError(f"sent before any FLOW: {unexpected}")
+        await peer.send(Flow(consumer_id=1, message_permits=2))
+        first, second = await peer.recv(), await peer.recv()
+        assert isinstance(first, Message) and isinstance(second, Message)
+        assert first.payload is not None and first.payload.data == b"a"
+        with trio.move_on_after(0.2):
+            unexpected = await peer.recv()
+            raise AssertionError(f"sent beyond the permits: {unexpected}")
+        await peer.send(Flow(consumer_id=1, message_permits=1))
+        third = await peer.recv()
+        assert isinstance(third, Message) and third.payload is not None
+        assert third.payload.data == b"c"
+
+
+async def test_a_batch_entry_is_forwarded_byte_for_byte() -> None:
+    async with pulsar_server() as (server, nursery):
+        peer = open_peer(server, nursery)
+        await peer.connect()
+        await _subscribe(peer, 1)
+        entries = [
+            BatchEntry(
+                SingleMessageMetadata(
+                    payload_size=1, properties=(KeyValue(key="i", value=str(i)),)
+                ),
+                str(i).encode(),
+            )
+            for i in range(3)
+        ]
+        meta = MessageMetadata(
+            producer_name="p", sequence_id=0, publish_time=5, num_messages_in_batch=3
+        )
+        payload = make_payload(meta, encode_batch(entries))
+        await peer.send(Producer(topic=TOPIC, producer_id=1, request_id=100))
+        assert isinstance(await peer.recv(), ProducerSuccess)
+        await peer.send(Send(producer_id=1, sequence_id=0, num_messages=3, payload=payload))
+        assert isinstance(await peer.recv(), SendReceipt)
+        await peer.send(Flow(consumer_id=1, message_permits=1))
+        delivered = await peer.recv()
+        assert isinstance(delivered, Message) and delivered.payload is not None
+        assert delivered.payload.raw == payload.raw
+        assert delivered.payload.checksum == payload.checksum
+
+
+async def test_ack_receipts_and_last_message_id() -> None:
+    async with pulsar_server() as (server, nursery):
+        peer = open_peer(server, nursery)
+        await peer.connect()
+        await _subscribe(peer, 1)
+        receipts = await _produce(peer, b"a", b"b")
+        await peer.send(Flow(consumer_id=1, message_permits=10))
+        delivered = [await peer.recv(), await peer.recv()]
+        assert all(isinstance(m, Message) for m in delivered)
+        last = receipts[-1].message_id
+        assert last is not None
+        await peer.send(Ack(consumer_id=1, ack_type=AckType.Cumulative, message_id=(last,),
+                            request_id=7))
+        assert await peer.recv() == AckResponse(consumer_id=1, request_id=7)
+        await peer.send(GetLastMessageId(consumer_id=1, request_id=8))
+        answer = await peer.recv()
+        assert isinstance(answer, GetLastMessageIdResponse)
+        assert (answer.last_message_id.ledger_id, answer.last_message_id.entry_id) == (
+            last.ledger_id, last.entry_id
+        )
+        mark = answer.consumer_mark_delete_position
+        assert mark is not None and (mark.ledger_id, mark.entry_id) == (
+            last.ledger_id, last.entry_id
+        )
+
+
+async def test_seek_closes_the_consumer_before_answering() -> None:
+    async with pulsar_server() as (server, nursery):
+        peer = open_peer(server, nursery)
+        await peer.connect()
+        await _subscribe(peer, 1)
+        await _produce(peer, b"a")
+        earliest = MessageIdData(ledger_id=(1 << 64) - 1, entry_id=(1 << 64) - 1)
+        await peer.send(Seek(consumer_id=1, request_id=9, message_id=earliest))
+        closed = await peer.recv()
+        assert isinstance(closed, CloseConsumer) and closed.consumer_id == 1
+        assert await peer.recv() == Success(request_id=9)
+
+
+async def test_wait_for_exclusive_is_queued_then_ready() -> None:
+    async with pulsar_server() as (server, nursery):
+        holder = open_peer(server, nursery)
+        await holder.connect()
+        await holder.send(Producer(topic=TOPIC, producer_id=1, request_id=1,
+                                   producer_access_mode=ProducerAccessMode.Exclusive))
+        held = await holder.recv()
+        assert isinstance(held, ProducerSuccess) and held.topic_epoch is not None
+        waiter = open_peer(server, nursery)
+        await waiter.connect()
+        await waiter.send(Producer(topic=TOPIC, producer_id=1, request_id=2,
+                                   producer_access_mode=ProducerAccessMode.WaitForExclusive))
+        queued = await waiter.recv()
+        assert isinstance(queued, ProducerSuccess) and not queued.producer_ready
+        await holder.send(CloseProducer(producer_id=1, request_id=3))
+        assert await holder.recv() == Success(request_id=3)
+        ready = await waiter.recv()
+        assert isinstance(ready, ProducerSuccess) and ready.producer_ready
+        assert ready.topic_epoch is not None and ready.topic_epoch > held.topic_epoch
+
+
+async def test_failover_consumers_hear_which_one_is_active() -> None:
+    async with pulsar_server() as (server, nursery):
+        peer = open_peer(server, nursery)
+        await peer.connect()
+        for consumer_id, name in ((1, "b"), (2, "a")):
+            await peer.send(Subscribe(
+                topic=TOPIC, subscription="f", sub_type=SubType.Failover,
+                consumer_id=consumer_id, request_id=consumer_id, consumer_name=name,
+            ))
+        frames = [await peer.recv() for _ in range(5)]
+        assert frames[0] == Success(request_id=1)
+        assert ActiveConsumerChange(consumer_id=1, is_active=True) in frames
+        assert ActiveConsumerChange(consumer_id=2, is_active=True) in frames
+        assert ActiveConsumerChange(consumer_id=1, is_active=False) in frames
+        await peer.send(CloseConsumer(consumer_id=2, request_id=9))
+        rest = [await peer.recv(), await peer.recv()]
+        assert Success(request_id=9) in rest
+        assert ActiveConsumerChange(consumer_id=1, is_active=True) in rest
