@@ -10,6 +10,7 @@ from mop.transport.listeners import (
     serve_listener,
     serve_listeners,
 )
+from mop.transport.outbound import OutboundBuffer
 from mop.transport.tls import peer_certificate_info, server_ssl_context, subject_common_name
 from mop.transport.websocket import WebSocketHandshakeError, WebSocketStream, accept_websocket
 
@@ -18,6 +19,7 @@ __all__ = [
     "ConnectionInfo",
     "Handler",
     "ListenerSpec",
+    "OutboundBuffer",
     "WebSocketHandshakeError",
     "WebSocketStream",
     "accept_websocket",

@@ -25,7 +25,6 @@ from mop.processor import (
 from mop.protocols.mqtt.codec import NeedData
 from mop.protocols.mqtt.connection import ConnectionState, ServerConnection
 from mop.protocols.mqtt.errors import RemoteProtocolError, UnsupportedProtocolVersion
-from mop.protocols.mqtt.outbound import OutboundBuffer
 from mop.protocols.mqtt.outflow import Outflow
 from mop.protocols.mqtt.packets import (
     NO_PROPERTIES,
@@ -49,7 +48,7 @@ from mop.protocols.mqtt.reason_codes import ReasonCode, v3_connack_code
 from mop.protocols.mqtt.server import MqttServer
 from mop.protocols.mqtt.session import SessionState
 from mop.protocols.mqtt.subscriptions import SessionSubscriptions
-from mop.transport import ConnectionInfo
+from mop.transport import ConnectionInfo, OutboundBuffer
 
 log = logging.getLogger("mop.mqtt")
 

@@ -54,7 +54,7 @@ from mop.protocols.pulsar.errors import RemoteProtocolError, ServerError
 from mop.protocols.pulsar.frames import ChecksumMismatch, NeedData, UnknownCommand
 from mop.protocols.pulsar.producers import ConnectionProducers
 from mop.protocols.pulsar.server import PulsarServer, TopicRefused
-from mop.transport import ConnectionInfo
+from mop.transport import ConnectionInfo, OutboundBuffer
 
 log = logging.getLogger("mop.pulsar")
 
@@ -63,50 +63,6 @@ _DOMAINS = {
     TopicsMode.NON_PERSISTENT: ("non-persistent://",),
     TopicsMode.ALL: ("persistent://", "non-persistent://"),
 }
-
-
-class Outbound:
-    """Bytes waiting for the socket, sent by one writer task in as few writes as possible.
-    Deliveries wait for space, so a client that stops reading stops getting messages."""
-
-    def __init__(self, stream: trio.abc.SendStream, *, high_water: int = 1 << 20) -> None:
-        self._stream = stream
-        self._buffer = bytearray()
-        self._high_water = high_water
-        self._data = trio.Event()
-        self._drained = trio.Event()
-        self._sending = False
-
-    def write(self, data: bytes) -> None:
-        self._buffer += data
-        self._data.set()
-
-    async def wait_space(self) -> None:
-        while len(self._buffer) >= self._high_water:
-            await self._wait_drained()
-
-    async def flush(self) -> None:
-        while self._buffer or self._sending:
-            await self._wait_drained()
-
-    async def _wait_drained(self) -> None:
-        if self._drained.is_set():
-            self._drained = trio.Event()
-        await self._drained.wait()
-
-    async def run(self) -> None:
-        while True:
-            if not self._buffer:
-                self._data = trio.Event()
-                await self._data.wait()
-            chunk = bytes(self._buffer)
-            self._buffer.clear()
-            self._sending = True
-            try:
-                await self._stream.send_all(chunk)
-            finally:
-                self._sending = False
-            self._drained.set()
 
 
 class _Closed(Exception):
@@ -121,7 +77,7 @@ class PulsarConnection:
         self.stream = stream
         self.info = info
         self.conn = ServerConnection(server.limits)
-        self.out = Outbound(stream)
+        self.out = OutboundBuffer(stream, high_water=1 << 20)
         self.ctx = ClientContext(
             client_id=f"pulsar/{uuid.uuid4().hex}",
             protocol="pulsar",

@@ -1,5 +1,8 @@
 """A per-connection write buffer with one writer task: batched socket writes and a bound.
 
+Shared by the protocol adapters (MQTT, Pulsar): they write encoded packets here and never call
+the stream's `send_all` themselves.
+
 Everything a connection sends is appended here and leaves in as few `send_all` calls as
 possible. Producers of optional traffic (message deliveries) wait for space, so a slow reader
 makes the broker keep messages in the subscription's bounded backlog instead of in memory here.
