@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,6 +15,7 @@ from mop.protocols.pulsar.commands import Command, Connect
 from mop.protocols.pulsar.frames import Frame, FrameDecoder, NeedData, encode_command
 from mop.settings import PulsarSettings, Settings
 from mop.testing.node import RunningNode, node_settings, running_node
+from tests.e2e.raw import BlockingPeer
 
 TIMEOUT_MS = 5000
 
@@ -79,46 +79,25 @@ def ids(messages: list[Any]) -> list[tuple[int, int, int]]:
     ]
 
 
-class RawPulsar:
+class RawPulsar(BlockingPeer[Frame]):
     """A blocking socket client that speaks frames with mop's codec: exact control of bytes."""
 
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.decoder = FrameDecoder(max_frame_size=64 << 20)
-        self.eof = False
+    item_name = "frame"
 
-    def close(self) -> None:
-        self.sock.close()
+    def __init__(self, port: int) -> None:
+        super().__init__(socket.create_connection(("127.0.0.1", port), timeout=10))
+        self.decoder = FrameDecoder(max_frame_size=64 << 20)
+
+    def _decode(self) -> Frame | None:
+        frame = self.decoder.next_frame()
+        return None if isinstance(frame, NeedData) else frame
+
+    def _feed(self, data: bytes) -> None:
+        self.decoder.feed(data)
 
     def send(self, command: Command) -> None:
         self.sock.sendall(encode_command(command))
 
-    def send_bytes(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
     def connect(self) -> Frame | None:
         self.send(Connect(client_version="raw-test", protocol_version=20))
         return self.recv()
-
-    def recv(self, timeout: float = 10.0) -> Frame | None:
-        """The next frame, or None once the broker closed the connection."""
-        deadline = time.monotonic() + timeout
-        while True:
-            frame = self.decoder.next_frame()
-            if not isinstance(frame, NeedData):
-                return frame
-            if self.eof:
-                return None
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, "no frame in time"
-            self.sock.settimeout(remaining)
-            try:
-                data = self.sock.recv(65536)
-            except TimeoutError:
-                raise AssertionError("no frame in time") from None
-            except ConnectionResetError:
-                data = b""
-            if not data:
-                self.eof = True
-            else:
-                self.decoder.feed(data)
