@@ -40,7 +40,9 @@ from mop.protocols.mqtt.packets import (
     Publish,
     Pubrec,
     Pubrel,
+    Suback,
     Subscribe,
+    Unsuback,
     Unsubscribe,
     Will,
 )
@@ -415,9 +417,7 @@ class ClientHandler:
     async def _on_subscribe(self, packet: Subscribe) -> None:
         assert self.subs is not None
         codes, retained = await self.subs.subscribe(packet, v5=self.conn.protocol_level == 5)
-        self.out.write(
-            self.conn.send(self.subs.suback(packet.packet_id, codes, self.conn.protocol_level))
-        )
+        self.out.write(self.conn.send(Suback(packet.packet_id, tuple(codes))))
         now = _now_ms()
         for item in retained:
             self._outflow().send(
@@ -435,9 +435,7 @@ class ClientHandler:
     async def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         assert self.subs is not None
         codes = await self.subs.unsubscribe(packet.topic_filters)
-        self.out.write(
-            self.conn.send(self.subs.unsuback(packet.packet_id, codes, self.conn.protocol_level))
-        )
+        self.out.write(self.conn.send(Unsuback(packet.packet_id, tuple(codes))))
 
     # -- outbound messages -----------------------------------------------------------------
 

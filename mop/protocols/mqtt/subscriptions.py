@@ -17,7 +17,7 @@ from mop.message import Message
 from mop.processor import ClientContext, Consumer, SubscriptionKind, SubscriptionSpec
 from mop.protocols.mqtt.errors import ProtocolViolation
 from mop.protocols.mqtt.mapping import was_retained
-from mop.protocols.mqtt.packets import Suback, Subscribe, Unsuback
+from mop.protocols.mqtt.packets import Subscribe
 from mop.protocols.mqtt.reason_codes import ReasonCode
 from mop.protocols.mqtt.session import SessionState, SubscriptionOptions
 from mop.topics import SubscriptionTrie, TopicError, parse_shared, validate_topic_filter
@@ -173,14 +173,6 @@ class SessionSubscriptions:
                     await self._normal.remove_selector(topic_filter)
         await self._server.sessions.save(self._state)
         return codes
-
-    @staticmethod
-    def suback(packet_id: int, codes: list[int], level: int) -> Suback:
-        return Suback(packet_id, tuple(codes))
-
-    @staticmethod
-    def unsuback(packet_id: int, codes: list[int], level: int) -> Unsuback:
-        return Unsuback(packet_id, tuple(codes) if level == 5 else ())
 
     # -- deliveries ------------------------------------------------------------------------
 
