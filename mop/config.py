@@ -275,7 +275,9 @@ def _to_int(key: str, value: Any) -> int:
 
 
 # Floats where 0 means "off"; every other float must be positive.
-_ZERO_DISABLES: Final = frozenset({"mqtt.sys_interval"})
+_ZERO_DISABLES: Final = frozenset(
+    {"mqtt.sys_interval", "cluster.batching_delay", "storage.unsubscribed_grace"}
+)
 
 
 def _to_float(key: str, value: Any) -> float:

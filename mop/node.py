@@ -7,6 +7,7 @@ everything in reverse order. `serve_node` is the same as a `serve_*` task for `n
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,8 +18,9 @@ from typing import NoReturn
 import trio
 
 from mop.backends.local import LocalBackend
+from mop.broker.ownership import Ownership
 from mop.broker.storage import StorageError, open_durable_storage
-from mop.processor import Backend, MessagingProcessor
+from mop.processor import Backend, BackendError, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
 from mop.settings import Settings
 from mop.transport import BoundListener, Handler, ListenerSpec, serve_listeners
@@ -50,9 +52,8 @@ async def start_backend(settings: Settings, nursery: trio.Nursery) -> Backend:
     `data_dir`, separated mode remote brokers through lookup. Background work runs in
     `nursery`; the caller closes the backend with `aclose()`."""
     if settings.mode == "separated":
-        raise StartupError(
-            'separated mode is not available yet in this release; set mode = "merged"'
-        )
+        return await _start_cluster_backend(settings, nursery)
+    advertised_url = _check_cluster(settings)
     directory = Path(settings.data_dir) / "broker"
     try:
         storage = await open_durable_storage(directory, settings.storage)
@@ -63,8 +64,9 @@ async def start_backend(settings: Settings, nursery: trio.Nursery) -> Backend:
         storage,
         tenant=settings.default_tenant,
         namespace=settings.default_namespace,
-        advertised_url=settings.cluster.advertised_url
-        or f"pulsar://{settings.pulsar.host}:{settings.pulsar.port}",
+        advertised_url=advertised_url,
+        members=settings.cluster.brokers,
+        unsubscribed_grace=settings.storage.unsubscribed_grace,
     )
     try:
         await nursery.start(storage.serve)
@@ -76,8 +78,101 @@ async def start_backend(settings: Settings, nursery: trio.Nursery) -> Backend:
     return backend
 
 
+def _check_cluster(settings: Settings) -> str:
+    """This broker's URL, once its cluster settings make sense: in a cluster of several
+    members it is one of them, and no MQTT adapter runs beside it (MQTT clients may use any
+    topic, and a broker must store only the topics it owns)."""
+    advertised = settings.cluster.advertised_url or (
+        f"pulsar://{settings.pulsar.host}:{settings.pulsar.port}"
+    )
+    ownership = Ownership(settings.cluster.brokers, advertised)
+    if not ownership.clustered:
+        return advertised
+    if "mqtt" in settings.protocols:
+        raise StartupError(
+            "mqtt on a broker of a multi-member cluster: put MQTT on separated proxies"
+        )
+    if ownership.local not in ownership.members:
+        raise StartupError(
+            f"cluster.advertised_url {advertised!r} is not one of cluster.brokers"
+            " (set it to this broker's URL in that list)"
+        )
+    return advertised
+
+
+def _advertise_bound_port(backend: Backend, settings: Settings, bound: list[BoundListener]) -> None:
+    """With pulsar.port = 0 and no advertised URL, the URL lookups answer has the port the
+    Pulsar listener bound."""
+    if settings.cluster.advertised_url or settings.pulsar.port or not isinstance(
+        backend, LocalBackend
+    ):
+        return
+    for entry in bound:
+        if entry.spec.name == "pulsar" and entry.spec.kind == "tcp":
+            backend.advertised_url = f"pulsar://{settings.pulsar.host}:{entry.port}"
+
+
+# The tables the protocol adapters read as they start (a proxy loads them before it is ready).
+_ADAPTER_TABLES = ("retained", "mqtt-sessions", "mqtt-qos2-flows")
+
+
+async def _start_cluster_backend(settings: Settings, nursery: trio.Nursery) -> Backend:
+    """Separated mode: a stateless proxy whose backend reaches the brokers through
+    pulsar-client (which reconnects on its own: a broker restart needs no proxy restart)."""
+    # Imported here: a merged node need not load pulsar-client's native library.
+    from mop.backends.cluster import ClusterBackend, ConsumerOptions, ProducerOptions
+
+    cluster = settings.cluster
+    if not cluster.service_url:
+        raise StartupError(
+            'cluster.service_url is required with mode = "separated"'
+            ' (the brokers, e.g. "pulsar://127.0.0.1:6650")'
+        )
+    if "pulsar" in settings.protocols:
+        raise StartupError(
+            'protocols: the Pulsar adapter runs on brokers, not on a separated proxy; set'
+            ' protocols = ["mqtt"] (Pulsar clients connect to the brokers directly)'
+        )
+    backend = ClusterBackend(
+        cluster.service_url,
+        tenant=settings.default_tenant,
+        namespace=settings.default_namespace,
+        tables=_ADAPTER_TABLES,
+        operation_timeout=cluster.operation_timeout,
+        connect_timeout=cluster.connect_timeout,
+        fence_timeout=cluster.fence_timeout,
+        producers=ProducerOptions(
+            send_timeout=cluster.send_timeout, batching_delay=cluster.batching_delay
+        ),
+        consumers=ConsumerOptions(
+            receiver_queue=cluster.receiver_queue, pattern_discovery=cluster.pattern_discovery
+        ),
+    )
+    try:
+        await nursery.start(backend.serve)
+    except BackendError as exc:
+        with trio.CancelScope(shield=True):
+            await backend.aclose()
+        raise StartupError(f"cluster.service_url {cluster.service_url}: {exc}") from None
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await backend.aclose()
+        raise
+    log.info("separated mode: brokers at %s", cluster.service_url)
+    return backend
+
+
+def _with_default_protocols(settings: Settings) -> Settings:
+    """A separated proxy left with the default protocols runs MQTT only (the Pulsar adapter
+    belongs on brokers)."""
+    if settings.mode == "separated" and settings.protocols == Settings().protocols:
+        return dataclasses.replace(settings, protocols=("mqtt",))
+    return settings
+
+
 @asynccontextmanager
 async def open_node(settings: Settings) -> AsyncIterator[Node]:
+    settings = _with_default_protocols(settings)
     handlers = _load_handlers(settings)
     backend: Backend | None = None
     try:
@@ -93,6 +188,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
             bound: list[BoundListener] = []
             for handler in handlers.values():
                 bound.extend(await _serve(nursery, handler))
+            _advertise_bound_port(backend, settings, bound)
             for entry in bound:
                 log.info(
                     "%s listening on %s %s:%d",

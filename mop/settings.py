@@ -67,9 +67,26 @@ class AdminSettings:
 
 @dataclass(frozen=True, slots=True)
 class ClusterSettings:
+    # Separated mode: the brokers, "pulsar://host1:6650,host2:6650" (required there).
     service_url: str | None = None
     brokers: tuple[str, ...] = ()
     advertised_url: str | None = None
+    # Separated mode: seconds between the topic-list polls that find new topics for wildcard
+    # subscriptions (pulsar-client counts whole seconds).
+    pattern_discovery: int = 1
+    # Seconds pulsar-client gives a lookup, subscribe, producer or close before failing it.
+    operation_timeout: float = 30.0
+    # Seconds to open a TCP connection to a broker.
+    connect_timeout: float = 10.0
+    # Seconds a qos >= 1 publish waits for its receipt (retried across reconnects) before it
+    # fails.
+    send_timeout: float = 30.0
+    # Seconds a client id taken over waits for the proxy that held it to let go.
+    fence_timeout: float = 10.0
+    # Seconds publishes wait to share one batch with others to the same topic (0 = no batching).
+    batching_delay: float = 0.001
+    # Messages pulsar-client prefetches per subscribed topic.
+    receiver_queue: int = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +96,9 @@ class StorageSettings:
     segment_bytes: int = 64 * 1024 * 1024
     retention_bytes: int = 0  # per topic; 0 = unlimited
     retention_seconds: int = 0  # 0 = unlimited
+    # Seconds a topic that no subscription holds keeps what is written to it, so that consumers
+    # which discover topics by polling (pattern consumers, proxies) still find it.
+    unsubscribed_grace: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Generator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +14,7 @@ import trio
 
 from mop.broker import (
     BROKER_TABLE_PREFIX,
+    NON_PERSISTENT,
     Attachment,
     Broker,
     BrokerError,
@@ -27,6 +28,7 @@ from mop.broker import (
 )
 from mop.broker import ProducerBusy as BrokerProducerBusy
 from mop.broker import ProducerFenced as BrokerProducerFenced
+from mop.broker.ownership import Ownership
 from mop.broker.storage import Storage, StorageError, StorageFull
 from mop.message import Delivery, Message, MessageId
 from mop.processor.backend import (
@@ -41,9 +43,18 @@ from mop.processor.backend import (
     StartPosition,
     SubscriptionSpec,
 )
+from mop.topic_names import mqtt_to_pulsar
 
 if TYPE_CHECKING:
-    from mop.processor.backend import Backend, ClientLease, Consumer, Producer, Table
+    from mop.processor.backend import (
+        Backend,
+        BatchPublisher,
+        ClientLease,
+        Consumer,
+        FenceNotifier,
+        Producer,
+        Table,
+    )
 
 __all__ = [
     "LocalBackend",
@@ -58,31 +69,51 @@ __all__ = [
 MAX_UNACKED_PER_CONSUMER = 50_000
 
 
+def _translate(exc: StorageError | BrokerError) -> BackendError:
+    """The error of the backend contract for a broker or storage error."""
+    if isinstance(exc, StorageFull):
+        return QuotaExceeded(str(exc))
+    if isinstance(exc, StorageError):
+        return BackendError(str(exc), reason="storage_error")
+    if isinstance(exc, BrokerProducerBusy):
+        return ProducerBusy(str(exc))
+    if isinstance(exc, BrokerProducerFenced):
+        return ProducerFenced(str(exc))
+    return BackendError(str(exc), reason=exc.reason)
+
+
 @contextmanager
 def _translated() -> Iterator[None]:
-    """Turn broker and storage errors into the errors of the backend contract."""
+    """Turn broker and storage errors into the errors of the backend contract (hot paths
+    call `_translate` in a plain try statement instead: a context manager costs more)."""
     try:
         yield
-    except StorageFull as exc:
-        raise QuotaExceeded(str(exc)) from exc
-    except StorageError as exc:
-        raise BackendError(str(exc), reason="storage_error") from exc
-    except BrokerProducerBusy as exc:
-        raise ProducerBusy(str(exc)) from exc
-    except BrokerProducerFenced as exc:
-        raise ProducerFenced(str(exc)) from exc
-    except BrokerError as exc:
-        raise BackendError(str(exc), reason=exc.reason) from exc
+    except (StorageError, BrokerError) as exc:
+        raise _translate(exc) from exc
 
 
 class LocalLease:
-    """Ownership of a client id within this process."""
+    """Ownership of a client id within this process. Its events are made only when a task
+    waits for them: most leases are never fenced and never waited for."""
+
+    __slots__ = (
+        "_backend",
+        "_client_id",
+        "_fenced",
+        "_fenced_event",
+        "_on_fenced",
+        "_released",
+        "_released_event",
+    )
 
     def __init__(self, backend: LocalBackend, client_id: str) -> None:
         self._backend = backend
         self._client_id = client_id
-        self._fenced = trio.Event()
-        self._released = trio.Event()
+        self._fenced = False
+        self._released = False
+        self._fenced_event: trio.Event | None = None
+        self._released_event: trio.Event | None = None
+        self._on_fenced: Callable[[], None] | None = None
 
     @property
     def client_id(self) -> str:
@@ -90,17 +121,49 @@ class LocalLease:
 
     @property
     def fenced(self) -> bool:
-        return self._fenced.is_set()
+        return self._fenced
 
     async def wait_fenced(self) -> None:
-        await self._fenced.wait()
+        if self._fenced:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._fenced_event is None:
+            self._fenced_event = trio.Event()
+        await self._fenced_event.wait()
+
+    def on_fenced(self, callback: Callable[[], None]) -> None:
+        if self._fenced:
+            callback()
+        else:
+            self._on_fenced = callback
 
     async def release(self) -> None:
         self._release_now()
         await trio.lowlevel.checkpoint()
 
+    def _fence(self) -> None:
+        if self._fenced:
+            return
+        self._fenced = True
+        if self._fenced_event is not None:
+            self._fenced_event.set()
+        callback, self._on_fenced = self._on_fenced, None
+        if callback is not None:
+            callback()
+
+    async def _wait_released(self) -> None:
+        if self._released:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._released_event is None:
+            self._released_event = trio.Event()
+        await self._released_event.wait()
+
     def _release_now(self) -> None:
-        self._released.set()
+        self._released = True
+        self._on_fenced = None
+        if self._released_event is not None:
+            self._released_event.set()
         self._backend._lease_released(self)
 
 
@@ -158,25 +221,36 @@ class LocalConsumer:
             raise ValueError("max_messages must be at least 1")
         if self._wakeup is not None:
             raise trio.BusyResourceError("another task is already receiving from this consumer")
-        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint_if_cancelled()
         broker = self._backend.broker
+        waited = False
         while True:
             att = self._attachment()
-            with _translated():
+            try:
                 deliveries = broker.take(att, max_messages)
+            except (StorageError, BrokerError) as exc:
+                raise _translate(exc) from exc
             if deliveries:
+                if not waited:
+                    # Messages were there at once: still let other tasks run (a long backlog
+                    # must not keep the loop to itself), without a cancellation point that
+                    # would lose what was just taken.
+                    await trio.lowlevel.cancel_shielded_checkpoint()
                 return deliveries
             event = self._wakeup = trio.Event()
             try:
                 await event.wait()
             finally:
                 self._wakeup = None
+            waited = True
 
     def ack(self, deliveries: Iterable[Delivery]) -> None:
         # Acknowledging after close is a no-op: the messages went back to the subscription.
         if not self._closed and self._att is not None:
-            with _translated():
+            try:
                 self._backend.broker.ack(self._att, deliveries)
+            except (StorageError, BrokerError) as exc:
+                raise _translate(exc) from exc
 
     def nack(self, deliveries: Iterable[Delivery], delay: float = 0.0) -> None:
         if self._closed or self._att is None:
@@ -391,11 +465,17 @@ class LocalTable:
                 self._items[key] = value
             await self._storage.sync()
 
+    def watch(self, callback: Callable[[str, bytes | None], None]) -> None:
+        """Every write goes through this node's one table object: there is nothing to report."""
+
 
 class LocalBackend:
     """The merged-mode backend. Run it with `await nursery.start(backend.serve)` (or use
     `open_local_backend`): `serve` recovers the broker from storage, then runs delayed
     redelivery and trimming until `aclose()`."""
+
+    # `SubscriptionSpec.auto_ack_qos0` is done by the broker, as messages are taken.
+    auto_acks_qos0 = True
 
     def __init__(
         self,
@@ -404,13 +484,19 @@ class LocalBackend:
         tenant: str = "public",
         namespace: str = "default",
         advertised_url: str = "pulsar://127.0.0.1:6650",
+        members: Sequence[str] = (),
         receiver_queue: int = 1000,
         fence_timeout: float = 10.0,
         trim_interval: float = 1.0,
+        unsubscribed_grace: float = 0.0,
     ) -> None:
         self.storage = storage
-        self.broker = Broker(storage, tenant=tenant, namespace=namespace)
+        self.broker = Broker(
+            storage, tenant=tenant, namespace=namespace, unsubscribed_grace=unsubscribed_grace
+        )
+        # This broker's URL, and the members of its cluster (none or one: it owns every topic).
         self.advertised_url = advertised_url
+        self.ownership = Ownership(members, advertised_url)
         self.receiver_queue = receiver_queue
         self.fence_timeout = fence_timeout
         self.trim_interval = trim_interval
@@ -460,7 +546,7 @@ class LocalBackend:
         while True:
             await trio.sleep(self.trim_interval)
             with _translated():
-                self.broker.trim_acknowledged()
+                self.broker.trim_acknowledged(trio.current_time())
 
     def _check_running(self) -> None:
         if self._closed:
@@ -477,11 +563,11 @@ class LocalBackend:
         if previous is None:
             await trio.lowlevel.checkpoint()
             return lease
-        previous._fenced.set()
+        previous._fence()
         try:
             # A holder that does not let go in time loses the id anyway: it is fenced.
             with trio.move_on_after(self.fence_timeout):
-                await previous._released.wait()
+                await previous._wait_released()
         except BaseException:
             lease._release_now()
             raise
@@ -493,11 +579,47 @@ class LocalBackend:
 
     async def publish(self, topic: str, message: Message) -> PublishResult:
         self._check_running()
-        with _translated():
+        try:
             published = await self.broker.publish(topic, message)
+        except (StorageError, BrokerError) as exc:
+            raise _translate(exc) from exc
         if message.deliver_at:
             self._delays_changed()
         return PublishResult(published.message_id, published.subscriptions)
+
+    async def publish_batch(
+        self, items: Sequence[tuple[str, Message]]
+    ) -> list[PublishResult | BackendError]:
+        """Store every message in order, then make them durable with one storage sync."""
+        try:
+            self._check_running()
+        except BackendError as exc:
+            return [exc] * len(items)
+        store = self.broker.store
+        results: list[PublishResult | BackendError] = []
+        durable: list[int] = []  # indexes of the results that wait for the sync
+        delays = False
+        for topic, message in items:
+            try:
+                published = store(topic, message)
+            except (StorageError, BrokerError) as exc:
+                results.append(_translate(exc))
+                continue
+            if message.qos and not topic.startswith(NON_PERSISTENT):
+                durable.append(len(results))
+            if message.deliver_at:
+                delays = True
+            results.append(PublishResult(published.message_id, published.subscriptions))
+        if delays:
+            self._delays_changed()
+        if durable:
+            try:
+                await self.storage.sync()
+            except StorageError as exc:
+                error = _translate(exc)
+                for index in durable:
+                    results[index] = error
+        return results
 
     async def open_producer(self, spec: ProducerSpec) -> LocalProducer:
         self._check_running()
@@ -529,6 +651,7 @@ class LocalBackend:
                     whole_batches=spec.whole_batches,
                     rank=(spec.priority, spec.consumer_name),
                     on_active=consumer._on_active,
+                    ack_qos0=spec.auto_ack_qos0,
                 ),
             )
         consumer._att = att
@@ -554,8 +677,14 @@ class LocalBackend:
         return table
 
     async def lookup(self, topic: str) -> str:
+        """The URL of the cluster member that owns `topic` (an MQTT or a full Pulsar name)."""
         await trio.lowlevel.checkpoint()
-        return self.advertised_url
+        if not self.ownership.clustered:
+            return self.advertised_url
+        broker = self.broker
+        return self.ownership.owner(
+            mqtt_to_pulsar(topic, tenant=broker.tenant, namespace=broker.namespace)
+        )
 
     def stats(self) -> BrokerStats:
         """Counts for `$SYS` topics and metrics: topics, subscriptions, messages."""
@@ -571,7 +700,7 @@ class LocalBackend:
         for consumer in list(self._consumers):
             consumer._shutdown()
         for lease in self._leases.values():
-            lease._fenced.set()
+            lease._fence()
         self._stop.set()
         with trio.CancelScope(shield=True), _translated():
             await self.storage.aclose()
@@ -584,9 +713,11 @@ async def open_local_backend(
     tenant: str = "public",
     namespace: str = "default",
     advertised_url: str = "pulsar://127.0.0.1:6650",
+    members: Sequence[str] = (),
     receiver_queue: int = 1000,
     fence_timeout: float = 10.0,
     trim_interval: float = 1.0,
+    unsubscribed_grace: float = 0.0,
 ) -> AsyncIterator[LocalBackend]:
     """Run a `LocalBackend` over `storage` for the duration of the block, then close it."""
     backend = LocalBackend(
@@ -594,9 +725,11 @@ async def open_local_backend(
         tenant=tenant,
         namespace=namespace,
         advertised_url=advertised_url,
+        members=members,
         receiver_queue=receiver_queue,
         fence_timeout=fence_timeout,
         trim_interval=trim_interval,
+        unsubscribed_grace=unsubscribed_grace,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(backend.serve)
@@ -614,5 +747,5 @@ if TYPE_CHECKING:
         table: LocalTable,
         lease: LocalLease,
         producer: LocalProducer,
-    ) -> tuple[Backend, Consumer, Table, ClientLease, Producer]:
-        return backend, consumer, table, lease, producer
+    ) -> tuple[Backend, BatchPublisher, Consumer, Table, ClientLease, FenceNotifier, Producer]:
+        return backend, backend, consumer, table, lease, lease, producer

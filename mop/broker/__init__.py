@@ -20,9 +20,11 @@ from mop.broker.errors import (
 from mop.broker.positions import id_before
 from mop.broker.producers import ProducerAccess, ProducerHandle, Sequenced
 from mop.broker.subscription import Attachment, Subscription, SubscriptionType
+from mop.broker.topic import NON_PERSISTENT
 
 __all__ = [
     "BROKER_TABLE_PREFIX",
+    "NON_PERSISTENT",
     "PRODUCERS_TABLE",
     "SUBSCRIPTIONS_TABLE",
     "Attachment",

@@ -11,9 +11,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
+from mop.broker.compaction import CompactedTopics
 from mop.broker.delays import DelayQueue
 from mop.broker.dispatch import DEFAULT_OPTIONS, ConsumerOptions
 from mop.broker.errors import ConsumerBusy
+from mop.broker.grace import UnsubscribedGrace
 from mop.broker.positions import (
     id_before,
     last_message,
@@ -58,7 +60,7 @@ class _Start(Enum):
     RECOVER = "recover"  # from the saved cursor, or the first stored message without one
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per message, and frozen ones cost more to make
 class Published:
     message_id: MessageId
     subscriptions: int  # how many subscriptions the message was routed to
@@ -96,6 +98,7 @@ class Broker:
         tenant: str = "public",
         namespace: str = "default",
         clock: Callable[[], float] = _wall_clock_ms,
+        unsubscribed_grace: float = 0.0,
     ) -> None:
         self.storage = storage
         self.tenant = tenant
@@ -106,6 +109,8 @@ class Broker:
         self._trie: SubscriptionTrie[str, Subscription] = SubscriptionTrie()
         self._delayed = DelayQueue()
         self._trim_dirty: set[Topic] = set()
+        self._grace = UnsubscribedGrace(unsubscribed_grace)
+        self.compacted = CompactedTopics(storage, tenant=tenant)
         self._seq = itertools.count()
         self.producers = ProducerRegistry()
         self.sequences = SequenceBook()
@@ -149,6 +154,8 @@ class Broker:
                 if created:
                     self._forget_if_unused(node)
                 raise
+            if topic in self.compacted:
+                self.compacted.record(topic, message_id, message)
         else:
             message_id = node.next_transient_id()
         node.last_id = message_id
@@ -478,7 +485,10 @@ class Broker:
         """The last message of `topic` (with the index of its last batch message, for a batch)
         and where the subscription's acknowledgements stand on it (its mark_delete)."""
         node = self._topics.get(topic)
-        last = None if node is None else await last_message(self.storage, node)
+        if topic in self.compacted:
+            last = self.compacted.last(topic)  # what a reader from the earliest gets last
+        else:
+            last = None if node is None else await last_message(self.storage, node)
         cursor = sub.cursors.get(topic)
         return last, None if cursor is None else cursor.mark_delete
 
@@ -530,15 +540,26 @@ class Broker:
         if updates:
             self.storage.save_cursors(updates)
 
-    def trim_acknowledged(self) -> int:
+    def trim_acknowledged(self, now: float = 0.0) -> int:
         """Drop stored messages that every subscription of their topic has acknowledged (all
-        of them, on a topic without subscriptions); returns how many topics were trimmed."""
+        of them, on a topic without subscriptions), once their `unsubscribed_grace` has passed
+        at `now` (monotonic seconds) where it applies: on a topic without subscriptions and
+        on a topic trimming first saw less than the grace ago. Returns how many topics were
+        trimmed."""
         dirty, self._trim_dirty = self._trim_dirty, set()
         trimmed = 0
+        grace = self._grace
         for topic in dirty:
             if self._topics.get(topic.name) is not topic or not topic.persistent:
+                grace.forget(topic)
                 continue
             through = trim_point(topic)
+            if topic.cursors:
+                through = grace.limit_held(topic, through, now)
+            else:
+                through = grace.limit(topic, through, now)
+            if grace.waiting(topic):
+                self._trim_dirty.add(topic)
             if through is not None and (topic.trimmed is None or through > topic.trimmed):
                 self.storage.trim(topic.name, through)
                 topic.trimmed = through
@@ -553,7 +574,10 @@ class Broker:
         after = None if state is None else state.mark_delete
         acked = frozenset() if state is None else state.acked
         try:
-            ids, entries = await read_backlog(self.storage, topic.name, after, upto, acked)
+            if topic.name in self.compacted:
+                ids, entries = self.compacted.backlog(topic.name, after, cursor.ids, acked)
+            else:
+                ids, entries = await read_backlog(self.storage, topic.name, after, upto, acked)
         except BaseException:
             if cursor.attached and cursor.loading:
                 # Leave the cursor usable, as if it had started after `upto`.
@@ -571,6 +595,7 @@ class Broker:
         """Rebuild topics, durable subscriptions and their backlogs from storage. Call once,
         on a new broker, before anything else. Redelivery counts start again from 0."""
         saved = self.storage.load_cursors()
+        self.compacted.restore()
         for name in self.storage.topics():
             if name not in self._topics:
                 self._create_topic(name)

@@ -39,6 +39,7 @@ class ConsumerOptions:
     whole_batches: bool = False
     rank: tuple[int, str] = (0, "")
     on_active: Callable[[bool], None] | None = None
+    ack_qos0: bool = False
 
 
 DEFAULT_OPTIONS = ConsumerOptions()
@@ -52,10 +53,12 @@ class Attachment:
     Options: with `credit` the consumer is also sent no more messages than it granted (a batch
     entry uses one per message); `whole_batches` consumers take a batch as one delivery;
     `rank` orders the consumers of a failover subscription (the first is active) and
-    `on_active` is called when this one becomes or stops being the active one.
+    `on_active` is called when this one becomes or stops being the active one; with
+    `ack_qos0` a message of qos 0 is acknowledged when the consumer takes it (at most once).
     """
 
     __slots__ = (
+        "ack_qos0",
         "active",
         "capacity",
         "closed",
@@ -93,6 +96,7 @@ class Attachment:
         self.rank = options.rank
         self.on_ready = on_ready
         self.on_active = options.on_active
+        self.ack_qos0 = options.ack_qos0
         self.active = False
         self.queue: deque[Entry] = deque()
         self.unacked: dict[tuple[str, MessageId], Entry] = {}

@@ -88,7 +88,8 @@ class Cursor:
         if self.partial:
             self.partial.pop(message_id, None)
         ids = self.ids
-        if ids and ids[0] == message_id:
+        # Usually the very object routed to the cursor: identity first, then equality.
+        if ids and (ids[0] is message_id or ids[0] == message_id):
             ids.popleft()
             self.mark_delete = message_id
             self.settle()
@@ -438,12 +439,25 @@ class Subscription:
                     freed = True
                     continue
             entries += 1
-            unacked[(entry.topic, entry.message_id)] = entry
             count = cursor.redeliveries.get(entry.message_id, 0) if cursor.redeliveries else 0
-            bits = cursor.partial.get(entry.message_id, 0) if cursor.partial else 0
             if not message.batch:
-                taken.append(Delivery(entry.topic, entry.message_id, message, count))
-            elif att.whole_batches:
+                if message.qos == 0 and att.ack_qos0:
+                    # At most once: acknowledged as it is taken, never tracked as unacked.
+                    cursor.ack(entry.message_id)
+                    freed = True
+                else:
+                    unacked[(entry.topic, entry.message_id)] = entry
+                if count:
+                    taken.append(Delivery(entry.topic, entry.message_id, message, count))
+                else:
+                    delivery = entry.delivery
+                    if delivery is None:
+                        delivery = entry.delivery = Delivery(entry.topic, entry.message_id, message)
+                    taken.append(delivery)
+                continue
+            unacked[(entry.topic, entry.message_id)] = entry
+            bits = cursor.partial.get(entry.message_id, 0) if cursor.partial else 0
+            if att.whole_batches:
                 acked = frozenset(i for i in range(len(message.batch)) if bits >> i & 1)
                 taken.append(Delivery(entry.topic, entry.message_id, message, count, acked))
             else:

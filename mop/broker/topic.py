@@ -4,9 +4,9 @@ subscriptions attached to it. `Entry` is a stored message as it travels through 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
-from mop.message import Message, MessageId
+from mop.message import Delivery, Message, MessageId
 from mop.topic_names import mqtt_to_pulsar, pulsar_to_mqtt
 from mop.topics import TopicTree
 
@@ -18,12 +18,24 @@ __all__ = ["NON_PERSISTENT", "Entry", "Topic", "Topics", "is_exact"]
 NON_PERSISTENT = "non-persistent://"
 
 
-class Entry(NamedTuple):
-    """One message of one topic; created once per publish and shared by every subscription."""
+class Entry:
+    """One message of one topic; created once per publish and shared by every subscription.
 
-    topic: str
-    message_id: MessageId
-    message: Message
+    `delivery` is the message as first delivered (made by the first consumer that takes it):
+    a delivery is immutable, so every other consumer that takes the message for the first
+    time is handed the same object instead of a copy of its own.
+    """
+
+    __slots__ = ("delivery", "message", "message_id", "topic")
+
+    def __init__(self, topic: str, message_id: MessageId, message: Message) -> None:
+        self.topic = topic
+        self.message_id = message_id
+        self.message = message
+        self.delivery: Delivery | None = None
+
+    def __repr__(self) -> str:
+        return f"Entry({self.topic!r}, {self.message_id!r})"
 
 
 class Topic:
@@ -55,7 +67,10 @@ class Topic:
 
 
 def is_exact(selector: str) -> bool:
-    """Whether a selector names one topic (it is no MQTT filter with wildcards)."""
+    """Whether a selector names one topic (it is no MQTT filter with wildcards). A full Pulsar
+    name is always exact: its "+" is an encoded space (MoP's encoding), never a wildcard."""
+    if selector.startswith(("persistent://", "non-persistent://")):
+        return True
     return "+" not in selector and "#" not in selector
 
 

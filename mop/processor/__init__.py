@@ -3,10 +3,12 @@
 from mop.processor.backend import (
     Backend,
     BackendError,
+    BatchPublisher,
     ClientLease,
     Consumer,
     ConsumerClosed,
     CursorPosition,
+    FenceNotifier,
     Producer,
     ProducerAccess,
     ProducerBusy,
@@ -28,8 +30,9 @@ from mop.processor.processor import (
 )
 
 __all__ = [
-    "Backend", "BackendError", "ClientContext", "ClientLease", "ConnectionLimitReached",
-    "Consumer", "ConsumerClosed", "CountedProducer", "CursorPosition", "MessagingProcessor",
+    "Backend", "BackendError", "BatchPublisher", "ClientContext", "ClientLease",
+    "ConnectionLimitReached", "Consumer", "ConsumerClosed", "CountedProducer", "CursorPosition",
+    "FenceNotifier", "MessagingProcessor",
     "ProcessorStats", "Producer", "ProducerAccess", "ProducerBusy", "ProducerFenced",
     "ProducerSpec", "PublishResult", "QuotaExceeded", "StartPosition", "SubscriptionKind",
     "SubscriptionSpec", "Table",

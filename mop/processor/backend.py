@@ -8,10 +8,10 @@ those names (see `mop.topic_names`), so one selector can cover topics that do no
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import trio
@@ -105,6 +105,12 @@ class SubscriptionSpec:
     # consumer_name) is the active one. Neither is kept with the subscription.
     priority: int = 0
     consumer_name: str = ""
+    # At most once for messages with `qos` 0: they count as acknowledged as soon as `receive`
+    # returns them, so the consumer does not acknowledge them and they are never delivered
+    # again. A backend that does this itself (cheaper than acknowledging) has a true
+    # `auto_acks_qos0` attribute; for any other the processor acknowledges them right after
+    # `receive` (`mop.processor.at_most_once`).
+    auto_ack_qos0: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +273,12 @@ class Table(Protocol):
         """Set (or with None delete) a key; durable when it returns."""
         ...
 
+    def watch(self, callback: Callable[[str, bytes | None], None]) -> None:
+        """Call `callback(key, value)` (None: deleted), on the trio thread, whenever another
+        node changes a key, so that state derived from the table can follow. Writes made
+        through this object are not reported; with a single node there are no others."""
+        ...
+
 
 class ClientLease(Protocol):
     """Exclusive ownership of a client id across the deployment."""
@@ -279,6 +291,17 @@ class ClientLease(Protocol):
         ...
 
     async def release(self) -> None: ...
+
+
+@runtime_checkable
+class FenceNotifier(Protocol):
+    """An optional capability of a ClientLease: a callback instead of a task waiting in
+    `wait_fenced`, so that a connection that is never taken over holds no task for it."""
+
+    def on_fenced(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once, on the event loop's thread, when the lease is fenced (at
+        once if it is already); a released lease never calls it. One callback per lease."""
+        ...
 
 
 class Backend(Protocol):
@@ -317,3 +340,22 @@ class Backend(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class BatchPublisher(Protocol):
+    """An optional capability of a Backend: publish several messages with one wait for
+    durability (one group commit) instead of one wait each. The processor falls back to
+    `Backend.publish` per message for a backend without it."""
+
+    async def publish_batch(
+        self, items: Sequence[tuple[str, Message]]
+    ) -> list[PublishResult | BackendError]:
+        """Store and route the (topic, message) pairs in order, as if `publish` were called for
+        each in turn, and return once every stored message with `qos` >= 1 is durable.
+
+        One result per item, in order: its PublishResult, or the BackendError that refused it
+        (at once, or because the write that was to make it durable failed). A refused item
+        does not stop the items after it; messages with `qos` 0 never wait for durability.
+        """
+        ...

@@ -7,12 +7,15 @@ and delegates storage and routing to exactly one Backend, chosen by `mop.node`.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 from mop.message import Message
+from mop.processor.at_most_once import AtMostOnceConsumer
 from mop.processor.backend import (
     Backend,
+    BackendError,
+    BatchPublisher,
     ClientLease,
     Consumer,
     Producer,
@@ -101,6 +104,9 @@ class MessagingProcessor:
         self.backend = backend
         self.max_connections = max_connections
         self.stats = ProcessorStats(started_at=time.monotonic())
+        self._batches: BatchPublisher | None = (
+            backend if isinstance(backend, BatchPublisher) else None
+        )
 
     async def open_client(self, ctx: ClientContext) -> ClientLease:
         """Admit a client and take its id (fencing an older connection with the same id)."""
@@ -124,8 +130,28 @@ class MessagingProcessor:
             self.stats.messages_received += 1
         return await self.backend.publish(topic, message)
 
+    async def publish_batch(
+        self, ctx: ClientContext, items: Sequence[tuple[str, Message]]
+    ) -> list[PublishResult | BackendError]:
+        """Publish (topic, message) pairs in order with one wait for durability; one result
+        per item, a BackendError for an item that was refused (see `BatchPublisher`)."""
+        if not ctx.internal:
+            self.stats.messages_received += len(items)
+        if self._batches is not None:
+            return await self._batches.publish_batch(items)
+        results: list[PublishResult | BackendError] = []
+        for topic, message in items:
+            try:
+                results.append(await self.backend.publish(topic, message))
+            except BackendError as exc:
+                results.append(exc)
+        return results
+
     async def subscribe(self, ctx: ClientContext, spec: SubscriptionSpec) -> Consumer:
-        return await self.backend.subscribe(spec)
+        consumer = await self.backend.subscribe(spec)
+        if spec.auto_ack_qos0 and not getattr(self.backend, "auto_acks_qos0", False):
+            return AtMostOnceConsumer(consumer)  # the backend leaves it to us
+        return consumer
 
     async def open_producer(self, ctx: ClientContext, spec: ProducerSpec) -> Producer:
         """Register a producer (see `Backend.open_producer`); its sends are counted."""

@@ -4,6 +4,7 @@
         client.connect("127.0.0.1", node.mqtt_port)
 
 The node runs its own trio loop in the thread and is stopped (cleanly, like Ctrl-C) on exit.
+`as_proxy(settings, service_url)` makes the node a separated-mode proxy in front of brokers.
 """
 
 from __future__ import annotations
@@ -43,6 +44,20 @@ def node_settings(
         data_dir=data_dir,
         mqtt=dataclasses.replace(MqttSettings(), **mqtt),
         storage=storage or StorageSettings(),
+    )
+
+
+def as_proxy(settings: Settings, service_url: str, *, namespace: str | None = None) -> Settings:
+    """`settings` (of a merged node, e.g. from `node_settings`) turned into those of a
+    separated-mode proxy (MQTT only) in front of the brokers at `service_url`, everything else
+    kept. `namespace` becomes the default namespace, so that proxies sharing brokers (tests
+    side by side on one broker, say) keep their topics apart."""
+    return dataclasses.replace(
+        settings,
+        mode="separated",
+        protocols=("mqtt",),
+        default_namespace=namespace or settings.default_namespace,
+        cluster=dataclasses.replace(settings.cluster, service_url=service_url),
     )
 
 

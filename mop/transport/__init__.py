@@ -2,6 +2,7 @@
 ``trio.abc.Stream`` and a ``ConnectionInfo``; the only layer that deals with sockets.
 """
 
+from mop.transport.direct import Receive, Send, receiver, sender
 from mop.transport.listeners import (
     BoundListener,
     ConnectionInfo,
@@ -20,10 +21,14 @@ __all__ = [
     "Handler",
     "ListenerSpec",
     "OutboundBuffer",
+    "Receive",
+    "Send",
     "WebSocketHandshakeError",
     "WebSocketStream",
     "accept_websocket",
     "peer_certificate_info",
+    "receiver",
+    "sender",
     "serve_listener",
     "serve_listeners",
     "server_ssl_context",

@@ -222,31 +222,47 @@ class _Layers:
 async def _serve_connection(spec: ListenerSpec, handler: Handler, tcp: trio.SocketStream) -> None:
     layers = _Layers(tcp)
     try:
-        await _run_connection(spec, handler, tcp, layers)
+        info = await _open_connection(spec, tcp, layers)
+        if info is not None:
+            peer = info.peer
+            serving = handler(layers.stream, info)
+            del info  # what the handler keeps of it is its own business
+            try:
+                await serving
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                # Peers vanish all the time; this is not a handler bug.
+                logger.info("%s: connection from %s:%d lost: %s", spec.name, *peer, _describe(exc))
     except Exception:
         # The handler's own bugs: keep the traceback, keep the listener.
         logger.exception("%s: connection handler failed", spec.name)
     finally:
-        with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                await layers.stream.aclose()
+        if layers.stream is not tcp:
+            with trio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+                with contextlib.suppress(
+                    trio.BrokenResourceError, trio.ClosedResourceError, OSError
+                ):
+                    await layers.stream.aclose()
+        # A plain TCP stream closes at once: trio.serve_listeners closes it after this.
 
 
-async def _run_connection(
-    spec: ListenerSpec, handler: Handler, tcp: trio.SocketStream, layers: _Layers
-) -> None:
+async def _open_connection(
+    spec: ListenerSpec, tcp: trio.SocketStream, layers: _Layers
+) -> ConnectionInfo | None:
+    """Look at the peer and run the TLS and WebSocket handshakes (None: the connection is
+    gone or refused). Apart from `_serve_connection` so that its frame is not kept while the
+    connection is served."""
+    # TCP_NODELAY, which MQTT's small packets depend on, is set by trio.SocketStream itself.
     try:
-        # trio enables this already; it is stated here because MQTT's small packets depend on it.
-        tcp.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, True)
         local = _address(tcp.socket.getsockname())
         peer = _address(tcp.socket.getpeername())
     except OSError as exc:
         # The client reset the connection before we looked at it.
         logger.info("%s: connection lost before it could be served: %s", spec.name, exc)
-        return
+        return None
     try:
-        with trio.fail_after(spec.handshake_timeout):
-            await _open_layers(spec, layers)
+        if spec.kind != "tcp":  # plain TCP has no handshake to bound
+            with trio.fail_after(spec.handshake_timeout):
+                await _open_layers(spec, layers)
     except trio.TooSlowError:
         logger.info(
             "%s: dropped %s:%d, handshake not finished within %g s",
@@ -254,16 +270,11 @@ async def _run_connection(
             *peer,
             spec.handshake_timeout,
         )
-        return
+        return None
     except (trio.BrokenResourceError, WebSocketHandshakeError, OSError) as exc:
         logger.info("%s: handshake with %s:%d failed: %s", spec.name, *peer, _describe(exc))
-        return
-    info = ConnectionInfo(spec.kind, local, peer, layers.peer_certificate, layers.ws_subprotocol)
-    try:
-        await handler(layers.stream, info)
-    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-        # Peers vanish all the time; this is not a handler bug.
-        logger.info("%s: connection from %s:%d lost: %s", spec.name, *peer, _describe(exc))
+        return None
+    return ConnectionInfo(spec.kind, local, peer, layers.peer_certificate, layers.ws_subprotocol)
 
 
 async def _open_layers(spec: ListenerSpec, layers: _Layers) -> None:

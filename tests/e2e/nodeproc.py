@@ -9,6 +9,9 @@
 
 The process's merged stdout and stderr are read line by line in a thread and kept, so a test
 can look for log lines (the storage recovery summary, for instance) of every start so far.
+
+`broker_process(data_dir)` is a node with only the Pulsar adapter, the broker of a separated
+topology: `start()` returns its Pulsar port and `service_url` is what proxies connect to.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import mop
 STARTUP_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
 LISTENING = re.compile(r"mqtt listening on tcp (?P<host>\S+):(?P<port>\d+)")
+PULSAR_LISTENING = re.compile(r"pulsar listening on tcp (?P<host>\S+):(?P<port>\d+)")
 RECOVERED = re.compile(
     r"recovered (?P<topics>\d+) topics, (?P<messages>\d+) messages, (?P<cursors>\d+) cursors"
     r" and (?P<table_keys>\d+) table keys .*; truncated (?P<truncated>\d+) torn bytes"
@@ -65,9 +69,17 @@ def node_environ(data_dir: Path, **overrides: str) -> dict[str, str]:
 class NodeProcess:
     """One data directory, served by at most one `mop run` process at a time."""
 
-    def __init__(self, data_dir: Path, *, cwd: Path | None = None, **overrides: str) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        cwd: Path | None = None,
+        listening: re.Pattern[str] = LISTENING,
+        **overrides: str,
+    ) -> None:
         self.data_dir = data_dir
         self.cwd = cwd or data_dir.parent
+        self.listening = listening  # the log line that says the node is up, with its port
         self.overrides = overrides
         self.process: subprocess.Popen[str] | None = None
         self.port = 0
@@ -79,7 +91,8 @@ class NodeProcess:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self, timeout: float = STARTUP_TIMEOUT, **overrides: str) -> int:
-        """Start the node and return its MQTT port once it is listening."""
+        """Start the node and return its port (MQTT unless `listening` says otherwise) once
+        it is listening."""
         assert not self.running, "the node is already running"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lines = queue.Queue()
@@ -94,9 +107,15 @@ class NodeProcess:
         )
         self._reader = threading.Thread(target=self._read, args=(process, self._lines), daemon=True)
         self._reader.start()
-        match = self.wait_for(LISTENING, timeout)
+        match = self.wait_for(self.listening, timeout)
         self.port = int(match["port"])
         return self.port
+
+    @property
+    def service_url(self) -> str:
+        """The Pulsar service URL of a running broker process (see `broker_process`)."""
+        assert self.listening is PULSAR_LISTENING, "not a broker process"
+        return f"pulsar://127.0.0.1:{self.port}"
 
     @property
     def running(self) -> bool:
@@ -195,6 +214,14 @@ class NodeProcess:
         self._drain()
         if self.process is not None and self.process.stdout is not None:
             self.process.stdout.close()
+
+
+def broker_process(data_dir: Path, **overrides: str) -> NodeProcess:
+    """A broker of a separated topology: a node that speaks only the Pulsar protocol, on a free
+    loopback port. Start it with `start()`; proxies reach it at `service_url`."""
+    overrides.setdefault("MOP_PROTOCOLS", '["pulsar"]')
+    overrides.setdefault("MOP_PULSAR__HOST", "127.0.0.1")
+    return NodeProcess(data_dir, listening=PULSAR_LISTENING, **overrides)
 
 
 def segment_files(data_dir: Path) -> list[Path]:

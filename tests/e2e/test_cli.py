@@ -135,12 +135,12 @@ def test_run_stops_on_sigint(start_node: Callable[..., Node]) -> None:
     assert node.process.wait(timeout=STOP_TIMEOUT) == 0
 
 
-def test_separated_mode_is_not_available_yet(tmp_path: Path) -> None:
+def test_separated_mode_needs_a_service_url(tmp_path: Path) -> None:
     result = run_mop(tmp_path, "run", MOP_MODE="separated")
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("mop: error:")]
     assert len(errors) == 1, result.stderr
-    assert "not available" in errors[0]
+    assert "cluster.service_url" in errors[0]
     assert "Traceback" not in result.stderr
 
 

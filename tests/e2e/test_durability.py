@@ -601,7 +601,10 @@ class Sampler:
 
 def test_disk_usage_stays_bounded_while_data_flows(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    node_dir = Restartable(data, StorageSettings(fsync="always", segment_bytes=SEGMENT))
+    # No grace: a new topic keeps its first seconds on purpose (tests/unit/broker/test_grace.py);
+    # this test is about reclaiming acknowledged data as it flows.
+    settings = StorageSettings(fsync="always", segment_bytes=SEGMENT, unsubscribed_grace=0)
+    node_dir = Restartable(data, settings)
     count = TOTAL // PAYLOAD
     batch = 16
     with node_dir.run() as node, Sampler(data) as sampler:

@@ -235,6 +235,9 @@ def test_client_receive_maximum_bounds_inflight(
         raw.recv(0.3)
 
 
+@pytest.mark.merged_only(
+    reason="a proxy cannot bound what the broker keeps for a subscription (max_queued_messages)"
+)
 def test_offline_queue_is_bounded(raws: Callable[..., RawClient]) -> None:
     with running_node(node_settings(max_queued_messages=10)) as node:
         session = Properties(session_expiry_interval=300)
@@ -272,6 +275,9 @@ def _flood_payload(index: int) -> bytes:
     return b"%08d" % index + b"x" * 1016  # 1 KiB
 
 
+@pytest.mark.merged_only(
+    reason="a proxy cannot bound what the broker keeps for a subscription (max_queued_messages)"
+)
 @pytest.mark.parametrize("qos", [0, 1])
 def test_slow_subscriber_does_not_stall_others(
     node: RunningNode, raws: Callable[..., RawClient], qos: int

@@ -505,6 +505,7 @@ def test_request_response_information(node: RunningNode) -> None:
         assert not hasattr(other.connack.properties, "ResponseInformation")
 
 
+@pytest.mark.merged_only(reason="a proxy cannot know that no subscription matches (0x10 is a MAY)")
 def test_request_problem_information_0(node: RunningNode, raws: Callable[..., RawClient]) -> None:
     quiet = Properties(request_problem_information=0)
     raw = raws(node.mqtt_port)

@@ -204,6 +204,9 @@ def test_qos0_messages_are_queued_for_offline_sessions(node: RunningNode, versio
     assert [(m.payload, m.qos) for m in got] == [(b"a", 0), (b"b", 0), (b"c", 1)]
 
 
+@pytest.mark.merged_only(
+    reason="a proxy cannot bound what the broker keeps for a subscription (max_queued_messages)"
+)
 @pytest.mark.parametrize("version", [4, 5])
 def test_offline_queue_is_bounded_and_drops_qos0_first(version: int) -> None:
     with running_node(node_settings(max_queued_messages=4)) as node:
@@ -229,6 +232,9 @@ def test_offline_queue_is_bounded_and_drops_qos0_first(version: int) -> None:
         sub.expect_none(0.5)
 
 
+@pytest.mark.merged_only(
+    reason="a proxy cannot bound what the broker keeps for a subscription (max_queued_messages)"
+)
 @pytest.mark.parametrize("version", [4, 5])
 def test_offline_queue_bound_keeps_the_newest_qos0_messages(version: int) -> None:
     with running_node(node_settings(max_queued_messages=3)) as node:

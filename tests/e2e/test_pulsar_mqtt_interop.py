@@ -50,6 +50,25 @@ def test_mqtt_publish_reaches_a_pulsar_consumer(node: RunningNode, client: pulsa
     consumer.acknowledge(message)
 
 
+def test_names_with_spaces_and_escapes_are_one_topic_for_both_protocols(
+    node: RunningNode, client: pulsar.Client
+) -> None:
+    # MoP's encoding writes a space as "+" and an MQTT "+" as "%2B"; both must be usable.
+    name = "persistent://public/default/m2p%2Fretained+messages%2F%24count"
+    consumer = client.subscribe(name, "s")
+    mqtt = Client(node.mqtt_port, "mqtt-spaces")
+    mqtt.subscribe("m2p/retained messages/+", qos=1)
+    mqtt.publish("m2p/retained messages/$count", b"from mqtt", 1)
+    assert consumer.receive(timeout_millis=TIMEOUT_MS).data() == b"from mqtt"
+    producer = client.create_producer(name)
+    producer.send(b"from pulsar")
+    received = mqtt.expect(2)
+    assert [(m.topic, m.payload) for m in received] == [
+        ("m2p/retained messages/$count", b"from mqtt"),
+        ("m2p/retained messages/$count", b"from pulsar"),
+    ]
+
+
 def test_mqtt_retained_publish_reaches_pulsar_marked_retained(
     node: RunningNode, client: pulsar.Client
 ) -> None:

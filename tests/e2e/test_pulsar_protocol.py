@@ -98,7 +98,7 @@ def test_lookup_of_an_unknown_tenant_fails_with_topic_not_found(raw: RawPulsar) 
     lookup = raw.recv()
     assert isinstance(lookup, LookupResponse)
     assert (lookup.response, lookup.error) == (LookupType.Failed, ServerError.TopicNotFound)
-    raw.send(Lookup(topic="persistent://public/default/a+b", request_id=8))
+    raw.send(Lookup(topic="persistent://public/default/a#b", request_id=8))
     invalid = raw.recv()
     assert isinstance(invalid, LookupResponse)
     assert invalid.error is ServerError.InvalidTopicName

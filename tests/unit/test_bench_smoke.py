@@ -1,5 +1,5 @@
-"""Smoke run of the MQTT benchmark (bench/mqtt_bench.py): one scenario with tiny counts against a
-mop node only, so the suite notices when the bench stops working. It measures nothing."""
+"""Smoke runs of the benchmarks (bench/mqtt_bench.py, bench/pulsar_bench.py): tiny counts against
+a mop node only, so the suite notices when a bench stops working. They measure nothing."""
 
 from __future__ import annotations
 
@@ -46,3 +46,30 @@ def test_smoke_run_reports_a_rate_for_mop(tmp_path: Path) -> None:
     row = next(line for line in report.splitlines() if line.startswith("| QoS 0, 1 pub -> 1 sub"))
     cell = row.split("|")[2].strip()
     assert re.fullmatch(r"\d+(\.\d+)?k?", cell), row
+
+
+def test_pulsar_bench_smoke_run_reports_rates_for_mop(tmp_path: Path) -> None:
+    out = tmp_path / "pulsar-report"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "pulsar_bench.py"),
+            *("--smoke", "--brokers", "mop-never", "--no-chart"),
+            *("--out", str(out), "--deps-dir", str(tmp_path)),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    results = json.loads((out / "results.json").read_text())
+    scenarios = {run["scenario"]: run["values"] for run in results["runs"]}
+    assert set(scenarios) == {"unbatched", "batched", "paced"}, scenarios
+    for values in scenarios.values():
+        assert values["msgs_per_s"] > 0, values
+        assert 0 < values["p50_us"] <= values["p99_us"], values
+    report = (out / "report.md").read_text()
+    assert "| batched, send_async: msgs/s |" in report

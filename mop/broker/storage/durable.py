@@ -26,6 +26,7 @@ from mop.broker.storage.log import LogTail
 from mop.broker.storage.reads import read_messages
 from mop.broker.storage.records import (
     TopicRecord,
+    decode_message,
     encode_cursor,
     encode_epoch,
     encode_message,
@@ -53,6 +54,8 @@ logger = logging.getLogger("mop.storage")
 _EPOCH_SHIFT = 32
 # Queued bytes that make `serve` write them out without waiting for a `sync`.
 _FLUSH_BYTES = 1 << 20
+# Writes up to this size without fsync are made on the event loop's thread (`write_now`).
+_INLINE_BYTES = 256 * 1024
 # After ENOSPC, `append` refuses new messages for this long instead of queueing more.
 _FULL_BACKOFF = 1.0
 
@@ -116,7 +119,7 @@ class DurableStorage:
         self._closed = False
         self._serving = False
         self._wakeup = trio.Event()
-        self._cache: OrderedDict[tuple[int, int], tuple[Message, int]] = OrderedDict()
+        self._cache: OrderedDict[tuple[int, int], tuple[bytes, int]] = OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
         self._upkeep = Upkeep(self)
@@ -142,12 +145,14 @@ class DurableStorage:
         millis = time.time_ns() // 1_000_000
         seconds = millis // 1000
         ids = []
+        ledger = run.ledger
         for message in messages:
             entry = run.next_entry
-            position, size = tail.add(encode_message(run.ledger, entry, millis, message))
+            body = encode_message(ledger, entry, millis, message)
+            position, size = tail.add(body)
             index.add_message(entry_topic, run, position, size, seconds)
-            self._remember(run.ledger, entry, message, size)
-            ids.append(MessageId(run.ledger, entry))
+            self._remember(ledger, entry, body, size)
+            ids.append(MessageId(ledger, entry))
         if ids:
             entry_topic.last_id = ids[-1]
         limit = self.settings.retention_bytes
@@ -174,9 +179,11 @@ class DurableStorage:
         position, size = self._tail.add(encode_topic(record))
         self._index.set_state(("T", topic.name), position, size)
 
-    def _remember(self, ledger: int, entry: int, message: Message, size: int) -> None:
+    def _remember(self, ledger: int, entry: int, body: bytes, size: int) -> None:
+        # The record rather than the Message: bytes hold no references, so a large cache adds
+        # nothing to what the garbage collector walks (a hit is rare: it pays the decoding).
         cache = self._cache
-        cache[ledger, entry] = (message, size)
+        cache[ledger, entry] = (body, size)
         self._cache_bytes += size
         while self._cache_bytes > self._cache_limit and cache:
             _, (_, old) = cache.popitem(last=False)
@@ -308,10 +315,19 @@ class DurableStorage:
         now = time.monotonic()
         if settings.fsync == "interval" and now - self._last_fsync >= settings.fsync_interval:
             fsync = True
+        inline = False
         try:
-            await trio.to_thread.run_sync(
-                self._files.write, batch.start, batch.data, batch.bases, fsync
+            # A small write without fsync goes straight to the page cache: far cheaper than
+            # the round trip to a worker thread, and it cannot block for long.
+            inline = (
+                not fsync
+                and len(batch.data) <= _INLINE_BYTES
+                and self._files.write_now(batch.start, batch.data, batch.bases)
             )
+            if not inline:
+                await trio.to_thread.run_sync(
+                    self._files.write, batch.start, batch.data, batch.bases, fsync
+                )
         except OSError as exc:
             tail.failed(batch)
             flight.error = _storage_error(exc)
@@ -327,6 +343,8 @@ class DurableStorage:
         finally:
             self._flight = None
             flight.done.set()
+        if inline:
+            await trio.lowlevel.cancel_shielded_checkpoint()
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -400,7 +418,7 @@ class DurableStorage:
 
     def cached(self, ledger: int, entry: int) -> Message | None:
         hit = self._cache.get((ledger, entry))
-        return None if hit is None else hit[0]
+        return None if hit is None else decode_message(hit[0])[1]
 
 
 async def open_durable_storage(

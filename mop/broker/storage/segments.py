@@ -1,5 +1,6 @@
 """Segment files of the durable log: naming, the directory lock, and every blocking read,
-write, truncate, fsync and unlink. Called from worker threads only, never from the trio loop.
+write, truncate, fsync and unlink. Called from worker threads, except `write_now`: a small
+write into an open file, which costs less than the hop to a worker thread.
 """
 
 from __future__ import annotations
@@ -145,6 +146,28 @@ class SegmentFiles:
             except OSError:
                 self._undo(undo)
                 raise
+
+    def write_now(self, start: int, data: bytes | bytearray, bases: Sequence[int]) -> bool:
+        """`write` without fsync, for the caller's own thread, only when it cannot block for
+        long: the run stays in one segment whose file is open and no other thread holds the
+        files. False when it did nothing (the caller then uses `write` from a worker thread)."""
+        if len(bases) != 1 or bases[0] not in self._fds:
+            return False
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._damaged is not None or self._closed:
+                raise OSError(errno.EIO, self._damaged or "the log is closed")
+            undo: list[tuple[int, int]] = []
+            try:
+                with memoryview(data) as view:
+                    self._write_chunks(start, view, bases, undo)
+            except OSError:
+                self._undo(undo)
+                raise
+            return True
+        finally:
+            self._lock.release()
 
     def unlink(self, base: int) -> None:
         """Delete a reclaimed segment and make the deletion durable."""

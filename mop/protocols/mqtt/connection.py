@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 from typing import Any, cast
 
 from mop.protocols.mqtt.codec import NEED_DATA, NeedData, PacketDecoder, encode, encode_publish
@@ -64,7 +65,37 @@ class ConnectionLimits:
     max_topic_levels: int = 128
 
 
+@lru_cache(maxsize=4096)
+def _topic_problem(topic: str, max_length: int, max_levels: int) -> tuple[str, int] | None:
+    """Why `topic` may not be published to, with the reason code, or None. Remembered: the
+    same names come back in message after message."""
+    try:
+        validate_topic_name(topic, max_length=max_length, max_levels=max_levels)
+    except TopicError as exc:
+        return str(exc), exc.reason_code
+    return None
+
+
+# The inbound flows of a client below MQTT 5: never added to (see `_inbound_publish`).
+_UNCOUNTED: set[int] = set()
+
+
 class ServerConnection:
+    __slots__ = (
+        "_aliases_in",
+        "_aliases_out",
+        "_decoder",
+        "_inbound_unacked",
+        "auth_method",
+        "client_max_packet_size",
+        "client_receive_maximum",
+        "client_topic_alias_maximum",
+        "limits",
+        "problem_information",
+        "protocol_level",
+        "state",
+    )
+
     def __init__(self, limits: ConnectionLimits) -> None:
         self.limits = limits
         self.state = ConnectionState.AWAITING_CONNECT
@@ -78,10 +109,12 @@ class ServerConnection:
         self.client_topic_alias_maximum = 0
         self.problem_information = True
         self.auth_method: str | None = None
-        self._aliases_in: dict[int, str] = {}
-        self._aliases_out: dict[str, int] = {}
-        # Inbound QoS 1/2 packet ids not yet answered with PUBACK / PUBCOMP (Receive Maximum).
-        self._inbound_unacked: set[int] = set()
+        # Topic aliases each way, made when the first one is (most clients use none).
+        self._aliases_in: dict[int, str] | None = None
+        self._aliases_out: dict[str, int] | None = None
+        # Inbound QoS 1/2 packet ids not yet answered with PUBACK / PUBCOMP (Receive Maximum),
+        # counted for MQTT 5 clients only: the others share one set that stays empty.
+        self._inbound_unacked: set[int] = _UNCOUNTED
 
     # -- receiving -------------------------------------------------------------------------
 
@@ -96,6 +129,8 @@ class ServerConnection:
         if self.state is ConnectionState.CLOSED:
             return NEED_DATA
         packet = self._decoder.next_packet()
+        if type(packet) is Publish and self.state is ConnectionState.CONNECTED:
+            return self._inbound_publish(packet)  # by far the most common case: first
         if isinstance(packet, NeedData):
             return packet
         if self.state is ConnectionState.AWAITING_CONNECT:
@@ -114,6 +149,8 @@ class ServerConnection:
     def _accept_connect(self, connect: Connect) -> None:
         self.protocol_level = connect.protocol_level
         self._decoder.protocol_level = connect.protocol_level
+        if connect.protocol_level == 5:
+            self._inbound_unacked = set()
         self._decoder.expect_connect = False
         self.state = ConnectionState.CONNECTED
         props = connect.properties
@@ -134,9 +171,11 @@ class ServerConnection:
                     reason_code=ReasonCode.TOPIC_ALIAS_INVALID,
                 )
             if topic:
+                if self._aliases_in is None:
+                    self._aliases_in = {}
                 self._aliases_in[alias] = topic
             else:
-                known = self._aliases_in.get(alias)
+                known = None if self._aliases_in is None else self._aliases_in.get(alias)
                 if known is None:
                     raise ProtocolViolation(f"topic alias {alias} was never set")
                 topic = known
@@ -145,29 +184,27 @@ class ServerConnection:
                 topic=topic,
                 properties=dataclasses.replace(publish.properties, topic_alias=None),
             )
-        try:
-            validate_topic_name(
-                topic,
-                max_length=self.limits.max_topic_length,
-                max_levels=self.limits.max_topic_levels,
-            )
-        except TopicError as exc:
-            raise RemoteProtocolError(str(exc), reason_code=exc.reason_code) from exc
-        if publish.qos and publish.packet_id is not None:
+        problem = _topic_problem(topic, self.limits.max_topic_length, self.limits.max_topic_levels)
+        if problem is not None:
+            raise RemoteProtocolError(problem[0], reason_code=problem[1])
+        # Only MQTT 5 clients learn our Receive Maximum (in CONNACK); 3.1/3.1.1 clients are
+        # bounded by their 65535 packet identifiers alone, so only MQTT 5 flows are counted.
+        if publish.qos and self.protocol_level == 5 and publish.packet_id is not None:
             pid = publish.packet_id
             if pid not in self._inbound_unacked:
-                # Only MQTT 5 clients learn our Receive Maximum (in CONNACK); 3.1/3.1.1
-                # clients are bounded by their 65535 packet identifiers alone.
-                if (
-                    self.protocol_level == 5
-                    and len(self._inbound_unacked) >= self.limits.receive_maximum
-                ):
+                if len(self._inbound_unacked) >= self.limits.receive_maximum:
                     raise RemoteProtocolError(
                         f"more than {self.limits.receive_maximum} QoS 1/2 messages in flight",
                         reason_code=ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
                     )
                 self._inbound_unacked.add(pid)
         return publish
+
+    @property
+    def inbound_full(self) -> bool:
+        """Whether the next QoS 1/2 PUBLISH would exceed our Receive Maximum unless some
+        of those received are answered first."""
+        return len(self._inbound_unacked) >= self.limits.receive_maximum
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -191,39 +228,72 @@ class ServerConnection:
             packet = _without_problem_information(packet)
         return encode(packet, self.protocol_level)
 
+    def send_puback(self, packet_id: int, reason: int = 0) -> bytes:
+        """`send(Puback(packet_id, reason))` without building the packet: the ack of every
+        QoS 1 message. `reason` must be a PUBACK reason code; it is left out below MQTT 5."""
+        self._inbound_unacked.discard(packet_id)
+        if reason and self.protocol_level == 5:
+            return bytes((0x40, 3, packet_id >> 8, packet_id & 0xFF, reason))
+        return bytes((0x40, 2, packet_id >> 8, packet_id & 0xFF))
+
     def send_publish(self, publish: Publish) -> bytes | None:
         """Encode an outbound PUBLISH, using a topic alias when the client allows them.
 
         Returns None when the packet exceeds the client's Maximum Packet Size: the message is
         then dropped for this client (MQTT 5 section 3.1.2.25), never sent truncated.
         """
-        props = publish.properties
-        topic = publish.topic
+        return self.publish_bytes(
+            publish.topic,
+            publish.payload,
+            publish.qos,
+            publish.retain,
+            publish.dup,
+            publish.packet_id,
+            publish.properties,
+        )
+
+    def publish_bytes(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        retain: bool,
+        dup: bool,
+        packet_id: int | None,
+        properties: Properties,
+    ) -> bytes | None:
+        """`send_publish` from the fields, without building a `Publish` (the delivery path)."""
+        props = properties
+        alias_topic = topic
         assigned = False
         if self.client_topic_alias_maximum:
-            alias = self._aliases_out.get(topic)
+            aliases = self._aliases_out
+            if aliases is None:
+                aliases = self._aliases_out = {}
+            alias = aliases.get(topic)
             if alias is not None:
-                topic = ""
+                alias_topic = ""
                 props = dataclasses.replace(props, topic_alias=alias)
-            elif len(self._aliases_out) < self.client_topic_alias_maximum:
-                alias = len(self._aliases_out) + 1
-                self._aliases_out[topic] = alias
+            elif len(aliases) < self.client_topic_alias_maximum:
+                alias = len(aliases) + 1
+                aliases[topic] = alias
                 props = dataclasses.replace(props, topic_alias=alias)
                 assigned = True
         data = encode_publish(
-            topic,
-            publish.payload,
-            qos=publish.qos,
-            retain=publish.retain,
-            dup=publish.dup,
-            packet_id=publish.packet_id,
+            alias_topic,
+            payload,
+            qos=qos,
+            retain=retain,
+            dup=dup,
+            packet_id=packet_id,
             properties=props,
             protocol_level=self.protocol_level,
         )
         limit = self.client_max_packet_size
         if limit is not None and len(data) > limit:
-            if assigned:  # the client never learns an alias from a packet that is not sent
-                del self._aliases_out[publish.topic]
+            if assigned and self._aliases_out is not None:
+                # The client never learns an alias from a packet that is not sent.
+                del self._aliases_out[topic]
             return None
         return data
 

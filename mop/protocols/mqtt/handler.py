@@ -1,9 +1,11 @@
 """One MQTT client connection: the trio side around the pure `ServerConnection`.
 
-A reader task feeds bytes to the state machine and acts on packets; one delivery task per
-consumer turns deliveries into PUBLISH packets within the client's Receive Maximum; one writer
-task sends everything in batches. Session semantics stay here, above the processor, so they
-are the same whichever backend the node runs on.
+The connection's task feeds bytes to the state machine and acts on the packets of each read
+(publishing them in one batch); one delivery task per consumer turns deliveries into PUBLISH
+packets within the client's Receive Maximum. Each of them sends what it produced itself, in one
+write per batch; a writer task is started only for what is written otherwise, so an idle
+connection is one waiting task. Session semantics stay here, above the processor, so they are
+the same whichever backend the node runs on.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -22,12 +26,13 @@ from mop.processor import (
     ConnectionLimitReached,
     QuotaExceeded,
 )
-from mop.protocols.mqtt.codec import NeedData
+from mop.protocols.mqtt.codec import NEED_DATA
 from mop.protocols.mqtt.connection import ConnectionState, ServerConnection
 from mop.protocols.mqtt.errors import RemoteProtocolError, UnsupportedProtocolVersion
 from mop.protocols.mqtt.outflow import Outflow
 from mop.protocols.mqtt.packets import (
     NO_PROPERTIES,
+    Auth,
     Connack,
     Connect,
     Disconnect,
@@ -50,7 +55,7 @@ from mop.protocols.mqtt.reason_codes import ReasonCode, v3_connack_code
 from mop.protocols.mqtt.server import MqttServer
 from mop.protocols.mqtt.session import SessionState
 from mop.protocols.mqtt.subscriptions import SessionSubscriptions
-from mop.transport import ConnectionInfo, OutboundBuffer
+from mop.transport import ConnectionInfo, OutboundBuffer, receiver
 
 log = logging.getLogger("mop.mqtt")
 
@@ -64,10 +69,29 @@ class _Close(Exception):
 
 
 class ClientHandler:
+    # An idle connection is mostly this object and what hangs off it: no per-instance dict.
+    __slots__ = (
+        "_close_reason",
+        "_fenced",
+        "_read_scope",
+        "_send_will",
+        "_staged",
+        "conn",
+        "ctx",
+        "flow",
+        "keep_alive",
+        "lease",
+        "out",
+        "server",
+        "state",
+        "stream",
+        "subs",
+        "will",
+    )
+
     def __init__(self, server: MqttServer, stream: trio.abc.Stream, info: ConnectionInfo) -> None:
         self.server = server
         self.stream = stream
-        self.info = info
         self.conn = ServerConnection(server.limits)
         self.out = OutboundBuffer(stream)
         self.ctx = ClientContext(
@@ -79,9 +103,14 @@ class ClientHandler:
         self.lease: ClientLease | None = None
         self.will: Will | None = None
         self.keep_alive = 0
+        # Reads end when it is cancelled: by a takeover (`_fenced`) or by its deadline, which
+        # is the keep-alive limit while a read waits.
         self._read_scope = trio.CancelScope()
+        self._fenced = False
         self._close_reason: int | None = None
         self._send_will = True
+        # PUBLISHes of the current read waiting for one publish of them all (`_commit`).
+        self._staged: list[Publish] = []
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -89,20 +118,48 @@ class ClientHandler:
         connect = await self._read_connect()
         if connect is None:
             return
-        if not await self._open_session(connect):
+        opened = await self._open_session(connect)
+        del connect  # not kept alive for as long as the connection lasts
+        if not opened:
             await self._flush_quietly()
             return
         assert self.subs is not None and self.flow is not None
         flow = self.flow
         try:
+            # CONNACK goes out from this task: a connection that then stays idle never
+            # starts a writer task.
+            await self.out.flush()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.out.run)
-                nursery.start_soon(self._watch_fence)
+                self.out.write_from(nursery)
+                # A lease that calls back when fenced saves a task per connection.
+                on_fenced = getattr(self.lease, "on_fenced", None)
+                if on_fenced is not None:
+                    on_fenced(self._on_fenced)
+                else:
+                    nursery.start_soon(self._watch_fence)
                 self.subs.start(nursery, flow.deliver)
                 flow.resend_inflight()
-                await self._serve_reads()
+                # The reads are served right here: a frame less for every idle connection.
+                try:
+                    with self._read_scope:
+                        await self._read_loop()
+                    if not self._fenced:  # the deadline passed: the keep-alive limit
+                        raise _Close(
+                            ReasonCode.KEEP_ALIVE_TIMEOUT,
+                            f"nothing received for {self.keep_alive * 1.5:g}s",
+                        )
+                except (
+                    _Close,
+                    RemoteProtocolError,
+                    trio.BrokenResourceError,
+                    trio.ClosedResourceError,
+                ) as exc:
+                    self._reads_ended(exc)
+                if self._close_reason is not None and self.conn.protocol_level == 5:
+                    self.out.write(self.conn.send(Disconnect(reason_code=self._close_reason)))
                 await self._flush_quietly()
                 nursery.cancel_scope.cancel()
+                self.out.write_from(None)
         except* trio.Cancelled:
             # The node is stopping: tell MQTT 5 clients why before the socket closes.
             with trio.CancelScope(shield=True), trio.move_on_after(1):
@@ -114,6 +171,8 @@ class ClientHandler:
 
     async def _say_goodbye(self, reason: int) -> None:
         if self.conn.protocol_level != 5 or self.conn.state is not ConnectionState.CONNECTED:
+            return
+        if self.out.sending:  # a send broken off halfway: the stream is no longer framed
             return
         with contextlib.suppress(
             trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError
@@ -194,6 +253,12 @@ class ClientHandler:
         except ConnectionLimitReached as exc:
             await self._refuse_connect(ReasonCode.QUOTA_EXCEEDED, str(exc))
             return False
+        except BackendError as exc:
+            # E.g. the brokers of a separated deployment cannot be reached right now.
+            await self._refuse_connect(
+                ReasonCode.SERVER_UNAVAILABLE, f"cannot take the client id: {exc}"
+            )
+            return False
         if v5:
             requested = connect.properties.session_expiry_interval or 0
         else:
@@ -262,6 +327,10 @@ class ClientHandler:
     async def _watch_fence(self) -> None:
         assert self.lease is not None
         await self.lease.wait_fenced()
+        self._on_fenced()
+
+    def _on_fenced(self) -> None:
+        self._fenced = True
         self._close_reason = ReasonCode.SESSION_TAKEN_OVER
         self._read_scope.cancel()
 
@@ -269,6 +338,8 @@ class ClientHandler:
         state, subs = self.state, self.subs
         assert state is not None and subs is not None
         session_ends = state.expiry_interval == 0
+        if self.flow is not None:
+            self.flow.flush_acks()  # what the client has must not come back
         await subs.detach(unsubscribe=session_ends)
         for entry in state.outbound.values():
             entry.delivery = None
@@ -279,69 +350,102 @@ class ClientHandler:
 
     # -- reading ---------------------------------------------------------------------------
 
-    async def _serve_reads(self) -> None:
-        try:
-            with self._read_scope:
-                await self._read_loop()
-        except _Close as close:
-            self._close_reason = close.reason
-            if close.reason is not None:
+    def _reads_ended(self, why: Exception) -> None:
+        """Note why reading stopped: the reason to send in a DISCONNECT, if any."""
+        if isinstance(why, _Close):
+            self._close_reason = why.reason
+            if why.reason is not None:
                 log.info(
                     "%s: closing %r (0x%02X): %s",
                     self.ctx.peer,
                     self.ctx.client_id,
-                    close.reason,
-                    close,
+                    why.reason,
+                    why,
                 )
-        except RemoteProtocolError as exc:
-            self._close_reason = exc.reason_code
-            log.info("%s: protocol error from %r: %s", self.ctx.peer, self.ctx.client_id, exc)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        elif isinstance(why, RemoteProtocolError):
+            self._close_reason = why.reason_code
+            log.info("%s: protocol error from %r: %s", self.ctx.peer, self.ctx.client_id, why)
+        else:  # the connection is gone
             self._close_reason = None
-        if self._close_reason is not None and self.conn.protocol_level == 5:
-            self.out.write(self.conn.send(Disconnect(reason_code=self._close_reason)))
 
     async def _read_loop(self) -> None:
-        grace = self.keep_alive * 1.5 if self.keep_alive else float("inf")
+        """Act on every packet of each read, then read again.
+
+        PUBLISHes at QoS 0 and 1 that are not retained are staged and published together
+        (`_commit`): one wait for durability and one write of their PUBACKs per read, instead
+        of one each. Any other packet commits what is staged first, so that acks, deliveries
+        and session changes keep the order of the packets.
+        """
+        keep_alive = self.keep_alive > 0
+        grace = self.keep_alive * 1.5
+        inf = float("inf")
+        scope = self._read_scope
+        receive = receiver(self.stream)
+        conn = self.conn
+        flow = self._outflow()
+        staged = self._staged
         while True:
             while True:
-                event = self.conn.next_event()
-                if isinstance(event, NeedData):
+                if staged and conn.inbound_full:
+                    # Answer what is staged before a PUBLISH beyond our Receive Maximum, so
+                    # a client is held to it only as it was before the batching.
+                    await self._commit()
+                try:
+                    event = conn.next_event()
+                except RemoteProtocolError:
+                    if staged:  # what came before the bad packet is answered
+                        await self._commit()
+                    raise
+                if event is NEED_DATA:
                     break
-                await self._handle(event)
+                kind = type(event)
+                if kind is Publish:
+                    assert isinstance(event, Publish)
+                    if event.qos < 2 and not event.retain and event.topic[:1] != "$":
+                        staged.append(event)
+                        continue
+                elif kind is Puback:
+                    assert isinstance(event, Puback)
+                    entry = flow.acked(event.packet_id)  # no reply to write
+                    if entry is not None and entry.qos == 2:
+                        await flow.forget(entry)
+                    continue
+                if staged:
+                    await self._commit()
+                await _HANDLERS[kind](self, event)
+            if staged:
+                await self._commit()
+            flow.flush_acks()
+            if flow.waiting:
+                await flow.drain()
+            # What this read produced leaves from this task, before it waits again.
+            await self.out.push()
             await self.out.wait_space()
-            with trio.move_on_after(grace):
-                data = await self.stream.receive_some(65536)
-                if not data:
-                    raise _Close(None, "connection closed by the client")
-                self.server.processor.record_received_bytes(len(data))
-                self.conn.receive_data(data)
-                continue
-            raise _Close(ReasonCode.KEEP_ALIVE_TIMEOUT, f"nothing received for {grace:g}s")
+            if keep_alive:
+                scope.deadline = trio.current_time() + grace
+                data = await receive(65536)
+                scope.deadline = inf
+            else:
+                data = await receive(65536)
+            if not data:
+                raise _Close(None, "connection closed by the client")
+            self.server.processor.record_received_bytes(len(data))
+            conn.receive_data(data)
 
-    async def _handle(self, packet: Packet) -> None:
-        if isinstance(packet, Publish):
-            await self._on_publish(packet)
-        elif isinstance(packet, Puback):
-            await self._outflow().on_ack(packet.packet_id)
-        elif isinstance(packet, Pubrec):
-            await self._outflow().on_pubrec(packet)
-        elif isinstance(packet, Pubcomp):
-            await self._outflow().on_ack(packet.packet_id)
-        elif isinstance(packet, Pubrel):
-            await self._on_pubrel(packet)
-        elif isinstance(packet, Subscribe):
-            await self._on_subscribe(packet)
-        elif isinstance(packet, Unsubscribe):
-            await self._on_unsubscribe(packet)
-        elif isinstance(packet, Pingreq):
-            self.out.write(self.conn.send(Pingresp()))
-        elif isinstance(packet, Disconnect):
-            self._on_disconnect(packet)
-        else:  # AUTH: no enhanced authentication method is offered, so none can continue
-            raise _Close(ReasonCode.PROTOCOL_ERROR, f"unexpected {type(packet).__name__.upper()}")
+    async def _on_pubcomp(self, packet: Pubcomp) -> None:
+        await self._outflow().on_ack(packet.packet_id)
 
-    def _on_disconnect(self, packet: Disconnect) -> None:
+    async def _on_pubrec(self, packet: Pubrec) -> None:
+        await self._outflow().on_pubrec(packet)
+
+    async def _on_pingreq(self, packet: Pingreq) -> None:
+        self.out.write(self.conn.send(Pingresp()))
+
+    async def _on_auth(self, packet: Packet) -> None:
+        # No enhanced authentication method is offered, so none can continue.
+        raise _Close(ReasonCode.PROTOCOL_ERROR, f"unexpected {type(packet).__name__.upper()}")
+
+    async def _on_disconnect(self, packet: Disconnect) -> None:
         assert self.state is not None
         expiry = packet.properties.session_expiry_interval
         if expiry is not None:
@@ -352,6 +456,48 @@ class ClientHandler:
         raise _Close(None, "DISCONNECT")
 
     # -- inbound publishes -----------------------------------------------------------------
+
+    async def _commit(self) -> None:
+        """Publish the staged PUBLISHes (QoS 0 and 1, not retained) with one wait for
+        durability, then answer the QoS 1 ones with their PUBACKs, in order, in one write.
+        Nothing is acknowledged before it is durable; a message the backend refused is
+        answered with its reason code (MQTT 5) or closes the connection (3.1.1, whose acks
+        carry no error), after the acks of the messages before it."""
+        staged = self._staged[:]
+        self._staged.clear()
+        results = await self.server.publish_batch(self.ctx, staged)
+        conn = self.conn
+        v5 = conn.protocol_level == 5
+        acks: list[bytes] = []
+        failure: BackendError | None = None
+        for publish, result in zip(staged, results, strict=True):
+            if isinstance(result, BackendError):
+                self.server.processor.stats.messages_dropped += 1
+                log.warning(
+                    "%s: publish to %r failed: %s", self.ctx.client_id, publish.topic, result
+                )
+                if publish.qos == 0:
+                    continue
+                if not v5:
+                    failure = result
+                    break
+                reason = (
+                    ReasonCode.QUOTA_EXCEEDED
+                    if isinstance(result, QuotaExceeded)
+                    else ReasonCode.UNSPECIFIED_ERROR
+                )
+            elif publish.qos == 0:
+                continue
+            elif result.subscriptions == 0 and v5:
+                reason = ReasonCode.NO_MATCHING_SUBSCRIBERS
+            else:
+                reason = ReasonCode.SUCCESS
+            assert publish.packet_id is not None
+            acks.append(conn.send_puback(publish.packet_id, reason))
+        if acks:
+            self.out.add(b"".join(acks))  # pushed by the read loop
+        if failure is not None:
+            raise _Close(None, f"publish failed: {failure}")
 
     async def _on_publish(self, publish: Publish) -> None:
         assert self.state is not None
@@ -367,7 +513,7 @@ class ClientHandler:
             self.out.write(self.conn.send(Puback(pid, reason if v5 else 0)))
         elif publish.qos == 2 and pid is not None:
             if reason < 0x80:
-                self.state.inbound_qos2.add(pid)
+                self.state.inbound_qos2 |= {pid}
                 await self.server.sessions.save(self.state)
             self.out.write(self.conn.send(Pubrec(pid, reason if v5 else 0)))
 
@@ -405,7 +551,7 @@ class ClientHandler:
         assert self.state is not None
         known = packet.packet_id in self.state.inbound_qos2
         if known:
-            self.state.inbound_qos2.discard(packet.packet_id)
+            self.state.inbound_qos2 -= {packet.packet_id}
             await self.server.sessions.save(self.state)
         reason = (
             0 if known or self.conn.protocol_level != 5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
@@ -442,3 +588,19 @@ class ClientHandler:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+_Handler = Callable[[ClientHandler, Any], Awaitable[None]]
+
+# What the read loop does with each packet type it does not handle inline.
+_HANDLERS: dict[type, _Handler] = {
+    Publish: ClientHandler._on_publish,
+    Pubrec: ClientHandler._on_pubrec,
+    Pubcomp: ClientHandler._on_pubcomp,
+    Pubrel: ClientHandler._on_pubrel,
+    Subscribe: ClientHandler._on_subscribe,
+    Unsubscribe: ClientHandler._on_unsubscribe,
+    Pingreq: ClientHandler._on_pingreq,
+    Disconnect: ClientHandler._on_disconnect,
+    Auth: ClientHandler._on_auth,
+}

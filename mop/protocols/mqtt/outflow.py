@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import trio
 
@@ -18,7 +18,7 @@ from mop.message import Delivery, Message
 from mop.processor import ClientContext, Consumer, ConsumerClosed
 from mop.protocols.mqtt.connection import ServerConnection
 from mop.protocols.mqtt.mapping import message_properties
-from mop.protocols.mqtt.packets import NO_PROPERTIES, Properties, Publish, Pubrec, Pubrel
+from mop.protocols.mqtt.packets import NO_PROPERTIES, Properties, Pubrec, Pubrel
 from mop.protocols.mqtt.reason_codes import ReasonCode
 from mop.protocols.mqtt.server import MqttServer
 from mop.protocols.mqtt.session import Outbound, SessionState, SubscriptionOptions
@@ -28,8 +28,9 @@ from mop.transport import OutboundBuffer
 log = logging.getLogger("mop.mqtt")
 
 
-@dataclass(frozen=True, slots=True)
-class _Pending:
+class _Pending(NamedTuple):
+    """A PUBLISH waiting for its turn (QoS 1/2: for room in the client's Receive Maximum)."""
+
     topic: str
     message: Message
     qos: int
@@ -40,6 +41,21 @@ class _Pending:
 
 
 class Outflow:
+    __slots__ = (
+        "_acks",
+        "_conn",
+        "_ctx",
+        "_drain_lock",
+        "_out",
+        "_released_ids",
+        "_resend_ids",
+        "_server",
+        "_state",
+        "_subs",
+        "_waiting",
+        "_window_open",
+    )
+
     def __init__(
         self,
         server: MqttServer,
@@ -56,64 +72,102 @@ class Outflow:
         self._state = state
         self._subs = subs
         # QoS 1/2 publishes waiting for a free slot in the client's Receive Maximum.
-        self._waiting: deque[_Pending] = deque()
-        self._window_open = trio.Event()
+        # Made when first needed (an idle connection never needs them):
+        # QoS 1/2 publishes waiting for a free slot in the client's Receive Maximum.
+        self._waiting: deque[_Pending] | None = None
+        self._window_open: trio.Event | None = None
         # Packet ids of messages in flight when the previous connection ended, by message id.
-        self._resend_ids: dict[tuple[str, str], int] = {}
+        self._resend_ids: dict[tuple[str, str], int] | None = None
         # Messages whose QoS 2 flow reached PUBREL before the previous connection ended: the
         # client has them, so a redelivery from the backend is acknowledged, not sent again.
-        self._released_ids: set[tuple[str, str]] = set()
+        self._released_ids: set[tuple[str, str]] | None = None
         # One drain at a time keeps deliveries in order across the awaits inside it.
-        self._drain_lock = trio.Lock()
+        self._drain_lock: trio.Lock | None = None
+        # Deliveries the client has, to acknowledge to their consumers (`flush_acks`).
+        self._acks: list[tuple[Consumer, Delivery]] = []
 
     def room(self) -> int:
-        return self._conn.client_receive_maximum - len(self._state.outbound) - len(self._waiting)
+        waiting = self._waiting
+        return (
+            self._conn.client_receive_maximum
+            - len(self._state.outbound)
+            - (len(waiting) if waiting else 0)
+        )
 
     async def deliver(self, consumer: Consumer, shared: SubscriptionOptions | None) -> None:
         """Move messages from one consumer to the client, within Receive Maximum."""
+        server = self._server
+        mqtt_name = server.mqtt_name
+        encoded_qos0 = server.encoded_qos0
+        plan = self._subs.plan
+        send = self.send
+        conn = self._conn
+        out = self._out
         while True:
             while self.room() <= 0:
-                self._window_open = trio.Event()
-                await self._window_open.wait()
-            await self._out.wait_space()
+                window = self._window_open = trio.Event()
+                await window.wait()
+            await out.wait_space()
             try:
                 deliveries = await consumer.receive(max(1, self.room()))
             except ConsumerClosed:
                 return
             now = _now_ms()
+            # A QoS 0 PUBLISH below MQTT 5 has no properties and no topic alias: the same
+            # bytes for every such client, gathered into one write.
+            level = conn.protocol_level
+            plain = level != 5
+            chunks: list[bytes] = []
+            # Deliveries finished here, to acknowledge; QoS 0 messages need none (the
+            # consumers are `auto_ack_qos0`).
             done: list[Delivery] = []
             for delivery in deliveries:
                 if self._released_ids and self._was_released(delivery):
                     done.append(delivery)
                     continue
-                topic = self._server.mqtt_name(delivery.topic)
-                plan = self._subs.plan(topic, delivery.message, shared)
-                if plan is None or (
-                    delivery.message.expires_at and delivery.message.expires_at <= now
-                ):
-                    done.append(delivery)
+                message = delivery.message
+                topic = mqtt_name(delivery.topic)
+                how = plan(topic, message, shared)
+                if how is None or (message.expires_at and message.expires_at <= now):
+                    if message.qos:
+                        done.append(delivery)
                     continue
-                qos, retain, sub_ids = plan
-                if not self.send(
-                    topic,
-                    delivery.message,
-                    qos=qos,
-                    retain=retain,
-                    sub_ids=sub_ids,
-                    now=now,
-                    delivery=delivery,
-                    consumer=consumer,
+                qos, retain, sub_ids = how
+                if qos == 0 and plain and not self._waiting and not self._draining:
+                    chunks.append(encoded_qos0(topic, message, retain, level))
+                    if message.qos:
+                        done.append(delivery)
+                    continue
+                if chunks:  # what came before goes first
+                    self._write_chunks(chunks)
+                    chunks = []
+                if (
+                    not send(topic, message, qos, retain, sub_ids, now, delivery, consumer)
+                    and message.qos
                 ):
                     done.append(delivery)
+            if chunks:
+                self._write_chunks(chunks)
             if done:
                 consumer.ack(done)
-            await self.drain()
+            if self._waiting:
+                await self.drain()
+            await out.push()
+
+    @property
+    def _draining(self) -> bool:
+        """Whether a drain is between taking messages from the window and writing them."""
+        return self._drain_lock is not None and self._drain_lock.locked()
+
+    def _write_chunks(self, chunks: list[bytes]) -> None:
+        data = b"".join(chunks)
+        self._out.add(data)  # pushed by the caller (see `deliver` and the read loop)
+        self._server.processor.record_sent(len(chunks), len(data))
 
     def send(
         self,
         topic: str,
         message: Message,
-        *,
         qos: int,
         retain: bool,
         sub_ids: tuple[int, ...],
@@ -126,21 +180,29 @@ class Outflow:
         props = NO_PROPERTIES
         if self._conn.protocol_level == 5:
             props = message_properties(message, now_ms=now, subscription_identifiers=sub_ids)
+        waiting = self._waiting
         if qos == 0:
-            publish = Publish(topic, message.payload, 0, retain, properties=props)
-            if self._waiting or self._drain_lock.locked():
+            if waiting or self._draining:
                 # Behind queued QoS 1/2 messages: keep the order the client sees.
-                self._waiting.append(_Pending(topic, message, 0, retain, props, None, None))
+                self._queue().append(_Pending(topic, message, 0, retain, props, None, None))
             else:
-                self._write_publish(publish)
+                self._write(topic, message, 0, retain, False, None, props)
             return False
-        self._waiting.append(_Pending(topic, message, qos, retain, props, delivery, consumer))
+        if waiting is None:
+            waiting = self._queue()
+        waiting.append(_Pending(topic, message, qos, retain, props, delivery, consumer))
         return True
+
+    def _queue(self) -> deque[_Pending]:
+        if self._waiting is None:
+            self._waiting = deque()
+        return self._waiting
 
     def _was_released(self, delivery: Delivery) -> bool:
         key = (delivery.topic, str(delivery.message_id))
-        if key in self._released_ids:
-            self._released_ids.discard(key)
+        released = self._released_ids
+        if released is not None and key in released:
+            released.discard(key)
             return True
         return False
 
@@ -149,92 +211,170 @@ class Outflow:
 
         New QoS 2 deliveries of a persistent session are recorded (packet id -> message)
         before they are sent, so that after a crash the message goes out again with the same
-        packet id and the client can recognise it (exactly once).
+        packet id and the client can recognise it (exactly once). Only then is there anything
+        to wait for: one drain at a time holds the lock across those waits, and later drains
+        queue behind it so that the client sees the messages in order.
         """
-        async with self._drain_lock:
-            batch = self._take_window()
-            state = self._state
-            for entry, _ in batch:
-                if entry is not None and entry.qos == 2:
-                    await self._server.sessions.record_flow(state, entry)
-            for entry, publish in batch:
-                if not self._write_publish(publish) and entry is not None:
-                    state.outbound.pop(entry.packet_id, None)
-                    self._finish(entry)
+        lock = self._drain_lock
+        if lock is not None and lock.locked():
+            async with lock:
+                await self._send_window()
+            return
+        batch = self._take_window()
+        if not self._must_record(batch):
+            self._send_batch(batch)  # nothing to wait for, so nothing can come between
+            return
+        if lock is None:
+            lock = self._drain_lock = trio.Lock()
+        lock.acquire_nowait()
+        try:
+            await self._record(batch)
+            self._send_batch(batch)
+        finally:
+            lock.release()
 
-    def _take_window(self) -> list[tuple[Outbound | None, Publish]]:
+    async def _send_window(self) -> None:
+        batch = self._take_window()
+        await self._record(batch)
+        self._send_batch(batch)
+
+    def _must_record(self, batch: list[tuple[_Pending, Outbound | None, bool]]) -> bool:
+        if not self._state.expiry_interval:
+            return False
+        return any(entry is not None and entry.qos == 2 for _, entry, _ in batch)
+
+    async def _record(self, batch: list[tuple[_Pending, Outbound | None, bool]]) -> None:
+        state = self._state
+        for _, entry, _ in batch:
+            if entry is not None and entry.qos == 2:
+                await self._server.sessions.record_flow(state, entry)
+
+    def _send_batch(self, batch: list[tuple[_Pending, Outbound | None, bool]]) -> None:
+        state = self._state
+        write = self._write
+        for item, entry, dup in batch:
+            if entry is None:
+                write(item.topic, item.message, 0, item.retain, False, None, item.properties)
+            elif not write(
+                item.topic,
+                item.message,
+                item.qos,
+                item.retain,
+                dup,
+                entry.packet_id,
+                item.properties,
+            ):
+                state.outbound.pop(entry.packet_id, None)
+                self._finish(entry)
+        self.flush_acks()
+
+    def _take_window(self) -> list[tuple[_Pending, Outbound | None, bool]]:
         """Give packet ids to as many waiting messages as the window has room for (QoS 0
         messages queued behind them need none)."""
-        outbound = self._state.outbound
-        batch: list[tuple[Outbound | None, Publish]] = []
-        while self._waiting:
-            item = self._waiting[0]
+        state = self._state
+        outbound = state.outbound
+        waiting = self._waiting
+        if not waiting:
+            return []
+        limit = self._conn.client_receive_maximum
+        # (message, its flow (None for QoS 0), whether it is sent again (DUP))
+        batch: list[tuple[_Pending, Outbound | None, bool]] = []
+        while waiting:
+            item = waiting[0]
             if item.qos == 0:
-                self._waiting.popleft()
-                publish = Publish(
-                    item.topic, item.message.payload, 0, item.retain, properties=item.properties
-                )
-                batch.append((None, publish))
+                waiting.popleft()
+                batch.append((item, None, False))
                 continue
-            if len(outbound) >= self._conn.client_receive_maximum:
+            if len(outbound) >= limit:
                 break
-            self._waiting.popleft()
+            waiting.popleft()
             delivery = item.delivery
             pid = None
-            if delivery is not None and self._resend_ids:
-                pid = self._resend_ids.pop((delivery.topic, str(delivery.message_id)), None)
+            resend = self._resend_ids
+            if delivery is not None and resend:
+                pid = resend.pop((delivery.topic, str(delivery.message_id)), None)
                 if pid in outbound:
                     pid = None
             dup = pid is not None
             if pid is None:
-                pid = self._state.allocate_packet_id()
+                pid = state.allocate_packet_id()
                 assert pid is not None  # Receive Maximum is at most 65535
-            entry = Outbound(
-                packet_id=pid,
-                qos=item.qos,
-                topic=delivery.topic
-                if delivery is not None
-                else self._server.canonical(item.topic),
-                message_id=delivery.message_id if delivery is not None else None,
-                delivery=delivery,
-                message=item.message if delivery is None else None,
-                consumer=item.consumer,
-            )
-            publish = Publish(
-                item.topic,
-                item.message.payload,
-                item.qos,
-                item.retain,
-                dup=dup,
-                packet_id=pid,
-                properties=item.properties,
-            )
+            if delivery is not None:
+                entry = Outbound(
+                    pid, item.qos, delivery.topic, delivery.message_id, delivery=delivery
+                )
+                entry.consumer = item.consumer
+            else:
+                entry = Outbound(
+                    pid, item.qos, self._server.canonical(item.topic), None, message=item.message
+                )
             outbound[pid] = entry
-            batch.append((entry, publish))
+            batch.append((item, entry, dup))
         return batch
 
-    def _write_publish(self, publish: Publish) -> bool:
-        data = self._conn.send_publish(publish)
+    def _write(
+        self,
+        topic: str,
+        message: Message,
+        qos: int,
+        retain: bool,
+        dup: bool,
+        packet_id: int | None,
+        props: Properties,
+    ) -> bool:
+        """Encode and buffer one PUBLISH; False when it exceeds the client's Maximum Packet
+        Size and is dropped. A QoS 0 PUBLISH without properties or topic alias is the same
+        bytes for every client at its protocol level: the server encodes it once."""
+        conn = self._conn
+        data: bytes | None
+        if qos == 0 and props is NO_PROPERTIES and not conn.client_topic_alias_maximum:
+            data = self._server.encoded_qos0(topic, message, retain, conn.protocol_level)
+            limit = conn.client_max_packet_size
+            if limit is not None and len(data) > limit:
+                data = None
+        else:
+            data = conn.publish_bytes(topic, message.payload, qos, retain, dup, packet_id, props)
         if data is None:
             self._server.processor.stats.messages_dropped += 1
             log.debug(
                 "%s: message on %r exceeds the client's maximum packet size",
                 self._ctx.client_id,
-                publish.topic,
+                topic,
             )
             return False
-        self._out.write(data)
+        self._out.add(data)  # pushed by the caller (see `deliver` and the read loop)
         self._server.processor.record_sent(1, len(data))
         return True
 
-    async def on_ack(self, pid: int) -> None:
+    @property
+    def waiting(self) -> bool:
+        """Whether messages wait for room in the client's Receive Maximum."""
+        return bool(self._waiting)
+
+    def acked(self, pid: int) -> Outbound | None:
+        """PUBACK (or PUBCOMP): the flow of `pid` is complete. Returns its entry (None for an
+        unknown packet id, which needs no reaction); a QoS 2 entry must then be `forget`-ed.
+        The caller sends what now fits the window with `drain` and acknowledges to the
+        consumers with `flush_acks`."""
         entry = self._state.outbound.pop(pid, None)
         if entry is None:
-            return  # unknown packet id: nothing to release (the spec asks no reaction)
+            return None
         self._finish(entry)
-        self._window_open.set()
+        if self._window_open is not None:
+            self._window_open.set()
+        return entry
+
+    async def forget(self, entry: Outbound) -> None:
+        """Drop the stored record of a completed QoS 2 flow."""
+        await self._server.sessions.forget_flow(self._state, entry.packet_id)
+
+    async def on_ack(self, pid: int) -> None:
+        entry = self.acked(pid)
+        if entry is None:
+            return  # unknown packet id: nothing to release (the spec asks no reaction)
         if entry.qos == 2:
-            await self._server.sessions.forget_flow(self._state, pid)
+            await self.forget(entry)
+        self.flush_acks()
         await self.drain()
 
     async def on_pubrec(self, packet: Pubrec) -> None:
@@ -248,6 +388,7 @@ class Outflow:
             # sending the message a second time.
             await self._server.sessions.record_flow(self._state, entry)
             self._finish(entry)
+            self.flush_acks()
         self._out.write(
             self._conn.send(
                 Pubrel(
@@ -260,11 +401,25 @@ class Outflow:
         )
 
     def _finish(self, entry: Outbound) -> None:
-        """The client has the message: acknowledge it to its consumer (once)."""
+        """The client has the message: acknowledge it to its consumer (once), with the other
+        acknowledgements of the same read (`flush_acks`)."""
         if entry.delivery is not None and entry.consumer is not None:
-            entry.consumer.ack([entry.delivery])
+            self._acks.append((entry.consumer, entry.delivery))
         entry.delivery = None
         entry.message = None
+
+    def flush_acks(self) -> None:
+        """Acknowledge what the client has to the consumers, one call per run of the same
+        consumer."""
+        acks = self._acks
+        if not acks:
+            return
+        self._acks = []
+        start = 0
+        for index in range(1, len(acks) + 1):
+            if index == len(acks) or acks[index][0] is not acks[start][0]:
+                acks[start][0].ack([delivery for _, delivery in acks[start:index]])
+                start = index
 
     def resend_inflight(self) -> None:
         """After a reconnect: PUBREL what was released, resend retained-in-flight PUBLISHes,
@@ -273,15 +428,17 @@ class Outflow:
             if entry.released:
                 self._out.write(self._conn.send(Pubrel(pid)))
                 if entry.message_id is not None:
+                    if self._released_ids is None:
+                        self._released_ids = set()
                     self._released_ids.add((entry.topic, str(entry.message_id)))
             elif entry.message is not None:
                 topic = self._server.mqtt_name(entry.topic)
-                self._write_publish(
-                    Publish(topic, entry.message.payload, entry.qos, True, dup=True, packet_id=pid)
-                )
+                self._write(topic, entry.message, entry.qos, True, True, pid, NO_PROPERTIES)
             else:
                 del self._state.outbound[pid]
                 if entry.message_id is not None:
+                    if self._resend_ids is None:
+                        self._resend_ids = {}
                     self._resend_ids[(entry.topic, str(entry.message_id))] = pid
 
 

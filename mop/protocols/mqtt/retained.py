@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from mop.message import Message
 from mop.processor import Table
 from mop.topics import TopicTree
+
+log = logging.getLogger("mop.mqtt")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +34,22 @@ class RetainedStore:
         for key, value in table.items():
             self._tree.add(key)
             self._messages[key] = decode_message(value)
+        # Other nodes (proxies of a separated deployment) retain and clear messages too.
+        table.watch(self._changed_elsewhere)
+
+    def _changed_elsewhere(self, topic: str, value: bytes | None) -> None:
+        if value is None:
+            if self._messages.pop(topic, None) is not None:
+                self._tree.discard(topic)
+            return
+        try:
+            message = decode_message(value)
+        except (ValueError, KeyError, TypeError):
+            log.error("retained message of %r written elsewhere is unreadable; ignoring it", topic)
+            return
+        if topic not in self._messages:
+            self._tree.add(topic)
+        self._messages[topic] = message
 
     def __len__(self) -> int:
         return len(self._messages)
@@ -41,7 +60,7 @@ class RetainedStore:
             if topic not in self._messages:
                 return
             await self._table.put(topic, None)
-            del self._messages[topic]
+            self._messages.pop(topic, None)  # another node may have cleared it meanwhile
             self._tree.discard(topic)
             return
         await self._table.put(topic, encode_message(message))

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Awaitable, Sequence
 from functools import lru_cache
 
 import trio
 
-from mop.processor import ClientContext, MessagingProcessor, PublishResult
+from mop.message import Message
+from mop.processor import BackendError, ClientContext, MessagingProcessor, PublishResult
+from mop.protocols.mqtt.codec import encode_publish
 from mop.protocols.mqtt.connection import ConnectionLimits
 from mop.protocols.mqtt.mapping import publish_to_message
-from mop.protocols.mqtt.packets import Publish, Will
+from mop.protocols.mqtt.packets import NO_PROPERTIES, Publish, Will
 from mop.protocols.mqtt.retained import RetainedStore
 from mop.protocols.mqtt.sessions import SessionRegistry, now_ms
 from mop.protocols.mqtt.sys_topics import SysPublisher
@@ -28,6 +31,10 @@ from mop.transport import ConnectionInfo
 log = logging.getLogger("mop.mqtt")
 
 VERSION = "mop 0.1.0"  # kept in step with mop.__version__ (pyproject)
+
+# Bounds of the memory of encoded QoS 0 PUBLISHes: it only needs to outlive one fan-out.
+_ENCODED_COUNT = 4096
+_ENCODED_BYTES = 8 << 20
 
 
 class MqttServer:
@@ -49,6 +56,10 @@ class MqttServer:
         self.mqtt_name = lru_cache(maxsize=65536)(
             lambda topic: pulsar_to_mqtt(topic, tenant=tenant, namespace=namespace)
         )
+        # QoS 0 PUBLISH bytes by (message, topic, retain, protocol level), so that a message
+        # fanned out to many clients is encoded once (`encoded_qos0`).
+        self._encoded: dict[tuple[int, str, bool, int], tuple[Message, bytes]] = {}
+        self._encoded_bytes = 0
         self.timers = Timers()
         self.retained = RetainedStore(processor.table("retained"))
         self.sessions = SessionRegistry(processor, self.timers, self._publish_will)
@@ -63,10 +74,36 @@ class MqttServer:
                 await nursery.start(self.sys.serve, self.settings.sys_interval)
             task_status.started()
 
-    async def handle_connection(self, stream: trio.abc.Stream, info: ConnectionInfo) -> None:
+    def handle_connection(self, stream: trio.abc.Stream, info: ConnectionInfo) -> Awaitable[None]:
+        """Serve one client (the transport awaits what this returns). Not a coroutine
+        function itself, so that an idle connection keeps one frame less."""
         from mop.protocols.mqtt.handler import ClientHandler
 
-        await ClientHandler(self, stream, info).run()
+        return ClientHandler(self, stream, info).run()
+
+    def encoded_qos0(self, topic: str, message: Message, retain: bool, level: int) -> bytes:
+        """A QoS 0 PUBLISH of `message` without properties, as sent to every client at
+        protocol `level`: encoded once, then the same bytes for each subscriber."""
+        key = (id(message), topic, retain, level)
+        hit = self._encoded.get(key)
+        if hit is not None and hit[0] is message:  # the id is only valid with the object
+            return hit[1]
+        data = encode_publish(
+            topic,
+            message.payload,
+            qos=0,
+            retain=retain,
+            dup=False,
+            packet_id=None,
+            properties=NO_PROPERTIES,
+            protocol_level=level,
+        )
+        if self._encoded_bytes > _ENCODED_BYTES or len(self._encoded) >= _ENCODED_COUNT:
+            self._encoded.clear()
+            self._encoded_bytes = 0
+        self._encoded[key] = (message, data)
+        self._encoded_bytes += len(data)
+        return data
 
     def topic_problem(self, topic: str) -> str | None:
         """Why `topic` is not a valid topic name under the configured limits, or None."""
@@ -87,6 +124,20 @@ class MqttServer:
         if publish.retain and self.settings.retain_available:
             await self.retained.set(publish.topic, message if publish.payload else None)
         return result
+
+    async def publish_batch(
+        self, ctx: ClientContext, publishes: Sequence[Publish]
+    ) -> list[PublishResult | BackendError]:
+        """Publish messages that are not retained, in order, with one wait for durability;
+        one result per message (see `MessagingProcessor.publish_batch`)."""
+        now = now_ms()
+        canonical = self.canonical
+        client_id = ctx.client_id
+        items = [
+            (canonical(p.topic), publish_to_message(p, client_id=client_id, now_ms=now))
+            for p in publishes
+        ]
+        return await self.processor.publish_batch(ctx, items)
 
     async def _publish_will(self, client_id: str, will: Will) -> None:
         props = dataclasses.replace(will.properties, will_delay_interval=None)

@@ -54,7 +54,9 @@ class SessionState:
     expiry_interval: int = 0
     subscriptions: dict[str, SubscriptionOptions] = field(default_factory=dict)
     will: Will | None = None
-    inbound_qos2: set[int] = field(default_factory=set)
+    # Packet ids of QoS 2 messages received and not yet released (PUBREL). Replaced on each
+    # change rather than changed: most sessions never have one, and share the empty set.
+    inbound_qos2: frozenset[int] = frozenset()
     outbound: dict[int, Outbound] = field(default_factory=dict)
     # When the last connection ended (ms since epoch); None while a client is connected.
     disconnected_at: int | None = None
@@ -106,7 +108,7 @@ class SessionState:
             client_id=doc["client_id"],
             expiry_interval=doc["expiry"],
             subscriptions={f: SubscriptionOptions(**o) for f, o in doc["subs"].items()},
-            inbound_qos2=set(doc["qos2_in"]),
+            inbound_qos2=frozenset(doc["qos2_in"]),
             disconnected_at=doc["disconnected_at"],
             last_packet_id=doc["last_pid"],
         )

@@ -46,6 +46,10 @@ class SessionRegistry:
         self._timers = timers
         self._publish_will = publish_will
         self._offline: dict[str, SessionState] = {}
+        # In a separated deployment other proxies write sessions too: a session written
+        # elsewhere is owned there now (attached to a connection, or offline with its timers
+        # armed there), so this node lets go of its copy and of its timers.
+        self._table.watch(self._changed_elsewhere)
 
     def __len__(self) -> int:
         return len(self._offline)
@@ -87,6 +91,9 @@ class SessionRegistry:
         self._timers.cancel(f"expire:{client_id}")
         self._timers.cancel(f"will:{client_id}")
         state = self._offline.pop(client_id, None)
+        if state is None:
+            # Left offline through another node (the lease caught the table up for us).
+            state = self._stored(client_id)
         if state is not None:
             state.will = None
             if clean_start:
@@ -95,6 +102,28 @@ class SessionRegistry:
         if state is None:
             return SessionState(client_id=client_id), False
         return state, True
+
+    def _stored(self, client_id: str) -> SessionState | None:
+        """The session as the table has it, with its QoS 2 flows, or None."""
+        data = self._table.get(client_id)
+        if data is None:
+            return None
+        try:
+            state = SessionState.from_bytes(data)
+        except (ValueError, KeyError, TypeError):
+            log.error("session %r in %s is unreadable; starting a new one", client_id, TABLE)
+            return None
+        prefix = f"{client_id}/"
+        for key, flow in self._flows.items():
+            packet_id = key[len(prefix) :]
+            if key.startswith(prefix) and packet_id.isdigit():
+                state.outbound[int(packet_id)] = outbound_from_bytes(int(packet_id), flow)
+        return state
+
+    def _changed_elsewhere(self, client_id: str, value: bytes | None) -> None:
+        if self._offline.pop(client_id, None) is not None:
+            self._timers.cancel(f"expire:{client_id}")
+            self._timers.cancel(f"will:{client_id}")
 
     def put_back(self, state: SessionState) -> None:
         """Return a session taken by a connection that could not open (its stored state is

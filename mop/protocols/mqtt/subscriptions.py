@@ -36,16 +36,48 @@ class RetainedDelivery:
     sub_ids: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class _Route:
+    """The session's filters that match one topic. A `simple` route has no No Local and no
+    Retain As Published filter among them, so every message of the topic is delivered alike:
+    at `qos` (-1: not at all) with `sub_ids`."""
+
+    options: tuple[SubscriptionOptions, ...]
+    simple: bool
+    qos: int
+    sub_ids: tuple[int, ...]
+    # For a simple route, the plan of a message by its QoS (0, 1, 2).
+    plans: tuple[tuple[int, bool, tuple[int, ...]] | None, ...]
+
+
+# Topics whose route a session remembers; past this the memory starts again.
+_MAX_ROUTES = 4096
+
+
 def shared_subscription_name(group: str, topic_filter: str) -> str:
     return f"$share/{group}/{topic_filter}"
 
 
 class SessionSubscriptions:
+    __slots__ = (
+        "_ctx",
+        "_deliver",
+        "_normal",
+        "_nursery",
+        "_routes",
+        "_server",
+        "_shared",
+        "_state",
+        "_trie",
+    )
+
     def __init__(self, server: MqttServer, ctx: ClientContext, state: SessionState) -> None:
         self._server = server
         self._ctx = ctx
         self._state = state
         self._trie: SubscriptionTrie[str, SubscriptionOptions] = SubscriptionTrie()
+        # Topic -> how its messages are delivered; emptied whenever the filters change.
+        self._routes: dict[str, _Route] = {}
         self._normal: Consumer | None = None
         self._shared: dict[str, tuple[Consumer, trio.CancelScope]] = {}
         self._nursery: trio.Nursery | None = None
@@ -60,6 +92,7 @@ class SessionSubscriptions:
             shared = parse_shared(topic_filter)
             if shared.group is None:
                 self._trie.add(topic_filter, topic_filter, options)
+                self._routes.clear()
                 normal.append(topic_filter)
             else:
                 consumer = await self._subscribe_shared(shared.group, shared.topic_filter)
@@ -139,6 +172,7 @@ class SessionSubscriptions:
             self._state.subscriptions[topic_filter] = options
             if shared.group is None:
                 self._trie.add(topic_filter, topic_filter, options)
+                self._routes.clear()
                 await self._add_normal(topic_filter)
                 if request.retain_handling == 0 or (request.retain_handling == 1 and not existed):
                     sub_ids = (identifier,) if identifier else ()
@@ -169,6 +203,7 @@ class SessionSubscriptions:
                 await consumer.unsubscribe()
             else:
                 self._trie.remove(topic_filter, topic_filter)
+                self._routes.clear()
                 if self._normal is not None:
                     await self._normal.remove_selector(topic_filter)
         await self._server.sessions.save(self._state)
@@ -188,11 +223,16 @@ class SessionSubscriptions:
             retain = shared.retain_as_published and was_retained(message)
             ids = (shared.identifier,) if shared.identifier else ()
             return min(shared.qos, message.qos), retain, ids
+        route = self._routes.get(topic)
+        if route is None:
+            route = self._route(topic)
+        if route.simple:
+            return route.plans[message.qos]
         qos = -1
         retain = False
         sub_ids: list[int] = []
         own = message.producer == self._ctx.client_id
-        for _filter, _key, options in self._trie.match(topic):
+        for options in route.options:
             if options.no_local and own:
                 continue
             qos = max(qos, options.qos)
@@ -203,6 +243,20 @@ class SessionSubscriptions:
         if qos < 0:
             return None
         return min(qos, message.qos), retain, tuple(sub_ids)
+
+    def _route(self, topic: str) -> _Route:
+        """Match `topic` against the session's filters once; `plan` reuses the result until
+        the subscriptions change."""
+        routes = self._routes
+        if len(routes) >= _MAX_ROUTES:
+            routes.clear()
+        options = tuple(options for _f, _k, options in self._trie.match(topic))
+        simple = not any(o.no_local or o.retain_as_published for o in options)
+        qos = max((o.qos for o in options), default=-1)
+        ids = tuple(o.identifier for o in options if o.identifier)
+        plans = tuple(None if qos < 0 else (min(qos, wanted), False, ids) for wanted in range(3))
+        route = routes[topic] = _Route(options, simple, qos, ids, plans)
+        return route
 
     # -- consumers -------------------------------------------------------------------------
 
@@ -216,6 +270,8 @@ class SessionSubscriptions:
             durable=self._state.expiry_interval > 0,
             member=self._ctx.client_id,
             max_backlog=self._server.settings.max_queued_messages,
+            # QoS 0 is delivered at most once: no acknowledgement to track per message.
+            auto_ack_qos0=True,
         )
 
     async def _subscribe_normal(self, selectors: frozenset[str]) -> Consumer:

@@ -112,6 +112,11 @@ class ConnectionConsumers:
         except TopicRefused as exc:
             link.send(Error(request_id=rid, error=exc.error, message=exc.message))
             return
+        if (owner := await link.server.owner(topic)) is not None:
+            # The client looks the topic up again and goes to the owner.
+            link.send(Error(request_id=rid, error=ServerError.ServiceNotReady,
+                            message=f"topic {topic} is served by {owner}"))
+            return
         kind = _KINDS[cmd.sub_type]
         durable = cmd.durable and topic.startswith("persistent://")
         start, start_at = _start(cmd)

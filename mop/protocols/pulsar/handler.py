@@ -46,12 +46,14 @@ from mop.protocols.pulsar.connection import (
     ServerConnection,
     lookup_connect,
     lookup_failed,
+    lookup_redirect,
     partitioned_metadata,
     partitioned_metadata_failed,
 )
 from mop.protocols.pulsar.consumers import ConnectionConsumers
 from mop.protocols.pulsar.errors import RemoteProtocolError, ServerError
 from mop.protocols.pulsar.frames import ChecksumMismatch, NeedData, UnknownCommand
+from mop.protocols.pulsar.peers import is_peer
 from mop.protocols.pulsar.producers import ConnectionProducers
 from mop.protocols.pulsar.server import PulsarServer, TopicRefused
 from mop.transport import ConnectionInfo, OutboundBuffer
@@ -246,22 +248,34 @@ class PulsarConnection:
             return
         self.send(partitioned_metadata(cmd.request_id))
 
-    def _on_lookup(self, cmd: Lookup) -> None:
-        # Every topic is served here; redirecting to the owner of a topic comes with clusters.
+    async def _on_lookup(self, cmd: Lookup) -> None:
         try:
-            self.server.topic(cmd.topic)
+            topic = self.server.topic(cmd.topic)
         except TopicRefused as exc:
             self.send(lookup_failed(cmd.request_id, exc.error, exc.message))
             return
-        self.send(lookup_connect(cmd.request_id, self.server.service_url(self.info)))
+        # An authoritative lookup comes from a redirect: answering Connect ends the chain even
+        # if this broker's member list disagrees with the one that redirected.
+        owner = None if cmd.authoritative else await self.server.owner(topic)
+        if owner is not None:
+            self.send(lookup_redirect(cmd.request_id, owner))
+        else:
+            self.send(lookup_connect(cmd.request_id, self.server.service_url(self.info)))
 
-    async def _on_topics(self, cmd: GetTopicsOfNamespace) -> None:
+    def _on_topics(self, cmd: GetTopicsOfNamespace) -> None:
         try:
             self.server.check_namespace(cmd.namespace)
         except TopicRefused as exc:
             self.send(Error(request_id=cmd.request_id, error=exc.error, message=exc.message))
             return
-        topics = await self.server.processor.topics(self.ctx, cmd.namespace)
+        # Asking the peers takes a while: other commands of this connection go on meanwhile.
+        self.nursery.start_soon(self._answer_topics, cmd)
+
+    async def _answer_topics(self, cmd: GetTopicsOfNamespace) -> None:
+        """This broker's topics of the namespace, and (unless a peer asks) every peer's."""
+        topics = set(await self.server.processor.topics(self.ctx, cmd.namespace))
+        if self.server.peers and not is_peer(self.conn.client_version):
+            topics |= await self.server.peers.topics(cmd.namespace, cmd.mode)
         domains = _DOMAINS[cmd.mode]
         self.send(GetTopicsOfNamespaceResponse(
             request_id=cmd.request_id,

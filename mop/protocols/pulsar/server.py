@@ -1,5 +1,6 @@
 """What the Pulsar adapter shares between connections: limits, timers, topic names, the URL it
-advertises and the names it gives producers. `handle_connection` serves one client.
+advertises, the names it gives producers, and the cluster around it (who owns a topic, the
+links to the other members). `handle_connection` serves one client.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import trio
 from mop.processor import BackendError, MessagingProcessor
 from mop.protocols.pulsar.connection import ConnectionLimits
 from mop.protocols.pulsar.errors import ServerError
+from mop.protocols.pulsar.peers import PeerLinks
 from mop.settings import Settings
 from mop.topic_names import PulsarTopicName
 from mop.topics import TopicError
@@ -74,9 +76,23 @@ class PulsarServer:
         # keys its sequence ids (deduplication).
         self._boot = uuid.uuid4().hex[:8]
         self._names = itertools.count()
+        # This broker's URL as the cluster lists it, and the other members, if any.
+        cluster = settings.cluster
+        self.own_url = _normal(
+            cluster.advertised_url or f"pulsar://{settings.pulsar.host}:{settings.pulsar.port}"
+        )
+        members = {_normal(url) for url in cluster.brokers}
+        self.peers = PeerLinks(sorted(members - {self.own_url}) if len(members) > 1 else ())
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled when there are peers, whose connections go with it."""
         task_status.started()
+        if not self.peers:
+            return
+        try:
+            await trio.sleep_forever()
+        finally:
+            await self.peers.aclose()
 
     async def handle_connection(self, stream: trio.abc.Stream, info: ConnectionInfo) -> None:
         from mop.protocols.pulsar.handler import PulsarConnection
@@ -95,6 +111,13 @@ class PulsarServer:
             host = f"[{host}]"
         return f"pulsar://{host}:{info.local[1]}"
 
+    async def owner(self, topic: str) -> str | None:
+        """The URL of the cluster member that owns `topic` (canonical), None for this broker."""
+        if not self.peers:
+            return None
+        url = await self.processor.lookup(topic)
+        return None if _normal(url) == self.own_url else url
+
     def producer_name(self) -> str:
         return f"mop-{self._boot}-{next(self._names)}"
 
@@ -102,18 +125,17 @@ class PulsarServer:
         """The canonical name of a topic this node serves, or TopicRefused.
 
         Every namespace of the node's default tenant is served (namespaces need no creation);
-        other tenants are unknown. Local names with MQTT wildcards are refused, because MQTT
-        subscribers could not name such a topic exactly.
+        other tenants are unknown. Local names with a "#" are refused: MQTT subscribers could
+        not name such a topic. A "+" is fine, it is how MoP's encoding writes a space (an MQTT
+        "+" is "%2B").
         """
         try:
             parsed = PulsarTopicName.parse(name)
         except TopicError as exc:
             raise TopicRefused(ServerError.InvalidTopicName, str(exc)) from None
         self.check_namespace(f"{parsed.tenant}/{parsed.namespace}")
-        if "+" in parsed.local_name or "#" in parsed.local_name:
-            raise TopicRefused(
-                ServerError.InvalidTopicName, f"topic name {name!r} contains '+' or '#'"
-            )
+        if "#" in parsed.local_name:
+            raise TopicRefused(ServerError.InvalidTopicName, f"topic name {name!r} contains '#'")
         return str(parsed)
 
     def check_namespace(self, namespace: str) -> None:
@@ -123,3 +145,8 @@ class PulsarServer:
                 ServerError.TopicNotFound,
                 f"namespace {namespace!r} does not exist (this node serves {self.tenant}/*)",
             )
+
+
+def _normal(url: str) -> str:
+    # As the broker's ownership compares member URLs.
+    return url.strip().rstrip("/")

@@ -17,7 +17,7 @@ def test_round_trip_keeps_everything_that_must_survive() -> None:
     state = SessionState(client_id="c", expiry_interval=60, disconnected_at=123, last_packet_id=7)
     state.subscriptions["a/#"] = SubscriptionOptions(2, no_local=True, identifier=5)
     state.subscriptions["$share/g/b"] = SubscriptionOptions(1, retain_handling=2)
-    state.inbound_qos2.update({3, 9})
+    state.inbound_qos2 = frozenset({3, 9})
     state.outbound[4] = Outbound(
         4, 2, "persistent://public/default/a", MessageId(1, 2), released=True
     )

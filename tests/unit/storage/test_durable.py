@@ -383,6 +383,37 @@ async def test_concurrent_syncs_share_writes(durable: DurableStorage) -> None:
 
 
 @pytest.mark.parametrize("policy", ["always", "interval", "never"])
+async def test_small_writes_without_fsync_stay_on_the_event_loop(
+    tmp_path: Path, policy: str
+) -> None:
+    store = await open_durable_storage(tmp_path, small_settings(fsync=policy, fsync_interval=60))
+    calls: list[str] = []
+    real_write, real_now = store.files.write, store.files.write_now
+
+    def write(*args: object) -> None:
+        calls.append("thread")
+        real_write(*args)  # type: ignore[arg-type]
+
+    def write_now(*args: object) -> bool:
+        done = real_now(*args)  # type: ignore[arg-type]
+        calls.append("inline" if done else "declined")
+        return done
+
+    store.files.write = write  # type: ignore[method-assign]
+    store.files.write_now = write_now  # type: ignore[method-assign]
+    store.append("t", _messages("a"))
+    await store.sync()
+    store.append("t", [Message(b"z" * 300_000)])  # too large to write inline
+    await store.sync()
+    inline = ["inline", "thread"] if policy != "always" else ["thread", "thread"]
+    assert calls == inline
+    await store.aclose()
+    store = await open_durable_storage(tmp_path, small_settings())
+    assert _payloads(await store.read("t", None, 10))[0] == b"a"
+    await store.aclose()
+
+
+@pytest.mark.parametrize("policy", ["always", "interval", "never"])
 async def test_fsync_policies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str) -> None:
     settings = small_settings(fsync=policy, fsync_interval=0.05)
     store = await open_durable_storage(tmp_path, settings)
@@ -441,12 +472,13 @@ def _failing_pwrite(code: int, partial: bool) -> object:
     return pwrite
 
 
+@pytest.mark.parametrize("fsync", ["always", "never"])  # a worker thread's write, an inline one
 @pytest.mark.parametrize("partial", [False, True])
 async def test_disk_full_fails_the_batch_and_recovers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, partial: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, partial: bool, fsync: str
 ) -> None:
     monkeypatch.setattr(durable_module, "_FULL_BACKOFF", 0.2)
-    store = await open_durable_storage(tmp_path, small_settings())
+    store = await open_durable_storage(tmp_path, small_settings(fsync=fsync))
     store.append("t", _messages("durable"))
     await store.sync()
     size = _log_bytes(tmp_path)
@@ -472,7 +504,7 @@ async def test_disk_full_fails_the_batch_and_recovers(
     ids = store.append("t", _messages("after"))
     await store.sync()
     await store.aclose()
-    store = await open_durable_storage(tmp_path, small_settings())
+    store = await open_durable_storage(tmp_path, small_settings(fsync=fsync))
     assert store.recovery.truncated == 0
     # The failed batch stayed queued and was written by the later sync.
     assert _payloads(await store.read("t", None, 10)) == [b"durable", b"queued", b"after"]

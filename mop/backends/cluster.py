@@ -1,0 +1,437 @@
+"""`ClusterBackend`: the `Backend` of separated mode, over remote brokers through pulsar-client.
+
+One pulsar-client `Client` per process does lookups, keeps one connection per broker for every
+producer and consumer, batches and reconnects; this module bridges it into trio (see
+`mop.backends.cluster_bridge`) and maps the processor contract onto Pulsar:
+
+- publish: a cached producer per topic (`cluster_producers`), message fields as in
+  `cluster_messages`;
+- subscribe: pattern consumers for MQTT filters (`cluster_patterns`, `cluster_consumers`);
+- tables: compacted topics in `{tenant}/__mop`, read into memory (`cluster_tables`);
+- client ids: fencing lease topics (`cluster_leases`);
+- topic lists and owners: short binary-protocol calls (`cluster_admin`).
+
+What a proxy cannot do: bound a subscription's backlog (`SubscriptionSpec.max_backlog`: the
+broker keeps it), register producers of the Pulsar adapter (`open_producer`), tell a failover
+consumer whether it is active, reposition one topic of a pattern consumer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import _pulsar
+import trio
+
+from mop.backends import cluster_admin
+from mop.backends.cluster_bridge import Bridge
+from mop.backends.cluster_consumers import ClusterConsumer, ConsumerOptions
+from mop.backends.cluster_leases import ClusterLease
+from mop.backends.cluster_patterns import matching_selectors
+from mop.backends.cluster_producers import NO_ID, ProducerCache, ProducerOptions, Receipt
+from mop.backends.cluster_tables import REGISTRY_TABLE, ClusterTable, SubscriptionRegistry
+from mop.backends.cluster_timing import Delays, now_ms
+from mop.message import Message
+from mop.processor.backend import (
+    BackendError,
+    ProducerSpec,
+    PublishResult,
+    StartPosition,
+    SubscriptionKind,
+    SubscriptionSpec,
+)
+
+if TYPE_CHECKING:
+    from mop.processor.backend import (
+        Backend,
+        BatchPublisher,
+        ClientLease,
+        Consumer,
+        Producer,
+        Table,
+    )
+
+__all__ = ["ClusterBackend", "ConsumerOptions", "ProducerOptions", "open_cluster_backend"]
+
+log = logging.getLogger("mop.cluster")
+client_log = logging.getLogger("mop.cluster.client")
+
+
+def _client_logger(level: Any, message: str) -> None:
+    # Everything pulsar-client says is detail (every producer it makes, every retry of a busy
+    # subscription, every reconnect); what matters reaches this backend as a failed operation.
+    client_log.debug("%s: %s", level, message)
+
+
+class ClusterBackend:
+    """The separated-mode backend. Run it with `await nursery.start(backend.serve)` (or use
+    `open_cluster_backend`); `serve` loads the tables in `tables` (plus the backend's own),
+    reports readiness and runs background work until `aclose()`."""
+
+    def __init__(
+        self,
+        service_url: str,
+        *,
+        tenant: str = "public",
+        namespace: str = "default",
+        tables: Iterable[str] = (),
+        operation_timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        fence_timeout: float = 10.0,
+        io_threads: int = 1,
+        listener_threads: int = 1,
+        producers: ProducerOptions | None = None,
+        consumers: ConsumerOptions | None = None,
+    ) -> None:
+        self.service_url = service_url
+        self.tenant = tenant
+        self.namespace = namespace
+        self.operation_timeout = operation_timeout
+        self.connect_timeout = connect_timeout
+        self.fence_timeout = fence_timeout
+        self.io_threads = io_threads
+        self.listener_threads = listener_threads
+        self.producer_options = producers or ProducerOptions()
+        self.consumer_options = consumers or ConsumerOptions()
+        self._preload = [REGISTRY_TABLE, *dict.fromkeys(tables)]
+        self._client: Any = None
+        self._bridge: Bridge | None = None
+        self._producers: ProducerCache | None = None
+        self._nursery: trio.Nursery | None = None
+        self.delays = Delays()
+        self._tables: dict[str, ClusterTable] = {}
+        self._leases: dict[str, ClusterLease] = {}
+        self._consumers: set[ClusterConsumer] = set()
+        self.registry: SubscriptionRegistry
+        self._stop = trio.Event()
+        self._running = False
+        self._closed = False
+
+    # -- parts the other cluster modules use -----------------------------------------------
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            raise BackendError("backend is not running: start serve() first", reason="closed")
+        return self._client
+
+    @property
+    def bridge(self) -> Bridge:
+        assert self._bridge is not None, "serve() has started"
+        return self._bridge
+
+    @property
+    def producers(self) -> ProducerCache:
+        if self._producers is None:
+            raise BackendError("backend is not running: start serve() first", reason="closed")
+        return self._producers
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        assert self._nursery is not None, "serve() is running"
+        return self._nursery
+
+    def consumer_gone(self, consumer: ClusterConsumer) -> None:
+        self._consumers.discard(consumer)
+
+    def lease_gone(self, lease: ClusterLease) -> None:
+        if self._leases.get(lease.client_id) is lease:
+            del self._leases[lease.client_id]
+
+    async def catch_up_tables(self) -> None:
+        """Read every loaded table up to its topic's end (after a takeover, say)."""
+        async with trio.open_nursery() as nursery:
+            for table in self._tables.values():
+                if table.loaded.is_set():
+                    nursery.start_soon(table.catch_up)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _make_client(self) -> Any:
+        conf = _pulsar.ClientConfiguration()
+        conf.operation_timeout_seconds(max(1, round(self.operation_timeout)))
+        conf.connection_timeout(max(1, int(self.connect_timeout * 1000)))
+        conf.io_threads(self.io_threads)
+        conf.message_listener_threads(self.listener_threads)
+        conf.stats_interval_in_seconds(0)
+        conf.set_logger(_client_logger)
+        try:
+            return _pulsar.Client(self.service_url, conf)
+        except (_pulsar.PulsarException, ValueError, RuntimeError) as exc:
+            raise BackendError(f"{self.service_url}: {exc}", reason="invalid_url") from exc
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Create the client, load the tables, report readiness, and run background work
+        (idle producers, delayed nacks, table readers) until `aclose()` or cancellation. The
+        client stays usable until `aclose()` (connections still closing may need it)."""
+        if self._running or self._closed:
+            raise RuntimeError("ClusterBackend.serve() may run only once")
+        self._running = True
+        self._bridge = Bridge(trio.lowlevel.current_trio_token())
+        self._client = self._make_client()
+        self._producers = ProducerCache(self._bridge, self._client, self.producer_options)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._producers.serve_idle_closer)
+                nursery.start_soon(self.delays.serve)
+                with trio.fail_after(self.operation_timeout + self.connect_timeout):
+                    # The backend's own, those asked for, and any `table()` made before now.
+                    for name in dict.fromkeys([*self._preload, *self._tables]):
+                        await nursery.start(self._table(name).serve)
+                self.registry = SubscriptionRegistry(self._tables[REGISTRY_TABLE])
+                task_status.started()
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # A start that fails has one cause (a table that cannot be read): raise it alone.
+            leaves = _leaves(group)
+            if len(leaves) == 1 and isinstance(leaves[0], BackendError | trio.TooSlowError):
+                raise self._start_error(leaves[0]) from None
+            raise
+        except trio.TooSlowError as exc:
+            raise self._start_error(exc) from None
+
+    def _start_error(self, exc: BaseException) -> BackendError:
+        if isinstance(exc, BackendError):
+            return exc
+        return BackendError(
+            f"{self.service_url}: the brokers did not answer in time", reason="unavailable"
+        )
+
+    def _check_running(self) -> None:
+        if self._closed:
+            raise BackendError("backend is closed", reason="closed")
+        if self._client is None:
+            raise BackendError("backend is not running: start serve() first", reason="closed")
+
+    async def aclose(self) -> None:
+        """Close consumers (a waiting `receive` raises ConsumerClosed), fence leases, stop
+        `serve` and close the client."""
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        for consumer in list(self._consumers):
+            consumer.abort()
+        for lease in list(self._leases.values()):
+            lease.abort()
+        self._stop.set()
+        with trio.CancelScope(shield=True):
+            await self._shutdown_client()
+
+    async def _shutdown_client(self) -> None:
+        client, self._client = self._client, None
+        if client is None:
+            return
+        if self._producers is not None:
+            await self._producers.aclose()
+        for table in self._tables.values():
+            await table.aclose()
+        with trio.move_on_after(self.operation_timeout) as scope:
+            try:
+                await self.bridge.call(client.close_async, "closing the client")
+            except BackendError as exc:
+                log.debug("%s", exc)
+        if scope.cancelled_caught:
+            # Threads still busy: take them down without waiting (off the trio thread).
+            await trio.to_thread.run_sync(client.shutdown)
+
+    # -- Backend ---------------------------------------------------------------------------
+
+    async def open_client(self, client_id: str) -> ClusterLease:
+        self._check_running()
+        previous = self._leases.get(client_id)
+        lease = self._leases[client_id] = ClusterLease(self, client_id)
+        try:
+            await lease.acquire(previous)
+        except BaseException:
+            await lease.release()
+            raise
+        return lease
+
+    async def publish(self, topic: str, message: Message) -> PublishResult:
+        self._check_running()
+        try:
+            return await self.producers.send(topic, message)
+        except ValueError as exc:
+            raise BackendError(str(exc), reason="not_supported") from None
+
+    async def publish_batch(
+        self, items: Sequence[tuple[str, Message]]
+    ) -> list[PublishResult | BackendError]:
+        """Publish in order, all handed to the producers before any receipt is awaited (so a
+        batch shares broker writes); one result per item (see `BatchPublisher`)."""
+        pending: list[Receipt | PublishResult | BackendError] = []
+        for topic, message in items:
+            try:
+                self._check_running()
+                receipt = await self.producers.submit(topic, message)
+            except BackendError as exc:
+                pending.append(exc)
+            except ValueError as exc:
+                pending.append(BackendError(str(exc), reason="not_supported"))
+            else:
+                pending.append(receipt if message.qos else PublishResult(NO_ID, None))
+        results: list[PublishResult | BackendError] = []
+        for item in pending:
+            if isinstance(item, Receipt):
+                try:
+                    results.append(await item.wait())
+                except BackendError as exc:
+                    results.append(exc)
+            else:
+                results.append(item)
+        await trio.lowlevel.checkpoint()
+        return results
+
+    async def subscribe(self, spec: SubscriptionSpec) -> ClusterConsumer:
+        self._check_running()
+        if spec.whole_batches:
+            raise BackendError(
+                "whole batches are not available in separated mode", reason="not_supported"
+            )
+        if spec.start_at is not None:
+            raise BackendError(
+                "start_at is not available in separated mode", reason="not_supported"
+            )
+        kept = spec.durable or spec.kind is SubscriptionKind.SHARED
+        since = self.registry.since(spec) if kept else {}
+        start = 0 if spec.start is StartPosition.EARLIEST else now_ms()
+        since = {selector: since.get(selector, start) for selector in spec.selectors}
+        await self.registry.record(spec, since)
+        consumer = ClusterConsumer(self, spec, since)
+        await consumer.open()
+        if self._closed:
+            consumer.abort()
+            raise BackendError("backend is closed", reason="closed")
+        self._consumers.add(consumer)
+        return consumer
+
+    async def open_producer(self, spec: ProducerSpec) -> Producer:
+        await trio.lowlevel.checkpoint()
+        raise BackendError(
+            "registered producers (the Pulsar adapter) are not available in separated mode",
+            reason="not_supported",
+        )
+
+    async def topics(self, namespace: str) -> list[str]:
+        self._check_running()
+        return await cluster_admin.get_topics(
+            self.service_url, namespace, seconds=self.operation_timeout
+        )
+
+    async def delete_subscription(self, name: str, member: str = "") -> None:
+        """Delete a subscription no consumer is attached to (an expired session): forget the
+        member; when it was the last one, attach to every topic its selectors match and
+        unsubscribe there."""
+        self._check_running()
+        await self.registry.table.catch_up()
+        record = self.registry.members(name).get(member)
+        if await self.registry.leave_member(name, member):
+            return
+        if record is None:
+            log.debug("no record of subscription %r (member %r): nothing to delete", name, member)
+            return
+        selectors = frozenset(record.get("since", {}))
+        if not selectors:
+            return
+        try:
+            kind = SubscriptionKind(record.get("kind", "exclusive"))
+        except ValueError:
+            kind = SubscriptionKind.EXCLUSIVE
+        spec = SubscriptionSpec(name=name, selectors=selectors, kind=kind, member=member)
+        consumer = ClusterConsumer(self, spec, {})
+        await consumer.open()
+        await consumer.delete()
+
+    async def leave_topics(
+        self, spec: SubscriptionSpec, dropped: str, remaining: frozenset[str]
+    ) -> None:
+        """Unsubscribe `spec`'s subscription from the topics `dropped` matched and no selector
+        in `remaining` does (a removed selector's backlog is not kept)."""
+        topics = await self._topics_of(dropped)
+        gone = [
+            topic
+            for topic in topics
+            if matching_selectors(topic, [dropped], tenant=self.tenant, namespace=self.namespace)
+            and not matching_selectors(
+                topic, remaining, tenant=self.tenant, namespace=self.namespace
+            )
+        ]
+        for topic in gone:
+            single = SubscriptionSpec(name=spec.name, selectors=frozenset([topic]), kind=spec.kind)
+            consumer = ClusterConsumer(self, single, {})
+            try:
+                await consumer.open()
+                await consumer.delete()
+            except BackendError as exc:
+                log.warning("leaving %s for %r: %s", topic, spec.name, exc)
+
+    async def _topics_of(self, selector: str) -> list[str]:
+        namespace = f"{self.tenant}/{self.namespace}"
+        if selector.startswith(("persistent://", "non-persistent://")):
+            namespace = "/".join(selector.split("://", 1)[1].split("/")[:2])
+        try:
+            return await self.topics(namespace)
+        except BackendError as exc:
+            log.warning("topics of %s: %s", namespace, exc)
+            return []
+
+    def _table(self, name: str) -> ClusterTable:
+        table = self._tables.get(name)
+        if table is None:
+            table = self._tables[name] = ClusterTable(self, name)
+        return table
+
+    def table(self, name: str) -> ClusterTable:
+        """The table `name`; one that `serve` did not load is loaded now, and reads of it
+        raise BackendError until it is (`put` waits for it)."""
+        known = name in self._tables
+        table = self._table(name)
+        if not known and self._nursery is not None and not self._closed:
+            self._nursery.start_soon(self._load, table)
+        return table
+
+    async def _load(self, table: ClusterTable) -> None:
+        try:
+            await table.serve()
+        except BackendError as exc:
+            log.error("table %r: %s", table.name, exc)
+
+    async def lookup(self, topic: str) -> str:
+        self._check_running()
+        return await cluster_admin.lookup(self.service_url, topic, seconds=self.operation_timeout)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+@asynccontextmanager
+async def open_cluster_backend(service_url: str, **options: Any) -> AsyncIterator[ClusterBackend]:
+    """Run a `ClusterBackend` for the duration of the block, then close it (`options` are the
+    keyword arguments of ClusterBackend)."""
+    backend = ClusterBackend(service_url, **options)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(backend.serve)
+        try:
+            yield backend
+        finally:
+            await backend.aclose()
+
+
+if TYPE_CHECKING:
+
+    def _conforms(
+        backend: ClusterBackend,
+        consumer: ClusterConsumer,
+        table: ClusterTable,
+        lease: ClusterLease,
+    ) -> tuple[Backend, BatchPublisher, Consumer, Table, ClientLease]:
+        return backend, backend, consumer, table, lease

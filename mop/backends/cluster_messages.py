@@ -1,0 +1,128 @@
+"""`Message` <-> the fields of a pulsar-client message, for separated mode.
+
+pulsar-client carries payload, properties (a map), partition key, event time and deliver-at
+time; mop's other fields travel as reserved properties and are taken off again on receipt:
+
+- `mop.qos` (when not 1), `mop.expires_at` (ms since the epoch, when set) and `mop.producer`
+  (the client that published, e.g. an MQTT client id; pulsar-client names its own producers,
+  so a message without it shows the Pulsar producer's name).
+- `mop.properties`: the client keeps properties in a sorted map, which loses their order and
+  all but one value of a repeated name. When the list is not already sorted by unique names
+  (and free of reserved names), it also travels whole, as JSON, and wins on receipt; the map
+  then shows Pulsar consumers the last value of each name.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from mop.message import Message
+
+__all__ = [
+    "EXPIRES_AT",
+    "PRODUCER",
+    "PROPERTIES",
+    "QOS",
+    "RESERVED_PREFIX",
+    "Outgoing",
+    "incoming",
+    "outgoing",
+]
+
+RESERVED_PREFIX = "mop."
+QOS = "mop.qos"
+EXPIRES_AT = "mop.expires_at"
+PRODUCER = "mop.producer"
+PROPERTIES = "mop.properties"
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """What to hand pulsar-client's message builder."""
+
+    payload: bytes
+    properties: dict[str, str]
+    partition_key: str | None
+    event_time: int
+    deliver_at: int
+
+
+def _map_is_exact(pairs: tuple[tuple[str, str], ...]) -> bool:
+    """Whether a sorted map gives back exactly these pairs, in order."""
+    previous = None
+    for name, _ in pairs:
+        if name.startswith(RESERVED_PREFIX) or (previous is not None and name <= previous):
+            return False
+        previous = name
+    return True
+
+
+def outgoing(message: Message) -> Outgoing:
+    """The pulsar-client form of a message (a batch entry cannot be sent: send its members)."""
+    if message.batch:
+        raise ValueError("a batch entry cannot be published through pulsar-client")
+    pairs = message.properties
+    properties = dict(pairs)
+    if not _map_is_exact(pairs):
+        properties[PROPERTIES] = json.dumps([list(pair) for pair in pairs], separators=(",", ":"))
+    if message.qos != 1:
+        properties[QOS] = str(message.qos)
+    if message.expires_at:
+        properties[EXPIRES_AT] = str(message.expires_at)
+    properties[PRODUCER] = message.producer
+    return Outgoing(
+        payload=message.payload,
+        properties=properties,
+        partition_key=message.key,
+        event_time=message.event_time,
+        deliver_at=message.deliver_at,
+    )
+
+
+def _int(value: str | None, default: int) -> int:
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        return default
+
+
+def _pairs(properties: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    whole = properties.get(PROPERTIES)
+    if whole is not None:
+        try:
+            decoded = json.loads(whole)
+            return tuple((str(name), str(value)) for name, value in decoded)
+        except (ValueError, TypeError):
+            pass  # not ours after all: fall back to the map
+    return tuple(
+        (name, value)
+        for name, value in sorted(properties.items())
+        if not name.startswith(RESERVED_PREFIX)
+    )
+
+
+def incoming(
+    payload: bytes,
+    properties: Mapping[str, str],
+    *,
+    partition_key: str | None,
+    publish_time: int,
+    event_time: int,
+    producer_name: str,
+) -> Message:
+    """The message a pulsar-client message carries (also one a plain Pulsar client sent)."""
+    qos = _int(properties.get(QOS), 1)
+    return Message(
+        payload=payload,
+        properties=_pairs(properties),
+        key=partition_key or None,
+        producer=properties.get(PRODUCER, producer_name),
+        publish_time=publish_time,
+        event_time=event_time,
+        qos=qos if qos in (0, 1, 2) else 1,
+        expires_at=max(0, _int(properties.get(EXPIRES_AT), 0)),
+    )

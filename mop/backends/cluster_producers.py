@@ -1,0 +1,258 @@
+"""Publishing in separated mode: one pulsar-client producer per topic, made on first use and
+closed when idle, with batching for throughput.
+
+A send waits for the broker's receipt when the message has qos >= 1; a qos-0 send returns once
+the client has taken the message (its receipt, or failure, only frees its slot). Each producer
+has a bounded number of sends in flight; more wait their turn, so a fast publisher is slowed
+down rather than refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import _pulsar
+import trio
+
+from mop.backends.cluster_bridge import Bridge, error_for
+from mop.backends.cluster_messages import outgoing
+from mop.message import Message, MessageId
+from mop.processor.backend import BackendError, PublishResult
+
+__all__ = [
+    "NO_ID",
+    "ProducerCache",
+    "ProducerOptions",
+    "Receipt",
+    "message_id_of",
+    "pulsar_message",
+]
+
+log = logging.getLogger("mop.cluster")
+
+# The id a qos-0 publish returns: it does not wait to learn the real one.
+NO_ID = MessageId(-1, -1)
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerOptions:
+    send_timeout: float = 30.0
+    # Messages sent within this delay share one batch (one broker write); 0 turns batching off.
+    batching_delay: float = 0.001
+    batching_max_messages: int = 1000
+    max_pending: int = 1000
+    idle_timeout: float = 60.0
+
+
+def message_id_of(pulsar_id: Any) -> MessageId:
+    return MessageId(pulsar_id.ledger_id(), pulsar_id.entry_id(), pulsar_id.batch_index())
+
+
+def pulsar_message(message: Message, *, extra: dict[str, str] | None = None) -> Any:
+    """The pulsar-client message for `message` (see `mop.backends.cluster_messages`)."""
+    out = outgoing(message)
+    builder = _pulsar.MessageBuilder()
+    builder.content(out.payload)
+    for name, value in out.properties.items():
+        builder.property(name, value)
+    for name, value in (extra or {}).items():
+        builder.property(name, value)
+    if out.partition_key is not None:
+        builder.partition_key(out.partition_key)
+    if out.event_time:
+        builder.event_timestamp(out.event_time)
+    if out.deliver_at:
+        builder.deliver_at(out.deliver_at)
+    return builder.build()
+
+
+class _Entry:
+    """One topic's producer, or the creation of it in progress."""
+
+    __slots__ = ("created", "error", "last_used", "pending", "producer", "slots")
+
+    def __init__(self, max_pending: int) -> None:
+        self.producer: Any = None
+        self.error: BackendError | None = None
+        self.created = trio.Event()
+        self.slots = trio.Semaphore(max_pending)
+        self.pending = 0
+        self.last_used = trio.current_time()
+
+
+class Receipt:
+    """The broker's answer to one send, once it comes."""
+
+    __slots__ = ("_cache", "_done", "_entry", "_qos", "_result", "_topic")
+
+    def __init__(self, cache: ProducerCache, topic: str, entry: _Entry, qos: int) -> None:
+        self._cache = cache
+        self._topic = topic
+        self._entry = entry
+        self._qos = qos
+        self._done = trio.Event()
+        self._result: tuple[Any, Any] | None = None
+
+    def complete(self, result: Any, pulsar_id: Any) -> None:
+        entry = self._entry
+        entry.pending -= 1
+        entry.slots.release()
+        self._result = (result, pulsar_id)
+        self._done.set()
+        if result != _pulsar.Result.Ok and not self._qos:
+            log.debug("qos-0 publish to %s failed: %s", self._topic, result)
+
+    async def wait(self) -> PublishResult:
+        """The message's id once it is stored; BackendError when it cannot be."""
+        await self._done.wait()
+        assert self._result is not None
+        result, pulsar_id = self._result
+        if result != _pulsar.Result.Ok:
+            if result == _pulsar.Result.AlreadyClosed:
+                self._cache._forget(self._topic, self._entry)
+            raise error_for(result, f"publishing to {self._topic}")
+        return PublishResult(message_id_of(pulsar_id), None)
+
+
+class ProducerCache:
+    def __init__(self, bridge: Bridge, client: Any, options: ProducerOptions) -> None:
+        self._bridge = bridge
+        self._client = client
+        self._options = options
+        self._entries: dict[str, _Entry] = {}
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _config(self, batching: bool) -> Any:
+        options = self._options
+        conf = _pulsar.ProducerConfiguration()
+        conf.send_timeout_millis(max(1, int(options.send_timeout * 1000)))
+        conf.max_pending_messages(options.max_pending)
+        conf.block_if_queue_full(False)
+        if batching and options.batching_delay > 0:
+            conf.batching_enabled(True)
+            conf.batching_max_publish_delay_ms(max(1, int(options.batching_delay * 1000)))
+            conf.batching_max_messages(options.batching_max_messages)
+        else:
+            conf.batching_enabled(False)
+        return conf
+
+    async def _producer(self, topic: str, batching: bool) -> _Entry:
+        if self._closed:
+            raise BackendError("backend is closed", reason="closed")
+        entry = self._entries.get(topic)
+        if entry is None:
+            entry = self._entries[topic] = _Entry(self._options.max_pending)
+            try:
+                entry.producer = await self._bridge.call(
+                    lambda done: self._client.create_producer_async(
+                        topic, self._config(batching), done
+                    ),
+                    f"creating a producer for {topic}",
+                    cleanup=_close_quietly,
+                )
+            except BaseException as exc:
+                if self._entries.get(topic) is entry:
+                    del self._entries[topic]
+                entry.error = (
+                    exc
+                    if isinstance(exc, BackendError)
+                    else BackendError(f"creating a producer for {topic} was cancelled")
+                )
+                raise
+            finally:
+                entry.created.set()
+        elif not entry.created.is_set():
+            await entry.created.wait()
+            if entry.error is not None:
+                raise entry.error
+        return entry
+
+    async def send(
+        self,
+        topic: str,
+        message: Message,
+        *,
+        batching: bool = True,
+        extra: dict[str, str] | None = None,
+    ) -> PublishResult:
+        """Publish `message` (plus `extra` properties, unchanged) to `topic`; waits for the
+        receipt when `message.qos` >= 1. `batching` applies to a producer made for this send."""
+        receipt = await self.submit(topic, message, batching=batching, extra=extra)
+        if not message.qos:
+            await trio.lowlevel.checkpoint()
+            return PublishResult(NO_ID, None)
+        return await receipt.wait()
+
+    async def submit(
+        self,
+        topic: str,
+        message: Message,
+        *,
+        batching: bool = True,
+        extra: dict[str, str] | None = None,
+    ) -> Receipt:
+        """Hand `message` to the topic's producer (waiting for a free slot) and return its
+        receipt, to await when the outcome matters."""
+        entry = await self._producer(topic, batching)
+        built = pulsar_message(message, extra=extra)
+        try:
+            entry.slots.acquire_nowait()  # the usual case: no wait, no trip to the scheduler
+        except trio.WouldBlock:
+            await entry.slots.acquire()
+        entry.pending += 1
+        entry.last_used = trio.current_time()
+        receipt = Receipt(self, topic, entry, message.qos)
+        try:
+            entry.producer.send_async(
+                built,
+                lambda result, pulsar_id: self._bridge.soon(receipt.complete, result, pulsar_id),
+            )
+        except _pulsar.PulsarException as exc:
+            entry.pending -= 1
+            entry.slots.release()
+            raise BackendError(f"publishing to {topic}: {exc}") from exc
+        return receipt
+
+    def _forget(self, topic: str, entry: _Entry) -> None:
+        if self._entries.get(topic) is entry:
+            del self._entries[topic]  # let the next publish make a new producer
+
+    async def serve_idle_closer(self) -> None:
+        """Close producers that sent nothing for `idle_timeout` seconds, until cancelled."""
+        idle = self._options.idle_timeout
+        while True:
+            await trio.sleep(max(0.5, idle / 4))
+            now = trio.current_time()
+            for topic, entry in list(self._entries.items()):
+                if (
+                    entry.created.is_set()
+                    and entry.producer is not None
+                    and entry.pending == 0
+                    and now - entry.last_used >= idle
+                ):
+                    del self._entries[topic]
+                    _close_quietly(entry.producer)
+
+    async def aclose(self) -> None:
+        """Flush and close every producer (qos-0 sends still in the client get their chance)."""
+        self._closed = True
+        # The client's threads and descriptors go when the last reference to it does.
+        self._client = None
+        entries, self._entries = list(self._entries.values()), {}
+        for entry in entries:
+            if entry.producer is None:
+                continue
+            with trio.move_on_after(self._options.send_timeout):
+                try:
+                    await self._bridge.call(entry.producer.close_async, "closing a producer")
+                except BackendError as exc:
+                    log.debug("%s", exc)
+
+
+def _close_quietly(handle: Any) -> None:
+    handle.close_async(lambda *_: None)

@@ -1,0 +1,299 @@
+"""Tables in separated mode: a compacted system topic per table, read into memory.
+
+Table `name` lives in `persistent://{tenant}/__mop/{namespace}%2Ftable%2F{name}` (per default
+namespace, since table keys are relative to it): each write is a message keyed
+by the table key, whose payload is the value, or an empty payload with property `mop.tombstone`
+= "1" for a delete; brokers keep only the latest message per key. Every proxy tails the topic
+with a reader from its first message into a dict, so `get` and `items` answer from memory. A
+`put` waits for the broker's receipt and then updates the dict (read-your-writes); `catch_up`
+reads up to the topic's last message, for when another proxy's last write must be seen.
+
+`SubscriptionRegistry` is such a table that the backend keeps for itself: for each durable
+subscription member, when each of its selectors was first subscribed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Final
+
+import _pulsar
+import trio
+
+from mop.backends.cluster_producers import message_id_of
+from mop.message import Message, MessageId
+from mop.processor.backend import BackendError, SubscriptionKind, SubscriptionSpec
+from mop.topic_names import mqtt_to_pulsar
+
+if TYPE_CHECKING:
+    from mop.backends.cluster import ClusterBackend
+
+__all__ = [
+    "REGISTRY_TABLE",
+    "SYSTEM_NAMESPACE",
+    "TOMBSTONE",
+    "ClusterTable",
+    "SubscriptionRegistry",
+    "system_topic",
+]
+
+log = logging.getLogger("mop.cluster")
+
+SYSTEM_NAMESPACE: Final = "__mop"
+TOMBSTONE: Final = "mop.tombstone"
+REGISTRY_TABLE: Final = "mop.subscriptions"
+
+
+def system_topic(tenant: str, namespace: str, kind: str, name: str) -> str:
+    """`persistent://{tenant}/__mop/{namespace}/{kind}/{name}`, the last part percent-encoded
+    (a space as %20, since brokers refuse "+" in topic names)."""
+    local = f"{namespace}/{kind}/{name}"
+    return mqtt_to_pulsar(local, tenant=tenant, namespace=SYSTEM_NAMESPACE).replace("+", "%20")
+
+
+class ClusterTable:
+    """One table: an in-memory dict kept up to date from its topic by `serve`."""
+
+    def __init__(self, backend: ClusterBackend, name: str) -> None:
+        self._backend = backend
+        self._name = name
+        self.topic = system_topic(backend.tenant, backend.namespace, "table", name)
+        self._items: dict[str, bytes] = {}
+        # The id of the write each key's value comes from, so that the reader never undoes a
+        # newer `put` with an older message it reaches later.
+        self._ids: dict[str, MessageId] = {}
+        self._reader: Any = None
+        self.loaded = trio.Event()
+        self._applied = trio.Event()
+        self._failed: BackendError | None = None
+        self._watchers: list[Callable[[str, bytes | None], None]] = []
+        # Keys with a write of this proxy in flight, and how many.
+        self._own: dict[str, int] = {}
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def _ready(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+        if not self.loaded.is_set():
+            raise BackendError(
+                f"table {self._name!r} is still loading; tables the node uses are loaded"
+                " before it starts",
+                reason="unavailable",
+            )
+
+    def get(self, key: str) -> bytes | None:
+        self._ready()
+        return self._items.get(key)
+
+    def items(self) -> Iterator[tuple[str, bytes]]:
+        self._ready()
+        return iter(list(self._items.items()))
+
+    async def put(self, key: str, value: bytes | None) -> None:
+        await self.loaded.wait()
+        extra = {TOMBSTONE: "1"} if value is None else None
+        # The reader may bring this very write back before its receipt does: while it is in
+        # flight, changes of the key are this proxy's own and are not reported to watchers.
+        self._own[key] = self._own.get(key, 0) + 1
+        try:
+            result = await self._backend.producers.send(
+                self.topic, Message(payload=value or b"", key=key), batching=False, extra=extra
+            )
+        finally:
+            if self._own[key] == 1:
+                del self._own[key]
+            else:
+                self._own[key] -= 1
+        self._set(key, value, result.message_id)
+
+    def watch(self, callback: Callable[[str, bytes | None], None]) -> None:
+        """Call `callback(key, value)` (value None: deleted) on the trio thread whenever the
+        reader brings a change made by another proxy, so that state derived from the table
+        (an index of retained topics, offline sessions) can follow."""
+        self._watchers.append(callback)
+
+    def _set(self, key: str, value: bytes | None, message_id: MessageId) -> bool:
+        known = self._ids.get(key)
+        if known is not None and message_id <= known:
+            return False
+        self._ids[key] = message_id
+        if value is None:
+            return self._items.pop(key, None) is not None
+        changed = self._items.get(key) != value
+        self._items[key] = value
+        return changed
+
+    def _apply(self, message: Any) -> None:
+        key = message.partition_key()
+        if key:
+            value = None if message.properties().get(TOMBSTONE) == "1" else message.data()
+            changed = self._set(key, value, message_id_of(message.message_id()))
+            if changed and self.loaded.is_set() and key not in self._own:
+                for callback in self._watchers:
+                    try:
+                        callback(key, value)
+                    except Exception:
+                        log.exception("a watcher of table %r failed", self._name)
+        self._applied.set()
+        self._applied = trio.Event()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Open the reader, load the table, report readiness, then follow the topic."""
+        bridge = self._backend.bridge
+        conf = _pulsar.ReaderConfiguration()
+        conf.read_compacted(True)
+        conf.receiver_queue_size(1000)
+        try:
+            self._reader = await bridge.call(
+                lambda done: self._backend.client.create_reader_async(
+                    self.topic, _pulsar.MessageId.earliest, conf, done
+                ),
+                f"opening table {self._name!r}",
+                cleanup=lambda reader: reader.close_async(lambda *_: None),
+            )
+        except BackendError as exc:
+            self._failed = exc
+            raise
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._follow)
+            await self.catch_up()
+            self.loaded.set()
+            task_status.started()
+
+    async def _follow(self) -> None:
+        bridge = self._backend.bridge
+        while True:
+            try:
+                message = await bridge.call(
+                    self._reader.read_next_async, f"reading table {self._name!r}"
+                )
+            except BackendError as exc:
+                if exc.reason == "closed":
+                    return
+                log.warning("%s; retrying", exc)
+                await trio.sleep(1)
+                continue
+            self._apply(message)
+
+    async def catch_up(self) -> None:
+        """Return once every message the topic had when called is in the dict (or, with a
+        warning, after the backend's operation timeout)."""
+        if self._reader is None:
+            await self.loaded.wait()
+        bridge = self._backend.bridge
+        with trio.move_on_after(self._backend.operation_timeout) as scope:
+            while True:
+                applied = self._applied
+                available = await bridge.call(
+                    self._reader.has_message_available_async,
+                    f"reading table {self._name!r}",
+                )
+                if not available:
+                    return
+                await applied.wait()
+        if scope.cancelled_caught:
+            log.warning("table %r: not caught up after %ss", self._name, scope.deadline)
+
+    async def aclose(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            with trio.move_on_after(5):
+                try:
+                    await self._backend.bridge.call(reader.close_async, "closing a table")
+                except BackendError as exc:
+                    log.debug("%s", exc)
+
+
+def _registry_key(name: str, member: str) -> str:
+    return json.dumps([name, member], separators=(",", ":"))
+
+
+def _since(record: Any) -> dict[str, int]:
+    try:
+        return {str(s): int(t) for s, t in record["since"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        log.warning("unreadable subscription record %r", record)
+        return {}
+
+
+def _member(spec: SubscriptionSpec) -> str:
+    # Only a shared subscription has members of its own; any other has one consumer at a time.
+    return spec.member if spec.kind is SubscriptionKind.SHARED else ""
+
+
+class SubscriptionRegistry:
+    """Per durable (or shared) subscription member: its selectors and when each was first
+    subscribed, so a resumed session skips what was published before, and a subscription can
+    be deleted (or a shared one left) without a consumer attached."""
+
+    def __init__(self, table: ClusterTable) -> None:
+        self.table = table
+
+    @staticmethod
+    def _kept(spec: SubscriptionSpec) -> bool:
+        return spec.durable or spec.kind is SubscriptionKind.SHARED
+
+    def since(self, spec: SubscriptionSpec) -> dict[str, int]:
+        """When each selector of `spec`'s subscription was first subscribed, as recorded (for
+        a shared one, by any member: the messages belong to the group)."""
+        if spec.kind is SubscriptionKind.SHARED:
+            found: dict[str, int] = {}
+            for record in self.members(spec.name).values():
+                for selector, time in _since(record).items():
+                    found[selector] = min(time, found.get(selector, time))
+            return found
+        data = self.table.get(_registry_key(spec.name, _member(spec)))
+        if data is None:
+            return {}
+        try:
+            return _since(json.loads(data))
+        except ValueError:
+            return {}
+
+    async def record(self, spec: SubscriptionSpec, since: dict[str, int]) -> None:
+        if not self._kept(spec):
+            await trio.lowlevel.checkpoint()
+            return
+        value = json.dumps(
+            {"since": since, "kind": spec.kind.value, "durable": spec.durable},
+            separators=(",", ":"),
+            sort_keys=True,
+        ).encode()
+        key = _registry_key(spec.name, _member(spec))
+        if self.table.get(key) == value:
+            await trio.lowlevel.checkpoint()
+            return
+        await self.table.put(key, value)
+
+    def members(self, name: str) -> dict[str, dict[str, Any]]:
+        """The recorded members of subscription `name`, with their records."""
+        found: dict[str, dict[str, Any]] = {}
+        for key, value in self.table.items():
+            try:
+                recorded_name, member = json.loads(key)
+                if recorded_name == name:
+                    found[member] = json.loads(value)
+            except (ValueError, TypeError):
+                continue
+        return found
+
+    async def leave(self, spec: SubscriptionSpec) -> bool:
+        """Forget `spec`'s member of its subscription; whether other members remain."""
+        return await self.leave_member(spec.name, _member(spec))
+
+    async def leave_member(self, name: str, member: str) -> bool:
+        """Forget `member` of subscription `name` ("" for one that is not shared); whether
+        other members remain."""
+        await self.table.catch_up()
+        members = self.members(name)
+        if member in members:
+            await self.table.put(_registry_key(name, member), None)
+            del members[member]
+        return bool(members)

@@ -1,0 +1,75 @@
+"""Starting a separated-mode node: what it needs, and the errors that say what is missing."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from pathlib import Path
+
+import pytest
+
+from mop.node import StartupError, open_node
+from mop.settings import ClusterSettings, Settings
+from mop.testing.node import node_settings
+from tests.e2e.clients import Client
+from tests.e2e.nodeproc import NodeProcess, broker_process
+
+
+def separated(**cluster: object) -> Settings:
+    settings = node_settings()
+    return dataclasses.replace(
+        settings,
+        mode="separated",
+        protocols=Settings().protocols,  # the defaults: a proxy runs MQTT alone
+        cluster=ClusterSettings(**cluster),  # type: ignore[arg-type]
+    )
+
+
+async def test_a_proxy_needs_a_service_url() -> None:
+    with pytest.raises(StartupError, match=r"cluster\.service_url is required"):
+        async with open_node(separated()):
+            pass
+
+
+async def test_the_pulsar_adapter_does_not_run_on_a_proxy() -> None:
+    settings = dataclasses.replace(
+        separated(service_url="pulsar://127.0.0.1:1"), protocols=("pulsar", "mqtt")
+    )
+    with pytest.raises(StartupError, match="Pulsar adapter runs on brokers"):
+        async with open_node(settings):
+            pass
+
+
+async def test_unreachable_brokers_stop_the_start_with_a_clear_error() -> None:
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    settings = separated(
+        service_url=f"pulsar://127.0.0.1:{port}", operation_timeout=2.0, connect_timeout=1.0
+    )
+    with pytest.raises(StartupError, match=f"127.0.0.1:{port}"):
+        async with open_node(settings):
+            pass
+
+
+def test_mop_run_as_a_proxy_serves_mqtt_and_stops_cleanly(tmp_path: Path) -> None:
+    broker = broker_process(tmp_path / "broker")
+    broker.start()
+    proxy = NodeProcess(
+        tmp_path / "proxy",
+        MOP_MODE="separated",
+        MOP_PROTOCOLS='["mqtt", "pulsar"]',  # the defaults, as if unset: MQTT alone
+        MOP_CLUSTER__SERVICE_URL=broker.service_url,
+    )
+    try:
+        port = proxy.start()
+        sub = Client(port, "proxy-sub")
+        sub.subscribe("run/+", 1)
+        Client(port, "proxy-pub").publish("run/a", b"through mop run", 1)
+        assert [m.payload for m in sub.expect(1)] == [b"through mop run"]
+        sub.disconnect()
+        assert proxy.stop() == 0, proxy.log()
+        assert broker.stop() == 0, broker.log()
+    finally:
+        proxy.close()
+        broker.close()

@@ -1,0 +1,66 @@
+"""Topic ownership by rendezvous hashing: stable, balanced, minimal movement."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from mop.broker.ownership import Ownership, score
+
+A, B, C, D = (f"pulsar://127.0.0.1:{port}" for port in (6650, 6651, 6652, 6653))
+TOPICS = [f"persistent://public/default/t-{n}" for n in range(3000)]
+
+
+def test_single_member_or_empty_cluster_owns_everything() -> None:
+    for members in ((), (A,)):
+        ownership = Ownership(members, A)
+        assert not ownership.clustered
+        assert all(ownership.owns(topic) for topic in TOPICS[:50])
+        assert ownership.owner(TOPICS[0]) == A
+    # Even when the one member is not this broker's URL: there is nobody else to own a topic.
+    assert Ownership((B,), A).owns(TOPICS[0])
+
+
+def test_every_member_agrees_whatever_the_order_of_its_list() -> None:
+    views = [Ownership((A, B, C), A), Ownership((C, A, B), B), Ownership((B, C, A), C)]
+    for topic in TOPICS[:500]:
+        owners = {view.owner(topic) for view in views}
+        assert len(owners) == 1
+        assert sum(view.owns(topic) for view in views) == 1
+
+
+def test_the_hash_is_stable_across_processes() -> None:
+    # A fixed value: Python's salted hash() would change it from one process to the next.
+    assert score(A, "persistent://public/default/x") == score(A, "persistent://public/default/x")
+    assert score(A, "persistent://public/default/x") != score(B, "persistent://public/default/x")
+    assert score(A, "t") == 0xDDC293D9327C9B6D
+
+
+def test_urls_compare_without_a_trailing_slash() -> None:
+    ownership = Ownership((A + "/", B), A)
+    assert ownership.members == (A, B)
+    assert ownership.peers() == (B,)
+
+
+def test_topics_spread_evenly() -> None:
+    ownership = Ownership((A, B, C), A)
+    counts = Counter(ownership.owner(topic) for topic in TOPICS)
+    assert set(counts) == {A, B, C}
+    for count in counts.values():
+        assert abs(count - len(TOPICS) / 3) < len(TOPICS) * 0.05
+
+
+def test_adding_a_member_moves_only_the_topics_it_takes() -> None:
+    before = Ownership((A, B, C), A)
+    after = Ownership((A, B, C, D), A)
+    moved = [topic for topic in TOPICS if before.owner(topic) != after.owner(topic)]
+    # Every topic that moved went to the new member, and it took about a quarter of them.
+    assert all(after.owner(topic) == D for topic in moved)
+    assert abs(len(moved) - len(TOPICS) / 4) < len(TOPICS) * 0.05
+
+
+def test_removing_a_member_moves_only_its_topics() -> None:
+    before = Ownership((A, B, C), A)
+    after = Ownership((A, B), A)
+    for topic in TOPICS:
+        if before.owner(topic) != C:
+            assert after.owner(topic) == before.owner(topic)
