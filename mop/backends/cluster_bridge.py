@@ -156,6 +156,10 @@ class Bridge:
         except BaseException:
             done.abandoned = True
             raise
+        # pulsar-client may keep `callback` (and so `done`) as long as the object it made
+        # lives, e.g. a reader keeps its creation callback: a value left in `done` would be a
+        # cycle through C++ that keeps the reader, and the client's threads, alive for good.
+        value, done.value = done.value, None
         if done.result != _pulsar.Result.Ok:
             raise error_for(done.result, what)
-        return done.value
+        return value
