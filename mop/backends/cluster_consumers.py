@@ -509,13 +509,16 @@ class ClusterConsumer:
 
     async def _unsubscribe_legs(self, legs: list[_Leg]) -> None:
         for leg in legs:
+            consumer, leg.consumer = leg.consumer, None  # see _close_leg_soon
+            if consumer is None:
+                continue
             try:
                 await self._bridge.call(
-                    leg.consumer.unsubscribe_async, f"unsubscribing {self._spec.name!r}"
+                    consumer.unsubscribe_async, f"unsubscribing {self._spec.name!r}"
                 )
             except BackendError as exc:
                 log.warning("%s", exc)
-                _close_quietly(leg.consumer)
+                _close_quietly(consumer)
 
     async def _close_legs(self, legs: list[_Leg]) -> None:
         for leg in legs:
