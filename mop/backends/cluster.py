@@ -215,12 +215,18 @@ class ClusterBackend:
             await trio.lowlevel.checkpoint()
             return
         self._closed = True
-        for consumer in list(self._consumers):
-            consumer.abort()
-        for lease in list(self._leases.values()):
-            lease.abort()
-        self._stop.set()
         with trio.CancelScope(shield=True):
+            # Consumers are closed, and their handles dropped, here on the trio thread while
+            # the client still runs: a consumer object that outlived the client would be
+            # destroyed on one of the client's own threads, which aborts the process.
+            with trio.move_on_after(self.operation_timeout):
+                for consumer in list(self._consumers):
+                    await consumer.close_for_shutdown()
+            for consumer in list(self._consumers):
+                consumer.abort()
+            for lease in list(self._leases.values()):
+                lease.abort()
+            self._stop.set()
             await self._shutdown_client()
 
     async def _shutdown_client(self) -> None:

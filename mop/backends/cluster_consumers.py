@@ -541,6 +541,10 @@ class ClusterConsumer:
         if consumer is not None:
             _close_quietly(consumer)
 
+    async def close_for_shutdown(self) -> None:
+        """The backend stops: close now, waiting for pulsar-client (no unsubscribing)."""
+        await self._close_legs(self._shutdown())
+
     def abort(self) -> None:
         """The backend stops: close without waiting."""
         for leg in self._shutdown():

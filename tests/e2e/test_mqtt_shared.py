@@ -66,7 +66,9 @@ def payloads(messages: list[Received]) -> list[bytes]:
 
 @pytest.mark.parametrize("qos", [0, 1, 2])
 @pytest.mark.parametrize("members", [2, 3])
-def test_messages_are_spread_over_the_members(node: RunningNode, qos: int, members: int) -> None:
+def test_messages_are_spread_over_the_members(
+    node: RunningNode, qos: int, members: int, mode: str
+) -> None:
     pub = Client(node.mqtt_port, "pub")
     # The topics exist before the members subscribe (nobody receives these), so that every
     # member takes part from the first message (a proxy finds new topics by polling).
@@ -82,8 +84,10 @@ def test_messages_are_spread_over_the_members(node: RunningNode, qos: int, membe
     everything = [p for member in got for p in payloads(member)]
     assert sorted(everything) == sorted(sent), "each message goes to exactly one member"
     for member in got:
-        # Round robin: every member gets a fair part, and each topic in publish order.
-        assert len(member) >= len(sent) // members // 2, [len(m) for m in got]
+        # Every member gets a fair part (merged: round robin; a Pulsar broker dispatches by
+        # the members' free permits, so through proxies only "a part"), each topic in order.
+        fair = len(sent) // members // 2 if mode == "merged" else 1
+        assert len(member) >= fair, [len(m) for m in got]
         for topic in ("t/0", "t/1", "t/2"):
             numbers = [int(m.payload) for m in member if m.topic == topic]
             assert numbers == sorted(numbers)
