@@ -32,40 +32,36 @@ class RetainedStore:
         self._tree = TopicTree()
         self._messages: dict[str, Message] = {}
         for key, value in table.items():
-            self._tree.add(key)
-            self._messages[key] = decode_message(value)
+            self._keep(key, decode_message(value))
         # Other nodes (proxies of a separated deployment) retain and clear messages too.
         table.watch(self._changed_elsewhere)
 
+    def _keep(self, topic: str, message: Message | None) -> None:
+        """The in-memory side of a write: the message by topic, and the tree of topics."""
+        if message is None:
+            self._messages.pop(topic, None)
+            self._tree.discard(topic)
+        else:
+            self._messages[topic] = message
+            self._tree.add(topic)
+
     def _changed_elsewhere(self, topic: str, value: bytes | None) -> None:
-        if value is None:
-            if self._messages.pop(topic, None) is not None:
-                self._tree.discard(topic)
-            return
         try:
-            message = decode_message(value)
+            message = None if value is None else decode_message(value)
         except (ValueError, KeyError, TypeError):
             log.error("retained message of %r written elsewhere is unreadable; ignoring it", topic)
             return
-        if topic not in self._messages:
-            self._tree.add(topic)
-        self._messages[topic] = message
+        self._keep(topic, message)
 
     def __len__(self) -> int:
         return len(self._messages)
 
     async def set(self, topic: str, message: Message | None) -> None:
         """Retain `message` for `topic`; None (an empty retained payload) clears it."""
-        if message is None:
-            if topic not in self._messages:
-                return
-            await self._table.put(topic, None)
-            self._messages.pop(topic, None)  # another node may have cleared it meanwhile
-            self._tree.discard(topic)
+        if message is None and topic not in self._messages:
             return
-        await self._table.put(topic, encode_message(message))
-        self._messages[topic] = message
-        self._tree.add(topic)
+        await self._table.put(topic, None if message is None else encode_message(message))
+        self._keep(topic, message)  # (another node may have cleared it meanwhile)
 
     def match(self, topic_filter: str) -> Iterator[Retained]:
         """Every unexpired retained message on a topic matching the filter."""

@@ -72,12 +72,12 @@ class SessionRegistry:
                 state.disconnected_at = now
             self._offline[client_id] = state
         for key, data in list(self._flows.items()):
-            client_id, _, packet_id = key.rpartition("/")
+            client_id, packet_id = _split_flow_key(key)
             owner = self._offline.get(client_id)
             if owner is None:
                 await self._flows.put(key, None)  # its session is gone
                 continue
-            owner.outbound[int(packet_id)] = outbound_from_bytes(int(packet_id), data)
+            owner.outbound[packet_id] = outbound_from_bytes(packet_id, data)
         for state in self._offline.values():
             self._arm(state)
         return len(self._offline)
@@ -88,8 +88,7 @@ class SessionRegistry:
         A new connection cancels a will still waiting for its delay or for the end of the
         session (MQTT 5 3.1.3.2.2), also when it starts clean and so ends the old session.
         """
-        self._timers.cancel(f"expire:{client_id}")
-        self._timers.cancel(f"will:{client_id}")
+        self._disarm(client_id)
         state = self._offline.pop(client_id, None)
         if state is None:
             # Left offline through another node (the lease caught the table up for us).
@@ -113,17 +112,19 @@ class SessionRegistry:
         except (ValueError, KeyError, TypeError):
             log.error("session %r in %s is unreadable; starting a new one", client_id, TABLE)
             return None
-        prefix = f"{client_id}/"
         for key, flow in self._flows.items():
-            packet_id = key[len(prefix) :]
-            if key.startswith(prefix) and packet_id.isdigit():
-                state.outbound[int(packet_id)] = outbound_from_bytes(int(packet_id), flow)
+            owner, packet_id = _split_flow_key(key)
+            if owner == client_id:
+                state.outbound[packet_id] = outbound_from_bytes(packet_id, flow)
         return state
 
     def _changed_elsewhere(self, client_id: str, value: bytes | None) -> None:
         if self._offline.pop(client_id, None) is not None:
-            self._timers.cancel(f"expire:{client_id}")
-            self._timers.cancel(f"will:{client_id}")
+            self._disarm(client_id)
+
+    def _disarm(self, client_id: str) -> None:
+        self._timers.cancel(f"expire:{client_id}")
+        self._timers.cancel(f"will:{client_id}")
 
     def put_back(self, state: SessionState) -> None:
         """Return a session taken by a connection that could not open (its stored state is
@@ -217,3 +218,8 @@ class SessionRegistry:
 def _flow_key(client_id: str, packet_id: int) -> str:
     # The packet id goes last: client ids may contain "/", packet ids never do.
     return f"{client_id}/{packet_id}"
+
+
+def _split_flow_key(key: str) -> tuple[str, int]:
+    client_id, _, packet_id = key.rpartition("/")
+    return client_id, int(packet_id)
