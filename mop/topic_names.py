@@ -12,7 +12,7 @@ from urllib.parse import unquote_plus
 
 from mop.topics import TOPIC_NAME_INVALID, TopicError
 
-__all__ = ["PulsarTopicName", "mqtt_to_pulsar", "pulsar_to_mqtt"]
+__all__ = ["PulsarTopicName", "is_exact_selector", "mqtt_to_pulsar", "pulsar_to_mqtt"]
 
 _SCHEMES = ("persistent://", "non-persistent://")
 _DOMAINS = ("persistent", "non-persistent")
@@ -42,6 +42,14 @@ def _encode(name: str) -> str:
             TOPIC_NAME_INVALID, f"topic name {name!r:.80} is not valid UTF-8"
         ) from None
     return "".join([_BYTE_ESCAPES[byte] for byte in data])
+
+
+def is_exact_selector(selector: str) -> bool:
+    """Whether a subscription selector names one topic (it is no MQTT filter with wildcards).
+    A full Pulsar name is always exact: its "+" is an encoded space, never a wildcard."""
+    if selector.startswith(_SCHEMES):
+        return True
+    return "+" not in selector and "#" not in selector
 
 
 def mqtt_to_pulsar(mqtt_topic: str, *, tenant: str = "public", namespace: str = "default") -> str:

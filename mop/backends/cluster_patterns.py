@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from mop.topic_names import PulsarTopicName, mqtt_to_pulsar, pulsar_to_mqtt
+from mop.topic_names import PulsarTopicName, is_exact_selector, mqtt_to_pulsar, pulsar_to_mqtt
 from mop.topics import TopicError, matches
 
 __all__ = ["SelectorPlan", "UnsupportedSelector", "filter_pattern", "matching_selectors", "plan"]
@@ -68,13 +68,6 @@ def filter_pattern(topic_filter: str, *, tenant: str = "public", namespace: str 
     return "".join(parts)
 
 
-def _is_exact(selector: str) -> bool:
-    # A full Pulsar name is exact: its "+" is an encoded space, not a wildcard.
-    if selector.startswith(("persistent://", "non-persistent://")):
-        return True
-    return "+" not in selector and "#" not in selector
-
-
 @dataclass(frozen=True, slots=True)
 class SelectorPlan:
     """How a consumer follows its selectors: one plain consumer of `single` (a lone exact
@@ -94,7 +87,7 @@ def plan(
         raise UnsupportedSelector("a consumer needs at least one selector")
     alternatives: dict[str, list[str]] = {}
     for selector in selectors:
-        if _is_exact(selector):
+        if is_exact_selector(selector):
             name = _topic(selector, tenant, namespace)
             key = f"{name.tenant}/{name.namespace}"
             alternatives.setdefault(key, []).append(_literal(name.local_name))
@@ -102,7 +95,7 @@ def plan(
             key = f"{tenant}/{namespace}"
             pattern = filter_pattern(selector, tenant=tenant, namespace=namespace)
             alternatives.setdefault(key, []).append(pattern)
-    if len(selectors) == 1 and _is_exact(selectors[0]):
+    if len(selectors) == 1 and is_exact_selector(selectors[0]):
         return SelectorPlan(single=str(_topic(selectors[0], tenant, namespace)))
     return SelectorPlan(
         patterns={
@@ -132,7 +125,7 @@ def matching_selectors(
     mqtt = pulsar_to_mqtt(topic, tenant=tenant, namespace=namespace)
     found = []
     for selector in selectors:
-        if _is_exact(selector):
+        if is_exact_selector(selector):
             if mqtt_to_pulsar(selector, tenant=tenant, namespace=namespace) == topic:
                 found.append(selector)
         elif matches(selector, mqtt):

@@ -32,8 +32,9 @@ from mop.broker.subscription import (
     Subscription,
     SubscriptionType,
 )
-from mop.broker.topic import NON_PERSISTENT, Entry, Topic, Topics, is_exact
+from mop.broker.topic import NON_PERSISTENT, Entry, Topic, Topics
 from mop.message import Delivery, Message, MessageId
+from mop.topic_names import is_exact_selector
 from mop.topics import SubscriptionTrie, matches
 
 __all__ = [
@@ -299,7 +300,7 @@ class Broker:
         topic_filter = self._topics.filter_for(selector)
         sub.selectors[selector] = topic_filter
         self._trie.add(topic_filter, sub.name, sub)
-        if is_exact(selector):
+        if is_exact_selector(selector):
             name = self._topics.name_for(selector)
             topic = self._topics.get(name)
             if topic is None:

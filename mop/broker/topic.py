@@ -7,13 +7,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mop.message import Delivery, Message, MessageId
-from mop.topic_names import mqtt_to_pulsar, pulsar_to_mqtt
+from mop.topic_names import is_exact_selector, mqtt_to_pulsar, pulsar_to_mqtt
 from mop.topics import TopicTree
 
 if TYPE_CHECKING:
     from mop.broker.subscription import Cursor
 
-__all__ = ["NON_PERSISTENT", "Entry", "Topic", "Topics", "is_exact"]
+__all__ = ["NON_PERSISTENT", "Entry", "Topic", "Topics"]
 
 NON_PERSISTENT = "non-persistent://"
 
@@ -66,14 +66,6 @@ class Topic:
         return MessageId(0, 0 if last is None else last.entry + 1)
 
 
-def is_exact(selector: str) -> bool:
-    """Whether a selector names one topic (it is no MQTT filter with wildcards). A full Pulsar
-    name is always exact: its "+" is an encoded space (MoP's encoding), never a wildcard."""
-    if selector.startswith(("persistent://", "non-persistent://")):
-        return True
-    return "+" not in selector and "#" not in selector
-
-
 class Topics:
     """The topics a broker knows, by name and by MQTT name (in a tree, for MQTT filters)."""
 
@@ -114,7 +106,7 @@ class Topics:
 
     def filter_for(self, selector: str) -> str:
         """The MQTT filter of a selector: an exact one may name its topic either way."""
-        if not is_exact(selector):
+        if not is_exact_selector(selector):
             return selector
         return pulsar_to_mqtt(self.name_for(selector), tenant=self.tenant, namespace=self.namespace)
 
