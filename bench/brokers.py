@@ -277,9 +277,13 @@ class Broker:
         assert self.proc is not None
         return self.proc.pid
 
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        """The broker's command line and environment (other benches override this)."""
+        return _command(self.spec, self.port, self.workdir, self.deps_dir)
+
     def start(self, timeout: float = 30.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        argv, env = _command(self.spec, self.port, self.workdir, self.deps_dir)
+        argv, env = self.command()
         with open(self.workdir / "broker.log", "ab") as log:
             self.proc = subprocess.Popen(
                 argv, cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log

@@ -30,7 +30,6 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import brokers
 from brokers import BENCH_DIR, REPO_DIR, BrokerError, cpu_ticks, free_port
 from report import machine
 
@@ -154,21 +154,18 @@ def pulsar_lite_binary(deps: Path) -> Path:
     raise BrokerError("pulsar-lite did not install a binary")
 
 
-class Broker:
-    """One broker process on a fresh loopback port and data directory, for one run."""
+class Broker(brokers.Broker):
+    """One broker process on a fresh loopback port and data directory, for one run (the MQTT
+    bench's process handling, with the commands of this bench's brokers)."""
 
     def __init__(self, spec: BrokerSpec, workdir: Path, deps: Path) -> None:
-        self.spec = spec
-        self.workdir = workdir
-        self.deps = deps
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(spec, free_port(), workdir, deps)  # type: ignore[arg-type]
 
     @property
     def url(self) -> str:
         return f"pulsar://127.0.0.1:{self.port}"
 
-    def _command(self) -> tuple[list[str], dict[str, str]]:
+    def command(self) -> tuple[list[str], dict[str, str]]:
         env = dict(os.environ)
         if self.spec.kind == "mop":
             env.update(
@@ -184,57 +181,11 @@ class Broker:
             return [sys.executable, "-m", "mop", "run"], env
         config = self.workdir / "pulsar-lite.toml"
         config.write_text("[metrics]\nenabled = false\n")
-        binary = pulsar_lite_binary(self.deps)
+        binary = pulsar_lite_binary(self.deps_dir)
         return [
             str(binary), "--config", str(config), "--addr", f"127.0.0.1:{self.port}",
             "--db-path", str(self.workdir / "data"), "--log-level", "warn",
         ], env
-
-    def start(self, timeout: float = 30.0) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        argv, env = self._command()
-        with open(self.workdir / "broker.log", "ab") as out:
-            self.proc = subprocess.Popen(argv, cwd=self.workdir, env=env,
-                                         stdin=subprocess.DEVNULL, stdout=out, stderr=out)
-        deadline = time.monotonic() + timeout
-        while not _accepts(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise BrokerError(f"{self.spec.name} did not start:\n{self.log_tail()}")
-            time.sleep(0.05)
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def exit_code(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
-
-    def log_tail(self, lines: int = 20) -> str:
-        path = self.workdir / "broker.log"
-        text = path.read_text(errors="replace") if path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def _accepts(port: int) -> bool:
-    import socket
-
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def version(spec: BrokerSpec, deps: Path) -> str:
