@@ -77,16 +77,22 @@ def test_messages_are_spread_over_the_members(
     group = [Client(node.mqtt_port, f"member-{i}") for i in range(members)]
     for member in group:
         assert member.subscribe("$share/g/t/#", qos) == [qos]
-    sent = [f"{i}".encode() for i in range(30 * members)]
-    for index, payload in enumerate(sent):
-        pub.publish(f"t/{index % 3}", payload, qos)
-    got = drain(group, len(sent))
-    everything = [p for member in got for p in payloads(member)]
-    assert sorted(everything) == sorted(sent), "each message goes to exactly one member"
+    # Through a proxy each member is a Pulsar consumer that starts taking part a moment after
+    # its SUBACK (the first burst may miss a member entirely, measured 0-9 of 90); the second
+    # burst shows how the settled group shares. Every burst goes to exactly one member each.
+    bursts = 1 if mode == "merged" else 2
+    for burst in range(bursts):
+        sent = [f"{burst}{i:03}".encode() for i in range(30 * members)]
+        for index, payload in enumerate(sent):
+            pub.publish(f"t/{index % 3}", payload, qos)
+        got = drain(group, len(sent))
+        everything = [p for member in got for p in payloads(member)]
+        assert sorted(everything) == sorted(sent), "each message goes to exactly one member"
     for member in got:
         # Every member gets a fair part (merged: round robin; a Pulsar broker dispatches by
-        # the members' free permits, so through proxies only "a part"), each topic in order.
-        fair = len(sent) // members // 2 if mode == "merged" else 1
+        # the members' free permits, which is rougher: measured 19-47 of 90), each topic in
+        # order.
+        fair = len(sent) // members // (2 if mode == "merged" else 3)
         assert len(member) >= fair, [len(m) for m in got]
         for topic in ("t/0", "t/1", "t/2"):
             numbers = [int(m.payload) for m in member if m.topic == topic]
