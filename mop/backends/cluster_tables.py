@@ -7,6 +7,8 @@ by the table key, whose payload is the value, or an empty payload with property 
 with a reader from its first message into a dict, so `get` and `items` answer from memory. A
 `put` waits for the broker's receipt and then updates the dict (read-your-writes); `catch_up`
 reads up to the topic's last message, for when another proxy's last write must be seen.
+Messages without a key are skipped; brokers that do not compact (pulsar-lite) work too, the
+reader then goes through every write.
 
 `SubscriptionRegistry` is such a table that the backend keeps for itself: for each durable
 subscription member, when each of its selectors was first subscribed.
@@ -163,24 +165,65 @@ class ClusterTable:
             raise
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow)
+            await self._find_end()
             await self.catch_up()
             self.loaded.set()
             task_status.started()
 
+    async def _find_end(self) -> None:
+        """Make sure the broker can tell where the topic ends, which `catch_up` asks.
+
+        Apache Pulsar answers the last message id of an empty topic with "none yet"; some
+        Pulsar-protocol brokers (pulsar-lite 0.2) answer it with an error instead. The broker
+        said no (it did not fail to answer), so one keyless message is written, which readers
+        skip (`_apply`), and the broker is asked again: the topic is not empty any more.
+        """
+        bridge = self._backend.bridge
+        what = f"reading table {self._name!r}"
+        try:
+            await bridge.call(self._reader.has_message_available_async, what)
+            return
+        except BackendError as exc:
+            if exc.reason != "unspecified":
+                raise
+            log.info(
+                "table %r: no last message id for %s (%s); writing a marker",
+                self._name,
+                self.topic,
+                exc,
+            )
+        await self._backend.producers.send(self.topic, Message(payload=b""), batching=False)
+        try:
+            await bridge.call(self._reader.has_message_available_async, what)
+        except BackendError as exc:
+            raise BackendError(
+                f"table {self._name!r}: the broker does not tell where {self.topic} ends"
+                f" ({exc}); tables need brokers that answer GetLastMessageId",
+                reason=exc.reason,
+            ) from None
+
     async def _follow(self) -> None:
         bridge = self._backend.bridge
+
+        def read(done: Callable[..., None]) -> None:
+            def applied_first(result: Any, message: Any = None) -> None:
+                # Applied in callback order, not when this task next runs: a `catch_up`
+                # whose "nothing more" answer completes after the message arrived must
+                # find it applied (the two tasks wake in any order).
+                if result == _pulsar.Result.Ok and message is not None:
+                    bridge.soon(self._apply, message)
+                done(result, message)
+
+            self._reader.read_next_async(applied_first)
+
         while True:
             try:
-                message = await bridge.call(
-                    self._reader.read_next_async, f"reading table {self._name!r}"
-                )
+                await bridge.call(read, f"reading table {self._name!r}")
             except BackendError as exc:
                 if exc.reason == "closed":
                     return
                 log.warning("%s; retrying", exc)
                 await trio.sleep(1)
-                continue
-            self._apply(message)
 
     async def catch_up(self) -> None:
         """Return once every message the topic had when called is in the dict (or, with a

@@ -1,15 +1,21 @@
 """Helpers for the Pulsar end-to-end tests: a node with the Pulsar adapter on free ports, the
-real pulsar-client connected to it, and a raw socket client speaking mop's own codec."""
+real pulsar-client connected to it, a raw socket client speaking mop's own codec, and the
+third-party pulsar-lite broker in a process of its own."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import pulsar
+import pytest
 
 from mop.protocols.pulsar.commands import Command, Connect
 from mop.protocols.pulsar.frames import Frame, FrameDecoder, NeedData, encode_command
@@ -101,3 +107,120 @@ class RawPulsar(BlockingPeer[Frame]):
     def connect(self) -> Frame | None:
         self.send(Connect(client_version="raw-test", protocol_version=20))
         return self.recv()
+
+
+# ---- pulsar-lite: a Pulsar-protocol broker that is not mop ---------------------------------
+
+LITE_START_TIMEOUT = 20.0
+LITE_STOP_TIMEOUT = 10.0
+
+
+def pulsar_lite_binary() -> Path:
+    """The broker binary the `pulsar-lite` wheel ships (part of the `test` extra). Its Python
+    wrapper is not used: it picks ports in 6650-6700 and logs to /tmp."""
+    spec = importlib.util.find_spec("pulsar_lite")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail(
+            "pulsar-lite is not installed; it is part of the test extra: pip install -e '.[test]'"
+        )
+    binary = Path(next(iter(spec.submodule_search_locations))) / "bin" / "pulsar-lite"
+    if not binary.is_file():
+        pytest.fail(f"the pulsar-lite package has no broker binary at {binary}")
+    return binary
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class LiteBroker:
+    """One pulsar-lite process on a loopback port, its data and log in `workdir`.
+
+    pulsar-lite does not report the port it bound when given port 0, so a free port is picked
+    first; a start that loses the port to another process is retried on another one.
+    """
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / "pulsar-lite.log"
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = LITE_START_TIMEOUT) -> None:
+        binary = pulsar_lite_binary()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        # Its metrics endpoint would listen on 0.0.0.0:8080.
+        config = self.workdir / "pulsar-lite.toml"
+        config.write_text("[metrics]\nenabled = false\n")
+        deadline = time.monotonic() + timeout
+        for _ in range(3):
+            self.port = _free_port()
+            with self.log_path.open("ab") as log:
+                self.process = self._spawn(binary, config, log)
+            if self._wait_ready(deadline):
+                return
+        raise AssertionError(f"pulsar-lite did not start in {timeout}s:\n{self.log()}")
+
+    def _spawn(self, binary: Path, config: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
+        try:
+            return subprocess.Popen(
+                [
+                    str(binary),
+                    "--config",
+                    str(config),
+                    "--addr",
+                    f"127.0.0.1:{self.port}",
+                    "--db-path",
+                    str(self.workdir / "data"),
+                    "--log-level",
+                    "warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+            )
+        except OSError as exc:
+            pytest.fail(
+                f"the pulsar-lite binary {binary} does not run here (its wheel is built"
+                f" for Linux x86_64): {exc}"
+            )
+
+    def _wait_ready(self, deadline: float) -> bool:
+        """Whether the broker accepts connections before `deadline` (False: it exited)."""
+        assert self.process is not None
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return False
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            except OSError:
+                time.sleep(0.05)
+                continue
+            return True
+        self.close()
+        raise AssertionError(f"pulsar-lite is not listening after its start timeout:\n{self.log()}")
+
+    def close(self) -> None:
+        """Stop the broker (SIGTERM, then SIGKILL if it lingers)."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=LITE_STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=LITE_STOP_TIMEOUT)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-20_000:]
+        except FileNotFoundError:
+            return ""

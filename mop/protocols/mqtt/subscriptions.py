@@ -7,6 +7,7 @@ subscription `group`. `plan` decides per message the QoS, retain flag and subscr
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -14,13 +15,15 @@ from typing import TYPE_CHECKING
 import trio
 
 from mop.message import Message
-from mop.processor import ClientContext, Consumer, SubscriptionKind, SubscriptionSpec
+from mop.processor import BackendError, ClientContext, Consumer, SubscriptionKind, SubscriptionSpec
 from mop.protocols.mqtt.errors import ProtocolViolation
 from mop.protocols.mqtt.mapping import was_retained
 from mop.protocols.mqtt.packets import Subscribe
 from mop.protocols.mqtt.reason_codes import ReasonCode
 from mop.protocols.mqtt.session import SessionState, SubscriptionOptions
 from mop.topics import SubscriptionTrie, TopicError, parse_shared, validate_topic_filter
+
+log = logging.getLogger("mop.mqtt")
 
 Deliver = Callable[[Consumer, SubscriptionOptions | None], Awaitable[None]]
 
@@ -173,7 +176,13 @@ class SessionSubscriptions:
             if shared.group is None:
                 self._trie.add(topic_filter, topic_filter, options)
                 self._routes.clear()
-                await self._add_normal(topic_filter)
+                try:
+                    await self._add_normal(topic_filter)
+                except BackendError as exc:
+                    self._trie.remove(topic_filter, topic_filter)
+                    self._routes.clear()
+                    codes.append(self._refuse(topic_filter, exc, v5=v5))
+                    continue
                 if request.retain_handling == 0 or (request.retain_handling == 1 and not existed):
                     sub_ids = (identifier,) if identifier else ()
                     retained.extend(
@@ -181,13 +190,24 @@ class SessionSubscriptions:
                         for r in self._server.retained.match(topic_filter)
                     )
             elif not existed:
-                consumer = await self._subscribe_shared(shared.group, shared.topic_filter)
+                try:
+                    consumer = await self._subscribe_shared(shared.group, shared.topic_filter)
+                except BackendError as exc:
+                    codes.append(self._refuse(topic_filter, exc, v5=v5))
+                    continue
                 scope = trio.CancelScope()
                 self._shared[topic_filter] = (consumer, scope)
                 self._run(consumer, options, scope)
             codes.append(granted)
         await self._server.sessions.save(self._state)
         return codes, retained
+
+    def _refuse(self, topic_filter: str, exc: BackendError, *, v5: bool) -> int:
+        """The SUBACK code for a new filter the backend cannot follow (its brokers lack a
+        feature, or do not answer): this filter alone is refused, the session goes on."""
+        log.warning("%s: subscribing %r failed: %s", self._ctx.client_id, topic_filter, exc)
+        del self._state.subscriptions[topic_filter]
+        return ReasonCode.UNSPECIFIED_ERROR if v5 else 0x80
 
     async def unsubscribe(self, filters: tuple[str, ...]) -> list[int]:
         codes: list[int] = []
