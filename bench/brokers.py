@@ -1,9 +1,11 @@
 """The brokers under test: how each is installed, started on its own loopback port, measured
 (resident memory, CPU time) and stopped.
 
-mop runs from this checkout. The references are installed by the bench itself, pinned, into
-bench/.deps/ (git-ignored): aedes with npm, amqtt with pip into its own venv (it needs neither
-mop's dependencies nor their versions), mosquitto from Debian when it is missing.
+mop runs from this checkout (or from a snapshot of one of its commits, `snapshot_mop`), merged
+(one process) or separated (mop broker nodes behind stateless MQTT proxies, bench/separated.py).
+The references are installed by the bench itself, pinned, into bench/.deps/ (git-ignored): aedes
+with npm, amqtt with pip into its own venv (it needs neither mop's dependencies nor their
+versions), mosquitto from Debian when it is missing.
 Every broker runs in its default configuration except for the same few settings everywhere: no
 per-connection logging, no persistence to disk (other than mop's own storage, which is the thing
 measured), no $SYS publishing, room for 100k queued messages per session (the persistent session
@@ -14,6 +16,7 @@ subscriber; mop's 32 also caps what a client may send, and an MQTT 3.1.1 client 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -21,10 +24,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -43,10 +49,23 @@ class BrokerSpec:
     name: str  # what --brokers selects
     kind: str  # mop | mosquitto | aedes | amqtt
     fsync: str | None = None  # mop's storage.fsync
+    nodes: int = 0  # separated mop: broker nodes of the cluster (0: merged, one process)
+    proxies: int = 0  # separated mop: MQTT proxies in front of them
+
+    @property
+    def separated(self) -> bool:
+        return self.proxies > 0
 
     @property
     def label(self) -> str:
+        if self.separated:
+            return f"mop sep {self.proxies}x{self.nodes} ({self.fsync})"
         return f"mop ({self.fsync})" if self.kind == "mop" else self.name
+
+    @property
+    def port_count(self) -> int:
+        """Loopback ports the broker needs: MQTT ports first, then the nodes' Pulsar ports."""
+        return self.proxies + self.nodes if self.separated else 1
 
 
 BROKERS: dict[str, BrokerSpec] = {
@@ -55,6 +74,8 @@ BROKERS: dict[str, BrokerSpec] = {
         BrokerSpec("mop-never", "mop", "never"),
         BrokerSpec("mop-interval", "mop", "interval"),
         BrokerSpec("mop-always", "mop", "always"),
+        BrokerSpec("mop-sep-1x1", "mop", "never", nodes=1, proxies=1),
+        BrokerSpec("mop-sep-2x2", "mop", "never", nodes=2, proxies=2),
         BrokerSpec("mosquitto", "mosquitto"),
         BrokerSpec("mosquitto-nodelay", "mosquitto"),
         BrokerSpec("aedes", "aedes"),
@@ -158,13 +179,70 @@ def _git(*args: str) -> str:
     return done.stdout.strip()
 
 
+@dataclass
+class MopSource:
+    """Where the bench's mop processes import mop from: this checkout's working tree, or a
+    snapshot of one commit (`snapshot_mop`), so that edits made to the checkout while a long
+    bench runs cannot give its runs different code."""
+
+    root: Path = REPO_DIR
+    commit: str | None = None  # set for a snapshot
+
+
+MOP_SOURCE = MopSource()
+
+
+def snapshot_mop(rev: str, into: Path) -> str:
+    """Extract the mop package of commit `rev` into `into` with `git archive` (which leaves
+    the repository as it is) and run every mop process of this bench from there; returns the
+    short commit id."""
+    commit = _git("rev-parse", "--short", "--verify", "--quiet", f"{rev}^{{commit}}")
+    if not commit:
+        raise BrokerError(f"--mop-commit {rev}: no such commit in {REPO_DIR}")
+    git = ["git", "--no-optional-locks", "-C", str(REPO_DIR)]
+    done = subprocess.run(
+        [*git, "archive", "--format=tar", commit, "mop"], capture_output=True, check=False
+    )
+    if done.returncode != 0:
+        error = done.stderr.decode(errors="replace")
+        raise BrokerError(f"git archive {commit} mop failed: {error}")
+    into.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as archive:
+        archive.extractall(into, filter="data")
+    _write_metadata(commit, into)
+    MOP_SOURCE.root, MOP_SOURCE.commit = into, commit
+    return commit
+
+
+def _write_metadata(commit: str, into: Path) -> None:
+    """The package metadata of the commit's pyproject.toml next to the snapshot: mop finds its
+    protocol adapters through entry points, which Python reads from a dist-info directory."""
+    project = tomllib.loads(_git("show", f"{commit}:pyproject.toml"))["project"]
+    dist = into / f"{project['name']}-{project['version']}.dist-info"
+    dist.mkdir(exist_ok=True)
+    (dist / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
+    )
+    lines = []
+    for group, points in project.get("entry-points", {}).items():
+        lines += [f"[{group}]", *(f"{name} = {target}" for name, target in points.items()), ""]
+    (dist / "entry_points.txt").write_text("\n".join(lines))
+
+
 def version(spec: BrokerSpec, deps_dir: Path) -> str:
     """The version of the broker as the bench runs it, for the report."""
     if spec.kind == "mop":
+        out = _run(
+            [sys.executable, "-m", "mop", "--version"],
+            "mop --version",
+            cwd=MOP_SOURCE.root,
+            env=mop_environ(MOP_SOURCE.root / "data"),
+        ).strip()
+        if MOP_SOURCE.commit:
+            return f"{out} (commit {MOP_SOURCE.commit}, as committed)"
         rev = _git("rev-parse", "--short", "HEAD")
         dirty = _git("status", "--porcelain", "--", "mop")
-        out = _run([sys.executable, "-m", "mop", "--version"], "mop --version", cwd=REPO_DIR)
-        return f"{out.strip()} (commit {rev or '?'}{', with local changes' if dirty else ''})"
+        return f"{out} (commit {rev or '?'}{', with local changes' if dirty else ''})"
     if spec.kind == "mosquitto":
         done = subprocess.run(["mosquitto", "-h"], capture_output=True, text=True, check=False)
         first = (done.stdout or done.stderr).splitlines()[0]
@@ -207,23 +285,41 @@ def _mosquitto_conf(spec: BrokerSpec, port: int, workdir: Path) -> Path:
     return conf
 
 
+def mop_environ(data_dir: Path, **settings: str) -> dict[str, str]:
+    """The environment of a mop process of the bench: the caller's without its MOP_* variables
+    (every one is a setting to mop, so none may leak in), mop from this checkout, `data_dir`,
+    an admin port of its own and `settings` (MOP_* names)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOP_")}
+    env.update(
+        PYTHONPATH=os.pathsep.join(filter(None, [str(MOP_SOURCE.root), env.get("PYTHONPATH")])),
+        MOP_DATA_DIR=str(data_dir),
+        MOP_ADMIN__PORT="0",
+    )
+    env.update(settings)
+    return env
+
+
+# The MQTT settings every mop node that serves MQTT gets in the bench (merged or proxy).
+MOP_MQTT_SETTINGS = {
+    "MOP_MQTT__HOST": "127.0.0.1",
+    "MOP_MQTT__SYS_INTERVAL": "0",  # no $SYS publishing
+    "MOP_MQTT__MAX_QUEUED_MESSAGES": str(QUEUED_MESSAGES),
+    "MOP_MQTT__MAX_INFLIGHT": str(INFLIGHT),
+}
+
+
 def _command(
     spec: BrokerSpec, port: int, workdir: Path, deps_dir: Path
 ) -> tuple[list[str], dict[str, str]]:
     env = dict(os.environ)
     if spec.kind == "mop":
-        env.update(
-            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_DIR), env.get("PYTHONPATH")])),
+        env = mop_environ(
+            workdir / "data",
+            **MOP_MQTT_SETTINGS,
             MOP_PROTOCOLS='["mqtt"]',
             MOP_MQTT__PORT=str(port),
-            MOP_ADMIN__PORT="0",
             MOP_PULSAR__PORT="0",
-            MOP_DATA_DIR=str(workdir / "data"),
             MOP_STORAGE__FSYNC=spec.fsync or "always",
-            # $SYS off: 0 where the settings allow it, else an interval longer than any run.
-            MOP_MQTT__SYS_INTERVAL=env.get("MOP_BENCH_SYS_INTERVAL", "3600"),
-            MOP_MQTT__MAX_QUEUED_MESSAGES=str(QUEUED_MESSAGES),
-            MOP_MQTT__MAX_INFLIGHT=str(INFLIGHT),
         )
         return [sys.executable, "-m", "mop", "run"], env
     if spec.kind == "mosquitto":
@@ -262,11 +358,38 @@ def rss_kb(pid: int) -> int:
     raise BrokerError(f"no VmRSS for pid {pid}")
 
 
+class BrokerUnderTest(Protocol):
+    """What a run needs of a broker, whether it is one process (Broker) or several
+    (separated.SeparatedBroker): where publishers and subscribers connect, its lifecycle, and
+    CPU time and resident memory summed over all its processes."""
+
+    spec: BrokerSpec
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def sub_port(self) -> int: ...
+
+    def start(self, timeout: float = ...) -> None: ...
+
+    def stop(self, timeout: float = ...) -> None: ...
+
+    def exit_code(self) -> int | None: ...
+
+    def log_tail(self, lines: int = ...) -> str: ...
+
+    def cpu_ticks(self) -> int: ...
+
+    def rss_kb(self) -> int: ...
+
+
 class Broker:
     """One broker process on its own loopback port, started fresh for every run."""
 
     def __init__(self, spec: BrokerSpec, port: int, workdir: Path, deps_dir: Path) -> None:
         self.spec = spec
+        self.name = spec.name  # in messages
         self.port = port
         self.workdir = workdir
         self.deps_dir = deps_dir
@@ -277,24 +400,48 @@ class Broker:
         assert self.proc is not None
         return self.proc.pid
 
+    @property
+    def sub_port(self) -> int:
+        """Where subscribers connect: the same port as publishers for a single process."""
+        return self.port
+
+    def cpu_ticks(self) -> int:
+        return cpu_ticks(self.pid)
+
+    def rss_kb(self) -> int:
+        return rss_kb(self.pid)
+
     def command(self) -> tuple[list[str], dict[str, str]]:
         """The broker's command line and environment (other benches override this)."""
         return _command(self.spec, self.port, self.workdir, self.deps_dir)
 
     def start(self, timeout: float = 30.0) -> None:
+        self.launch()
+        try:
+            self.wait_ready(time.monotonic() + timeout)
+        except BaseException:  # interrupted as well: leave no process behind
+            self.stop()
+            raise
+        time.sleep(0.2)  # let the probe connection go before the run starts measuring
+
+    def launch(self) -> None:
+        """Start the process without waiting for it (several can start side by side)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         argv, env = self.command()
         with open(self.workdir / "broker.log", "ab") as log:
             self.proc = subprocess.Popen(
                 argv, cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
             )
-        deadline = time.monotonic() + timeout
+
+    def wait_ready(self, deadline: float) -> None:
+        """Until the port accepts connections; stops the process and raises if it ends or the
+        deadline (time.monotonic()) passes first."""
+        assert self.proc is not None
         while not _accepts(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise BrokerError(f"{self.spec.name} did not start:\n{self.log_tail()}")
+                raise BrokerError(f"{self.name} did not start:\n{self.log_tail()}")
             time.sleep(0.05)
-        time.sleep(0.2)  # let the probe connection go before the run starts measuring
 
     def exit_code(self) -> int | None:
         """None while the process runs."""

@@ -12,6 +12,10 @@
  *   conns     N idle connections: connects/s, then hold them until a line arrives on stdin
  *   retained  publish T retained topics, then N subscribers join at once: time to receive all
  *   session   persistent session offline while M QoS 1 messages queue, then time to drain them
+ *
+ * --port2 P addresses a second node of the same cluster (a separated deployment's second proxy):
+ * subscribers connect to P and publishers to --port, so every message crosses from one node to
+ * the other; idle connections (conns mode) alternate between the two. Without it, all use --port.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -67,8 +71,8 @@ typedef struct {
 
 static struct {
     const char *mode, *host, *prefix, *username;
-    long port, pubs, subs, qos, payload, window, inflight, topic_per_pub, wildcard, count;
-    long conns, concurrency, src_ips, keepalive, topics, branches, sub_qos;
+    long port, port2, pubs, subs, qos, payload, window, inflight, topic_per_pub, wildcard, count;
+    long conns, concurrency, src_ips, keepalive, topics, branches, sub_qos, prime;
     double duration, rate, warmup, timeout, drain_idle, stall, hold;
 } opt = {
     .mode = "flow", .host = "127.0.0.1", .prefix = "bench", .username = "bench", .port = 1883, .pubs = 1,
@@ -87,14 +91,15 @@ typedef struct {
 static const OptSpec OPTIONS[] = {
     {"mode", 's', &opt.mode}, {"host", 's', &opt.host}, {"prefix", 's', &opt.prefix},
     {"username", 's', &opt.username},
-    {"port", 'l', &opt.port}, {"pubs", 'l', &opt.pubs}, {"subs", 'l', &opt.subs},
+    {"port", 'l', &opt.port}, {"port2", 'l', &opt.port2}, {"pubs", 'l', &opt.pubs}, {"subs", 'l', &opt.subs},
     {"qos", 'l', &opt.qos}, {"sub-qos", 'l', &opt.sub_qos}, {"payload", 'l', &opt.payload},
     {"window", 'l', &opt.window}, {"inflight", 'l', &opt.inflight},
     {"topic-per-pub", 'l', &opt.topic_per_pub}, {"wildcard", 'l', &opt.wildcard},
     {"count", 'l', &opt.count}, {"conns", 'l', &opt.conns},
     {"concurrency", 'l', &opt.concurrency}, {"src-ips", 'l', &opt.src_ips},
     {"keepalive", 'l', &opt.keepalive}, {"topics", 'l', &opt.topics},
-    {"branches", 'l', &opt.branches}, {"duration", 'd', &opt.duration},
+    {"branches", 'l', &opt.branches}, {"prime", 'l', &opt.prime},
+    {"duration", 'd', &opt.duration},
     {"rate", 'd', &opt.rate}, {"warmup", 'd', &opt.warmup}, {"timeout", 'd', &opt.timeout},
     {"drain-idle", 'd', &opt.drain_idle}, {"stall", 'd', &opt.stall}, {"hold", 'd', &opt.hold},
 };
@@ -109,7 +114,7 @@ static struct {
     uint64_t sent, acked, delivered, retained_rx, written_off, stalls;
     uint64_t ready, connected, failed, lost, subacked, suback_failures, pending_connects;
     uint64_t rate_allowed, progress_ns, first_rx_ns, last_rx_ns, lat_from_ns;
-    uint64_t lat_count, lat_over, lat_max_ns;
+    uint64_t lat_count, lat_over, lat_max_ns, prime_ns;
     uint32_t *hist;
     long fan;
     int relay, listen_fd;
@@ -357,6 +362,13 @@ static void conn_flush(Conn *c) {
     set_events(c, 0);
 }
 
+/* Subscribers and every other idle connection go to the second node when there is one. */
+static long conn_port(const Conn *c) {
+    if (!opt.port2) return opt.port;
+    if (c->role == ROLE_SUB || (c->role == ROLE_IDLE && c->idx % 2)) return opt.port2;
+    return opt.port;
+}
+
 static void conn_open(Conn *c) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) die("socket");
@@ -369,7 +381,7 @@ static void conn_open(Conn *c) {
         setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
         if (bind(fd, (struct sockaddr *)&src, sizeof src) < 0) die("bind");
     }
-    struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons((uint16_t)opt.port)};
+    struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons((uint16_t)conn_port(c))};
     inet_pton(AF_INET, opt.host, &dst.sin_addr);
     c->fd = fd;
     c->state = ST_CONNECTING;
@@ -671,6 +683,30 @@ done:
     return appended >= PUMP_MAX;
 }
 
+/* --prime 1: one message on every publisher's topic, then wait until the subscribers have them
+ * all (and publishes at QoS > 0 are acknowledged) before the measured flow starts. A wildcard
+ * subscription may learn of new topics only later (a separated proxy polls for them); priming
+ * measures the flow once every topic is known, and reports the wait as prime_s. */
+static int prime(uint32_t first_pub, uint64_t deadline) {
+    uint64_t t0 = now_ns(), now = t0;
+    for (long i = 0; i < opt.pubs; i++) {
+        Conn *c = &G.conns[first_pub + (uint32_t)i];
+        append_publish(c, &G.templates[c->topic], t0);
+        if (!c->epout) conn_flush(c);
+    }
+    uint64_t per_sub = opt.wildcard || !opt.topic_per_pub ? (uint64_t)opt.pubs : 1;
+    uint64_t want = per_sub * (uint64_t)opt.subs;
+    while (now < deadline && (G.delivered < want || (opt.qos && G.acked < G.sent)))
+        now = poll_once(2);
+    int ok = G.delivered >= want && (!opt.qos || G.acked >= G.sent);
+    G.prime_ns = now - t0;
+    G.sent = G.acked = G.delivered = G.retained_rx = 0;
+    G.first_rx_ns = G.last_rx_ns = 0;
+    G.lat_count = G.lat_over = G.lat_max_ns = 0;
+    memset(G.hist, 0, HIST_US * sizeof *G.hist);
+    return ok;
+}
+
 static int run_flow(uint64_t t_start, uint64_t deadline) {
     char topic[256], filter[256];
     G.fan = opt.subs;
@@ -684,6 +720,13 @@ static int run_flow(uint64_t t_start, uint64_t deadline) {
     }
     if (!connect_all(0, G.nconns, deadline) || G.failed || G.suback_failures) {
         printf("{\"mode\": \"flow\", \"error\": \"not all clients connected and subscribed\", ");
+        print_common();
+        printf("}\n");
+        return 1;
+    }
+    if (opt.prime && !prime(first_pub, deadline)) {
+        printf("{\"mode\": \"flow\", \"error\": \"priming messages not delivered in time\", "
+               "\"prime_s\": %.3f, ", G.prime_ns / 1e9);
         print_common();
         printf("}\n");
         return 1;
@@ -728,10 +771,10 @@ static int run_flow(uint64_t t_start, uint64_t deadline) {
     double elapsed = (end - t0) / 1e9;
     printf("{\"mode\": \"flow\", \"elapsed_s\": %.4f, \"send_s\": %.4f, \"expected\": %lu, "
            "\"msgs_per_s\": %.1f, \"deliveries_per_s\": %.1f, \"acked_per_s\": %.1f, "
-           "\"loadgen_cpu\": %.3f, \"setup_s\": %.3f, ",
+           "\"loadgen_cpu\": %.3f, \"setup_s\": %.3f, \"prime_s\": %.3f, ",
            elapsed, ((t_sent ? t_sent : now) - t0) / 1e9, G.sent * (uint64_t)G.fan,
            G.delivered / (double)G.fan / elapsed, G.delivered / elapsed, G.acked / elapsed,
-           cpu / ((now - t0) / 1e9), (t0 - t_start) / 1e9);
+           cpu / ((now - t0) / 1e9), (t0 - t_start) / 1e9, G.prime_ns / 1e9);
     print_common();
     printf("}\n");
     return 0;

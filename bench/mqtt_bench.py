@@ -1,9 +1,11 @@
-"""MQTT broker comparison: mop merged (fsync never / interval / always) next to mosquitto, aedes
-and amqtt on loopback, runs interleaved broker by broker, medians, ratios to mosquitto, a chart.
+"""MQTT broker comparison: mop merged (fsync never / interval / always) and separated (proxies in
+front of mop broker nodes) next to mosquitto, aedes and amqtt on loopback, runs interleaved broker
+by broker, medians, ratios to mosquitto, a chart.
 
     python bench/mqtt_bench.py --quick            # about 3 minutes, one run each, smaller sizes
     python bench/mqtt_bench.py                    # the full comparison, median of 3 (~15 minutes)
     python bench/mqtt_bench.py --brokers mop-never,mosquitto --scenarios qos0,fanout
+    python bench/mqtt_bench.py --brokers mop-never,mop-sep-1x1,mop-sep-2x2,mosquitto
     python bench/mqtt_bench.py --profile          # py-spy profile of mop under qos0, fanout, qos1
 
 See bench/README.md for what each scenario does and how the numbers are taken.
@@ -12,14 +14,18 @@ See bench/README.md for what each scenario does and how the numbers are taken.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import resource
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,13 +34,15 @@ from brokers import (
     BENCH_DIR,
     BROKERS,
     DEFAULT_BROKERS,
+    QUEUED_MESSAGES,
     REFERENCE,
     Broker,
     BrokerError,
     BrokerSpec,
-    cpu_ticks,
+    BrokerUnderTest,
     free_port,
     install,
+    snapshot_mop,
     version,
 )
 from loadgen import LoadgenError, build, relay
@@ -53,6 +61,7 @@ from scenarios import (
     Sizes,
     Skipped,
 )
+from separated import SeparatedBroker
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 MODES = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
@@ -63,7 +72,7 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
-def _names(text: str, known: dict[str, object], what: str) -> list[str]:
+def _names(text: str, known: Mapping[str, object], what: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -104,9 +113,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--no-chart", action="store_true", help="skip the PNG chart (no matplotlib)"
     )
     parser.add_argument(
+        "--mop-commit",
+        metavar="REV",
+        help="run mop as committed in REV (extracted with git archive into the output "
+        "directory) instead of from the working tree, which others may edit during a long run",
+    )
+    publish = parser.add_mutually_exclusive_group()
+    publish.add_argument(
         "--publish",
-        action="store_true",
+        action="store_const",
+        const=BENCH_DIR / "RESULTS.md",
+        dest="publish_to",
         help="also write the report to bench/RESULTS.md and the chart to bench/RESULTS.png",
+    )
+    publish.add_argument(
+        "--publish-to",
+        type=Path,
+        metavar="PATH",
+        help="also write the report to PATH (e.g. bench/RESULTS-separated.md) and the chart "
+        "next to it (PATH with .png)",
     )
     parser.add_argument(
         "--profile",
@@ -140,6 +165,17 @@ def busy_ticks() -> int:
     return sum(fields) - fields[3] - fields[4]
 
 
+def _free_ports(count: int) -> list[int]:
+    """`count` different free loopback ports (a separated broker needs several)."""
+    if count == 1:
+        return [free_port()]
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+
+
 def children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -152,19 +188,24 @@ class Bench:
         self.deps = args.deps_dir.resolve()
         self.out: Path = args.out
         self.loadgen = build(self.deps)
-        self.ports: dict[str, int] = {}
+        self.ports: dict[str, list[int]] = {}
 
-    def _start(self, spec: BrokerSpec, workdir: Path) -> Broker:
+    def _start(self, spec: BrokerSpec, workdir: Path) -> BrokerUnderTest:
         for attempt in range(2):
-            port = self.ports.setdefault(spec.name, free_port())
-            broker = Broker(spec, port, workdir, self.deps)
+            ports = self.ports.setdefault(spec.name, _free_ports(spec.port_count))
+            broker: BrokerUnderTest = (
+                SeparatedBroker(spec, ports, workdir, self.deps)
+                if spec.separated
+                else Broker(spec, ports[0], workdir, self.deps)
+            )
             try:
                 broker.start()
                 return broker
             except BrokerError:
                 if attempt:
                     raise
-                self.ports[spec.name] = free_port()  # the port may have been taken meanwhile
+                # A port may have been taken meanwhile.
+                self.ports[spec.name] = _free_ports(spec.port_count)
         raise AssertionError("unreachable")
 
     def run_one(self, sc: Scenario, spec: BrokerSpec, rnd: int) -> RunRecord:
@@ -183,15 +224,15 @@ class Bench:
         workdir = self.out / "brokers" / f"{sc.key}-{spec.name}-{rnd + 1}{suffix}"
         prefix = f"{sc.key[:3]}{rnd}{suffix[:2]}{os.getpid() % 1000}"
         rec = RunRecord(sc.key, spec.name, rnd, {m.key: None for m in sc.metrics}, [])
-        broker: Broker | None = None
+        broker: BrokerUnderTest | None = None
         died = False
         try:
             broker = self._start(spec, workdir)
-            ticks, busy = cpu_ticks(broker.pid), busy_ticks()
+            ticks, busy = broker.cpu_ticks(), busy_ticks()
             child, t0 = children_cpu(), time.monotonic()
             result: RunResult = sc.run(RunContext(broker, self.loadgen, self.sizes, prefix))
             wall = time.monotonic() - t0
-            rec.broker_cpu = (cpu_ticks(broker.pid) - ticks) / CLK_TCK / wall
+            rec.broker_cpu = (broker.cpu_ticks() - ticks) / CLK_TCK / wall
             rec.loadgen_cpu = (children_cpu() - child) / wall
             rec.background_cpu = max(
                 0.0, (busy_ticks() - busy) / CLK_TCK / wall - rec.broker_cpu - rec.loadgen_cpu
@@ -258,6 +299,9 @@ def run_bench(args: argparse.Namespace) -> int:
     args.out = (args.out or BENCH_DIR / "results" / started.strftime("%Y%m%d-%H%M%S")).resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     raise_fd_limit()
+    if args.mop_commit:
+        commit = snapshot_mop(args.mop_commit, args.out / "mop-source")
+        log(f"mop from commit {commit}, extracted into {args.out / 'mop-source'}")
     install(specs, args.deps_dir.resolve(), log)
     bench = Bench(args, sizes)
     versions = {s.name: version(s, bench.deps) for s in specs}
@@ -305,13 +349,15 @@ def run_bench(args: argparse.Namespace) -> int:
         "runs": [dataclasses.asdict(r) for r in records],
     }
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    write_reports(results, args.out, chart_png=not args.no_chart, publish=args.publish)
+    write_reports(results, args.out, chart_png=not args.no_chart, publish_to=args.publish_to)
     return 0
 
 
-def write_reports(results: dict[str, Any], out: Path, *, chart_png: bool, publish: bool) -> None:
-    """report.md (and chart.png) in `out` from a results.json; with `publish` also
-    bench/RESULTS.md and bench/RESULTS.png."""
+def write_reports(
+    results: dict[str, Any], out: Path, *, chart_png: bool, publish_to: Path | None
+) -> None:
+    """report.md (and chart.png) in `out` from a results.json; with `publish_to` also that
+    file and the chart next to it (bench/RESULTS.md and RESULTS.png for --publish)."""
     records = [RunRecord(**r) for r in results["runs"]]
     scenarios = [SCENARIOS[k] for k in results["scenarios"]]
     brokers: list[str] = results["brokers"]
@@ -345,14 +391,56 @@ def write_reports(results: dict[str, Any], out: Path, *, chart_png: bool, publis
         ceiling=results["ceiling"],
         skipped=results["skipped"],
         command=results["command"],
+        hop=_hop(brokers),
+        notes=_separated_notes(brokers, results["scenarios"], sizes),
     )
     (out / "report.md").write_text(markdown(**report, chart=chart_name))
-    if publish:
+    if publish_to is not None:
+        published = None
         if chart_name:
-            shutil.copyfile(out / chart_name, BENCH_DIR / "RESULTS.png")
-        published = "RESULTS.png" if chart_name else None
-        (BENCH_DIR / "RESULTS.md").write_text(markdown(**report, chart=published))
+            published = publish_to.with_suffix(".png").name
+            shutil.copyfile(out / chart_name, publish_to.with_name(published))
+        publish_to.write_text(markdown(**report, chart=published))
+        log(f"published: {publish_to}")
     log(f"report: {out / 'report.md'}")
+
+
+def _hop(brokers: list[str]) -> tuple[str, list[str]] | None:
+    """(merged, separated brokers) when the run has both: the report then shows the hop's cost
+    against the merged node with the same storage settings as the separated brokers."""
+    separated = [b for b in brokers if BROKERS[b].separated]
+    merged = {
+        BROKERS[b].fsync: b for b in brokers if BROKERS[b].kind == "mop" and b not in separated
+    }
+    fsyncs = {BROKERS[b].fsync for b in separated}
+    if not separated or len(fsyncs) != 1 or fsyncs.isdisjoint(merged):
+        return None
+    return merged[fsyncs.pop()], separated
+
+
+def _separated_notes(brokers: list[str], scenarios: list[str], sizes: Sizes) -> list[str]:
+    specs = [BROKERS[b] for b in brokers if BROKERS[b].separated]
+    if not specs:
+        return []
+    notes = [
+        "; ".join(
+            f"{s.label}: {s.proxies} MQTT prox{'y' if s.proxies == 1 else 'ies'} in front of "
+            + ("1 mop broker node" if s.nodes == 1 else f"{s.nodes} mop broker nodes (one cluster)")
+            + f" that serve only the Pulsar protocol, fsync {s.fsync}"
+            for s in specs
+        )
+        + "; all started from this checkout with default settings plus the bench's. Publishers "
+        "connect to the first proxy, subscribers to the last, idle connections alternate. Their "
+        "broker CPU (Every run) and RSS per connection are sums over all their processes.",
+    ]
+    if "session" in scenarios:
+        notes.append(
+            "session: a separated proxy does not bound the messages queued for a session "
+            "(`mqtt.max_queued_messages` is applied by a merged node only); the scenario "
+            f"queues {sizes.queued}, under the {QUEUED_MESSAGES} every broker is given, so the "
+            "bound plays no part in any broker's number."
+        )
+    return notes
 
 
 def _ensure_matplotlib() -> None:
@@ -379,6 +467,7 @@ def run_profile(args: argparse.Namespace) -> int:
     for key in _names(args.profile_scenarios, SCENARIOS, "scenarios"):
         sc = SCENARIOS[key]
         broker = bench._start(spec, out / f"broker-{key}")
+        assert isinstance(broker, Broker)  # mop-never: one process
         raw = out / f"{key}.collapsed.txt"
         try:
             sampler = record(broker.pid, seconds, raw, RATE)
@@ -395,13 +484,19 @@ def run_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _terminated(signum: int, frame: object) -> None:
+    # SIGTERM unwinds like Ctrl-C, so every broker process the run started is stopped.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         if args.report_from:
             results = json.loads(args.report_from.read_text())
             out = args.report_from.resolve().parent
-            write_reports(results, out, chart_png=not args.no_chart, publish=args.publish)
+            write_reports(results, out, chart_png=not args.no_chart, publish_to=args.publish_to)
             return 0
         return run_profile(args) if args.profile else run_bench(args)
     except (LoadgenError, BrokerError, ProfileError) as exc:

@@ -84,8 +84,8 @@ def medians(
     """(scenario, broker, metric) -> (median of the runs that produced a number, numbers, runs)."""
     grouped: dict[tuple[str, str, str], list[float | None]] = {}
     for rec in records:
-        for key, value in rec.values.items():
-            grouped.setdefault((rec.scenario, rec.broker, key), []).append(value)
+        for metric, value in rec.values.items():
+            grouped.setdefault((rec.scenario, rec.broker, metric), []).append(value)
     out = {}
     for key, values in grouped.items():
         numbers = [v for v in values if v is not None]
@@ -135,7 +135,11 @@ def markdown(
     skipped: dict[str, str],
     command: str,
     chart: str | None,
+    hop: tuple[str, Sequence[str]] | None = None,
+    notes: Sequence[str] = (),
 ) -> str:
+    """The report; `hop` = (merged broker, separated brokers) adds the section on what the
+    proxy hop costs, `notes` are lines for the list under the main table."""
     med = medians(records)
     marked = {(r.scenario, r.broker, key) for r in records for key in r.marked}
     lines = [
@@ -175,18 +179,92 @@ def markdown(
     if skipped:
         lines += ["", "Not run:"]
         lines += [f"- {key}: {why}" for key, why in skipped.items()]
+    if notes:
+        lines += [""] + [f"- {note}" for note in notes]
     if chart:
         lines += ["", f"![chart]({chart})"]
-    notes = [rec for rec in records if rec.notes]
-    if notes:
+    if hop:
+        lines += hop_section(records, scenarios, hop[0], hop[1], labels, sizes, skipped)
+    noted = [rec for rec in records if rec.notes]
+    if noted:
         lines += ["", "## Notes", ""]
         lines += [
             f"- {rec.scenario} / {labels[rec.broker]} / run {rec.round + 1}: "
             + "; ".join(rec.notes)
-            for rec in notes
+            for rec in noted
         ]
     lines += ["", "## Every run", "", _runs_table(records, scenarios, labels, sizes)]
     return "\n".join(lines) + "\n"
+
+
+def _hop_cell(
+    sep: tuple[float | None, int, int] | None,
+    base: tuple[float | None, int, int] | None,
+    metric: Metric,
+) -> str:
+    """Separated next to merged: the ratio, and for latencies the difference in microseconds
+    first (what the hop adds to every message)."""
+    if sep is None or base is None or sep[0] is None or base[0] is None or not base[0]:
+        return "-"
+    text = ratio(sep[0], base[0])
+    if metric.kind == "us":
+        text = f"{sep[0] - base[0]:+,.0f} us ({text})"
+    if sep[1] < sep[2] or base[1] < base[2]:
+        text += " [not every run]"
+    return text
+
+
+def hop_section(
+    records: Sequence[RunRecord],
+    scenarios: Sequence[Scenario],
+    base: str,
+    separated: Sequence[str],
+    labels: dict[str, str],
+    sizes: Sizes,
+    skipped: dict[str, str],
+) -> list[str]:
+    """The cost of the extra hop: each separated deployment against the merged node of the
+    same run, scenario by scenario, from the same medians as the main table."""
+    med = medians(records)
+    lines = [
+        "",
+        "## Separated mode: the cost of the extra hop",
+        "",
+        f"Each separated deployment next to {labels[base]} in the same run, with the same storage "
+        "settings: rates and times as separated / merged (for rates below 1 is the cost, for "
+        "times and memory above 1), latencies as separated minus merged in microseconds (and the "
+        "ratio). Publishers connect to the first proxy and subscribers to the last, so with two "
+        "proxies every message goes proxy -> broker node -> other proxy.",
+        "",
+        "| scenario | " + " | ".join(f"{labels[b]} / {labels[base]}" for b in separated) + " |",
+        "|---|" + "---:|" * len(separated),
+    ]
+    for sc in scenarios:
+        if sc.key in skipped:
+            continue
+        for metric in sc.metrics:
+            merged = med.get((sc.key, base, metric.key))
+            cells = [_hop_cell(med.get((sc.key, b, metric.key)), merged, metric) for b in separated]
+            lines.append(f"| {label(metric, sizes)} | " + " | ".join(cells) + " |")
+    primes = _prime_times(records, [base, *separated])
+    if primes:
+        lines += [
+            "",
+            "fan-in is measured once the wildcard subscription has every publisher's topic: the "
+            "run first sends one message per topic and waits for all of them. That wait (median) "
+            "was " + ", ".join(f"{labels[b]} {t:.2f} s" for b, t in primes.items()) + " (a "
+            "separated proxy finds topics created after a wildcard subscription by polling, "
+            "`cluster.pattern_discovery`).",
+        ]
+    return lines
+
+
+def _prime_times(records: Sequence[RunRecord], brokers: Sequence[str]) -> dict[str, float]:
+    times: dict[str, list[float]] = {}
+    for rec in records:
+        if rec.broker in brokers and "prime_s" in rec.detail and rec.detail["prime_s"] > 0:
+            times.setdefault(rec.broker, []).append(float(rec.detail["prime_s"]))
+    return {b: statistics.median(times[b]) for b in brokers if b in times}
 
 
 def _runs_table(

@@ -1,5 +1,6 @@
 """Smoke runs of the benchmarks (bench/mqtt_bench.py, bench/pulsar_bench.py): tiny counts against
-a mop node only, so the suite notices when a bench stops working. They measure nothing."""
+mop only (a merged node, and a separated broker node + proxy), so the suite notices when a bench
+stops working. They measure nothing."""
 
 from __future__ import annotations
 
@@ -46,6 +47,40 @@ def test_smoke_run_reports_a_rate_for_mop(tmp_path: Path) -> None:
     row = next(line for line in report.splitlines() if line.startswith("| QoS 0, 1 pub -> 1 sub"))
     cell = row.split("|")[2].strip()
     assert re.fullmatch(r"\d+(\.\d+)?k?", cell), row
+
+
+def test_smoke_run_of_separated_mode_reports_the_hop(tmp_path: Path) -> None:
+    """mop-sep-1x1 (a broker node and a proxy) must start, pass its readiness round trip,
+    carry a flow and stop; next to mop-never the report must show the cost of the hop."""
+    out = tmp_path / "report"
+    options = ["--smoke", "--brokers", "mop-never,mop-sep-1x1", "--scenarios", "qos1"]
+    paths = ["--out", str(out), "--deps-dir", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, str(BENCH), *options, "--no-chart", *paths],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    results = json.loads((out / "results.json").read_text())
+    runs = {run["broker"]: run for run in results["runs"]}
+    separated = runs["mop-sep-1x1"]
+    assert not separated["notes"], separated
+    assert separated["values"]["msgs"] > 0, separated
+    assert separated["detail"]["delivered"] == separated["detail"]["sent"] > 0, separated
+    # Its CPU is the sum over its two processes; it carried the flow, so it is not zero.
+    assert separated["broker_cpu"] > 0, separated
+
+    report = (out / "report.md").read_text()
+    assert "## Separated mode: the cost of the extra hop" in report
+    hop = report.split("## Separated mode", 1)[1]
+    row = next(line for line in hop.splitlines() if line.startswith("| QoS 1, 1 pub"))
+    assert re.fullmatch(r"\d+(\.\d+)?x", row.split("|")[2].strip()), row
+    # A run that noted a failure keeps its broker directories; these runs kept none.
+    assert not list(out.glob("brokers/*")), list(out.glob("brokers/*"))
 
 
 def test_pulsar_bench_smoke_run_reports_rates_for_mop(tmp_path: Path) -> None:
