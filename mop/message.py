@@ -3,9 +3,31 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar, dataclass_transform
+
+__all__ = ["Delivery", "Message", "MessageId", "ordered_value", "value"]
+
+_T = TypeVar("_T")
 
 
-@dataclass(frozen=True, slots=True, order=True)
+# Value classes made once or more per message (ids, messages, deliveries, PUBLISH packets) are
+# immutable by contract, and the type checker holds every module to it (they read as frozen
+# dataclasses). At run time they are plain slots dataclasses: a frozen one sets each field
+# through `object.__setattr__`, which makes it four times as costly to build (2.6 us instead of
+# 0.6 us for a `Message`), and one is built several times per message.
+@dataclass_transform(frozen_default=True)
+def value(cls: type[_T]) -> type[_T]:
+    """An immutable value class: equal and hashable by its fields."""
+    return dataclass(slots=True, unsafe_hash=True)(cls)
+
+
+@dataclass_transform(frozen_default=True, order_default=True)
+def ordered_value(cls: type[_T]) -> type[_T]:
+    """An immutable value class that is also ordered by its fields, in declaration order."""
+    return dataclass(slots=True, unsafe_hash=True, order=True)(cls)
+
+
+@ordered_value
 class MessageId:
     """Position of a message in its topic, in the form the Pulsar protocol uses.
 
@@ -35,7 +57,7 @@ class MessageId:
         return self if self.batch_index < 0 else MessageId(self.ledger, self.entry)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Message:
     """A message as stored and delivered, independent of the protocol that produced it.
 
@@ -71,7 +93,7 @@ class Message:
         return len(self.batch) or 1
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Delivery:
     """One message handed to a consumer; acknowledge it by passing it back to the consumer.
 

@@ -595,21 +595,39 @@ class LocalBackend:
             self._check_running()
         except BackendError as exc:
             return [exc] * len(items)
-        store = self.broker.store
+        store_many = self.broker.store_many
         results: list[PublishResult | BackendError] = []
         durable: list[int] = []  # indexes of the results that wait for the sync
         delays = False
-        for topic, message in items:
-            try:
-                published = store(topic, message)
-            except (StorageError, BrokerError) as exc:
-                results.append(_translate(exc))
-                continue
-            if message.qos and not topic.startswith(NON_PERSISTENT):
-                durable.append(len(results))
-            if message.deliver_at:
-                delays = True
-            results.append(PublishResult(published.message_id, published.subscriptions))
+        start, end = 0, len(items)
+        while start < end:
+            # Consecutive messages of one topic (usually a whole read from one client) are
+            # stored and routed together.
+            topic = items[start][0]
+            stop = start + 1
+            while stop < end and items[stop][0] == topic:
+                stop += 1
+            messages = [message for _, message in items[start:stop]]
+            outcomes: list[PublishResult | BackendError]
+            if len(messages) == 1:
+                outcomes = [self._store_one(topic, messages[0])]
+            else:
+                try:
+                    ids, count = store_many(topic, messages)
+                except (StorageError, BrokerError):
+                    # None of them was stored: one at a time, for a result each.
+                    outcomes = [self._store_one(topic, message) for message in messages]
+                else:
+                    outcomes = [PublishResult(message_id, count) for message_id in ids]
+            persistent = not topic.startswith(NON_PERSISTENT)
+            for index, (message, outcome) in enumerate(zip(messages, outcomes, strict=True)):
+                if (message.qos or message.deliver_at) and isinstance(outcome, PublishResult):
+                    if message.qos and persistent:
+                        durable.append(len(results) + index)
+                    if message.deliver_at:
+                        delays = True
+            results += outcomes
+            start = stop
         if delays:
             self._delays_changed()
         if durable:
@@ -620,6 +638,13 @@ class LocalBackend:
                 for index in durable:
                     results[index] = error
         return results
+
+    def _store_one(self, topic: str, message: Message) -> PublishResult | BackendError:
+        try:
+            published = self.broker.store(topic, message)
+        except (StorageError, BrokerError) as exc:
+            return _translate(exc)
+        return PublishResult(published.message_id, published.subscriptions)
 
     async def open_producer(self, spec: ProducerSpec) -> LocalProducer:
         self._check_running()

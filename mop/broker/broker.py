@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -177,6 +177,48 @@ class Broker:
         else:
             self._trim_dirty.add(node)
         return Published(message_id, count)
+
+    def store_many(self, topic: str, messages: Sequence[Message]) -> tuple[list[MessageId], int]:
+        """`store` for consecutive messages of one topic, without producer sequences: one
+        storage append and one pass of routing for them all. Returns their ids and how many
+        subscriptions each was routed to. All or nothing: an error stores none of them."""
+        if not messages:
+            return [], 0
+        node = self._topics.get(topic)
+        created = node is None
+        if node is None:
+            node = self._create_topic(topic)
+        persistent = node.persistent
+        if persistent:
+            try:
+                ids = self.storage.append(topic, messages)
+            except BaseException:
+                if created:
+                    self._forget_if_unused(node)
+                raise
+            if topic in self.compacted:
+                for message_id, message in zip(ids, messages, strict=True):
+                    self.compacted.record(topic, message_id, message)
+            node.last_id = ids[-1]
+        else:
+            ids = []
+            for _ in messages:
+                node.last_id = node.next_transient_id()
+                ids.append(node.last_id)
+        node.last_count = len(messages[-1].batch)
+        cursors = node.cursors
+        count = len(cursors)
+        if count:
+            for message_id, message in zip(ids, messages, strict=True):
+                entry = Entry(topic, message_id, message)
+                for cursor in cursors:
+                    if persistent or cursor.sub.attachments:
+                        cursor.sub.offer(cursor, entry)
+            if self._books.changed:
+                self._flush()
+        else:
+            self._trim_dirty.add(node)
+        return ids, count
 
     # -- topics ----------------------------------------------------------------------------
 

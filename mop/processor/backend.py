@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import trio
 
-from mop.message import Delivery, Message, MessageId
+from mop.message import Delivery, Message, MessageId, value
 
 
 class SubscriptionKind(StrEnum):
@@ -128,7 +128,7 @@ class ProducerSpec:
     topic_epoch: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@value  # one per message published: cheaper to make than a frozen dataclass
 class PublishResult:
     message_id: MessageId
     # How many subscriptions took the message; None when the backend cannot tell.

@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +25,6 @@ from mop.broker.storage.log import LogTail
 from mop.broker.storage.reads import read_messages
 from mop.broker.storage.records import (
     TopicRecord,
-    decode_message,
     encode_cursor,
     encode_epoch,
     encode_message,
@@ -34,6 +32,7 @@ from mop.broker.storage.records import (
     encode_topic,
     encode_topic_delete,
     encode_trim,
+    frame_messages,
 )
 from mop.broker.storage.recovery import Recovered, RecoveryReport, recover
 from mop.broker.storage.segments import DirectoryLock, SegmentFiles
@@ -109,7 +108,11 @@ class DurableStorage:
         self._index: LogIndex = recovered.index
         self._epoch = recovered.epoch + 1
         self._next_ledger = self._epoch << _EPOCH_SHIFT
-        self._tail = LogTail(self._index, recovered.end, settings.segment_bytes, self._epoch)
+        # The most recent `cache_bytes` of the log stay in memory for reads: bytes hold no
+        # references, so a large cache adds nothing to what the garbage collector walks.
+        self._tail = LogTail(
+            self._index, recovered.end, settings.segment_bytes, self._epoch, cache_bytes
+        )
         self._files = SegmentFiles(directory, seal_fsync=settings.fsync != "never")
         self._lock = lock
         self._synced = recovered.end
@@ -119,9 +122,6 @@ class DurableStorage:
         self._closed = False
         self._serving = False
         self._wakeup = trio.Event()
-        self._cache: OrderedDict[tuple[int, int], tuple[bytes, int]] = OrderedDict()
-        self._cache_bytes = 0
-        self._cache_limit = cache_bytes
         self._upkeep = Upkeep(self)
 
     # -- mutations -----------------------------------------------------------------------------
@@ -144,15 +144,20 @@ class DurableStorage:
         run = entry_topic.runs[-1]
         millis = time.time_ns() // 1_000_000
         seconds = millis // 1000
-        ids = []
         ledger = run.ledger
-        for message in messages:
-            entry = run.next_entry
-            body = encode_message(ledger, entry, millis, message)
-            position, size = tail.add(body)
-            index.add_message(entry_topic, run, position, size, seconds)
-            self._remember(ledger, entry, body, size)
-            ids.append(MessageId(ledger, entry))
+        first = run.next_entry
+        # Every record is encoded before anything changes: a message that cannot be encoded
+        # leaves the store as it was.
+        data, sizes = frame_messages(ledger, first, millis, messages)
+        if tail.fits(len(data)):
+            # The common case, all in the active segment: one append to the log and to the
+            # index for the lot (the messages of one read from a client, say).
+            index.add_messages(entry_topic, run, tail.add_frames(data, sizes), sizes, seconds)
+        else:
+            for entry, message in enumerate(messages, first):
+                position, size = tail.add(encode_message(ledger, entry, millis, message))
+                index.add_message(entry_topic, run, position, size, seconds)
+        ids = [MessageId(ledger, entry) for entry in range(first, first + len(sizes))]
         if ids:
             entry_topic.last_id = ids[-1]
         limit = self.settings.retention_bytes
@@ -178,16 +183,6 @@ class DurableStorage:
         record = TopicRecord(topic.name, topic.ledgers(), topic.last_id, topic.trimmed)
         position, size = self._tail.add(encode_topic(record))
         self._index.set_state(("T", topic.name), position, size)
-
-    def _remember(self, ledger: int, entry: int, body: bytes, size: int) -> None:
-        # The record rather than the Message: bytes hold no references, so a large cache adds
-        # nothing to what the garbage collector walks (a hit is rare: it pays the decoding).
-        cache = self._cache
-        cache[ledger, entry] = (body, size)
-        self._cache_bytes += size
-        while self._cache_bytes > self._cache_limit and cache:
-            _, (_, old) = cache.popitem(last=False)
-            self._cache_bytes -= old
 
     def trim(self, topic: str, through: MessageId) -> None:
         self._check_open()
@@ -415,10 +410,6 @@ class DurableStorage:
     @property
     def files(self) -> SegmentFiles:
         return self._files
-
-    def cached(self, ledger: int, entry: int) -> Message | None:
-        hit = self._cache.get((ledger, entry))
-        return None if hit is None else decode_message(hit[0])[1]
 
 
 async def open_durable_storage(

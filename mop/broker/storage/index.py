@@ -301,6 +301,26 @@ class LogIndex:
         self.messages += 1
         self.message_bytes += size
 
+    def add_messages(
+        self, topic: TopicIndex, run: Run, positions: list[int], sizes: list[int], seconds: int
+    ) -> None:
+        """Index messages just queued together at the end of the log, in the newest segment
+        (`add_message` for each, in one step)."""
+        if not positions:
+            return
+        if run.positions and positions[0] < run.positions[-1]:
+            run.monotonic = False
+        run.positions.extend(positions)
+        run.sizes.extend(sizes)
+        run.times.extend([seconds] * len(positions))
+        total = sum(sizes)
+        self.segments[-1].live_bytes += total
+        self.live_bytes += total
+        topic.count += len(positions)
+        topic.bytes += total
+        self.messages += len(positions)
+        self.message_bytes += total
+
     def move_message(self, run: Run, i: int, position: int) -> None:
         """Record that a reclaim copied run entry `i` to `position` at the end of the log."""
         size = run.sizes[i]

@@ -1,12 +1,14 @@
 """The unwritten end of the durable log: records framed into a pending buffer at their final log
 positions, rolled into a new segment when the active one is full, and handed to the writer in
-one piece. Pure bookkeeping; the writing itself happens in `segments.SegmentFiles`.
+one piece; and the most recently written bytes, kept for reads. Pure bookkeeping; the writing
+itself happens in `segments.SegmentFiles`.
 """
 
 from __future__ import annotations
 
 import zlib
 from bisect import bisect_right
+from collections.abc import Sequence
 
 from mop.broker.storage.index import LogIndex
 from mop.broker.storage.records import FRAME, HEADER_SIZE, SegmentHeader
@@ -31,10 +33,12 @@ class Batch:
 
 class LogTail:
     """Positions below `written` are in the files; [flight.start, flight.end) is being written;
-    [pending_base, end) waits in `pending`. Readers find bytes that are not in the files yet
-    with `find`."""
+    [pending_base, end) waits in `pending`. Readers find bytes that are not in the files yet,
+    or that were written recently (up to `keep_bytes` of them), with `find`."""
 
-    def __init__(self, index: LogIndex, end: int, segment_bytes: int, epoch: int) -> None:
+    def __init__(
+        self, index: LogIndex, end: int, segment_bytes: int, epoch: int, keep_bytes: int = 0
+    ) -> None:
         self.index = index
         self.segment_bytes = segment_bytes
         self.epoch = epoch
@@ -43,6 +47,14 @@ class LogTail:
         self.end = end
         self.written = end
         self.flight: Batch | None = None
+        # Written batches, oldest first, while they add up to at most `keep_bytes`: what
+        # consumers that fall a little behind read back. Log positions are never reused (the
+        # end only grows, and reclaim copies records forward), so these bytes stay valid for
+        # their positions even after their segment is gone.
+        self.keep_bytes = keep_bytes
+        self._kept: list[Batch] = []
+        self._kept_starts: list[int] = []
+        self._kept_size = 0
         if not index.segments:
             self.roll()
 
@@ -61,6 +73,22 @@ class LogTail:
         self.pending += body
         self.end += size
         return position, size
+
+    def fits(self, size: int) -> bool:
+        """Whether `size` more framed bytes fit the active segment without rolling it."""
+        return self.end - self.active_base + size <= self.segment_bytes
+
+    def add_frames(self, data: bytes, sizes: Sequence[int]) -> list[int]:
+        """Queue framed records (`data`, made of records of `sizes`) that `fits` the active
+        segment, in one append to the pending buffer; returns their positions."""
+        positions = []
+        position = self.end
+        for size in sizes:
+            positions.append(position)
+            position += size
+        self.pending += data
+        self.end = position
+        return positions
 
     def add_framed(self, record: bytes | memoryview) -> int:
         """Queue a record copied verbatim from an older segment; returns its position."""
@@ -91,6 +119,19 @@ class LogTail:
     def done(self, batch: Batch) -> None:
         self.written = batch.end
         self.flight = None
+        if self.keep_bytes <= 0:
+            return
+        kept, starts = self._kept, self._kept_starts
+        kept.append(batch)
+        starts.append(batch.start)
+        self._kept_size += len(batch.data)
+        drop = 0
+        while self._kept_size > self.keep_bytes and drop < len(kept):
+            self._kept_size -= len(kept[drop].data)
+            drop += 1
+        if drop:
+            del kept[:drop]
+            del starts[:drop]
 
     def failed(self, batch: Batch) -> None:
         """Put a batch that could not be written back in front of the queue; its bytes keep
@@ -101,7 +142,8 @@ class LogTail:
         self.flight = None
 
     def find(self, position: int, size: int) -> bytes | None:
-        """The bytes at `position` if they are not in the files yet, else None."""
+        """The bytes at `position` if they are not in the files yet or were written recently,
+        else None."""
         if position >= self.pending_base:
             offset = position - self.pending_base
             return bytes(self.pending[offset : offset + size])
@@ -109,4 +151,11 @@ class LogTail:
         if flight is not None and position >= flight.start:
             offset = position - flight.start
             return bytes(flight.data[offset : offset + size])
-        return None
+        starts = self._kept_starts
+        if not starts or position < starts[0]:
+            return None
+        batch = self._kept[bisect_right(starts, position) - 1]
+        offset = position - batch.start
+        if offset + size > len(batch.data):
+            return None
+        return bytes(batch.data[offset : offset + size])

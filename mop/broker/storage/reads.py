@@ -1,5 +1,6 @@
-"""Reading messages back from the durable log: from the cache of recent messages, from bytes not
-yet written, or from segment files in a worker thread, one pread per run of adjacent records.
+"""Reading messages back from the durable log: from bytes not yet written or written recently
+(kept by the log tail), or from segment files in a worker thread, one pread per run of adjacent
+records.
 """
 
 from __future__ import annotations
@@ -43,13 +44,12 @@ async def read_messages(
         found: list[tuple[MessageId, Message | None]] = []
         misses: list[tuple[int, int, int]] = []  # (slot, position, size)
         for ledger, entry, position, size in entry_topic.locate(after, max_count):
-            message = store.cached(ledger, entry)
-            if message is None:
-                raw = store.tail.find(position, size)
-                if raw is not None:
-                    message = _decode(raw, position)
-                else:
-                    misses.append((len(found), position, size))
+            message = None
+            raw = store.tail.find(position, size)
+            if raw is not None:
+                message = _decode(raw, position)
+            else:
+                misses.append((len(found), position, size))
             found.append((MessageId(ledger, entry), message))
         if not misses:
             await trio.lowlevel.checkpoint()

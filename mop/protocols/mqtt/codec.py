@@ -151,6 +151,29 @@ class PacketDecoder:
         """Decode and return the next complete packet, or NEED_DATA."""
         if self._error is not None:
             raise self._error
+        buf, pos = self._buf, self._pos
+        if (
+            pos + 1 < len(buf)
+            and buf[pos] >> 4 == PacketType.PUBLISH
+            and self.protocol_level != 5
+            and not self.expect_connect
+        ):
+            # A whole PUBLISH below MQTT 5 with a one-byte length: most packets most servers
+            # read, decoded here without the calls of the general path. This cannot raise:
+            # anything unusual is left to the general path, which says what is wrong.
+            first = buf[pos]
+            remaining = buf[pos + 1]
+            end = pos + 2 + remaining
+            if (
+                remaining < 0x80
+                and first & 0x06 != 0x06
+                and remaining + 2 <= self.max_packet_size
+                and end <= len(buf)
+            ):
+                publish = _publish_below_v5(buf, pos + 2, end, first)
+                if publish is not None:
+                    self._pos = end
+                    return publish
         try:
             return self._next_packet()
         except RemoteProtocolError as exc:
@@ -328,6 +351,31 @@ def _decode_publish(mv: memoryview, flags: int, level: int) -> Publish:
         props, pos = decode_properties(mv, pos, PacketType.PUBLISH)
     return Publish(
         topic, mv[pos:].tobytes(), qos, bool(flags & 0x01), bool(flags & 0x08), packet_id, props
+    )
+
+
+def _publish_below_v5(buf: bytearray, start: int, end: int, first: int) -> Publish | None:
+    """The PUBLISH (level 3 or 4, QoS below 3) in `buf[start:end]` if it is well formed, else
+    None: `_decode_publish` then decodes it again and says what is wrong. Made for the
+    common case: it reads the buffer directly, without the views and helpers of the rest."""
+    topic_end = start + 2 + ((buf[start] << 8) | buf[start + 1]) if start + 2 <= end else end + 1
+    qos = (first >> 1) & 0x03
+    body = topic_end + 2 if qos else topic_end
+    if body > end:
+        return None
+    try:
+        topic = str(buf[start + 2 : topic_end], "utf-8")
+    except UnicodeDecodeError:
+        return None
+    if "\x00" in topic:
+        return None
+    packet_id = None
+    if qos:
+        packet_id = (buf[topic_end] << 8) | buf[topic_end + 1]
+        if not packet_id:
+            return None
+    return Publish(
+        topic, bytes(buf[body:end]), qos, bool(first & 0x01), bool(first & 0x08), packet_id
     )
 
 

@@ -86,6 +86,7 @@ class ServerConnection:
         "_aliases_out",
         "_decoder",
         "_inbound_unacked",
+        "_last_topic",
         "auth_method",
         "client_max_packet_size",
         "client_receive_maximum",
@@ -115,6 +116,8 @@ class ServerConnection:
         # Inbound QoS 1/2 packet ids not yet answered with PUBACK / PUBCOMP (Receive Maximum),
         # counted for MQTT 5 clients only: the others share one set that stays empty.
         self._inbound_unacked: set[int] = _UNCOUNTED
+        # The topic name of the last PUBLISH received, known to be valid.
+        self._last_topic: str | None = None
 
     # -- receiving -------------------------------------------------------------------------
 
@@ -184,9 +187,12 @@ class ServerConnection:
                 topic=topic,
                 properties=dataclasses.replace(publish.properties, topic_alias=None),
             )
-        problem = _topic_problem(topic, self.limits.max_topic_length, self.limits.max_topic_levels)
-        if problem is not None:
-            raise RemoteProtocolError(problem[0], reason_code=problem[1])
+        if topic != self._last_topic:  # a client mostly publishes to the topic it just did
+            limits = self.limits
+            problem = _topic_problem(topic, limits.max_topic_length, limits.max_topic_levels)
+            if problem is not None:
+                raise RemoteProtocolError(problem[0], reason_code=problem[1])
+            self._last_topic = topic
         # Only MQTT 5 clients learn our Receive Maximum (in CONNACK); 3.1/3.1.1 clients are
         # bounded by their 65535 packet identifiers alone, so only MQTT 5 flows are counted.
         if publish.qos and self.protocol_level == 5 and publish.packet_id is not None:

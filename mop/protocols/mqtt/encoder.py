@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any, Final
 
 from mop.protocols.mqtt.errors import (
@@ -83,15 +84,7 @@ def encode_publish(
 
     The payload is copied exactly once, into the returned bytes.
     """
-    if "\x00" in topic:
-        raise LocalProtocolError("topic must not contain U+0000")
-    try:
-        topic_bytes = topic.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise LocalProtocolError(f"topic is not encodable as UTF-8: {exc.reason}") from None
-    topic_length = len(topic_bytes)
-    if topic_length > 0xFFFF:
-        raise LocalProtocolError("topic longer than 65535 bytes")
+    topic_field = _topic_field(topic)
     if qos == 0:
         if packet_id is not None or dup:
             raise LocalProtocolError("a QoS 0 PUBLISH has no packet identifier and no DUP flag")
@@ -106,21 +99,31 @@ def encode_publish(
         props = b""
     else:
         raise LocalProtocolError(f"unknown protocol level {protocol_level}")
-    remaining = 2 + topic_length + len(id_bytes) + len(props) + len(payload)
+    remaining = len(topic_field) + len(id_bytes) + len(props) + len(payload)
     if remaining > MAX_VARINT:
         raise LocalProtocolError(f"PUBLISH body of {remaining} bytes exceeds the MQTT maximum")
     first = 0x30 | (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0)
     return b"".join(
-        (
-            bytes((first,)),
-            encode_varint(remaining),
-            topic_length.to_bytes(2, "big"),
-            topic_bytes,
-            id_bytes,
-            props,
-            payload,
-        )
+        (_FIXED_BYTES[first], encode_varint(remaining), topic_field, id_bytes, props, payload)
     )
+
+
+_FIXED_BYTES: Final = tuple(bytes((value,)) for value in range(256))
+
+
+@lru_cache(maxsize=4096)
+def _topic_field(topic: str) -> bytes:
+    """A topic name as a PUBLISH carries it (length and UTF-8), checked: made once per name,
+    as the same names go out in message after message."""
+    if "\x00" in topic:
+        raise LocalProtocolError("topic must not contain U+0000")
+    try:
+        topic_bytes = topic.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise LocalProtocolError(f"topic is not encodable as UTF-8: {exc.reason}") from None
+    if len(topic_bytes) > 0xFFFF:
+        raise LocalProtocolError("topic longer than 65535 bytes")
+    return len(topic_bytes).to_bytes(2, "big") + topic_bytes
 
 
 def _encode_connect(p: Connect, level: int) -> bytes:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
+from mop.message import value
+
 
 class PacketType(IntEnum):
     CONNECT = 1
@@ -94,7 +96,8 @@ class Connack:
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+# One is made for every message received: a cheaper value class (see `mop.message.value`).
+@value
 class Publish:
     topic: str
     payload: bytes
