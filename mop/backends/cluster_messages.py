@@ -64,7 +64,9 @@ def outgoing(message: Message) -> Outgoing:
     if message.batch:
         raise ValueError("a batch entry cannot be published through pulsar-client")
     pairs = message.properties
-    properties = dict(pairs)
+    # A user property under a reserved name travels only inside `mop.properties`: as a map
+    # entry it would be read back as ours (a user's "mop.qos" as the message's QoS).
+    properties = {name: value for name, value in pairs if not name.startswith(RESERVED_PREFIX)}
     if not _map_is_exact(pairs):
         properties[PROPERTIES] = json.dumps([list(pair) for pair in pairs], separators=(",", ":"))
     if message.qos != 1:

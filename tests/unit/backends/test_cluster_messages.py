@@ -110,3 +110,9 @@ def test_malformed_reserved_values_fall_back() -> None:
         producer_name="p",
     )
     assert (message.qos, message.expires_at, message.properties) == (1, 0, (("a", "1"),))
+
+
+def test_a_user_property_under_a_reserved_name_is_not_read_as_ours() -> None:
+    message = Message(b"x", properties=(("mop.qos", "0"), ("mop.producer", "me")), qos=1)
+    back = through_pulsar(message)
+    assert back.qos == 1 and back.properties == message.properties
