@@ -320,15 +320,23 @@ class DurableStorage:
                 and self._files.write_now(batch.start, batch.data, batch.bases)
             )
             if not inline:
-                await trio.to_thread.run_sync(
-                    self._files.write, batch.start, batch.data, batch.bases, fsync
-                )
+                # Shielded: the batch has left the queue and the records after it have their
+                # positions, so a write given up because its caller was cancelled (a client
+                # that disconnects while its publish waits) would leave a hole that later
+                # writes step over, and recovery would cut the log there. It finishes.
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(
+                        self._files.write, batch.start, batch.data, batch.bases, fsync
+                    )
         except OSError as exc:
             tail.failed(batch)
             flight.error = _storage_error(exc)
             if isinstance(flight.error, StorageFull):
                 self._full_until = time.monotonic() + _FULL_BACKOFF
             raise flight.error from exc
+        except BaseException:
+            tail.failed(batch)  # not written: back in front of the queue, never a hole
+            raise
         else:
             tail.done(batch)
             self._full_until = 0.0
