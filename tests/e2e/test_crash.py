@@ -4,7 +4,7 @@ least once and QoS 2 messages exactly once to a persistent subscriber, in order 
 retained messages; sessions with their subscriptions, queues and deadlines. A torn tail is cut
 off at recovery and the node serves again.
 
-The kill moments are random; the seed is printed, and MOP_CRASH_SEED=<seed> repeats a run.
+The kill moments are random; the seed is printed, and CRASH_SEED=<seed> repeats a run.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def node(tmp_path: Path) -> Iterator[NodeProcess]:
 
 @pytest.fixture
 def rng() -> random.Random:
-    seed = int(os.environ.get("MOP_CRASH_SEED", "0")) or random.SystemRandom().randrange(1, 2**31)
-    print(f"MOP_CRASH_SEED={seed}")
+    seed = int(os.environ.get("CRASH_SEED", "0")) or random.SystemRandom().randrange(1, 2**31)
+    print(f"CRASH_SEED={seed}")
     return random.Random(seed)
 
 
