@@ -2,7 +2,7 @@
 ``trio.abc.Stream`` and a ``ConnectionInfo``; the only layer that deals with sockets.
 """
 
-from mop.transport.direct import Receive, Send, receiver, sender
+from mop.transport.direct import Receive, Send, read_ready, receiver, sender
 from mop.transport.listeners import (
     BoundListener,
     ConnectionInfo,
@@ -27,6 +27,7 @@ __all__ = [
     "WebSocketStream",
     "accept_websocket",
     "peer_certificate_info",
+    "read_ready",
     "receiver",
     "sender",
     "serve_listener",

@@ -6,9 +6,12 @@ when the socket is ready, one wait when it is not. trio's general path stacks se
 a context manager and a trip through the scheduler on every call, and an idle connection keeps
 that stack alive while it waits.
 
-A direct call passes through the scheduler only when it has to wait, or (a read) when bytes
-were there at once, so that a connection that always has bytes still lets others run. Each is
-a cancellation point before it does anything and never after, so bytes once read are returned.
+A read waits for the socket to be readable and then makes one read, so that an idle or
+lightly loaded connection never pays for a read that finds nothing; only after a read that
+filled the whole buffer (more is likely waiting) does the next one try at once, and then it
+still passes through the scheduler so that a connection that always has bytes lets others
+run. A write tries at once and waits only when the socket is full. Each is a cancellation
+point before it does anything and never after, so bytes once read are returned.
 """
 
 from __future__ import annotations
@@ -29,7 +32,17 @@ def receiver(stream: trio.abc.ReceiveStream) -> Receive:
     ClosedResourceError once the stream is closed."""
     if type(stream) is not trio.SocketStream:
         return stream.receive_some
-    return partial(_receive, stream.socket)
+    return _SocketReceiver(stream.socket)
+
+
+def read_ready(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes | None:
+    """What plain TCP `stream` has received already (up to `max_bytes`), without waiting:
+    None when nothing is there yet or `stream` is not plain TCP (TLS and WebSocket decode
+    only as they are read), b"" at the end of the stream. Raises like `receiver`'s reads.
+    Not a checkpoint: for a first look before waiting in the usual way."""
+    if type(stream) is not trio.SocketStream:
+        return None
+    return _read(stream.socket, max_bytes)
 
 
 def sender(stream: trio.abc.SendStream) -> Send:
@@ -49,23 +62,41 @@ def _descriptor(sock: trio.socket.SocketType) -> int:
     return fd
 
 
-async def _receive(sock: trio.socket.SocketType, max_bytes: int) -> bytes:
-    await trio.lowlevel.checkpoint_if_cancelled()
-    waited = False
-    while True:
-        try:
-            data = os.read(_descriptor(sock), max_bytes)
-        except BlockingIOError:
-            data = None  # wait outside the handler: it would keep the exception alive
-        except OSError as exc:
-            raise trio.BrokenResourceError(f"receiving failed: {exc}") from exc
-        if data is None:
-            await trio.lowlevel.wait_readable(sock)
-            waited = True
-            continue
-        if not waited:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        return data
+class _SocketReceiver:
+    """`receive_some` of one plain TCP socket (see the module's docstring)."""
+
+    __slots__ = ("_filled", "_sock")
+
+    def __init__(self, sock: trio.socket.SocketType) -> None:
+        self._sock = sock
+        self._filled = False  # the last read filled the caller's buffer
+
+    async def __call__(self, max_bytes: int) -> bytes:
+        sock = self._sock
+        if self._filled:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            data = _read(sock, max_bytes)
+            if data is not None:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                self._filled = len(data) == max_bytes
+                return data
+        while True:
+            # Also a cancellation point when the socket is readable at once.
+            await trio.lowlevel.wait_readable(_descriptor(sock))
+            data = _read(sock, max_bytes)
+            if data is not None:  # None: woken, but another reader was first
+                self._filled = len(data) == max_bytes
+                return data
+
+
+def _read(sock: trio.socket.SocketType, max_bytes: int) -> bytes | None:
+    """One read: None when nothing is there."""
+    try:
+        return os.read(_descriptor(sock), max_bytes)
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        raise trio.BrokenResourceError(f"receiving failed: {exc}") from exc
 
 
 async def _send(sock: trio.socket.SocketType, data: bytes | bytearray | memoryview) -> None:

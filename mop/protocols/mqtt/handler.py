@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -26,7 +27,7 @@ from mop.processor import (
     ConnectionLimitReached,
     QuotaExceeded,
 )
-from mop.protocols.mqtt.codec import NEED_DATA
+from mop.protocols.mqtt.codec import NEED_DATA, NeedData
 from mop.protocols.mqtt.connection import ConnectionState, ServerConnection
 from mop.protocols.mqtt.errors import RemoteProtocolError, UnsupportedProtocolVersion
 from mop.protocols.mqtt.outflow import Outflow
@@ -55,7 +56,7 @@ from mop.protocols.mqtt.reason_codes import ReasonCode, v3_connack_code
 from mop.protocols.mqtt.server import MqttServer
 from mop.protocols.mqtt.session import SessionState
 from mop.protocols.mqtt.subscriptions import SessionSubscriptions
-from mop.transport import ConnectionInfo, OutboundBuffer, receiver
+from mop.transport import ConnectionInfo, OutboundBuffer, read_ready, receiver
 
 log = logging.getLogger("mop.mqtt")
 
@@ -74,6 +75,7 @@ class ClientHandler:
         "_close_reason",
         "_fenced",
         "_read_scope",
+        "_reading_since",
         "_send_will",
         "_staged",
         "conn",
@@ -103,9 +105,11 @@ class ClientHandler:
         self.lease: ClientLease | None = None
         self.will: Will | None = None
         self.keep_alive = 0
-        # Reads end when it is cancelled: by a takeover (`_fenced`) or by its deadline, which
-        # is the keep-alive limit while a read waits.
+        # Reads end when it is cancelled: by a takeover (`_fenced`) or by the keep-alive
+        # check (`_check_keep_alive`), which looks at when the read under way began to wait
+        # (inf: no read waits). A timestamp per read is far cheaper than moving a deadline.
         self._read_scope = trio.CancelScope()
+        self._reading_since = math.inf
         self._fenced = False
         self._close_reason: int | None = None
         self._send_will = True
@@ -143,7 +147,7 @@ class ClientHandler:
                 try:
                     with self._read_scope:
                         await self._read_loop()
-                    if not self._fenced:  # the deadline passed: the keep-alive limit
+                    if not self._fenced:  # nothing arrived within the keep-alive limit
                         raise _Close(
                             ReasonCode.KEEP_ALIVE_TIMEOUT,
                             f"nothing received for {self.keep_alive * 1.5:g}s",
@@ -155,6 +159,8 @@ class ClientHandler:
                     trio.ClosedResourceError,
                 ) as exc:
                     self._reads_ended(exc)
+                finally:
+                    self.server.timers.cancel(self._keep_alive_key())
                 if self._close_reason is not None and self.conn.protocol_level == 5:
                     self.out.write(self.conn.send(Disconnect(reason_code=self._close_reason)))
                 await self._flush_quietly()
@@ -185,25 +191,49 @@ class ClientHandler:
                 await self.out.flush()
 
     async def _read_connect(self) -> Connect | None:
+        # A client sends CONNECT as soon as it is connected, so it has usually arrived by now:
+        # then it is taken without arming the timeout (a cancel scope per connection).
+        early = read_ready(self.stream, 65536)
+        if early is not None:
+            if not early:
+                return None
+            self._received(early)
+            found = await self._next_connect()
+            if not isinstance(found, NeedData):
+                return found
+        receive = receiver(self.stream)
         with trio.move_on_after(self.server.settings.connect_timeout):
             while True:
-                try:
-                    event = self.conn.next_event()
-                except UnsupportedProtocolVersion as exc:
-                    await self._refuse_connect(exc.reason_code, str(exc), exc.protocol_level)
-                    return None
-                except RemoteProtocolError as exc:
-                    log.info("%s: bad first packet: %s", self.ctx.peer, exc)
-                    return None
-                if isinstance(event, Connect):
-                    return event
-                data = await self.stream.receive_some(65536)
+                found = await self._next_connect()
+                if not isinstance(found, NeedData):
+                    return found
+                data = await receive(65536)
                 if not data:
                     return None
-                self.server.processor.record_received_bytes(len(data))
-                self.conn.receive_data(data)
+                self._received(data)
         log.info("%s: no CONNECT within %ss", self.ctx.peer, self.server.settings.connect_timeout)
         return None
+
+    def _received(self, data: bytes | bytearray) -> None:
+        self.server.processor.record_received_bytes(len(data))
+        self.conn.receive_data(data)
+
+    async def _next_connect(self) -> Connect | NeedData | None:
+        """The CONNECT received so far, NEED_DATA, or None when the client was turned away."""
+        try:
+            event = self.conn.next_event()
+        except UnsupportedProtocolVersion as exc:
+            await self._refuse_connect(exc.reason_code, str(exc), exc.protocol_level)
+            return None
+        except RemoteProtocolError as exc:
+            log.info("%s: bad first packet: %s", self.ctx.peer, exc)
+            return None
+        if isinstance(event, Connect):
+            return event
+        if isinstance(event, NeedData):
+            return event
+        # The state machine lets nothing but CONNECT through first.
+        raise AssertionError(f"unexpected first packet {event!r}")  # pragma: no cover
 
     async def _refuse_connect(self, reason: int, why: str, level: int | None = None) -> None:
         level = level if level is not None else self.conn.protocol_level
@@ -334,6 +364,22 @@ class ClientHandler:
         self._close_reason = ReasonCode.SESSION_TAKEN_OVER
         self._read_scope.cancel()
 
+    def _keep_alive_key(self) -> str:
+        return f"keep-alive {id(self)}"
+
+    def _watch_keep_alive(self, delay: float) -> None:
+        self.server.timers.schedule(self._keep_alive_key(), delay, self._check_keep_alive)
+
+    async def _check_keep_alive(self) -> None:
+        """End the reads when one has waited 1.5 times the keep alive; otherwise look again
+        when the read under way (or the next one) could reach that."""
+        grace = self.keep_alive * 1.5
+        waited = trio.current_time() - self._reading_since
+        if waited >= grace:
+            self._read_scope.cancel()
+        else:
+            self._watch_keep_alive(grace - max(waited, 0.0))
+
     async def _close_session(self) -> None:
         state, subs = self.state, self.subs
         assert state is not None and subs is not None
@@ -377,9 +423,10 @@ class ClientHandler:
         and session changes keep the order of the packets.
         """
         keep_alive = self.keep_alive > 0
-        grace = self.keep_alive * 1.5
-        inf = float("inf")
-        scope = self._read_scope
+        if keep_alive:
+            self._watch_keep_alive(self.keep_alive * 1.5)
+        inf = math.inf
+        now = trio.current_time
         receive = receiver(self.stream)
         conn = self.conn
         flow = self._outflow()
@@ -422,9 +469,9 @@ class ClientHandler:
             await self.out.push()
             await self.out.wait_space()
             if keep_alive:
-                scope.deadline = trio.current_time() + grace
+                self._reading_since = now()
                 data = await receive(65536)
-                scope.deadline = inf
+                self._reading_since = inf
             else:
                 data = await receive(65536)
             if not data:

@@ -28,8 +28,10 @@ class Timers:
         """Run `callback` after `delay` seconds, replacing any timer with the same key."""
         seq = next(self._seq)
         self._live[key] = (seq, callback)
-        heapq.heappush(self._heap, (trio.current_time() + max(0.0, delay), seq, key))
-        self._wake.set()
+        entry = (trio.current_time() + max(0.0, delay), seq, key)
+        heapq.heappush(self._heap, entry)
+        if self._heap[0] is entry:  # a later one is seen when the task next wakes anyway
+            self._wake.set()
 
     def cancel(self, key: str) -> bool:
         return self._live.pop(key, None) is not None

@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from mop.transport import receiver
+from mop.transport import read_ready, receiver
 
 
 @pytest.fixture
@@ -86,3 +86,61 @@ async def test_other_streams_read_as_they_do() -> None:
     receive = receiver(receiving)
     await sending.send_all(b"x")
     assert await receive(10) == b"x"
+
+
+async def test_a_read_that_fills_the_buffer_leaves_the_rest_for_the_next(
+    tcp_pair: tuple[trio.SocketStream, trio.SocketStream],
+) -> None:
+    server, client = tcp_pair
+    receive = receiver(server)
+    await client.send_all(b"a" * 150)
+    await client.send_eof()
+    received = b""
+    with trio.fail_after(5):
+        while chunk := await receive(100):
+            assert len(chunk) <= 100
+            received += chunk
+    assert received == b"a" * 150
+
+
+async def test_a_cancelled_read_after_a_full_one_loses_nothing(
+    tcp_pair: tuple[trio.SocketStream, trio.SocketStream],
+) -> None:
+    server, client = tcp_pair
+    receive = receiver(server)
+    await client.send_all(b"b" * 100)
+    with trio.fail_after(5):
+        while (data := await receive(100)) and len(data) < 100:
+            pass  # until one read fills the buffer: the next one tries at once
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await receive(100)
+    assert scope.cancelled_caught
+    await client.send_all(b"rest")
+    with trio.fail_after(5):
+        assert await receive(100) == b"rest"
+
+
+async def test_read_ready_takes_only_what_is_there(
+    tcp_pair: tuple[trio.SocketStream, trio.SocketStream],
+) -> None:
+    server, client = tcp_pair
+    assert read_ready(server, 100) is None
+    await client.send_all(b"now")
+    with trio.fail_after(5):
+        await trio.lowlevel.wait_readable(server.socket)
+    assert read_ready(server, 100) == b"now"
+    await client.send_eof()
+    with trio.fail_after(5):
+        await trio.lowlevel.wait_readable(server.socket)
+    assert read_ready(server, 100) == b""
+    await server.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        read_ready(server, 100)
+
+
+async def test_read_ready_leaves_other_streams_to_their_reads() -> None:
+    sending, receiving = trio.testing.memory_stream_pair()
+    await sending.send_all(b"x")
+    assert read_ready(receiving, 10) is None
+    assert await receiver(receiving)(10) == b"x"
