@@ -6,13 +6,18 @@ producer and consumer, batches and reconnects; this module bridges it into trio 
 
 - publish: a cached producer per topic (`cluster_producers`), message fields as in
   `cluster_messages`;
-- subscribe: pattern consumers for MQTT filters (`cluster_patterns`, `cluster_consumers`);
+- subscribe: a pulsar-client consumer per topic (`cluster_patterns`, `cluster_consumers`), the
+  topics of MQTT filters found by one poller per namespace (`cluster_discovery`); non-durable
+  exclusive subscriptions share one reader per topic per proxy instead (`cluster_fanout`);
+- `$SYS` topics: this proxy's own, kept in memory and never sent to the brokers
+  (`cluster_local`);
 - tables: compacted topics in `{tenant}/__mop`, read into memory (`cluster_tables`);
 - client ids: fencing lease topics (`cluster_leases`);
+- roles held by one proxy at a time: an exclusive subscription per role topic (`cluster_roles`);
 - topic lists and owners: short binary-protocol calls (`cluster_admin`).
 
-What a proxy cannot do: bound a subscription's backlog (`SubscriptionSpec.max_backlog`: the
-broker keeps it), register producers of the Pulsar adapter (`open_producer`), tell a failover
+What a proxy cannot do: bound a durable subscription's backlog (`SubscriptionSpec.max_backlog`:
+the broker keeps it), register producers of the Pulsar adapter (`open_producer`), tell a failover
 consumer whether it is active, reposition one topic of a pattern consumer.
 """
 
@@ -29,9 +34,14 @@ import trio
 from mop.backends import cluster_admin
 from mop.backends.cluster_bridge import Bridge
 from mop.backends.cluster_consumers import ClusterConsumer, ConsumerOptions
+from mop.backends.cluster_discovery import NamespaceDiscovery
+from mop.backends.cluster_fanout import FanOut, fans_out
+from mop.backends.cluster_fanout_consumer import FanOutConsumer
 from mop.backends.cluster_leases import ClusterLease
+from mop.backends.cluster_local import LocalTopics
 from mop.backends.cluster_patterns import matching_selectors
 from mop.backends.cluster_producers import NO_ID, ProducerCache, ProducerOptions, Receipt
+from mop.backends.cluster_roles import ClusterRole, ClusterRoles
 from mop.backends.cluster_tables import REGISTRY_TABLE, ClusterTable, SubscriptionRegistry
 from mop.backends.cluster_timing import Delays, now_ms
 from mop.message import Message
@@ -102,9 +112,16 @@ class ClusterBackend:
         self._producers: ProducerCache | None = None
         self._nursery: trio.Nursery | None = None
         self.delays = Delays()
+        self.local = LocalTopics(tenant=tenant, namespace=namespace)
+        self.discovery = NamespaceDiscovery(
+            lambda: cluster_admin.TopicLister(service_url, seconds=operation_timeout),
+            self.consumer_options.pattern_discovery,
+        )
         self._tables: dict[str, ClusterTable] = {}
         self._leases: dict[str, ClusterLease] = {}
+        self._roles = ClusterRoles(self)
         self._consumers: set[ClusterConsumer] = set()
+        self._fanout: FanOut | None = None  # made on first use (it needs the bridge)
         self.registry: SubscriptionRegistry
         self._stop = trio.Event()
         self._running = False
@@ -150,7 +167,9 @@ class ClusterBackend:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def _make_client(self) -> Any:
+    def make_client(self) -> Any:
+        """A new pulsar-client Client with this backend's settings: the backend's own, or
+        one for a connection of its own (`cluster_roles`)."""
         conf = _pulsar.ClientConfiguration()
         conf.operation_timeout_seconds(max(1, round(self.operation_timeout)))
         conf.connection_timeout(max(1, int(self.connect_timeout * 1000)))
@@ -171,13 +190,14 @@ class ClusterBackend:
             raise RuntimeError("ClusterBackend.serve() may run only once")
         self._running = True
         self._bridge = Bridge(trio.lowlevel.current_trio_token())
-        self._client = self._make_client()
+        self._client = self.make_client()
         self._producers = ProducerCache(self._bridge, self._client, self.producer_options)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._producers.serve_idle_closer)
                 nursery.start_soon(self.delays.serve)
+                await nursery.start(self.discovery.serve)
                 with trio.fail_after(self.operation_timeout + self.connect_timeout):
                     # The backend's own, those asked for, and any `table()` made before now.
                     for name in dict.fromkeys([*self._preload, *self._tables]):
@@ -226,6 +246,9 @@ class ClusterBackend:
                 consumer.abort()
             for lease in list(self._leases.values()):
                 lease.abort()
+            await self._roles.aclose()
+            if self._fanout is not None:
+                await self._fanout.aclose(self.operation_timeout)
             self._stop.set()
             await self._shutdown_client()
 
@@ -261,6 +284,9 @@ class ClusterBackend:
 
     async def publish(self, topic: str, message: Message) -> PublishResult:
         self._check_running()
+        if self.local.owns(topic):
+            await trio.lowlevel.checkpoint()
+            return self.local.publish(topic, message)
         try:
             return await self.producers.send(topic, message)
         except ValueError as exc:
@@ -275,6 +301,9 @@ class ClusterBackend:
         for topic, message in items:
             try:
                 self._check_running()
+                if self.local.owns(topic):
+                    pending.append(self.local.publish(topic, message))
+                    continue
                 receipt = await self.producers.submit(topic, message)
             except BackendError as exc:
                 pending.append(exc)
@@ -294,8 +323,13 @@ class ClusterBackend:
         await trio.lowlevel.checkpoint()
         return results
 
-    async def subscribe(self, spec: SubscriptionSpec) -> ClusterConsumer:
+    async def subscribe(self, spec: SubscriptionSpec) -> ClusterConsumer | FanOutConsumer:
         self._check_running()
+        if self.consumer_options.fanout and fans_out(spec):
+            # Non-durable exclusive: one reader per topic for the whole proxy.
+            if self._fanout is None:
+                self._fanout = FanOut(self)
+            return await self._fanout.subscribe(spec)
         if spec.whole_batches:
             raise BackendError(
                 "whole batches are not available in separated mode", reason="not_supported"
@@ -411,6 +445,12 @@ class ClusterBackend:
     async def lookup(self, topic: str) -> str:
         self._check_running()
         return await cluster_admin.lookup(self.service_url, topic, seconds=self.operation_timeout)
+
+    async def hold_role(self, name: str) -> ClusterRole:
+        """Enter this proxy for role `name`; it is granted in the background (see
+        `cluster_roles`)."""
+        self._check_running()
+        return await self._roles.hold(name)
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

@@ -2,7 +2,8 @@
 (GET_TOPICS_OF_NAMESPACE) and which broker owns a topic (LOOKUP, following redirects).
 
 Each call opens a short link of its own (`mop.protocols.pulsar.link`) to the first broker of the
-service URL that answers.
+service URL that answers; a `TopicLister`, which lists one namespace again and again (the topic
+poller of `cluster_discovery`), keeps its link between calls instead.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from mop.protocols.pulsar.commands import (
 )
 from mop.protocols.pulsar.link import LinkFailed, PulsarLink, service_addresses
 
-__all__ = ["get_topics", "lookup"]
+__all__ = ["TopicLister", "get_topics", "lookup"]
 
 _CLIENT_VERSION: Final = "mop-cluster"
 _MAX_REDIRECTS: Final = 8
@@ -54,27 +55,77 @@ async def _connect(service_url: str, seconds: float) -> PulsarLink:
     raise BackendError(f"{service_url}: no answer in {seconds}s", reason="unavailable")
 
 
-async def get_topics(service_url: str, namespace: str, *, seconds: float = 10.0) -> list[str]:
-    """Every topic of `namespace` ("tenant/namespace"), persistent or not, asked within
-    `seconds`."""
-    link = await _connect(service_url, seconds)
+async def _ask_topics(
+    link: PulsarLink, namespace: str, mode: TopicsMode, seconds: float
+) -> list[str]:
+    """The topics of `namespace` asked over `link`; LinkFailed when the link breaks."""
     what = f"topics of {namespace}"
     try:
         with trio.fail_after(seconds):
             reply = await link.ask(
-                GetTopicsOfNamespace(
-                    request_id=link.request_id(), namespace=namespace, mode=TopicsMode.ALL
-                )
+                GetTopicsOfNamespace(request_id=link.request_id(), namespace=namespace, mode=mode)
             )
     except trio.TooSlowError:
-        raise BackendError(f"{what}: no answer", reason="unavailable") from None
+        # A broker that does not implement the command may ignore it rather than refuse it.
+        raise BackendError(
+            f"{what}: no answer in {seconds}s (does the broker support GetTopicsOfNamespace?)",
+            reason="unavailable",
+        ) from None
     except LinkFailed as exc:
-        raise _error(what, exc) from None
-    finally:
-        await link.aclose()
+        if exc.error is not None:
+            raise _error(what, exc) from None
+        raise
     if not isinstance(reply, GetTopicsOfNamespaceResponse):
         raise BackendError(f"{what}: unexpected answer {reply!r:.200}")
     return sorted(reply.topics)
+
+
+async def get_topics(service_url: str, namespace: str, *, seconds: float = 10.0) -> list[str]:
+    """Every topic of `namespace` ("tenant/namespace"), persistent or not, asked within
+    `seconds`."""
+    link = await _connect(service_url, seconds)
+    try:
+        return await _ask_topics(link, namespace, TopicsMode.ALL, seconds)
+    except LinkFailed as exc:
+        raise _error(f"topics of {namespace}", exc) from None
+    finally:
+        await link.aclose()
+
+
+class TopicLister:
+    """Lists the persistent topics of namespaces over one link kept between calls (opened on
+    first use, opened again after it breaks); one call at a time."""
+
+    def __init__(self, service_url: str, *, seconds: float = 10.0) -> None:
+        self.service_url = service_url
+        self.seconds = seconds
+        self._link: PulsarLink | None = None
+        self._lock = trio.Lock()
+
+    async def topics(self, namespace: str) -> list[str]:
+        async with self._lock:
+            # A kept link may have been closed by the broker meanwhile: one fresh try then.
+            while True:
+                fresh = self._link is None
+                if self._link is None:
+                    self._link = await _connect(self.service_url, self.seconds)
+                try:
+                    return await _ask_topics(
+                        self._link, namespace, TopicsMode.PERSISTENT, self.seconds
+                    )
+                except LinkFailed as exc:
+                    await self.aclose()
+                    if fresh:
+                        raise _error(f"topics of {namespace}", exc) from None
+                except BackendError:
+                    await self.aclose()  # a late answer must not be taken for the next one
+                    raise
+
+    async def aclose(self) -> None:
+        link, self._link = self._link, None
+        if link is not None:
+            with trio.CancelScope(shield=True):
+                await link.aclose()
 
 
 async def lookup(service_url: str, topic: str, *, seconds: float = 10.0) -> str:

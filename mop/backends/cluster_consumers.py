@@ -1,16 +1,20 @@
 """Consumers in separated mode: a processor `Consumer` over pulsar-client consumers.
 
-The selectors of a consumer become one pattern consumer per namespace (or a plain consumer
-for a lone exact topic), all under the subscription's name. pulsar-client's listener thread
-appends messages to an inbox and wakes the trio thread, which turns them into deliveries in a
-bounded buffer; past the bound the listener is paused, so a slow reader holds at most the
-buffer plus the client's receiver queue in memory.
+A consumer follows each topic its selectors cover with a plain pulsar-client consumer (a leg),
+all under the subscription's name: the topics of exact selectors at once, the topics MQTT
+filters match as the proxy's topic poller reports them (`cluster_discovery`: one listing per
+namespace and period for every consumer of the proxy), and node-local `$SYS` topics from this
+process (`cluster_local`). pulsar-client's listener threads append messages to an inbox and wake
+the trio thread, which turns them into deliveries in a bounded buffer; past the bound the
+listeners are paused, so a slow reader holds at most the buffer plus the client's receiver
+queues in memory.
 
-New subscriptions start at the earliest message so that a topic created after the subscription
-(found by the pattern consumer's next poll) loses nothing; messages published before a
-selector was first subscribed (kept per selector, see `SubscriptionRegistry`) are acknowledged
-and skipped. Publish times come from the publishing proxy's clock, so proxies' clocks must
-agree (NTP) to better than the time between a subscription and the first message it must see.
+A leg of a topic a filter matches starts a new subscription at the earliest message, so that a
+topic created after the subscription (found by the next poll) loses nothing; messages published
+before a selector was first subscribed (kept per selector, see `SubscriptionRegistry`) are
+acknowledged and skipped. Publish times come from the publishing proxy's clock, so proxies'
+clocks must agree (NTP) to better than the time between a subscription and the first message it
+must see.
 """
 
 from __future__ import annotations
@@ -26,6 +30,15 @@ import _pulsar
 import trio
 
 from mop.backends.cluster_bridge import ignore_result
+from mop.backends.cluster_discovery import Watch
+from mop.backends.cluster_legs import (
+    Leg,
+    close_leg_soon,
+    close_legs,
+    in_parallel,
+    subscribe_leg,
+    unsubscribe_legs,
+)
 from mop.backends.cluster_messages import incoming
 from mop.backends.cluster_patterns import (
     SelectorPlan,
@@ -44,6 +57,7 @@ from mop.processor.backend import (
     SubscriptionKind,
     SubscriptionSpec,
 )
+from mop.topic_names import is_exact_selector
 
 if TYPE_CHECKING:
     from mop.backends.cluster import ClusterBackend
@@ -61,8 +75,8 @@ _TYPES: Final = {
 # pulsar-client redelivers a negative acknowledgement after at least this long; a longer delay
 # is waited out here before the nack is handed to the client.
 NACK_DELAY: Final = 0.1
-# Acknowledgements that arrived after their pulsar consumer closed (a selector change rebuilds
-# it), kept to acknowledge the redelivery: at most this many.
+# Acknowledgements that arrived after their pulsar consumer closed (its topic left the listing
+# for a while, say), kept to acknowledge the redelivery: at most this many.
 _LATE_ACKS: Final = 10_000
 
 
@@ -70,29 +84,19 @@ _LATE_ACKS: Final = 10_000
 class ConsumerOptions:
     # Messages taken from pulsar-client and not yet received before the listener pauses.
     buffer: int = 1000
-    # pulsar-client's prefetch per topic (and, times four, across the topics of a pattern).
+    # pulsar-client's prefetch per topic.
     receiver_queue: int = 500
-    # Seconds between the topic-list polls of a pattern consumer.
-    pattern_discovery: int = 1
+    # Seconds between the listings of a namespace that find topics for wildcard selectors.
+    pattern_discovery: float = 1.0
     # How long a subscribe retries while the subscription is held by a consumer that is going.
     busy_timeout: float = 10.0
-
-
-class _Leg:
-    """One pulsar-client consumer of a ClusterConsumer."""
-
-    __slots__ = ("closed", "consumer", "epoch", "single")
-
-    def __init__(self, single: str | None) -> None:
-        self.consumer: Any = None
-        self.closed = False
-        self.single = single  # the topic of a plain consumer, None for a pattern consumer
-        # Bumped by a seek: messages the listener tagged with an older epoch are dropped.
-        self.epoch = 0
+    # Non-durable exclusive subscriptions share one reader per topic per proxy
+    # (`cluster_fanout`) instead of a pulsar-client consumer per subscription and topic.
+    fanout: bool = True
 
 
 # (pulsar consumer, pulsar message id, leg) of a delivery handed out and not yet acknowledged.
-_Held = tuple[Any, Any, _Leg]
+_Held = tuple[Any, Any, Leg]
 
 
 class ClusterConsumer:
@@ -106,8 +110,14 @@ class ClusterConsumer:
         self._options = backend.consumer_options
         self._spec = spec
         self._since = since
-        self._legs: list[_Leg] = []
-        self._inbox: deque[tuple[_Leg, Any, Any, int]] = deque()
+        self._legs: dict[str, Leg] = {}  # topic -> its leg
+        self._exact: frozenset[str] = frozenset()  # the topics of exact selectors
+        self._watch: Watch | None = None  # the filters' watch of the topic poller
+        self._lock = trio.Lock()  # one change of the legs at a time
+        # Topics the poller reported and not yet taken (True) or dropped (False).
+        self._pending: dict[str, bool] = {}
+        self._syncing = False
+        self._inbox: deque[tuple[Leg, Any, Any, int]] = deque()
         self._drain_scheduled = False
         self._buffer: deque[Delivery] = deque()
         self._held: dict[tuple[str, MessageId], _Held] = {}
@@ -136,22 +146,59 @@ class ClusterConsumer:
 
     async def open(self) -> None:
         """Attach to the subscription (called once, by the backend)."""
-        self._legs = await self._open_legs(self._plan(self._spec.selectors))
+        try:
+            async with self._lock:
+                await self._follow(self._plan(self._spec.selectors))
+        except BaseException:
+            self.abort()
+            raise
 
-    def _config(self, leg: _Leg) -> Any:
+    async def _follow(self, selector_plan: SelectorPlan) -> None:
+        """Follow what `selector_plan` covers: node-local topics, the filters' watch, and a
+        leg for every covered topic that has none yet (legs no longer covered stay)."""
+        backend = self._backend
+        backend.local.follow(self, self._spec.name, selector_plan.local)
+        known: list[str] = []
+        if not selector_plan.filters:
+            self._close_watch()
+        elif self._watch is not None:
+            known = self._watch.update(selector_plan.filters)
+        else:
+            watch, known = await backend.discovery.watch(
+                backend.tenant, backend.namespace, selector_plan.filters, self
+            )
+            if self._closed:
+                watch.close()
+                return
+            self._watch = watch
+        self._exact = selector_plan.exact
+        wanted = [t for t in dict.fromkeys([*sorted(self._exact), *known]) if t not in self._legs]
+        failures = await self._open_legs(wanted)
+        if failures:
+            raise failures[0][1]
+
+    def _close_watch(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.close()
+
+    def _follows(self, topic: str) -> bool:
+        return bool(
+            matching_selectors(
+                topic,
+                self._spec.selectors,
+                tenant=self._backend.tenant,
+                namespace=self._backend.namespace,
+            )
+        )
+
+    def _config(self, leg: Leg, *, earliest: bool) -> Any:
         options = self._options
         spec = self._spec
         conf = _pulsar.ConsumerConfiguration()
         conf.consumer_type(_TYPES[spec.kind])
         conf.receiver_queue_size(options.receiver_queue)
-        conf.max_total_receiver_queue_size_across_partitions(options.receiver_queue * 4)
-        conf.pattern_auto_discovery_period(options.pattern_discovery)
-        conf.regex_subscription_mode(_pulsar.RegexSubscriptionMode.PersistentOnly)
         conf.negative_ack_redelivery_delay_ms(int(NACK_DELAY * 1000))
-        # A plain consumer of an exact topic subscribes before anything can be published to
-        # it that it must see; a pattern consumer may find a topic only after its first
-        # messages, so it starts at the earliest one and skips by publish time.
-        earliest = leg.single is None or spec.start is StartPosition.EARLIEST
         conf.subscription_initial_position(
             _pulsar.InitialPosition.Earliest if earliest else _pulsar.InitialPosition.Latest
         )
@@ -168,43 +215,114 @@ class ClusterConsumer:
         conf.message_listener(listener)
         return conf
 
-    async def _open_legs(self, selector_plan: SelectorPlan) -> list[_Leg]:
-        legs: list[_Leg] = []
-        try:
-            if selector_plan.single is not None:
-                legs.append(await self._open_leg(selector_plan.single, pattern=False))
-            for pattern in selector_plan.patterns.values():
-                legs.append(await self._open_leg(pattern, pattern=True))
-        except BaseException:
-            for leg in legs:
-                self._close_leg_soon(leg)
-            raise
-        return legs
+    def _earliest(self, topic: str) -> bool:
+        # A leg of a topic only exact selectors name subscribes before anything can be
+        # published to it that it must see; a topic a filter matches may be found only after
+        # its first messages, so it starts at the earliest one and skips by publish time.
+        if self._spec.start is StartPosition.EARLIEST:
+            return True
+        found = matching_selectors(
+            topic,
+            self._spec.selectors,
+            tenant=self._backend.tenant,
+            namespace=self._backend.namespace,
+        )
+        return not all(is_exact_selector(selector) for selector in found)
 
-    async def _open_leg(self, target: str, *, pattern: bool) -> _Leg:
-        leg = _Leg(None if pattern else target)
-        conf = self._config(leg)
+    async def _open_legs(self, topics: list[str]) -> list[tuple[str, BackendError]]:
+        """Open a leg for each of `topics`; the ones that failed."""
+        opened: list[Leg] = []
+        failures: list[tuple[str, BackendError]] = []
         client = self._backend.client
         name = self._spec.name
-        subscribe = client.subscribe_async_pattern if pattern else client.subscribe_async
-        delay = 0.05
-        with trio.move_on_after(self._options.busy_timeout) as scope:
-            while True:
-                try:
-                    leg.consumer = await self._bridge.call(
-                        lambda done: subscribe(target, name, conf, done),
-                        f"subscribing {name!r} to {target}",
-                        cleanup=_close_quietly,
-                    )
-                    return leg
-                except BackendError as exc:
-                    if exc.reason != "consumer_busy":
-                        raise
-                    # Still held by a consumer that is closing (e.g. a session taken over).
-                    await trio.sleep(delay)
-                    delay = min(delay * 2, 0.5)
-        assert scope.cancelled_caught
-        raise BackendError(f"subscription {name!r} on {target} stays busy", reason="consumer_busy")
+
+        async def open_one(topic: str) -> None:
+            leg = Leg(topic)
+            conf = self._config(leg, earliest=self._earliest(topic))
+            try:
+                await subscribe_leg(
+                    self._bridge, client, leg, name, conf, self._options.busy_timeout
+                )
+            except BackendError as exc:
+                failures.append((topic, exc))
+            else:
+                opened.append(leg)
+
+        try:
+            await in_parallel(topics, open_one)
+        except BaseException:
+            for leg in opened:
+                close_leg_soon(leg)
+            raise
+        for leg in opened:
+            if self._closed or leg.topic in self._legs:
+                close_leg_soon(leg)
+                continue
+            self._legs[leg.topic] = leg
+            if self._paused:
+                leg.consumer.pause_message_listener()
+        return failures
+
+    # -- what the topic poller and the node-local topics report ---------------------------
+
+    def topics_found(self, topics: list[str]) -> None:
+        self._queue(topics, present=True)
+
+    def topics_gone(self, topics: list[str]) -> None:
+        self._queue(topics, present=False)
+
+    def _queue(self, topics: list[str], *, present: bool) -> None:
+        if self._closed:
+            return
+        for topic in topics:
+            self._pending[topic] = present
+        if not self._syncing:
+            self._syncing = True
+            self._backend.nursery.start_soon(self._sync)
+
+    async def _sync(self) -> None:
+        """Open legs for topics that appeared, close those of topics that went (but not the
+        topics of exact selectors: those are followed whether listed or not)."""
+        try:
+            async with self._lock:
+                while self._pending and not self._closed:
+                    pending, self._pending = self._pending, {}
+                    gone = [
+                        self._legs.pop(topic)
+                        for topic, present in pending.items()
+                        if not present and topic in self._legs and topic not in self._exact
+                    ]
+                    await self._close_legs(gone)
+                    found = [
+                        topic
+                        for topic, present in pending.items()
+                        if present and topic not in self._legs and self._follows(topic)
+                    ]
+                    failures = await self._open_legs(found)
+                    if failures:
+                        self._retry_later([topic for topic, _ in failures], failures[0][1])
+        finally:
+            self._syncing = False
+
+    def _retry_later(self, topics: list[str], error: BackendError) -> None:
+        log.warning(
+            "subscription %r: %d new topic(s) not followed yet (%s); trying again",
+            self._spec.name,
+            len(topics),
+            error,
+        )
+        self._backend.delays.call_later(
+            self._options.pattern_discovery, lambda: self.topics_found(topics)
+        )
+
+    def deliver_local(self, delivery: Delivery) -> None:
+        """A message of a node-local topic. Its latest value is what counts, so a consumer
+        whose buffer is full drops it rather than hold more."""
+        if self._closed or len(self._buffer) >= self._options.buffer:
+            return
+        self._buffer.append(delivery)
+        if self._wakeup is not None:
+            self._wakeup.set()
 
     # -- the listener's side ---------------------------------------------------------------
 
@@ -218,21 +336,21 @@ class ClusterConsumer:
                 continue  # not acknowledged: it goes back to the subscription
             took = self._take(consumer, message, leg) or took
         if len(self._buffer) >= self._options.buffer:
-            # Every time: discovering a topic lets pulsar-client resume a paused listener.
+            # Every time: it costs little, and no leg is missed whatever opened meanwhile.
             self._paused = True
-            for leg in self._legs:
+            for leg in self._legs.values():
                 if leg.consumer is not None:
                     leg.consumer.pause_message_listener()
         if took and self._wakeup is not None:
             self._wakeup.set()
 
-    def _take(self, consumer: Any, message: Any, leg: _Leg) -> bool:
+    def _take(self, consumer: Any, message: Any, leg: Leg) -> bool:
         topic = message.topic_name()
         pulsar_id = message.message_id()
         key = (topic, message_id_of(pulsar_id))
         if key in self._held:
-            # A redelivery of a message still held (after a reconnect or a rebuild): keep the
-            # one handed out, acknowledge through the consumer that has it now.
+            # A redelivery of a message still held (after a reconnect or a reopened leg): keep
+            # the one handed out, acknowledge through the consumer that has it now.
             self._held[key] = (consumer, pulsar_id, leg)
             return False
         if key in self._late_acks:
@@ -303,7 +421,7 @@ class ClusterConsumer:
     def _resume_if_low(self) -> None:
         if self._paused and len(self._buffer) <= self._options.buffer // 2:
             self._paused = False
-            for leg in self._legs:
+            for leg in self._legs.values():
                 if leg.consumer is not None and not leg.closed:
                     leg.consumer.resume_message_listener()
 
@@ -384,13 +502,13 @@ class ClusterConsumer:
         for key in [k for k in self._held if k[0] == topic]:
             del self._held[key]
 
-    def _single_leg(self, topic: str, what: str) -> _Leg:
-        for leg in self._legs:
-            if leg.single == topic and not leg.closed:
-                return leg
+    def _single_leg(self, topic: str, what: str) -> Leg:
+        leg = self._legs.get(topic)
+        if leg is not None and not leg.closed and topic in self._exact:
+            return leg
         raise BackendError(
-            f"{what} works on a consumer of one exact topic in separated mode"
-            " (pulsar-client cannot reposition one topic of a pattern consumer)",
+            f"{what} works on the topic of an exact selector in separated mode (a topic a"
+            " filter matches may not be followed yet)",
             reason="not_supported",
         )
 
@@ -425,9 +543,26 @@ class ClusterConsumer:
         selector_plan = self._plan(selectors)
         self._since[selector] = 0 if self._spec.start is StartPosition.EARLIEST else now_ms()
         await self._backend.registry.record(self._spec, self._since)
-        await self._rebuild(selectors, selector_plan)
+        async with self._lock:
+            self._check_open()
+            before = self._spec.selectors
+            self._set_selectors(selectors)
+            try:
+                await self._follow(selector_plan)
+            except BaseException:
+                # Go back to the selectors that worked; if even that fails, the consumer ends.
+                self._set_selectors(before)
+                try:
+                    await self._close_legs(self._uncovered())
+                    await self._follow(self._plan(before))
+                except BaseException:
+                    self.abort()
+                    raise
+                raise
 
     async def remove_selector(self, selector: str) -> None:
+        """Stop following `selector`: the legs of topics no other selector covers close, and
+        the subscription leaves those topics (a removed selector's backlog is not kept)."""
         self._check_open()
         if selector not in self._spec.selectors:
             await trio.lowlevel.checkpoint()
@@ -436,43 +571,37 @@ class ClusterConsumer:
         selector_plan = self._plan(selectors) if selectors else SelectorPlan()
         self._since.pop(selector, None)
         await self._backend.registry.record(self._spec, self._since)
-        await self._rebuild(selectors, selector_plan, dropped=selector)
-
-    async def _rebuild(
-        self, selectors: frozenset[str], selector_plan: SelectorPlan, dropped: str | None = None
-    ) -> None:
-        """Replace the pulsar consumers for new selectors; the durable cursors stay (same
-        subscription), and deliveries still held are acknowledged through the new ones."""
-        old, before = self._legs, self._spec.selectors
-        self._legs = []
-        await self._close_legs(old)
-        self._spec = dataclasses.replace(self._spec, selectors=selectors)
-        self._thresholds.clear()
-        self._paused = False  # new consumers start with their listeners running
-        try:
-            if dropped is not None:
-                await self._backend.leave_topics(self._spec, dropped, selectors)
-            if selectors:
-                self._legs = await self._open_legs(selector_plan)
-        except BaseException:
-            # Go back to the selectors that worked; if even that fails, the consumer ends.
-            self._spec = dataclasses.replace(self._spec, selectors=before)
-            self._thresholds.clear()
+        async with self._lock:
+            self._check_open()
+            self._set_selectors(selectors)
             try:
-                self._legs = await self._open_legs(self._plan(before)) if before else []
+                await self._close_legs(self._uncovered())
+                await self._follow(selector_plan)
+                await self._backend.leave_topics(self._spec, selector, selectors)
             except BaseException:
                 self.abort()
                 raise
-            raise
+
+    def _set_selectors(self, selectors: frozenset[str]) -> None:
+        self._spec = dataclasses.replace(self._spec, selectors=selectors)
+        self._thresholds.clear()
+
+    def _uncovered(self) -> list[Leg]:
+        """Take out the legs of topics no selector covers any more."""
+        return [self._legs.pop(t) for t in list(self._legs) if not self._follows(t)]
 
     # -- closing ---------------------------------------------------------------------------
 
-    def _shutdown(self) -> list[_Leg]:
+    def _shutdown(self) -> list[Leg]:
         """Stop delivering and wake a waiting `receive` (which then raises)."""
         self._closed = True
-        legs, self._legs = self._legs, []
+        legs = list(self._legs.values())
+        self._legs = {}
         for leg in legs:
             leg.closed = True
+        self._close_watch()
+        self._pending.clear()
+        self._backend.local.follow(self, self._spec.name, ())
         self._buffer.clear()
         self._held.clear()
         self._backend.consumer_gone(self)
@@ -507,39 +636,11 @@ class ClusterConsumer:
         with trio.CancelScope(shield=True):
             await self._unsubscribe_legs(self._shutdown())
 
-    async def _unsubscribe_legs(self, legs: list[_Leg]) -> None:
-        for leg in legs:
-            consumer, leg.consumer = leg.consumer, None  # see _close_leg_soon
-            if consumer is None:
-                continue
-            try:
-                await self._bridge.call(
-                    consumer.unsubscribe_async, f"unsubscribing {self._spec.name!r}"
-                )
-            except BackendError as exc:
-                log.warning("%s", exc)
-                _close_quietly(consumer)
+    async def _unsubscribe_legs(self, legs: list[Leg]) -> None:
+        await unsubscribe_legs(self._bridge, legs, self._spec.name)
 
-    async def _close_legs(self, legs: list[_Leg]) -> None:
-        for leg in legs:
-            leg.closed = True
-        with trio.CancelScope(shield=True), trio.move_on_after(self._options.busy_timeout):
-            for leg in legs:
-                consumer, leg.consumer = leg.consumer, None
-                if consumer is None:
-                    continue
-                try:
-                    await self._bridge.call(consumer.close_async, "closing a consumer")
-                except BackendError as exc:
-                    log.debug("%s", exc)
-
-    def _close_leg_soon(self, leg: _Leg) -> None:
-        # Dropping the handle matters: pulsar-client keeps the listener, which refers to the
-        # leg, so a leg that kept its consumer would keep the client's threads alive forever.
-        leg.closed = True
-        consumer, leg.consumer = leg.consumer, None
-        if consumer is not None:
-            _close_quietly(consumer)
+    async def _close_legs(self, legs: list[Leg]) -> None:
+        await close_legs(self._bridge, legs, self._options.busy_timeout)
 
     async def close_for_shutdown(self) -> None:
         """The backend stops: close now, waiting for pulsar-client (no unsubscribing)."""
@@ -548,16 +649,12 @@ class ClusterConsumer:
     def abort(self) -> None:
         """The backend stops: close without waiting."""
         for leg in self._shutdown():
-            self._close_leg_soon(leg)
+            close_leg_soon(leg)
 
 
-def _later_nack(consumer: Any, pulsar_id: Any, leg: _Leg) -> Callable[[], None]:
+def _later_nack(consumer: Any, pulsar_id: Any, leg: Leg) -> Callable[[], None]:
     def nack() -> None:
         if not leg.closed:
             consumer.negative_acknowledge(pulsar_id)
 
     return nack
-
-
-def _close_quietly(handle: Any) -> None:
-    handle.close_async(ignore_result)

@@ -469,6 +469,47 @@ class LocalTable:
         """Every write goes through this node's one table object: there is nothing to report."""
 
 
+class LocalRole:
+    """A role of a merged node, which is the whole deployment: held from the start and for
+    good, until released (see `Role`)."""
+
+    permanent = True
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._released = trio.Event()
+        self._reported = False  # what `changed` last returned
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def held(self) -> bool:
+        return not self._released.is_set()
+
+    async def changed(self) -> bool:
+        if self._reported != self.held:
+            await trio.lowlevel.checkpoint()
+        elif self.held:
+            await self._released.wait()  # the one change left
+        else:
+            await trio.sleep_forever()  # released and reported: nothing changes any more
+        self._reported = self.held
+        return self._reported
+
+    async def release(self) -> None:
+        self._released.set()
+        await trio.lowlevel.checkpoint()
+
+
+if TYPE_CHECKING:
+    from mop.processor.backend import Role
+
+    def _role_conforms(role: LocalRole) -> Role:
+        return role
+
+
 class LocalBackend:
     """The merged-mode backend. Run it with `await nursery.start(backend.serve)` (or use
     `open_local_backend`): `serve` recovers the broker from storage, then runs delayed
@@ -710,6 +751,12 @@ class LocalBackend:
         return self.ownership.owner(
             mqtt_to_pulsar(topic, tenant=broker.tenant, namespace=broker.namespace)
         )
+
+    async def hold_role(self, name: str) -> LocalRole:
+        """Every role: this node is the only one (see `LocalRole`)."""
+        self._check_running()
+        await trio.lowlevel.checkpoint()
+        return LocalRole(name)
 
     def stats(self) -> BrokerStats:
         """Counts for `$SYS` topics and metrics: topics, subscriptions, messages."""

@@ -304,6 +304,46 @@ class FenceNotifier(Protocol):
         ...
 
 
+class Role(Protocol):
+    """A duty that one node of the deployment performs at a time (the timers of offline MQTT
+    sessions, say), held by whichever node the backend chose.
+
+    `Backend.hold_role(name)` enters this node for the role and returns at once, holding it or
+    not yet; the backend keeps trying to get it until `release`, and hands it to another node
+    when this one releases it, stops or dies. Before it reports a gain (`held` true, `changed`
+    returning True), the backend has shown this node every table write the previous holder
+    made. A node that loses the role must stop the duty: `held` turns false as soon as the
+    backend knows, and `changed` reports it. At most one node holds a role in normal
+    operation; each backend documents the windows in which two may overlap.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def held(self) -> bool:
+        """Whether this node holds the role now; cheap enough to ask before each act of the
+        duty. It may turn false before `changed` reports the loss."""
+        ...
+
+    @property
+    def permanent(self) -> bool:
+        """True when this node is the whole deployment (merged mode): it holds the role from
+        the start and for good, and any state it finds at its start was left by its own
+        previous run, not by another live node."""
+        ...
+
+    async def changed(self) -> bool:
+        """Wait until the role is held or not, unlike what this call last returned (False
+        before the first call), and return the new value. A gain and a loss between two calls
+        cancel out and are not reported."""
+        ...
+
+    async def release(self) -> None:
+        """Leave the role (to another node, if one is waiting); `held` is false from now on."""
+        ...
+
+
 class Backend(Protocol):
     async def serve(self, *, task_status: trio.TaskStatus[None]) -> None:
         """Connect or recover, report readiness, then run background work until `aclose()`."""
@@ -337,6 +377,10 @@ class Backend(Protocol):
 
     async def lookup(self, topic: str) -> str:
         """The service URL of the broker that owns `topic`."""
+        ...
+
+    async def hold_role(self, name: str) -> Role:
+        """Enter this node for the cluster-wide role `name` (see `Role`); returns at once."""
         ...
 
     async def aclose(self) -> None: ...

@@ -21,6 +21,7 @@ from mop.processor.backend import (
     Producer,
     ProducerSpec,
     PublishResult,
+    Role,
     SubscriptionSpec,
     Table,
 )
@@ -168,6 +169,11 @@ class MessagingProcessor:
 
     async def lookup(self, topic: str) -> str:
         return await self.backend.lookup(topic)
+
+    async def hold_role(self, name: str) -> Role:
+        """Enter this node for a role one node of the deployment holds at a time (see
+        `Role`): the adapters' cluster-wide duties, such as the timers of offline sessions."""
+        return await self.backend.hold_role(name)
 
     def record_sent(self, messages: int, nbytes: int) -> None:
         self.stats.messages_sent += messages

@@ -5,7 +5,7 @@ tables and client takeover across two backends (as two proxies would be)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 import trio
@@ -21,34 +21,22 @@ from mop.processor.backend import (
 )
 from mop.testing.cluster import open_cluster_backend
 from mop.topic_names import mqtt_to_pulsar
-from tests.e2e.nodeproc import NodeProcess, broker_process
+from tests.e2e.nodeproc import NodeProcess
 
 DEADLINE = 10.0  # bounds every wait; it measures nothing
 QUIET = 0.5  # how long to watch for a message that must not come
 
 
-@pytest.fixture(scope="module")
-def cluster_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    process = broker_process(tmp_path_factory.mktemp("broker") / "data")
-    process.start()
-    try:
-        yield process
-    finally:
-        if process.running:
-            assert process.stop() == 0, process.log()
-        process.close()
-
-
 @pytest.fixture
-async def backend(cluster_broker: NodeProcess) -> AsyncIterator[ClusterBackend]:
-    async with open_cluster_backend(cluster_broker.service_url) as running:
+async def backend(broker: NodeProcess) -> AsyncIterator[ClusterBackend]:
+    async with open_cluster_backend(broker.service_url) as running:
         yield running
 
 
 @pytest.fixture
-async def peer(cluster_broker: NodeProcess) -> AsyncIterator[ClusterBackend]:
+async def peer(broker: NodeProcess) -> AsyncIterator[ClusterBackend]:
     """A second backend on the same broker: another proxy."""
-    async with open_cluster_backend(cluster_broker.service_url) as running:
+    async with open_cluster_backend(broker.service_url) as running:
         yield running
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -17,27 +16,15 @@ from tests.e2e.nodeproc import NodeProcess, broker_process
 SESSION_TAKEN_OVER = 0x8E
 
 
-@pytest.fixture(scope="module")
-def cluster_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    process = broker_process(tmp_path_factory.mktemp("broker") / "data")
-    process.start()
-    try:
-        yield process
-    finally:
-        if process.running:
-            assert process.stop() == 0, process.log()
-        process.close()
-
-
 @pytest.fixture
 def prefix() -> str:
     return f"m{uuid.uuid4().hex[:10]}"
 
 
 def test_publish_subscribe_and_retained_through_a_proxy(
-    cluster_broker: NodeProcess, prefix: str
+    broker: NodeProcess, prefix: str
 ) -> None:
-    with running_node(proxy_settings(cluster_broker.service_url)) as node:
+    with running_node(proxy_settings(broker.service_url)) as node:
         sub = Client(node.mqtt_port, f"{prefix}-sub")
         assert sub.subscribe(f"{prefix}/#", qos=2) == [2]
         pub = Client(node.mqtt_port, f"{prefix}-pub")
@@ -62,9 +49,9 @@ def test_publish_subscribe_and_retained_through_a_proxy(
 
 
 def test_publish_through_one_proxy_receive_through_another(
-    cluster_broker: NodeProcess, prefix: str
+    broker: NodeProcess, prefix: str
 ) -> None:
-    url = cluster_broker.service_url
+    url = broker.service_url
     with running_node(proxy_settings(url)) as a, running_node(proxy_settings(url)) as b:
         sub = Client(b.mqtt_port, f"{prefix}-sub")
         sub.subscribe(f"{prefix}/+/t", qos=1)
@@ -75,8 +62,8 @@ def test_publish_through_one_proxy_receive_through_another(
         assert sorted(m.payload for m in got) == sorted(f"{i}".encode() for i in range(10))
 
 
-def test_takeover_across_proxies(cluster_broker: NodeProcess, prefix: str) -> None:
-    url = cluster_broker.service_url
+def test_takeover_across_proxies(broker: NodeProcess, prefix: str) -> None:
+    url = broker.service_url
     with running_node(proxy_settings(url)) as a, running_node(proxy_settings(url)) as b:
         first = Client(a.mqtt_port, f"{prefix}-c")
         second = Client(b.mqtt_port, f"{prefix}-c")
@@ -85,9 +72,9 @@ def test_takeover_across_proxies(cluster_broker: NodeProcess, prefix: str) -> No
 
 
 def test_persistent_session_keeps_messages_while_offline(
-    cluster_broker: NodeProcess, prefix: str
+    broker: NodeProcess, prefix: str
 ) -> None:
-    with running_node(proxy_settings(cluster_broker.service_url)) as node:
+    with running_node(proxy_settings(broker.service_url)) as node:
         sub = Client(node.mqtt_port, f"{prefix}-sub", version=4, clean=False)
         sub.subscribe(f"{prefix}/#", qos=1)
         sub.disconnect()
@@ -100,9 +87,9 @@ def test_persistent_session_keeps_messages_while_offline(
 
 
 def test_persistent_session_resumes_through_another_proxy(
-    cluster_broker: NodeProcess, prefix: str
+    broker: NodeProcess, prefix: str
 ) -> None:
-    url = cluster_broker.service_url
+    url = broker.service_url
     with running_node(proxy_settings(url)) as a, running_node(proxy_settings(url)) as b:
         sub = Client(a.mqtt_port, f"{prefix}-sub", version=4, clean=False)
         sub.subscribe(f"{prefix}/#", qos=1)
@@ -116,9 +103,9 @@ def test_persistent_session_resumes_through_another_proxy(
 
 
 def test_retained_message_set_through_another_proxy(
-    cluster_broker: NodeProcess, prefix: str
+    broker: NodeProcess, prefix: str
 ) -> None:
-    url = cluster_broker.service_url
+    url = broker.service_url
     with running_node(proxy_settings(url)) as a, running_node(proxy_settings(url)) as b:
         Client(a.mqtt_port, f"{prefix}-pub").publish(f"{prefix}/r", b"kept", qos=1, retain=True)
         late = Client(b.mqtt_port, f"{prefix}-late")

@@ -1,7 +1,8 @@
 """Retained messages: the last retained message per MQTT topic, kept in a processor table.
 
 The table makes them durable and visible to every node; the in-memory topic tree answers
-"which retained topics match this filter" without scanning every retained message.
+"which retained topics match this filter" without scanning every retained message. A node's own
+topics (`$SYS`, see `sys_topics`) are retained in memory on that node only (`keep_local`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class RetainedStore:
         self._table = table
         self._tree = TopicTree()
         self._messages: dict[str, Message] = {}
+        self._local: set[str] = set()  # topics this node retains for itself alone
         for key, value in table.items():
             self._keep(key, decode_message(value))
         # Other nodes (proxies of a separated deployment) retain and clear messages too.
@@ -46,6 +48,8 @@ class RetainedStore:
             self._tree.add(topic)
 
     def _changed_elsewhere(self, topic: str, value: bytes | None) -> None:
+        if topic in self._local:
+            return  # another node's value of a topic each node has its own of
         try:
             message = None if value is None else decode_message(value)
         except (ValueError, KeyError, TypeError):
@@ -62,6 +66,21 @@ class RetainedStore:
             return
         await self._table.put(topic, None if message is None else encode_message(message))
         self._keep(topic, message)  # (another node may have cleared it meanwhile)
+
+    def keep_local(self, topic: str, message: Message | None) -> None:
+        """Retain `message` for `topic` on this node only (not in the shared table): the
+        node's own value, which no other node's write replaces."""
+        self._local.add(topic)
+        self._keep(topic, message)
+
+    async def clear_shared(self, topic_filter: str) -> None:
+        """Delete from the shared table the retained messages of topics matching the filter
+        (topics that became node-local; values kept with `keep_local` stay)."""
+        for topic in list(self._tree.match_filter(topic_filter)):
+            if topic in self._local:
+                continue
+            await self._table.put(topic, None)
+            self._keep(topic, None)
 
     def match(self, topic_filter: str) -> Iterator[Retained]:
         """Every unexpired retained message on a topic matching the filter."""

@@ -1,7 +1,8 @@
 """What the MQTT adapter shares between connections: sessions, retained messages, topic names.
 
-`MqttServer.serve` runs the background work (session timers, `$SYS`); `handle_connection`
-serves one client. Everything goes through the MessagingProcessor, never a backend directly.
+`MqttServer.serve` runs the background work (sessions and, where this node runs them, their
+timers; `$SYS`); `handle_connection` serves one client. Everything goes through the
+MessagingProcessor, never a backend directly.
 """
 
 from __future__ import annotations
@@ -66,10 +67,16 @@ class MqttServer:
         self.sys = SysPublisher(self, VERSION)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        recovered = await self.sessions.recover()
-        log.info("mqtt: %d retained messages, %d offline sessions", len(self.retained), recovered)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.timers.serve)
+            # Sessions first: a node that runs the session timers from the start (a merged
+            # node) has its offline sessions back before it accepts connections.
+            await nursery.start(self.sessions.serve)
+            log.info(
+                "mqtt: %d retained messages, %d offline sessions with timers here",
+                len(self.retained),
+                len(self.sessions),
+            )
             if self.settings.sys_interval > 0:
                 await nursery.start(self.sys.serve, self.settings.sys_interval)
             task_status.started()

@@ -4,15 +4,30 @@ A session is either attached to one live connection or offline with a deadline. 
 sessions keep their subscriptions in the backend, so messages queue for them (bounded); at
 expiry the subscriptions are deleted. Session state is written to the `mqtt-sessions` table so
 that it is visible to every node and survives restarts.
+
+The timers of offline sessions (delayed wills, expiry) run on one node of the deployment: the
+holder of the processor role `ROLE` (a merged node itself; in separated mode one proxy at a
+time). The holder adopts every session the table records as offline, whoever wrote it: all of
+them when it gains the role, then each one another node writes; it drops a session once the
+table records it as connected or deleted, and drops them all when it loses the role. Where a
+connection ends, what cannot wait is done at once: a session without expiry ends there, and a
+will without delay is published there (the session is written with the will cleared, so the
+holder does not send it again). A node taking a session (a client connecting) writes it as
+connected, which cancels the holder's timers for it; the holder learns of it through its table
+reader, so a will falling due within that moment may still go out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Final
 
-from mop.processor import MessagingProcessor
+import trio
+
+from mop.processor import BackendError, MessagingProcessor
 from mop.protocols.mqtt.packets import Will
 from mop.protocols.mqtt.session import (
     Outbound,
@@ -20,8 +35,11 @@ from mop.protocols.mqtt.session import (
     outbound_from_bytes,
     outbound_to_bytes,
 )
-from mop.protocols.mqtt.timers import Timers
+from mop.protocols.mqtt.timers import Callback, Timers
 from mop.topics import parse_shared
+
+if TYPE_CHECKING:
+    from mop.processor.backend import Role
 
 log = logging.getLogger("mop.mqtt")
 
@@ -29,6 +47,11 @@ TABLE = "mqtt-sessions"
 # QoS 2 deliveries in progress, one record per (client id, packet id): each step of a flow
 # writes a few bytes instead of the whole session.
 FLOWS_TABLE = "mqtt-qos2-flows"
+# The role whose holder runs the timers of every offline session of the deployment.
+ROLE: Final = "mqtt-session-timers"
+# A timer due while the role is in doubt (its holder's broker connection is down right now)
+# waits this long and looks again; losing the role cancels it.
+IN_DOUBT_RETRY: Final = 1.0
 PublishWill = Callable[[str, Will], Awaitable[None]]
 
 
@@ -37,6 +60,9 @@ def now_ms() -> int:
 
 
 class SessionRegistry:
+    """The sessions of one node: taken by connections, released when they end, and (on the
+    holder of `ROLE`) the offline ones of the whole deployment with their timers."""
+
     def __init__(
         self, processor: MessagingProcessor, timers: Timers, publish_will: PublishWill
     ) -> None:
@@ -45,42 +71,110 @@ class SessionRegistry:
         self._flows = processor.table(FLOWS_TABLE)
         self._timers = timers
         self._publish_will = publish_will
+        # Offline sessions with their timers armed: on the holder of the role only.
         self._offline: dict[str, SessionState] = {}
-        # In a separated deployment other proxies write sessions too: a session written
-        # elsewhere is owned there now (attached to a connection, or offline with its timers
-        # armed there), so this node lets go of its copy and of its timers.
+        self._role: Role | None = None
+        self._holding = False  # acting as the holder: between a gain and a loss
+        self._nursery: trio.Nursery | None = None
         self._table.watch(self._changed_elsewhere)
 
     def __len__(self) -> int:
         return len(self._offline)
 
-    async def recover(self) -> int:
-        """Load sessions from the table and arm their timers; returns how many there are.
+    @property
+    def _role_moves(self) -> bool:
+        """Whether the role can be held by other nodes (separated mode), which learn of
+        sessions from the table only."""
+        return self._role is None or not self._role.permanent
 
-        A session that was connected when the node stopped lost its connection then: its
-        expiry and its will delay count from now. One that expired while the node was down
-        ends at once.
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Take part in the role until cancelled: adopt the offline sessions whenever this
+        node gains it, drop them when it loses it. A node that holds the role at once (a
+        merged node) has adopted them when this reports readiness."""
+        role = self._role = await self._processor.hold_role(ROLE)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                if role.held:
+                    await self._follow(await role.changed())
+                task_status.started()
+                while True:
+                    await self._follow(await role.changed())
+        finally:
+            self._nursery = None
+            self._lose()
+            with trio.CancelScope(shield=True):
+                await role.release()
+
+    async def _follow(self, held: bool) -> None:
+        if held:
+            count = await self._gain()
+            log.info("session timers run on this node: %d offline sessions", count)
+        elif self._holding:
+            self._lose()
+            log.info("session timers no longer run on this node")
+
+    async def _gain(self) -> int:
+        """Adopt every session the table records as offline and arm its timers; returns how
+        many there are.
+
+        On a node that is the whole deployment (`Role.permanent`), a session recorded as
+        connected lost its connection when the node stopped: its expiry and its will delay
+        count from now, and one that expired while the node was down ends at once. Elsewhere
+        such a session is connected through another node, which owns it.
         """
+        assert self._role is not None
+        permanent = self._role.permanent
         now = now_ms()
+        # No waiting from reading the table to arming: writes reported meanwhile would be lost.
         for client_id, data in self._table.items():
-            try:
-                state = SessionState.from_bytes(data)
-            except (ValueError, KeyError, TypeError):
-                log.error("session %r in %s is unreadable; dropping it", client_id, TABLE)
+            state = _parsed(client_id, data)
+            if state is None:
                 continue
             if state.disconnected_at is None:
+                if not permanent:
+                    continue
                 state.disconnected_at = now
             self._offline[client_id] = state
-        for key, data in list(self._flows.items()):
+        for key, data in self._flows.items():
             client_id, packet_id = _split_flow_key(key)
             owner = self._offline.get(client_id)
-            if owner is None:
-                await self._flows.put(key, None)  # its session is gone
-                continue
-            owner.outbound[packet_id] = outbound_from_bytes(packet_id, data)
-        for state in self._offline.values():
+            if owner is not None:
+                owner.outbound[packet_id] = outbound_from_bytes(packet_id, data)
+        self._holding = True
+        for state in list(self._offline.values()):
             self._arm(state)
+        if permanent:
+            await self._drop_orphan_flows()
         return len(self._offline)
+
+    async def _drop_orphan_flows(self) -> None:
+        """Delete QoS 2 flows whose session is gone (its end was cut short by a crash). Only
+        a node that is the whole deployment does it: elsewhere the flows table may show a
+        new session's flow before the sessions table shows the session."""
+        for key, _ in self._flows.items():
+            client_id, _packet_id = _split_flow_key(key)
+            if self._table.get(client_id) is None:
+                await self._flows.put(key, None)
+
+    def _lose(self) -> None:
+        self._holding = False
+        for client_id in self._offline:
+            self._disarm(client_id)
+        self._offline.clear()
+
+    def _changed_elsewhere(self, client_id: str, value: bytes | None) -> None:
+        """Another node wrote a session: the holder follows (adopts one written as offline,
+        drops one written as connected or deleted); other nodes keep no sessions."""
+        if not self._holding:
+            return
+        self._disarm(client_id)
+        self._offline.pop(client_id, None)
+        state = None if value is None else _parsed(client_id, value)
+        if state is None or state.disconnected_at is None:
+            return
+        self._offline[client_id] = state  # its QoS 2 flows: `take` and `_end` read them
+        self._arm(state)
 
     async def take(self, client_id: str, *, clean_start: bool) -> tuple[SessionState, bool]:
         """The session for a connecting client, and whether it existed (session present).
@@ -90,14 +184,22 @@ class SessionRegistry:
         """
         self._disarm(client_id)
         state = self._offline.pop(client_id, None)
-        if state is None:
-            # Left offline through another node (the lease caught the table up for us).
+        if state is None or self._role_moves:
+            # Left offline through any node, the table has it all: the lease caught it up for
+            # us. (The holder's copy may have been adopted before the flows table showed the
+            # session's last QoS 2 steps.)
             state = self._stored(client_id)
         if state is not None:
             state.will = None
             if clean_start:
                 await self._end(state)
                 state = None
+            elif self._role_moves and state.disconnected_at is not None:
+                # Recorded as connected, so that the holder of the role (another node, or
+                # whichever node holds it next) cancels this session's timers. `state` itself
+                # stays as stored, for `put_back`.
+                taken = dataclasses.replace(state, disconnected_at=None)
+                await self._table.put(client_id, taken.to_bytes())
         if state is None:
             return SessionState(client_id=client_id), False
         return state, True
@@ -107,41 +209,56 @@ class SessionRegistry:
         data = self._table.get(client_id)
         if data is None:
             return None
-        try:
-            state = SessionState.from_bytes(data)
-        except (ValueError, KeyError, TypeError):
-            log.error("session %r in %s is unreadable; starting a new one", client_id, TABLE)
-            return None
+        state = _parsed(client_id, data)
+        return None if state is None else self._with_flows(state)
+
+    def _with_flows(self, state: SessionState) -> SessionState:
+        """`state` with its QoS 2 flows in progress, as the flows table has them."""
         for key, flow in self._flows.items():
             owner, packet_id = _split_flow_key(key)
-            if owner == client_id:
+            if owner == state.client_id:
                 state.outbound[packet_id] = outbound_from_bytes(packet_id, flow)
         return state
-
-    def _changed_elsewhere(self, client_id: str, value: bytes | None) -> None:
-        if self._offline.pop(client_id, None) is not None:
-            self._disarm(client_id)
 
     def _disarm(self, client_id: str) -> None:
         self._timers.cancel(f"expire:{client_id}")
         self._timers.cancel(f"will:{client_id}")
 
     def put_back(self, state: SessionState) -> None:
-        """Return a session taken by a connection that could not open (its stored state is
-        unchanged), re-arming its timers."""
-        self._offline[state.client_id] = state
-        self._arm(state)
+        """Return a session taken by a connection that could not open: the holder re-arms
+        its timers, and where `take` recorded it as connected it is written back as offline
+        (in the background: this is called on the way out of a failed connect)."""
+        if state.disconnected_at is None:
+            return  # it was not offline (a record of a connection that never ended)
+        if self._holding:
+            self._offline[state.client_id] = state
+            self._arm(state)
+        if self._role_moves and self._nursery is not None:
+            self._nursery.start_soon(self._write_back, state)
+
+    async def _write_back(self, state: SessionState) -> None:
+        try:
+            await self.save(state)
+        except BackendError as exc:
+            log.error("session %r could not be written back as offline: %s", state.client_id, exc)
 
     async def release(self, state: SessionState, *, will: Will | None) -> None:
-        """The connection of `state` is gone: keep the session or end it, and handle the will."""
+        """The connection of `state` is gone: keep the session or end it, and handle the will
+        (a will without delay goes out from here, at once)."""
         state.disconnected_at = now_ms()
-        state.will = will
         if state.expiry_interval == 0:
+            state.will = will
             await self._end(state)
             return
-        self._offline[state.client_id] = state
+        at_once = will is not None and not will.properties.will_delay_interval
+        state.will = None if at_once else will
         await self.save(state)
-        self._arm(state)
+        if self._holding:
+            self._offline[state.client_id] = state
+            self._arm(state)
+        if at_once:
+            assert will is not None
+            await self._publish_will(state.client_id, will)
 
     async def save(self, state: SessionState) -> None:
         if state.expiry_interval:
@@ -169,16 +286,33 @@ class SessionRegistry:
             delay = state.will.properties.will_delay_interval or 0
             will_at = state.disconnected_at + delay * 1000
             if expires_at is None or will_at < expires_at:
-                fire = self._delayed_will(client_id)
-                self._timers.schedule(f"will:{client_id}", (will_at - now) / 1000, fire)
+                key = f"will:{client_id}"
+                fire = self._while_held(key, self._delayed_will(client_id))
+                self._timers.schedule(key, (will_at - now) / 1000, fire)
             # otherwise the will goes out when the session ends (see _end)
         if expires_at is not None:
-            expire = self._expiry(client_id)
-            self._timers.schedule(f"expire:{client_id}", (expires_at - now) / 1000, expire)
+            key = f"expire:{client_id}"
+            expire = self._while_held(key, self._expiry(client_id))
+            self._timers.schedule(key, (expires_at - now) / 1000, expire)
+
+    def _while_held(self, key: str, action: Callback) -> Callback:
+        """`action`, run only while this node holds the role: while the role is in doubt it
+        waits (losing the role cancels it with the other timers)."""
+
+        async def run() -> None:
+            assert self._role is not None
+            if not self._holding:
+                return
+            if not self._role.held:
+                self._timers.schedule(key, IN_DOUBT_RETRY, run)
+                return
+            await action()
+
+        return run
 
     async def _end(self, state: SessionState) -> None:
-        """Delete a session: its subscriptions in the backend, its table entry; then publish a
-        will that was waiting for the end of the session."""
+        """Delete a session: its subscriptions in the backend, its QoS 2 flows, its table
+        entry; then publish a will that was waiting for the end of the session."""
         client_id = state.client_id
         will, state.will = state.will, None
         self._timers.cancel(f"will:{client_id}")
@@ -187,14 +321,14 @@ class SessionRegistry:
             if parse_shared(topic_filter).group is not None:
                 # Shared subscriptions are named after their `$share/...` filter.
                 await self._processor.delete_subscription(topic_filter, member=client_id)
-        for packet_id in state.outbound:
+        for packet_id in self._with_flows(state).outbound:
             await self.forget_flow(state, packet_id)
         if self._table.get(client_id) is not None:
             await self._table.put(client_id, None)
         if will is not None:
             await self._publish_will(client_id, will)
 
-    def _expiry(self, client_id: str) -> Callable[[], Awaitable[None]]:
+    def _expiry(self, client_id: str) -> Callback:
         async def expire() -> None:
             state = self._offline.pop(client_id, None)
             if state is not None:
@@ -203,7 +337,7 @@ class SessionRegistry:
 
         return expire
 
-    def _delayed_will(self, client_id: str) -> Callable[[], Awaitable[None]]:
+    def _delayed_will(self, client_id: str) -> Callback:
         async def fire() -> None:
             state = self._offline.get(client_id)
             if state is None or state.will is None:
@@ -213,6 +347,14 @@ class SessionRegistry:
             await self._publish_will(client_id, will)
 
         return fire
+
+
+def _parsed(client_id: str, data: bytes) -> SessionState | None:
+    try:
+        return SessionState.from_bytes(data)
+    except (ValueError, KeyError, TypeError):
+        log.error("session %r in %s is unreadable; ignoring it", client_id, TABLE)
+        return None
 
 
 def _flow_key(client_id: str, packet_id: int) -> str:

@@ -1,0 +1,469 @@
+"""Fan-out inside a separated-mode proxy for non-durable exclusive subscriptions.
+
+A durable subscription needs its own cursor at the broker, so it gets its own pulsar-client
+consumers (`cluster_consumers`). A non-durable exclusive one (an MQTT clean session) keeps
+nothing at the broker, so the proxy follows each topic once, for all of them: one pulsar-client
+reader per topic per proxy (a non-durable broker subscription whose name starts with the
+proxy's own `mop-proxy-<random>` prefix), opened when the first local consumer needs the topic
+and closed a grace period after the last one left. Each message is decoded once and handed, in
+memory and in topic order, to every local consumer whose selectors match it; the broker sends
+it to the proxy once, not once per subscriber.
+
+Which consumers a message goes to is decided when it arrives (a trie of the consumers' filters
+and a table of their exact topics), so a consumer gets the messages of a topic from the moment
+it subscribes, whether or not the topic poller has reported the topic yet. Each consumer skips
+what was published before it subscribed (by publish time, as `cluster_consumers` does: the
+proxies' clocks must agree), since a reader shared with earlier consumers may hold older
+messages. A reader of a topic that a filter matches starts at the topic's earliest message, so
+that a topic found by the poller after its first messages loses nothing; one of a topic that
+only exact selectors name starts at its end, and is open before the subscribe call returns.
+
+Each consumer has a bounded backlog (`cluster_fanout_consumer`). A full consumer does not slow
+the reader down, which would stall every other consumer of the topic; it loses messages
+instead, with the rule of merged mode (counted in `FanOut.dropped`). A consumer that keeps up
+loses nothing. When the proxy as a whole falls behind (its trio thread cannot take messages as
+fast as the readers bring them), the readers' listener waits, which stops the readers' flow at
+the broker: that is the only back-pressure, and it is shared.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+import threading
+from collections import deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Final
+
+import _pulsar
+import trio
+
+from mop.backends.cluster_discovery import Watch
+from mop.backends.cluster_fanout_consumer import FanOutConsumer
+from mop.backends.cluster_legs import close_quietly, in_parallel
+from mop.backends.cluster_messages import incoming
+from mop.backends.cluster_patterns import SelectorPlan
+from mop.backends.cluster_producers import message_id_of
+from mop.backends.cluster_timing import now_ms
+from mop.message import Delivery
+from mop.processor.backend import (
+    BackendError,
+    StartPosition,
+    SubscriptionKind,
+    SubscriptionSpec,
+)
+from mop.topic_names import pulsar_to_mqtt
+from mop.topics import SubscriptionTrie, matches
+
+if TYPE_CHECKING:
+    from mop.backends.cluster import ClusterBackend
+
+__all__ = ["FanOut", "fans_out"]
+
+log = logging.getLogger("mop.cluster")
+
+# Seconds a reader no consumer needs stays open, in case one comes back (a reconnect).
+GRACE: Final = 5.0
+# Messages the readers' listener may have handed over and the trio thread not yet taken
+# before the listener waits (the shared back-pressure, see the module docstring).
+_INBOX_LIMIT: Final = 50_000
+# Messages each reader prefetches.
+_RECEIVER_QUEUE: Final = 1000
+
+
+def fans_out(spec: SubscriptionSpec) -> bool:
+    """Whether `spec` is served by the proxy's fan-out: non-durable, exclusive, starting now.
+    Shared groups are dispatched by the broker; durable ones need their own cursors."""
+    return (
+        not spec.durable
+        and spec.kind is SubscriptionKind.EXCLUSIVE
+        and spec.start is StartPosition.LATEST
+        and spec.start_at is None
+        and not spec.whole_batches
+    )
+
+
+class _Follower:
+    """The reader of one topic, shared by every local consumer its messages go to."""
+
+    __slots__ = ("closed", "error", "mqtt", "opened", "reader", "route", "route_key", "topic")
+
+    def __init__(self, topic: str, mqtt: str | None) -> None:
+        self.topic = topic
+        self.mqtt = mqtt  # the MQTT name, None outside the backend's namespace
+        self.reader: Any = None
+        self.opened = trio.Event()
+        self.error: BackendError | None = None
+        self.closed = False
+        # (consumer, earliest publish time it takes) of every consumer this topic goes to,
+        # valid while the hub's routing key equals `route_key`.
+        self.route: list[tuple[FanOutConsumer, int]] = []
+        self.route_key: tuple[int, int] = (-1, -1)
+
+
+_Entry = tuple["FanOutConsumer", int]  # a consumer and the subscribe time of one selector
+
+
+class FanOut:
+    """The proxy's topic readers and the local consumers they feed (one per backend)."""
+
+    def __init__(self, backend: ClusterBackend) -> None:
+        self.backend = self._backend = backend
+        self._bridge = backend.bridge
+        self.subscription_prefix = f"mop-proxy-{secrets.token_hex(6)}"
+        self._followers: dict[str, _Follower] = {}
+        self._trie: SubscriptionTrie[int, _Entry] = SubscriptionTrie()
+        self._exact: dict[str, dict[int, _Entry]] = {}
+        self._exact_changes = 0
+        # Filters of every consumer (how many hold each) and the poller's watch of them.
+        self._filters: dict[str, int] = {}
+        self._filters_ready: dict[str, trio.Event] = {}
+        self._watch: Watch | None = None
+        self._watch_lock = trio.Lock()
+        self._discovered: set[str] = set()  # topics the poller reported for the filters
+        self._inbox: deque[tuple[_Follower, Any]] = deque()
+        self._drain_scheduled = False
+        self._room = threading.Event()
+        self._keys = itertools.count()
+        self._consumers: dict[int, FanOutConsumer] = {}
+        self._closed = False
+        self.dropped = 0
+
+    @property
+    def followed(self) -> list[str]:
+        """The topics read now."""
+        return [t for t, f in self._followers.items() if not f.closed]
+
+    def key(self) -> int:
+        return next(self._keys)
+
+    def _mqtt(self, topic: str) -> str | None:
+        mqtt = pulsar_to_mqtt(topic, tenant=self._backend.tenant, namespace=self._backend.namespace)
+        return None if mqtt.startswith(("persistent://", "non-persistent://")) else mqtt
+
+    # -- consumers' selectors --------------------------------------------------------------
+
+    async def subscribe(self, spec: SubscriptionSpec) -> FanOutConsumer:
+        if self._closed:
+            raise BackendError("backend is closed", reason="closed")
+        consumer = FanOutConsumer(self, spec)
+        self._consumers[consumer.key] = consumer
+        await consumer.open()
+        if self._closed:
+            consumer.abort()
+            raise BackendError("backend is closed", reason="closed")
+        return consumer
+
+    def consumer_gone(self, consumer: FanOutConsumer) -> None:
+        self._consumers.pop(consumer.key, None)
+
+    async def attach(
+        self, consumer: FanOutConsumer, selector_plan: SelectorPlan, since: int
+    ) -> None:
+        """Route to `consumer` what `selector_plan`'s exact topics and filters match, from
+        publish time `since` on, and return once their readers are open. Undone on failure."""
+        key = consumer.key
+        for topic in selector_plan.exact:
+            self._exact.setdefault(topic, {})[key] = (consumer, since)
+        self._exact_changes += 1
+        for topic_filter in selector_plan.filters:
+            self._trie.add(topic_filter, key, (consumer, since))
+        try:
+            async with trio.open_nursery() as nursery:
+                for topic_filter in selector_plan.filters:
+                    nursery.start_soon(self._hold_filter, topic_filter)
+                for topic in selector_plan.exact:
+                    nursery.start_soon(self._ensure, topic)
+        except BaseException:
+            await self.detach(consumer, selector_plan)
+            raise
+
+    async def detach(self, consumer: FanOutConsumer, selector_plan: SelectorPlan) -> None:
+        """Stop routing `selector_plan` to `consumer`; readers no one needs close later."""
+        key = consumer.key
+        for topic in selector_plan.exact:
+            holders = self._exact.get(topic)
+            if holders is not None and holders.pop(key, None) is not None:
+                if not holders:
+                    del self._exact[topic]
+                self._release_later(topic)
+        self._exact_changes += 1
+        released = []
+        for topic_filter in selector_plan.filters:
+            if self._trie.remove(topic_filter, key):
+                released.append(topic_filter)
+        with trio.CancelScope(shield=True):
+            for topic_filter in released:
+                await self._release_filter(topic_filter)
+
+    async def _hold_filter(self, topic_filter: str) -> None:
+        count = self._filters.get(topic_filter, 0)
+        self._filters[topic_filter] = count + 1
+        if count:
+            # Another consumer opened its readers (or is opening them): wait for that.
+            await self._filters_ready[topic_filter].wait()
+            return
+        ready = self._filters_ready[topic_filter] = trio.Event()
+        # On failure the caller's `detach` lets go of the filter again.
+        try:
+            watch = await self._update_watch()
+            if watch is None:
+                return
+            # Topics already followed for another filter need no wait: their readers began
+            # at the earliest message (a filter matched them), and route to this one too.
+            found = [t for t in watch.matching([topic_filter]) if t not in self._discovered]
+            self._discovered.update(found)
+            await self._ensure_all(found)
+        finally:
+            ready.set()
+
+    async def _release_filter(self, topic_filter: str) -> None:
+        count = self._filters.get(topic_filter, 0) - 1
+        if count > 0:
+            self._filters[topic_filter] = count
+            return
+        self._filters.pop(topic_filter, None)
+        self._filters_ready.pop(topic_filter, None)
+        watch = self._watch
+        candidates = watch.matching([topic_filter]) if watch is not None else []
+        try:
+            await self._update_watch()
+        except BackendError as exc:
+            log.debug("fan-out: updating the topic watch: %s", exc)
+        for topic in candidates:
+            mqtt = self._mqtt(topic)
+            if mqtt is None or not self._still_held(mqtt):
+                self._discovered.discard(topic)
+                self._release_later(topic)
+
+    def _still_held(self, mqtt: str) -> list[str]:
+        """The held filters that match the MQTT topic `mqtt`."""
+        return [f for f, _key, _entry in self._trie.match(mqtt) if f in self._filters]
+
+    def matches_topic(self, topic_filter: str, topic: str) -> bool:
+        mqtt = self._mqtt(topic)
+        return mqtt is not None and matches(topic_filter, mqtt)
+
+    async def _update_watch(self) -> Watch | None:
+        """Point the poller's watch at the filters held now (None: no filter is held)."""
+        backend = self._backend
+        async with self._watch_lock:
+            filters = frozenset(self._filters)
+            if not filters:
+                watch, self._watch = self._watch, None
+                if watch is not None:
+                    watch.close()
+                await trio.lowlevel.checkpoint()
+                return None
+            if self._watch is not None:
+                self._watch.follow(filters)
+                await trio.lowlevel.checkpoint()
+                return self._watch
+            watch, _known = await backend.discovery.watch(
+                backend.tenant, backend.namespace, filters, self
+            )
+            if self._closed:
+                watch.close()
+                return None
+            self._watch = watch
+            watch.follow(frozenset(self._filters))  # and those added meanwhile
+            return watch
+
+    # -- what the topic poller reports (TopicWatcher) -------------------------------------
+
+    def topics_found(self, topics: list[str]) -> None:
+        if self._closed:
+            return
+        self._discovered.update(topics)
+        self._backend.nursery.start_soon(self._ensure_found, topics)
+
+    def topics_gone(self, topics: list[str]) -> None:
+        for topic in topics:
+            self._discovered.discard(topic)
+            self._release_later(topic)
+
+    async def _ensure_found(self, topics: list[str]) -> None:
+        await self._ensure_all(topics)
+
+    async def _ensure_all(self, topics: Iterable[str]) -> None:
+        """Open readers for `topics`; those that fail are tried again after a while."""
+        failed: list[str] = []
+
+        async def one(topic: str) -> None:
+            try:
+                await self._ensure(topic)
+            except BackendError as exc:
+                failed.append(topic)
+                log.debug("fan-out: reading %s: %s", topic, exc)
+
+        await in_parallel([t for t in topics if self._needed(t)], one)
+        if failed:
+            log.warning(
+                "fan-out: %d topic(s) not followed yet (%s, ...); trying again",
+                len(failed),
+                failed[0],
+            )
+            # A new topic may be refused for a moment (its broker is starting, say); the
+            # poller reports it only once, so it is tried again here.
+            self._backend.delays.call_later(
+                self._backend.consumer_options.pattern_discovery,
+                lambda: self.topics_found([t for t in failed if t in self._discovered]),
+            )
+
+    # -- readers ---------------------------------------------------------------------------
+
+    def _needed(self, topic: str) -> bool:
+        return not self._closed and (topic in self._exact or topic in self._discovered)
+
+    async def _ensure(self, topic: str) -> None:
+        """Return once `topic` has an open reader; raises BackendError if it cannot."""
+        follower = self._followers.get(topic)
+        if follower is None or follower.closed:
+            follower = self._followers[topic] = _Follower(topic, self._mqtt(topic))
+            # Opened by the backend's nursery: a subscriber that gives up waiting must not
+            # leave a half-made reader to the others.
+            self._backend.nursery.start_soon(self._open, follower)
+        await follower.opened.wait()
+        if follower.error is not None:
+            raise follower.error
+
+    def _earliest(self, follower: _Follower) -> bool:
+        # A filter's topic may have been found after its first messages: read from the start.
+        return follower.mqtt is not None and bool(self._trie.match(follower.mqtt))
+
+    async def _open(self, follower: _Follower) -> None:
+        conf = _pulsar.ReaderConfiguration()
+        conf.receiver_queue_size(_RECEIVER_QUEUE)
+        conf.subscription_role_prefix(self.subscription_prefix)
+
+        def listener(_reader: Any, message: Any) -> None:
+            # On a pulsar-client listener thread: hand over, wake the trio thread once.
+            self._inbox.append((follower, message))
+            if not self._drain_scheduled:
+                self._drain_scheduled = True
+                self._bridge.soon(self._drain)
+            while len(self._inbox) >= _INBOX_LIMIT and not self._closed:
+                self._room.clear()
+                self._room.wait(0.05)
+
+        conf.reader_listener(listener)
+        start = _pulsar.MessageId.earliest if self._earliest(follower) else _pulsar.MessageId.latest
+        client = self._backend.client
+        try:
+            follower.reader = await self._bridge.call(
+                lambda done: client.create_reader_async(follower.topic, start, conf, done),
+                f"reading {follower.topic}",
+                cleanup=close_quietly,
+            )
+        except BackendError as exc:
+            follower.error = exc
+            follower.closed = True
+            if self._followers.get(follower.topic) is follower:
+                del self._followers[follower.topic]
+        finally:
+            follower.opened.set()
+        if follower.reader is None:
+            return
+        if self._closed or follower.closed:
+            _close_follower(follower)
+        elif not self._needed(follower.topic):
+            self._release_later(follower.topic)
+
+    def _release_later(self, topic: str) -> None:
+        if self._closed or self._needed(topic):
+            return
+        self._backend.delays.call_later(GRACE, lambda: self._close_if_unneeded(topic))
+
+    def _close_if_unneeded(self, topic: str) -> None:
+        follower = self._followers.get(topic)
+        if follower is None or self._needed(topic) or not follower.opened.is_set():
+            return
+        del self._followers[topic]
+        _close_follower(follower)
+
+    async def aclose(self, seconds: float) -> None:
+        """The backend stops: close every reader, waiting up to `seconds`."""
+        self._closed = True
+        self._room.set()
+        for consumer in list(self._consumers.values()):
+            consumer.abort()
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.close()
+        followers = list(self._followers.values())
+        self._followers.clear()
+
+        async def close(follower: _Follower) -> None:
+            follower.closed = True
+            reader, follower.reader = follower.reader, None
+            if reader is not None:
+                try:
+                    await self._bridge.call(reader.close_async, "closing a reader")
+                except BackendError as exc:
+                    log.debug("%s", exc)
+
+        with trio.CancelScope(shield=True), trio.move_on_after(seconds):
+            await in_parallel(followers, close)
+        for follower in followers:
+            _close_follower(follower)
+
+    # -- routing ---------------------------------------------------------------------------
+
+    def _route(self, follower: _Follower) -> list[tuple[FanOutConsumer, int]]:
+        route_key = (self._trie.generation, self._exact_changes)
+        if follower.route_key == route_key:
+            return follower.route
+        # A consumer whose selectors match the topic more than once takes the earliest time.
+        best: dict[int, _Entry] = dict(self._exact.get(follower.topic, {}))
+        if follower.mqtt is not None:
+            for _filter, key, (consumer, since) in self._trie.match(follower.mqtt):
+                held = best.get(key)
+                if held is None or since < held[1]:
+                    best[key] = (consumer, since)
+        follower.route = list(best.values())
+        follower.route_key = route_key
+        return follower.route
+
+    def _drain(self) -> None:
+        self._drain_scheduled = False
+        inbox = self._inbox
+        now = now_ms()
+        while inbox:
+            follower, message = inbox.popleft()
+            if follower.closed:
+                continue
+            route = self._route(follower)
+            if not route:
+                continue
+            decoded = incoming(
+                message.data(),
+                message.properties(),
+                partition_key=message.partition_key(),
+                publish_time=message.publish_timestamp(),
+                event_time=message.event_timestamp(),
+                producer_name=message.producer_name(),
+            )
+            if decoded.expires_at and decoded.expires_at <= now:
+                continue
+            delivery = Delivery(follower.topic, message_id_of(message.message_id()), decoded)
+            published = decoded.publish_time
+            for consumer, since in route:
+                if published >= since:
+                    consumer.offer(delivery)
+        self._room.set()
+
+
+def _close_follower(follower: _Follower) -> None:
+    # The handle is dropped on the trio thread (see `cluster_legs.close_leg_soon`).
+    follower.closed = True
+    reader, follower.reader = follower.reader, None
+    if reader is not None:
+        close_quietly(reader)
+
+
+if TYPE_CHECKING:
+    from mop.backends.cluster_discovery import TopicWatcher
+
+    def _conforms(hub: FanOut) -> TopicWatcher:
+        return hub

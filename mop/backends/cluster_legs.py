@@ -1,0 +1,137 @@
+"""The legs of a separated-mode consumer: one pulsar-client consumer per topic it follows.
+
+A consumer may follow thousands of topics (a `#` filter), so legs are subscribed, closed and
+unsubscribed a few at a time in parallel, each within pulsar-client's own timeouts, rather
+than one after the other.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Final, TypeVar
+
+import trio
+
+from mop.backends.cluster_bridge import Bridge, ignore_result
+from mop.processor.backend import BackendError
+
+__all__ = [
+    "Leg",
+    "close_leg_soon",
+    "close_legs",
+    "close_quietly",
+    "in_parallel",
+    "subscribe_leg",
+    "unsubscribe_legs",
+]
+
+log = logging.getLogger("mop.cluster")
+
+# pulsar-client calls one consumer has in flight at once.
+PARALLEL: Final = 16
+
+T = TypeVar("T")
+
+
+class Leg:
+    """One pulsar-client consumer of a ClusterConsumer: the one of `topic`."""
+
+    __slots__ = ("closed", "consumer", "epoch", "topic")
+
+    def __init__(self, topic: str) -> None:
+        self.consumer: Any = None
+        self.closed = False
+        self.topic = topic
+        # Bumped by a seek: messages the listener tagged with an older epoch are dropped.
+        self.epoch = 0
+
+
+async def in_parallel(items: Iterable[T], call: Callable[[T], Awaitable[None]]) -> None:
+    """`call(item)` for every item, at most PARALLEL at a time; returns when all are done."""
+    limiter = trio.CapacityLimiter(PARALLEL)
+
+    async def one(item: T) -> None:
+        async with limiter:
+            await call(item)
+
+    async with trio.open_nursery() as nursery:
+        for item in items:
+            nursery.start_soon(one, item)
+
+
+async def subscribe_leg(
+    bridge: Bridge, client: Any, leg: Leg, name: str, conf: Any, busy_timeout: float
+) -> None:
+    """Subscribe `leg` to its topic under subscription `name`, retrying for `busy_timeout`
+    seconds while another consumer still holds the subscription."""
+    delay = 0.05
+    with trio.move_on_after(busy_timeout) as scope:
+        while True:
+            try:
+                leg.consumer = await bridge.call(
+                    lambda done: client.subscribe_async(leg.topic, name, conf, done),
+                    f"subscribing {name!r} to {leg.topic}",
+                    cleanup=close_quietly,
+                )
+                return
+            except BackendError as exc:
+                if exc.reason != "consumer_busy":
+                    raise
+                # Still held by a consumer that is closing (e.g. a session taken over).
+                await trio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+    assert scope.cancelled_caught
+    raise BackendError(f"subscription {name!r} on {leg.topic} stays busy", reason="consumer_busy")
+
+
+async def close_legs(bridge: Bridge, legs: list[Leg], seconds: float) -> None:
+    """Close the legs' consumers, waiting up to `seconds`; the ones still closing then are
+    left to close on their own."""
+    for leg in legs:
+        leg.closed = True
+
+    async def close(leg: Leg) -> None:
+        consumer, leg.consumer = leg.consumer, None
+        if consumer is None:
+            return
+        try:
+            await bridge.call(consumer.close_async, "closing a consumer")
+        except BackendError as exc:
+            log.debug("%s", exc)
+
+    with trio.CancelScope(shield=True), trio.move_on_after(seconds):
+        await in_parallel(legs, close)
+    for leg in legs:
+        close_leg_soon(leg)  # those the timeout cut off
+
+
+async def unsubscribe_legs(bridge: Bridge, legs: list[Leg], name: str) -> None:
+    """Delete subscription `name` on each leg's topic (closing the leg)."""
+
+    async def unsubscribe(leg: Leg) -> None:
+        leg.closed = True
+        consumer, leg.consumer = leg.consumer, None  # see close_leg_soon
+        if consumer is None:
+            return
+        try:
+            await bridge.call(consumer.unsubscribe_async, f"unsubscribing {name!r}")
+        except BackendError as exc:
+            log.warning("%s", exc)
+            close_quietly(consumer)
+
+    await in_parallel(legs, unsubscribe)
+
+
+def close_leg_soon(leg: Leg) -> None:
+    """Close without waiting. Dropping the handle matters: pulsar-client keeps the listener,
+    which refers to the leg, so a leg that kept its consumer would keep the client's threads
+    alive forever."""
+    leg.closed = True
+    consumer, leg.consumer = leg.consumer, None
+    if consumer is not None:
+        close_quietly(consumer)
+
+
+def close_quietly(handle: Any) -> None:
+    handle.close_async(ignore_result)

@@ -1,0 +1,238 @@
+"""Cluster-wide roles in separated mode: one role topic per name,
+`persistent://{tenant}/__mop/{namespace}%2Frole%2F{name}`, whose exclusive subscription "holder"
+is held by the proxy that holds the role.
+
+Every proxy that wants a role subscribes "holder" with subscription type Exclusive, and asks
+again every `RETRY_INTERVAL` while another proxy has it (the broker answers ConsumerBusy). Why
+this mechanism:
+- the broker decides, one subscribe at a time: it admits one consumer on an exclusive
+  subscription, so proxies that start together cannot both get the role;
+- it frees the subscription as soon as the holder's connection closes (a proxy that stops or
+  dies), and the next proxy to ask gets it: no lease to expire, no clock to trust;
+- it is a standard subscription type, and the one client leases use too (`cluster_leases`).
+A producer with access mode WaitForExclusive would hand the role on without the retries, but
+pulsar-client (C++ 3.x) gives up waiting after its operation timeout, and some Pulsar-protocol
+brokers (pulsar-lite 0.2) admit every producer whatever its access mode, which would let every
+proxy hold the role; an exclusive subscription is exclusive on each broker mop is run against.
+
+The subscribes go through a pulsar-client Client of their own (`ClusterRoles`), on a connection
+of their own: some Pulsar-protocol brokers (pulsar-lite 0.2) answer a refused subscribe by
+closing the connection it came on, which must not take the proxy's traffic down with it. That
+client is made when the proxy first enters a role.
+
+The holder watches its consumer's connection (`is_connected`, every `CHECK_INTERVAL`). The first
+time it is down the role counts as lost: the client would reconnect by itself, but meanwhile
+another proxy may have got the role (this consumer would then come back refused), so the
+consumer is closed and the proxy asks again with a new one, to start its duty afresh. Before a
+gain is reported, the tables are read up to their end (`catch_up_tables`), so the new holder
+sees the last writes of the previous one.
+
+Windows in which two proxies may both act as holder:
+- the broker frees the subscription when it sees the holder's connection close, the holder
+  notices when its client does. A dead proxy acts no more; but when a connection breaks
+  without either side being told at once (a silent network failure), the broker may hand the
+  role on (after its keep-alive timeout) before the old holder's client gives up on the
+  connection (after its own, 30 s by default): both act meanwhile. `held` asks the client each
+  time, which keeps the window as short as the client's view allows.
+- a duty begun while held (a write and a publish, say) is finished even if the role is lost
+  halfway through it.
+The role's connection is not the one the duty's writes go through: a holder whose other
+connection is down keeps the role, and what its duty writes fails (and is logged) meanwhile.
+While the broker that owns the role topic is unreachable, nobody holds the role; a dead holder's
+role passes on within `RETRY_INTERVAL` plus a subscribe and the tables' catch-up.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Final
+
+import _pulsar
+import trio
+
+from mop.backends.cluster_bridge import ignore_result
+from mop.backends.cluster_tables import system_topic
+from mop.processor.backend import BackendError
+
+if TYPE_CHECKING:
+    from mop.backends.cluster import ClusterBackend
+    from mop.processor.backend import Role
+
+__all__ = ["CHECK_INTERVAL", "HOLDER", "RETRY_INTERVAL", "ClusterRole", "ClusterRoles"]
+
+log = logging.getLogger("mop.cluster")
+
+HOLDER: Final = "holder"
+# How often the holder looks at its consumer's connection (a local call, no traffic).
+CHECK_INTERVAL: Final = 0.2
+# How often a proxy without the role asks for it: how long a dead holder's role may stay free.
+RETRY_INTERVAL: Final = 0.5
+
+
+class ClusterRoles:
+    """The roles this proxy takes part in, and the client they ask with (made on first use)."""
+
+    def __init__(self, backend: ClusterBackend) -> None:
+        self._backend = backend
+        self._client: Any = None
+        self._roles: set[ClusterRole] = set()
+        self._closed = False
+
+    @property
+    def client(self) -> Any:
+        if self._closed:
+            raise BackendError("backend is closed", reason="closed")
+        if self._client is None:
+            self._client = self._backend.make_client()
+        return self._client
+
+    async def hold(self, name: str) -> ClusterRole:
+        """Enter this proxy for role `name`; it is asked for in the background."""
+        role = ClusterRole(self._backend, self, name)
+        self._roles.add(role)
+        self._backend.nursery.start_soon(role.serve)
+        await trio.lowlevel.checkpoint()
+        return role
+
+    def gone(self, role: ClusterRole) -> None:
+        self._roles.discard(role)
+
+    async def aclose(self) -> None:
+        """Let go of every role at once and close the client."""
+        self._closed = True
+        for role in list(self._roles):
+            role.abort()
+        client, self._client = self._client, None
+        if client is None:
+            return
+        with trio.move_on_after(self._backend.operation_timeout) as scope:
+            try:
+                await self._backend.bridge.call(client.close_async, "closing the roles' client")
+            except BackendError as exc:
+                log.debug("%s", exc)
+        if scope.cancelled_caught:
+            # Threads still busy: take them down without waiting (off the trio thread).
+            await trio.to_thread.run_sync(client.shutdown)
+
+
+class ClusterRole:
+    """This proxy's part in one role: waiting for it, holding it, or released (see `Role`)."""
+
+    permanent = False
+
+    def __init__(self, backend: ClusterBackend, roles: ClusterRoles, name: str) -> None:
+        self._backend = backend
+        self._roles = roles
+        self._name = name
+        self.topic = system_topic(backend.tenant, backend.namespace, "role", name)
+        self._consumer: Any = None  # the consumer of the exclusive subscription, while granted
+        self._granted = False
+        self._reported = False  # what `changed` last returned
+        self._change = trio.Event()
+        self._released = False
+        self._scope = trio.CancelScope()
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def held(self) -> bool:
+        consumer = self._consumer
+        return self._granted and consumer is not None and bool(consumer.is_connected())
+
+    async def changed(self) -> bool:
+        if self._reported == self._granted:
+            while self._reported == self._granted:
+                await self._change.wait()
+        else:
+            await trio.lowlevel.checkpoint()
+        self._reported = self._granted
+        return self._reported
+
+    def _set(self, granted: bool) -> None:
+        if granted != self._granted:
+            self._granted = granted
+            self._change.set()
+            self._change = trio.Event()
+
+    # -- taking part -----------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Ask for the role until it is granted, hold it while the connection lasts, ask
+        again; until `release` (or the backend stops)."""
+        with self._scope:
+            while not self._released:
+                started = trio.current_time()
+                try:
+                    await self._hold(await self._claim())
+                except BackendError as exc:
+                    if exc.reason == "closed":
+                        return
+                    if exc.reason != "consumer_busy":
+                        log.warning("%s; asking again", exc)
+                    # An attempt that waited (a timeout) has waited long enough already.
+                    await trio.sleep(max(0.0, started + RETRY_INTERVAL - trio.current_time()))
+
+    async def _claim(self) -> Any:
+        """The consumer of the exclusive subscription, if the broker admits it (BackendError
+        with reason "consumer_busy": another proxy holds the role)."""
+        client = self._roles.client
+        conf = _pulsar.ConsumerConfiguration()
+        conf.consumer_type(_pulsar.ConsumerType.Exclusive)
+        conf.receiver_queue_size(1)  # nothing is ever published on a role topic
+        return await self._backend.bridge.call(
+            lambda done: client.subscribe_async(self.topic, HOLDER, conf, done),
+            f"role {self._name!r}",
+            cleanup=lambda handle: handle.close_async(ignore_result),
+        )
+
+    async def _hold(self, consumer: Any) -> None:
+        self._consumer = consumer
+        try:
+            caught_up = False
+            try:
+                await self._backend.catch_up_tables()
+                caught_up = True
+            except* BackendError as group:
+                log.debug("role %r: %s", self._name, group.exceptions)
+            if not caught_up:
+                raise BackendError(
+                    f"role {self._name!r}: the tables could not be read", reason="unavailable"
+                )
+            if not consumer.is_connected():
+                return
+            log.info("role %r: held by this proxy", self._name)
+            self._set(True)
+            # Polled: pulsar-client tells of a broken connection through no callback.
+            while consumer.is_connected():  # noqa: ASYNC110
+                await trio.sleep(CHECK_INTERVAL)
+            log.warning("role %r: lost with the connection to its broker", self._name)
+        finally:
+            self._set(False)
+            if self._consumer is consumer:  # not closed by `abort` already
+                self._consumer = None
+                consumer.close_async(ignore_result)
+
+    # -- letting go ------------------------------------------------------------------------
+
+    async def release(self) -> None:
+        """Leave the role: closing the consumer frees the subscription for the next proxy."""
+        self.abort()
+        self._roles.gone(self)
+        await trio.lowlevel.checkpoint()
+
+    def abort(self) -> None:
+        """Stop taking part now, without waiting (also when the proxy stops)."""
+        self._released = True
+        self._set(False)
+        self._scope.cancel()
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close_async(ignore_result)
+
+
+if TYPE_CHECKING:
+
+    def _conforms(role: ClusterRole) -> Role:
+        return role
