@@ -41,7 +41,7 @@ import trio
 
 from mop.backends.cluster_discovery import Watch
 from mop.backends.cluster_fanout_consumer import FanOutConsumer
-from mop.backends.cluster_legs import close_quietly, in_parallel
+from mop.backends.cluster_legs import close_quietly, in_parallel, one_error_for_callers
 from mop.backends.cluster_messages import incoming
 from mop.backends.cluster_patterns import SelectorPlan
 from mop.backends.cluster_producers import message_id_of
@@ -170,7 +170,7 @@ class FanOut:
         for topic_filter in selector_plan.filters:
             self._trie.add(topic_filter, key, (consumer, since))
         try:
-            async with trio.open_nursery() as nursery:
+            async with one_error_for_callers(), trio.open_nursery() as nursery:
                 for topic_filter in selector_plan.filters:
                     nursery.start_soon(self._hold_filter, topic_filter)
                 for topic in selector_plan.exact:

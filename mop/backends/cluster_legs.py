@@ -8,7 +8,8 @@ than one after the other.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
 
 import trio
@@ -55,9 +56,29 @@ async def in_parallel(items: Iterable[T], call: Callable[[T], Awaitable[None]]) 
         async with limiter:
             await call(item)
 
-    async with trio.open_nursery() as nursery:
+    async with one_error_for_callers(), trio.open_nursery() as nursery:
         for item in items:
             nursery.start_soon(one, item)
+
+
+@asynccontextmanager
+async def one_error_for_callers() -> AsyncIterator[None]:
+    """Let a nursery's failure out as its first BackendError when that is all it holds.
+
+    trio groups what a nursery's tasks raise; callers of the backend (the MQTT layer refusing
+    one filter with a reason code, say) expect a BackendError, and a group would instead end
+    their connection. A group with anything else in it (a cancellation, a bug) is left as is.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        matched, rest = group.split(BackendError)
+        if matched is None or rest is not None:
+            raise
+        first: BaseException = matched
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from group
 
 
 async def subscribe_leg(
