@@ -11,6 +11,7 @@ after that come as they are published. The log itself is trimmed like any other.
 
 from __future__ import annotations
 
+import heapq
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -72,13 +73,88 @@ def _entry_message(members: list[tuple[int, Message]]) -> Message:
     )
 
 
+class _Table:
+    """The latest message of every key of one compacted topic, plus what `last` needs without
+    a scan: proxies ask for the last id on every catch-up, and tables hold many keys.
+
+    `members` counts the live keys of each entry (by whole id) and notes whether that entry is
+    a batch; `_newest` is a max-heap of entry ids (negated, as heapq is a min-heap) whose
+    entries may have died since: they are dropped when they reach the top, and the heap is
+    rebuilt from `members` when the dead ones outnumber the live, so it stays O(live entries).
+    """
+
+    __slots__ = ("_newest", "latest", "members")
+
+    def __init__(self, latest: dict[str, _Latest]) -> None:
+        self.latest = latest
+        self.members: dict[MessageId, tuple[int, bool]] = {}
+        for item in latest.values():
+            self._add(item.position)
+        self._newest: list[tuple[int, int]] = []
+        self._rebuild()
+
+    def put(self, key: str, kept: _Latest) -> None:
+        old = self.latest.get(key)
+        if old is not None:
+            self._remove(old.position)
+        self.latest[key] = kept
+        if self._add(kept.position):
+            whole = kept.position.whole
+            heapq.heappush(self._newest, (-whole.ledger, -whole.entry))
+
+    def delete(self, key: str) -> bool:
+        """Drop `key`; whether it was live."""
+        old = self.latest.pop(key, None)
+        if old is None:
+            return False
+        self._remove(old.position)
+        return True
+
+    def last(self) -> MessageId | None:
+        newest = self._newest
+        members = self.members
+        while newest:
+            ledger, entry = newest[0]
+            whole = MessageId(-ledger, -entry)
+            counted = members.get(whole)
+            if counted is not None:
+                count, batched = counted
+                return MessageId(whole.ledger, whole.entry, count - 1) if batched else whole
+            heapq.heappop(newest)  # that entry has no live key any more
+        return None
+
+    def _add(self, position: MessageId) -> bool:
+        """Count a live key at `position`; whether its entry had none before."""
+        whole = position.whole
+        counted = self.members.get(whole)
+        count = 0 if counted is None else counted[0]
+        self.members[whole] = (count + 1, position.batch_index >= 0)
+        return counted is None
+
+    def _remove(self, position: MessageId) -> None:
+        whole = position.whole
+        count, batched = self.members[whole]
+        if count > 1:
+            self.members[whole] = (count - 1, batched)
+            return
+        del self.members[whole]
+        # Dead ids below the top are only dropped here; rebuilding at twice the live count
+        # keeps the heap bounded at an amortized O(1) per removal.
+        if len(self._newest) > 2 * len(self.members) + 16:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        self._newest = [(-whole.ledger, -whole.entry) for whole in self.members]
+        heapq.heapify(self._newest)
+
+
 class CompactedTopics:
     """The latest message of every key of every compacted topic, in memory and in storage."""
 
     def __init__(self, storage: Storage, *, tenant: str) -> None:
         self._storage = storage
         self.prefix = f"persistent://{tenant}/{SYSTEM_NAMESPACE}/"
-        self._latest: dict[str, dict[str, _Latest]] = {}
+        self._tables: dict[str, _Table] = {}
 
     def __contains__(self, topic: str) -> bool:
         """Whether `topic` (a full name) is compacted."""
@@ -93,12 +169,14 @@ class CompactedTopics:
         for topic in self._storage.topics():
             if topic in self:
                 rows = self._storage.table_items(self.table_name(topic))
-                self._latest[topic] = {key: _decode(raw) for key, raw in rows}
+                self._tables[topic] = _Table({key: _decode(raw) for key, raw in rows})
 
     def record(self, topic: str, message_id: MessageId, message: Message) -> None:
         """Note a message just stored in compacted `topic` (each member, for a batch); one
         without a key is delivered to current subscribers but not kept."""
-        latest = self._latest.setdefault(topic, {})
+        kept_table = self._tables.get(topic)
+        if kept_table is None:
+            kept_table = self._tables[topic] = _Table({})
         table = self.table_name(topic)
         members = enumerate(message.batch) if message.batch else ((-1, message),)
         for index, member in members:
@@ -106,11 +184,12 @@ class CompactedTopics:
             if key is None:
                 continue
             if _is_tombstone(member):
-                if latest.pop(key, None) is not None:
+                if kept_table.delete(key):
                     self._storage.table_put(table, key, None)
                 continue
             position = MessageId(message_id.ledger, message_id.entry, index)
-            kept = latest[key] = _Latest(position, member)
+            kept = _Latest(position, member)
+            kept_table.put(key, kept)
             self._storage.table_put(table, key, _encode(kept))
 
     def backlog(
@@ -126,7 +205,8 @@ class CompactedTopics:
         left out, as it has them already (`arrived` is in id order)."""
         first_arrived = arrived[0] if arrived else None
         groups: dict[MessageId, list[tuple[int, Message]]] = {}
-        for latest in self._latest.get(topic, {}).values():
+        kept_table = self._tables.get(topic)
+        for latest in () if kept_table is None else kept_table.latest.values():
             whole = latest.position.whole
             if (after is not None and whole <= after) or (
                 first_arrived is not None and whole >= first_arrived
@@ -142,15 +222,10 @@ class CompactedTopics:
     def last(self, topic: str) -> MessageId | None:
         """The id of the last current message of `topic` (with its index in what `backlog`
         delivers, for a batch): what a reader from the earliest position gets last."""
-        latest = self._latest.get(topic)
-        if not latest:
-            return None
-        whole = max(item.position.whole for item in latest.values())
-        members = [item for item in latest.values() if item.position.whole == whole]
-        if members[0].position.batch_index < 0:
-            return whole
-        return MessageId(whole.ledger, whole.entry, len(members) - 1)
+        kept_table = self._tables.get(topic)
+        return None if kept_table is None else kept_table.last()
 
     def keys(self, topic: str) -> Iterator[str]:
         """The live keys of `topic`."""
-        return iter(list(self._latest.get(topic, {})))
+        kept_table = self._tables.get(topic)
+        return iter([] if kept_table is None else list(kept_table.latest))
