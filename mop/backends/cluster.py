@@ -23,7 +23,9 @@ consumer whether it is active, reposition one topic of a pattern consumer.
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -73,7 +75,25 @@ client_log = logging.getLogger("mop.cluster.client")
 def _client_logger(level: Any, message: str) -> None:
     # Everything pulsar-client says is detail (every producer it makes, every retry of a busy
     # subscription, every reconnect); what matters reaches this backend as a failed operation.
-    client_log.debug("%s: %s", level, message)
+    try:
+        client_log.debug("%s: %s", level, message)
+    except BaseException:
+        # An exception out of this callback (a logging module torn down at exit, say) makes
+        # pulsar-client print the line on its own console logger, straight to stdout.
+        return
+
+
+def _set_client_logger(conf: Any) -> None:
+    """Where pulsar-client's own messages go. The Python callback is asked for every level
+    (the client cannot learn the logger's level), and whenever it cannot take a line (it
+    raises, or the interpreter is shutting down) the client prints that line, DEBUG included,
+    on stdout. So the callback is installed only when the node logs the client at DEBUG;
+    otherwise the client keeps its errors alone, and writes them nowhere: everything it says
+    is logged at DEBUG anyway (see `_client_logger`), and no DEBUG line is even made."""
+    if client_log.isEnabledFor(logging.DEBUG):
+        conf.set_logger(_client_logger)
+    else:
+        conf.set_file_logger(_pulsar.LoggerLevel.Error, os.devnull)
 
 
 class ClusterBackend:
@@ -176,7 +196,7 @@ class ClusterBackend:
         conf.io_threads(self.io_threads)
         conf.message_listener_threads(self.listener_threads)
         conf.stats_interval_in_seconds(0)
-        conf.set_logger(_client_logger)
+        _set_client_logger(conf)
         try:
             return _pulsar.Client(self.service_url, conf)
         except (_pulsar.PulsarException, ValueError, RuntimeError) as exc:
@@ -268,6 +288,12 @@ class ClusterBackend:
         if scope.cancelled_caught:
             # Threads still busy: take them down without waiting (off the trio thread).
             await trio.to_thread.run_sync(client.shutdown)
+        # Pulsar objects reachable only from cyclic garbage (a failed start's traceback
+        # frames, say) are destroyed by whichever thread next collects; when that is one of
+        # the client's own threads, running a callback, the destructor joins that very thread
+        # and the process aborts. Collect now, here on the trio thread, once the client is done.
+        del client
+        gc.collect()
 
     # -- Backend ---------------------------------------------------------------------------
 
@@ -464,11 +490,17 @@ async def open_cluster_backend(service_url: str, **options: Any) -> AsyncIterato
     """Run a `ClusterBackend` for the duration of the block, then close it (`options` are the
     keyword arguments of ClusterBackend)."""
     backend = ClusterBackend(service_url, **options)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(backend.serve)
-        try:
-            yield backend
-        finally:
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(backend.serve)
+            try:
+                yield backend
+            finally:
+                await backend.aclose()  # inside the nursery: it is what ends `serve`
+    finally:
+        # Also when `serve` fails to start: the client it made is running threads, and a
+        # client left to the interpreter's exit aborts the process.
+        with trio.CancelScope(shield=True):
             await backend.aclose()
 
 
