@@ -21,9 +21,13 @@ only exact selectors name starts at its end, and is open before the subscribe ca
 Each consumer has a bounded backlog (`cluster_fanout_consumer`). A full consumer does not slow
 the reader down, which would stall every other consumer of the topic; it loses messages
 instead, with the rule of merged mode (counted in `FanOut.dropped`). A consumer that keeps up
-loses nothing. When the proxy as a whole falls behind (its trio thread cannot take messages as
-fast as the readers bring them), the readers' listener waits, which stops the readers' flow at
-the broker: that is the only back-pressure, and it is shared.
+loses nothing. Each reader is read by a task on the trio thread, one message after another;
+when the proxy as a whole falls behind, the readers' prefetch queues fill and the broker stops
+sending: that is the only back-pressure, and it is shared.
+
+The readers are read with `read_next_async`, not through a reader listener: pulsar-client
+(3.x) keeps a reader with a listener, and with it the whole client (its threads and six
+descriptors), alive after both are closed.
 """
 
 from __future__ import annotations
@@ -31,8 +35,6 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
-import threading
-from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -65,9 +67,6 @@ log = logging.getLogger("mop.cluster")
 
 # Seconds a reader no consumer needs stays open, in case one comes back (a reconnect).
 GRACE: Final = 5.0
-# Messages the readers' listener may have handed over and the trio thread not yet taken
-# before the listener waits (the shared back-pressure, see the module docstring).
-_INBOX_LIMIT: Final = 50_000
 # Messages each reader prefetches.
 _RECEIVER_QUEUE: Final = 1000
 
@@ -122,9 +121,6 @@ class FanOut:
         self._watch: Watch | None = None
         self._watch_lock = trio.Lock()
         self._discovered: set[str] = set()  # topics the poller reported for the filters
-        self._inbox: deque[tuple[_Follower, Any]] = deque()
-        self._drain_scheduled = False
-        self._room = threading.Event()
         self._keys = itertools.count()
         self._consumers: dict[int, FanOutConsumer] = {}
         self._closed = False
@@ -337,17 +333,6 @@ class FanOut:
         conf.receiver_queue_size(_RECEIVER_QUEUE)
         conf.subscription_role_prefix(self.subscription_prefix)
 
-        def listener(_reader: Any, message: Any) -> None:
-            # On a pulsar-client listener thread: hand over, wake the trio thread once.
-            self._inbox.append((follower, message))
-            if not self._drain_scheduled:
-                self._drain_scheduled = True
-                self._bridge.soon(self._drain)
-            while len(self._inbox) >= _INBOX_LIMIT and not self._closed:
-                self._room.clear()
-                self._room.wait(0.05)
-
-        conf.reader_listener(listener)
         start = _pulsar.MessageId.earliest if self._earliest(follower) else _pulsar.MessageId.latest
         client = self._backend.client
         try:
@@ -367,8 +352,25 @@ class FanOut:
             return
         if self._closed or follower.closed:
             _close_follower(follower)
-        elif not self._needed(follower.topic):
+            return
+        self._backend.nursery.start_soon(self._pull, follower, follower.reader)
+        if not self._needed(follower.topic):
             self._release_later(follower.topic)
+
+    async def _pull(self, follower: _Follower, reader: Any) -> None:
+        """Read `follower`'s topic until its reader closes, routing each message."""
+        what = f"reading {follower.topic}"
+        while not follower.closed and not self._closed:
+            try:
+                message = await self._bridge.call(reader.read_next_async, what)
+            except BackendError as exc:
+                if follower.closed or self._closed or exc.reason == "closed":
+                    return
+                log.debug("fan-out: %s; retrying", exc)
+                await trio.sleep(1)
+                continue
+            if not follower.closed:
+                self._deliver(follower, message, now_ms())
 
     def _release_later(self, topic: str) -> None:
         if self._closed or self._needed(topic):
@@ -385,7 +387,6 @@ class FanOut:
     async def aclose(self, seconds: float) -> None:
         """The backend stops: close every reader, waiting up to `seconds`."""
         self._closed = True
-        self._room.set()
         for consumer in list(self._consumers.values()):
             consumer.abort()
         watch, self._watch = self._watch, None
@@ -425,33 +426,25 @@ class FanOut:
         follower.route_key = route_key
         return follower.route
 
-    def _drain(self) -> None:
-        self._drain_scheduled = False
-        inbox = self._inbox
-        now = now_ms()
-        while inbox:
-            follower, message = inbox.popleft()
-            if follower.closed:
-                continue
-            route = self._route(follower)
-            if not route:
-                continue
-            decoded = incoming(
-                message.data(),
-                message.properties(),
-                partition_key=message.partition_key(),
-                publish_time=message.publish_timestamp(),
-                event_time=message.event_timestamp(),
-                producer_name=message.producer_name(),
-            )
-            if decoded.expires_at and decoded.expires_at <= now:
-                continue
-            delivery = Delivery(follower.topic, message_id_of(message.message_id()), decoded)
-            published = decoded.publish_time
-            for consumer, since in route:
-                if published >= since:
-                    consumer.offer(delivery)
-        self._room.set()
+    def _deliver(self, follower: _Follower, message: Any, now: int) -> None:
+        route = self._route(follower)
+        if not route:
+            return
+        decoded = incoming(
+            message.data(),
+            message.properties(),
+            partition_key=message.partition_key(),
+            publish_time=message.publish_timestamp(),
+            event_time=message.event_timestamp(),
+            producer_name=message.producer_name(),
+        )
+        if decoded.expires_at and decoded.expires_at <= now:
+            return
+        delivery = Delivery(follower.topic, message_id_of(message.message_id()), decoded)
+        published = decoded.publish_time
+        for consumer, since in route:
+            if published >= since:
+                consumer.offer(delivery)
 
 
 def _close_follower(follower: _Follower) -> None:

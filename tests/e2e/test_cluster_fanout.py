@@ -5,6 +5,7 @@ broker restart, and a slow consumer is held to its backlog without holding other
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -212,3 +213,27 @@ async def test_closing_the_backend_wakes_a_waiting_receive(
                 await trio.testing.wait_all_tasks_blocked()
                 await backend.aclose()
     assert len(outcome) == 1
+
+
+async def test_backends_opened_and_closed_in_one_process_leave_no_descriptors(
+    broker: NodeProcess, prefix: str
+) -> None:
+    # pulsar-client keeps a reader that has a listener, and its whole client (threads and
+    # six descriptors), alive after both are closed: the fan-out must not use listeners.
+    def descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def one_backend() -> None:
+        async with open_cluster_backend(broker.service_url) as backend:
+            spec = SubscriptionSpec(name="c", selectors=frozenset([f"{prefix}/#"]), durable=False)
+            consumer = await backend.subscribe(spec)
+            await backend.publish(mqtt_to_pulsar(f"{prefix}/t"), Message(b"x"))
+            with trio.fail_after(DEADLINE):
+                assert [d.message.payload for d in await consumer.receive(1)] == [b"x"]
+            await consumer.close()
+
+    await one_backend()  # the first run loads what stays loaded for good
+    before = descriptors()
+    for _ in range(3):
+        await one_backend()
+    assert descriptors() <= before + 2, (before, descriptors())
