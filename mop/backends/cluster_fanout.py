@@ -69,6 +69,8 @@ log = logging.getLogger("mop.cluster")
 GRACE: Final = 5.0
 # Messages each reader prefetches.
 _RECEIVER_QUEUE: Final = 1000
+# Messages one reader hands over before the others get their turn.
+_BURST: Final = 256
 
 
 def fans_out(spec: SubscriptionSpec) -> bool:
@@ -369,8 +371,20 @@ class FanOut:
                 log.debug("fan-out: %s; retrying", exc)
                 await trio.sleep(1)
                 continue
-            if not follower.closed:
-                self._deliver(follower, message, now_ms())
+            if follower.closed:
+                return
+            now = now_ms()
+            self._deliver(follower, message, now)
+            # What the reader has queued meanwhile is taken at once: one trip through the
+            # scheduler per burst, not per message (a queued message costs ~5 us this way).
+            for _ in range(_BURST - 1):
+                try:
+                    message = reader.read_next(0)
+                except _pulsar.PulsarException:
+                    break  # nothing queued (Timeout), or closing: the wait above tells which
+                if follower.closed:
+                    return
+                self._deliver(follower, message, now)
 
     def _release_later(self, topic: str) -> None:
         if self._closed or self._needed(topic):
