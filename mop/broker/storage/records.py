@@ -167,33 +167,47 @@ MESSAGE_MIN = _MESSAGE.size
 _PAIR = struct.Struct("<II")
 
 
+def _is_plain(message: Message) -> bool:
+    """Whether a message has the common record: no key, properties or later fields (an MQTT
+    publish without properties)."""
+    return message.key is None and not (
+        message.properties
+        or message.deliver_at
+        or message.wire_format
+        or message.wire
+        or message.batch
+    )
+
+
+def _plain_body(
+    ledger: int, entry: int, append_ms: int, message: Message, producer: bytes
+) -> bytes:
+    """The record body of a plain message (`producer` is its name, encoded): the same bytes as
+    the general case of `encode_message`, without its list."""
+    return (
+        _MESSAGE.pack(
+            Kind.MESSAGE,
+            ledger,
+            entry,
+            append_ms,
+            message.publish_time,
+            message.event_time,
+            message.expires_at,
+            message.qos,
+            len(producer),
+            _NO_KEY,
+            0,
+            len(message.payload),
+        )
+        + producer
+        + message.payload
+    )
+
+
 def encode_message(ledger: int, entry: int, append_ms: int, message: Message) -> bytes:
     producer = message.producer.encode()
-    if (
-        message.key is None
-        and not message.properties
-        and not (message.deliver_at or message.wire_format or message.wire or message.batch)
-    ):
-        # The common record (an MQTT publish without properties): the same bytes as below,
-        # without the general case's list.
-        return b"".join((
-            _MESSAGE.pack(
-                Kind.MESSAGE,
-                ledger,
-                entry,
-                append_ms,
-                message.publish_time,
-                message.event_time,
-                message.expires_at,
-                message.qos,
-                len(producer),
-                _NO_KEY,
-                0,
-                len(message.payload),
-            ),
-            producer,
-            message.payload,
-        ))
+    if _is_plain(message):
+        return _plain_body(ledger, entry, append_ms, message, producer)
     key = b"" if message.key is None else message.key.encode()
     parts = [
         _MESSAGE.pack(
@@ -227,46 +241,21 @@ def frame_messages(
 ) -> tuple[bytes, list[int]]:
     """The framed records of messages with consecutive entries from `first`, as one piece of
     log, and the framed size of each: the same bytes as `frame(encode_message(...))` for each
-    in turn, with the common record made in place."""
-    pack, frame_pack, crc32 = _MESSAGE.pack, FRAME.pack, zlib.crc32
+    in turn, with the producer name of a run of plain messages encoded once."""
+    frame_pack, crc32 = FRAME.pack, zlib.crc32
     header = FRAME.size
     parts: list[bytes] = []
     sizes: list[int] = []
     producer_name, producer = "", b""
     for entry, message in enumerate(messages, first):
-        if (
-            message.key is not None
-            or message.properties
-            or message.deliver_at
-            or message.wire_format
-            or message.wire
-            or message.batch
-        ):
+        if not _is_plain(message):
             body = encode_message(ledger, entry, append_ms, message)
             parts += (frame_pack(len(body), crc32(body)), body)
             sizes.append(header + len(body))
             continue
         if message.producer != producer_name:
             producer_name, producer = message.producer, message.producer.encode()
-        payload = message.payload
-        body = (
-            pack(
-                Kind.MESSAGE,
-                ledger,
-                entry,
-                append_ms,
-                message.publish_time,
-                message.event_time,
-                message.expires_at,
-                message.qos,
-                len(producer),
-                _NO_KEY,
-                0,
-                len(payload),
-            )
-            + producer
-            + payload
-        )
+        body = _plain_body(ledger, entry, append_ms, message, producer)
         # One checksum call over the whole body: each call costs more than its bytes.
         parts.append(frame_pack(len(body), crc32(body)))
         parts.append(body)
