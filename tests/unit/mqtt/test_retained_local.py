@@ -4,48 +4,9 @@ table holds from earlier versions are cleared."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-
-import trio
-
 from mop.message import Message
 from mop.protocols.mqtt.retained import RetainedStore, encode_message
-
-Watcher = Callable[[str, bytes | None], None]
-
-
-class SharedTable:
-    """One node's view of a table every node shares: writes are reported to the other views."""
-
-    def __init__(self, data: dict[str, bytes], views: list[SharedTable]) -> None:
-        self.data = data
-        self._views = views
-        self._watchers: list[Watcher] = []
-        views.append(self)
-
-    @property
-    def name(self) -> str:
-        return "retained"
-
-    def get(self, key: str) -> bytes | None:
-        return self.data.get(key)
-
-    def items(self) -> Iterator[tuple[str, bytes]]:
-        return iter(list(self.data.items()))
-
-    async def put(self, key: str, value: bytes | None) -> None:
-        await trio.lowlevel.checkpoint()
-        if value is None:
-            self.data.pop(key, None)
-        else:
-            self.data[key] = value
-        for view in self._views:
-            if view is not self:
-                for watcher in view._watchers:
-                    watcher(key, value)
-
-    def watch(self, callback: Watcher) -> None:
-        self._watchers.append(callback)
+from tests.unit.mqtt.shared_table import SharedTable
 
 
 def payloads(store: RetainedStore, topic_filter: str) -> dict[str, bytes]:
@@ -55,7 +16,8 @@ def payloads(store: RetainedStore, topic_filter: str) -> dict[str, bytes]:
 async def test_local_values_stay_on_their_node() -> None:
     data: dict[str, bytes] = {}
     views: list[SharedTable] = []
-    first, second = RetainedStore(SharedTable(data, views)), RetainedStore(SharedTable(data, views))
+    first = RetainedStore(SharedTable("retained", data, views))
+    second = RetainedStore(SharedTable("retained", data, views))
     first.keep_local("$SYS/broker/uptime", Message(b"1 seconds"))
     second.keep_local("$SYS/broker/uptime", Message(b"9 seconds"))
     await first.set("a/b", Message(b"shared"))
@@ -69,7 +31,8 @@ async def test_local_values_stay_on_their_node() -> None:
 async def test_another_nodes_write_does_not_replace_a_local_value() -> None:
     data: dict[str, bytes] = {}
     views: list[SharedTable] = []
-    mine, older = RetainedStore(SharedTable(data, views)), SharedTable(data, views)
+    mine = RetainedStore(SharedTable("retained", data, views))
+    older = SharedTable("retained", data, views)
     mine.keep_local("$SYS/broker/version", Message(b"mine"))
     # A proxy of an earlier version still writes $SYS to the shared table.
     await older.put("$SYS/broker/version", encode_message(Message(b"theirs")))
@@ -82,7 +45,7 @@ async def test_clearing_shared_values_of_local_topics() -> None:
         "$SYS/broker/gone": encode_message(Message(b"old")),
         "a": encode_message(Message(b"kept")),
     }
-    store = RetainedStore(SharedTable(data, []))
+    store = RetainedStore(SharedTable("retained", data, []))
     store.keep_local("$SYS/broker/version", Message(b"new"))
     await store.clear_shared("$SYS/#")
     assert sorted(data) == ["$SYS/broker/version", "a"]  # the local value was never shared

@@ -5,7 +5,7 @@ mock clock."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import trio
@@ -15,43 +15,7 @@ from mop.protocols.mqtt.packets import Properties, Will
 from mop.protocols.mqtt.session import Outbound, SessionState, outbound_to_bytes
 from mop.protocols.mqtt.sessions import FLOWS_TABLE, ROLE, TABLE, SessionRegistry
 from mop.protocols.mqtt.timers import Timers
-
-Watcher = Callable[[str, bytes | None], None]
-
-
-class SharedTable:
-    """One node's view of a table all nodes share; a write is reported to the other views."""
-
-    def __init__(self, name: str, data: dict[str, bytes], views: list[SharedTable]) -> None:
-        self._name = name
-        self._data = data
-        self._views = views
-        self._watchers: list[Watcher] = []
-        views.append(self)
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    def get(self, key: str) -> bytes | None:
-        return self._data.get(key)
-
-    def items(self) -> Iterator[tuple[str, bytes]]:
-        return iter(list(self._data.items()))
-
-    async def put(self, key: str, value: bytes | None) -> None:
-        await trio.lowlevel.checkpoint()
-        if value is None:
-            self._data.pop(key, None)
-        else:
-            self._data[key] = value
-        for view in self._views:
-            if view is not self:
-                for watcher in view._watchers:
-                    watcher(key, value)
-
-    def watch(self, callback: Watcher) -> None:
-        self._watchers.append(callback)
+from tests.unit.mqtt.shared_table import SharedTable
 
 
 class HandedRole:
