@@ -42,7 +42,6 @@ from mop.backends.cluster_legs import (
 from mop.backends.cluster_messages import incoming
 from mop.backends.cluster_patterns import (
     SelectorPlan,
-    UnsupportedSelector,
     matching_selectors,
     plan,
 )
@@ -139,10 +138,7 @@ class ClusterConsumer:
         return self._closed
 
     def _plan(self, selectors: Iterable[str]) -> SelectorPlan:
-        try:
-            return plan(selectors, tenant=self._backend.tenant, namespace=self._backend.namespace)
-        except UnsupportedSelector as exc:
-            raise BackendError(str(exc), reason="not_supported") from None
+        return plan(selectors, tenant=self._backend.tenant, namespace=self._backend.namespace)
 
     async def open(self) -> None:
         """Attach to the subscription (called once, by the backend)."""

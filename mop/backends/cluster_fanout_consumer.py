@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
-from mop.backends.cluster_patterns import SelectorPlan, UnsupportedSelector, plan
+from mop.backends.cluster_patterns import SelectorPlan, plan
 from mop.backends.cluster_timing import now_ms
 from mop.message import Delivery, MessageId
 from mop.processor.backend import (
@@ -81,10 +81,7 @@ class FanOutConsumer:
         return self._dropped
 
     def _plan(self, selectors: Iterable[str]) -> SelectorPlan:
-        try:
-            return plan(selectors, tenant=self._backend.tenant, namespace=self._backend.namespace)
-        except UnsupportedSelector as exc:
-            raise BackendError(str(exc), reason="not_supported") from None
+        return plan(selectors, tenant=self._backend.tenant, namespace=self._backend.namespace)
 
     async def open(self) -> None:
         """Start receiving what the spec's selectors match (called once, by the hub)."""

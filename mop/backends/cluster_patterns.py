@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from mop.processor.backend import BackendError
 from mop.topic_names import PulsarTopicName, is_exact_selector, mqtt_to_pulsar, pulsar_to_mqtt
 from mop.topics import TopicError, matches
 
@@ -29,8 +30,11 @@ __all__ = [
 LOCAL_ROOT: Final = "$SYS"
 
 
-class UnsupportedSelector(ValueError):
+class UnsupportedSelector(BackendError):
     """A selector separated mode cannot follow (e.g. a non-persistent topic)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="not_supported")
 
 
 def is_local(mqtt_topic: str) -> bool:
