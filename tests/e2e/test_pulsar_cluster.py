@@ -15,6 +15,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
+from mop.broker.ownership import Ownership
 from mop.node import StartupError, open_node
 from mop.protocols.pulsar.commands import (
     Connect,
@@ -42,7 +43,22 @@ from tests.e2e.pulsar_support import TIMEOUT_MS, RawPulsar, pulsar_settings
 pytestmark = pytest.mark.e2e
 
 NAMESPACE = "public/default"
-TOPICS = [f"persistent://{NAMESPACE}/spread-{n}" for n in range(12)]
+
+
+def spread_topics(urls: list[str], per_member: int = 4) -> list[str]:
+    """Topic names of which every member owns `per_member`: which member owns a name depends on
+    the members' URLs, and their ports are picked afresh each run, so a fixed list of names could
+    leave a member with none. The brokers' lookups are still checked against this choice."""
+    ownership = Ownership(urls, urls[0])
+    picked: dict[str, list[str]] = {url: [] for url in ownership.members}
+    for n in range(10_000):
+        topic = f"persistent://{NAMESPACE}/spread-{n}"
+        mine = picked[ownership.owner(topic)]
+        if len(mine) < per_member:
+            mine.append(topic)
+        if all(len(topics) == per_member for topics in picked.values()):
+            return sorted(topic for topics in picked.values() for topic in topics)
+    raise AssertionError("no spread of topic names found")  # 1 in 10^1000: a hashing bug
 
 
 def free_ports(count: int) -> list[int]:
@@ -147,8 +163,9 @@ def local_topics(
 
 
 def test_topics_spread_and_any_member_reaches_the_owner(cluster: Cluster) -> None:
-    owner_of = owners(cluster, TOPICS)
-    assert set(owner_of.values()) == set(cluster.urls)  # 12 topics land on all 3 members
+    topics = spread_topics(cluster.urls)
+    owner_of = owners(cluster, topics)
+    assert set(owner_of.values()) == set(cluster.urls)  # the brokers agree: all 3 own some
     # Produce every topic through broker 0 and consume it through broker 1: both follow the
     # redirects to the owner.
     producing, consuming = client_of(cluster.urls[0]), client_of(cluster.urls[1])
@@ -156,9 +173,9 @@ def test_topics_spread_and_any_member_reaches_the_owner(cluster: Cluster) -> Non
         earliest = pulsar.InitialPosition.Earliest
         consumers = {
             topic: consuming.subscribe(topic, "spread", initial_position=earliest)
-            for topic in TOPICS
+            for topic in topics
         }
-        for topic in TOPICS:
+        for topic in topics:
             producer = producing.create_producer(topic)
             producer.send(f"to {topic}".encode())
             producer.close()
@@ -171,7 +188,7 @@ def test_topics_spread_and_any_member_reaches_the_owner(cluster: Cluster) -> Non
         consuming.close()
     # Each topic is stored by its owner, and by nobody else.
     for index, url in enumerate(cluster.urls):
-        held = local_topics(cluster, index) & set(TOPICS)
+        held = local_topics(cluster, index) & set(topics)
         assert held == {topic for topic, owner in owner_of.items() if owner == url}
 
 
@@ -231,7 +248,7 @@ def test_a_member_that_is_down_is_left_out_of_listings(
     first = start_broker(tmp_path / "first", urls[0], urls)
     second = start_broker(tmp_path / "second", urls[1], urls)
     try:
-        owned = owners(Cluster([], urls), TOPICS)
+        owned = owners(Cluster([], urls), spread_topics(urls))
         topic = next(t for t, owner in owned.items() if owner == urls[1])
         client = client_of(urls[0])
         try:
