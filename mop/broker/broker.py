@@ -160,7 +160,6 @@ class Broker:
         else:
             message_id = node.next_transient_id()
         node.last_id = message_id
-        node.last_count = len(message.batch)
         if sequence is not None:
             saved = self.sequences.record(topic, sequence)
             if saved is not None:
@@ -205,7 +204,6 @@ class Broker:
             for _ in messages:
                 node.last_id = node.next_transient_id()
                 ids.append(node.last_id)
-        node.last_count = len(messages[-1].batch)
         cursors = node.cursors
         count = len(cursors)
         if count:
@@ -525,8 +523,9 @@ class Broker:
     async def position(
         self, sub: Subscription, topic: str
     ) -> tuple[MessageId | None, MessageId | None]:
-        """The last message of `topic` (with the index of its last batch message, for a batch)
-        and where the subscription's acknowledgements stand on it (its mark_delete)."""
+        """The last message of `topic` that can still be read (with the index of its last batch
+        message, for a batch; None when every message is trimmed) and where the subscription's
+        acknowledgements stand on it (its mark_delete)."""
         node = self._topics.get(topic)
         if topic in self.compacted:
             last = self.compacted.last(topic)  # what a reader from the earliest gets last

@@ -1,5 +1,5 @@
 """Positions in a topic, read from storage: a cursor's backlog, the message at a publish time,
-the size of the last batch, and how far acknowledged data can be trimmed.
+the last message still readable, and how far acknowledged data can be trimmed.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ __all__ = ["id_before", "last_message", "mark_for_time", "read_backlog", "trim_p
 READ_BATCH = 1000
 # An entry number above any a store hands out, for "just before the first entry of a ledger".
 _LAST_ENTRY = (1 << 63) - 1
+# How often `last_message` looks again when the last message changes while it reads.
+_LAST_ATTEMPTS = 3
 
 
 def id_before(message_id: MessageId) -> MessageId | None:
@@ -69,18 +71,24 @@ async def mark_for_time(
 
 
 async def last_message(storage: Storage, topic: Topic) -> MessageId | None:
-    """The id of the topic's last message: for a batch, of its last message in the batch."""
-    last = topic.last_id
-    if last is None:
-        return None
-    if topic.last_count is None:  # not known since the restart: read the entry
+    """The id of the last message of `topic` that a reader can still get (for a batch, of its
+    last message in the batch); None when there is none: nothing was published, or all of it
+    has been trimmed. Pulsar clients take any id here as "there is more to read", so an id
+    whose entry is gone would make a reader wait for a message that never comes."""
+    for _ in range(_LAST_ATTEMPTS):
+        last = topic.last_id
+        if last is None or (topic.trimmed is not None and last <= topic.trimmed):
+            return None
+        # Retention trims without the broker knowing: look the entry up (it is usually still
+        # in the log tail's memory), which also gives its batch size.
         page = await storage.read(topic.name, id_before(last), 1)
-        count = len(page[0][1].batch) if page and page[0][0] == last else 0
-        if topic.last_id == last:
-            topic.last_count = count
-    else:
-        count = topic.last_count
-    return MessageId(last.ledger, last.entry, count - 1) if count else last
+        if page and page[0][0] == last:
+            count = len(page[0][1].batch)
+            return MessageId(last.ledger, last.entry, count - 1) if count else last
+        if not page or topic.last_id == last:
+            return None  # the whole topic is trimmed
+        # Trimmed while newer messages came in during the read: look again at the newest.
+    return None
 
 
 def trim_point(topic: Topic) -> MessageId | None:

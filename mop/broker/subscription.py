@@ -506,8 +506,10 @@ class Subscription:
         if cursor is None:
             return
         whole = message_id.whole
-        partial = message_id.batch_index >= 0
-        through = MessageId(whole.ledger, whole.entry - 1) if partial else whole
+        through = whole
+        if message_id.batch_index >= 0 and not self._ack_batch_prefix(cursor, message_id):
+            # The rest of that batch is still owed: acknowledge through the entry before it.
+            through = MessageId(whole.ledger, whole.entry - 1)
         ids = cursor.ids
         while ids and ids[0] <= through:
             cursor.ack(ids[0])
@@ -521,16 +523,40 @@ class Subscription:
             for key in [k for k in att.unacked if k[0] == topic and k[1] <= through]:
                 del att.unacked[key]
             att.withdraw(topic, through)
-        if partial and whole in ids:
-            for att in self.attachments:
-                entry = att.unacked.get((topic, whole))
-                if entry is not None:
-                    for index in range(message_id.batch_index + 1):
-                        if cursor.ack_member(entry, index):
-                            del att.unacked[(topic, whole)]
-                            break
         self.books.changed.add(cursor)
         self.pump()
+
+    def _ack_batch_prefix(self, cursor: Cursor, message_id: MessageId) -> bool:
+        """Acknowledge the messages of a batch entry up to `message_id`'s index; True when the
+        whole entry is then acknowledged. The entry may be with a consumer, queued for one or
+        back in the backlog (after a redelivery request): wherever it is, the messages after
+        that index stay owed, and the acknowledged ones are left out when it is next taken."""
+        whole = message_id.whole
+        if whole not in cursor.ids:
+            return cursor.is_acked(whole)  # acknowledged already, or not routed here
+        prefix = (1 << (message_id.batch_index + 1)) - 1
+        bits = cursor.partial.get(whole, 0) | prefix
+        entry = self._find(cursor, whole)
+        if entry is not None and bits >= (1 << len(entry.message.batch)) - 1:
+            return True
+        cursor.partial[whole] = bits
+        return False
+
+    def _find(self, cursor: Cursor, message_id: MessageId) -> Entry | None:
+        """The entry of `message_id` if a consumer holds it or it waits for one (not when it
+        waits for a delayed redelivery: the caller then does without it)."""
+        key = (cursor.topic.name, message_id)
+        for att in self.attachments:
+            entry = att.unacked.get(key)
+            if entry is not None:
+                return entry
+            for queued in att.queue:
+                if queued.topic == key[0] and queued.message_id == message_id:
+                    return queued
+        for entry in cursor.backlog:
+            if entry.message_id == message_id:
+                return entry
+        return None
 
     def grant(self, att: Attachment, permits: int) -> None:
         """Let a credit-based consumer be sent `permits` more messages."""

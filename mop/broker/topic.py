@@ -40,17 +40,14 @@ class Entry:
 
 class Topic:
     """A topic. A non-persistent one (`non-persistent://...`) keeps nothing in storage: its
-    ids come from a counter of this process, and only attached consumers see its messages.
-    `last_count` is the batch size of the last entry (0: a single message; None: not known,
-    after a restart)."""
+    ids come from a counter of this process, and only attached consumers see its messages."""
 
-    __slots__ = ("cursors", "last_count", "last_id", "mqtt", "name", "persistent", "trimmed")
+    __slots__ = ("cursors", "last_id", "mqtt", "name", "persistent", "trimmed")
 
     def __init__(self, name: str, mqtt: str, last_id: MessageId | None) -> None:
         self.name = name
         self.mqtt = mqtt
         self.last_id = last_id
-        self.last_count: int | None = None if last_id is not None else 0
         self.persistent = not name.startswith(NON_PERSISTENT)
         # What publish walks: one cursor per attached subscription, kept up to date when
         # subscriptions or selectors change so that a publish never searches for them.

@@ -237,8 +237,14 @@ class ConnectionConsumers:
         whole = mid.whole
         through = whole
         delivery = state.outstanding.get(whole)
-        if data.ack_set and delivery is not None and delivery.message.batch:
-            unacked = unacked_indexes(data.ack_set, len(delivery.message.batch))
+        if data.ack_set:
+            # The set bits are the messages of the batch still owed. Read them even when the
+            # entry is not out with this consumer (it may be on its way back after a
+            # redelivery request): taking the id as the whole entry would lose them.
+            size = 64 * len(data.ack_set)
+            if delivery is not None and delivery.message.batch:
+                size = len(delivery.message.batch)
+            unacked = unacked_indexes(data.ack_set, size)
             if unacked:
                 # Up to the message before the first one still unacknowledged.
                 through = MessageId(whole.ledger, whole.entry, unacked[0] - 1)

@@ -1,0 +1,123 @@
+"""Readers on a topic whose messages are all trimmed (acknowledged by every subscription, or
+past retention), end to end with the real pulsar-client: as with Apache Pulsar, nothing is
+announced as available, and a message published afterwards is read."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pulsar
+import pytest
+
+from mop.settings import StorageSettings
+from mop.testing.node import RunningNode
+from tests.e2e.pulsar_support import (
+    TIMEOUT_MS,
+    pulsar_client,
+    pulsar_node,
+    pulsar_settings,
+    receive_all,
+    topic_for,
+)
+
+pytestmark = pytest.mark.e2e
+
+TRIM_TIMEOUT = 15.0  # trimming runs every second; the machine may be busy
+
+
+@contextmanager
+def node_with(storage: StorageSettings, data_dir: Path | None = None) -> Iterator[RunningNode]:
+    settings = dataclasses.replace(pulsar_settings(), storage=storage)
+    if data_dir is not None:
+        settings = dataclasses.replace(settings, data_dir=str(data_dir))
+    with pulsar_node(settings) as node:
+        yield node
+
+
+def stored(node: RunningNode, topic: str) -> int:
+    """How many messages of `topic` the node's storage still keeps."""
+    storage = node.node.processor.backend.storage  # type: ignore[attr-defined]
+
+    def count() -> int:
+        index = storage.index.topics.get(topic)
+        return 0 if index is None else int(index.count)
+
+    return node.call(count)
+
+
+def wait_until_trimmed(node: RunningNode, topic: str) -> None:
+    deadline = time.monotonic() + TRIM_TIMEOUT
+    while stored(node, topic):
+        assert time.monotonic() < deadline, f"{topic} was not trimmed in {TRIM_TIMEOUT}s"
+        time.sleep(0.1)
+
+
+def produce(client: pulsar.Client, topic: str, *payloads: bytes) -> None:
+    producer = client.create_producer(topic, batching_enabled=False)
+    for payload in payloads:
+        producer.send(payload)
+    producer.close()
+
+
+def consume_and_acknowledge(consumer: pulsar.Consumer, count: int) -> None:
+    for message in receive_all(consumer, count):
+        consumer.acknowledge(message)
+    consumer.close()
+
+
+def assert_reads_only_what_comes_next(client: pulsar.Client, topic: str) -> None:
+    """A reader from the earliest position has nothing to read, then reads a new message."""
+    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+    try:
+        assert not reader.has_message_available()
+        with pytest.raises(pulsar.Timeout):
+            reader.read_next(timeout_millis=300)
+        produce(client, topic, b"after")
+        assert reader.has_message_available()
+        assert reader.read_next(timeout_millis=TIMEOUT_MS).data() == b"after"
+        assert not reader.has_message_available()
+    finally:
+        reader.close()
+
+
+def test_reader_on_a_topic_trimmed_after_acknowledgement(request: pytest.FixtureRequest) -> None:
+    topic = topic_for(request.node.name)
+    # No grace for new topics: trimming follows the acknowledgements at once.
+    with node_with(StorageSettings(unsubscribed_grace=0)) as node, pulsar_client(node) as client:
+        consumer = client.subscribe(topic, "acker")
+        produce(client, topic, b"m0", b"m1", b"m2")
+        consume_and_acknowledge(consumer, 3)
+        wait_until_trimmed(node, topic)
+        assert_reads_only_what_comes_next(client, topic)
+
+
+def test_reader_on_a_topic_trimmed_by_retention(request: pytest.FixtureRequest) -> None:
+    topic = topic_for(request.node.name)
+    storage = StorageSettings(unsubscribed_grace=0, retention_seconds=1)
+    with node_with(storage) as node, pulsar_client(node) as client:
+        # A subscription that never acknowledges: only retention removes the messages.
+        holder = client.subscribe(topic, "holder")
+        produce(client, topic, b"m0", b"m1")
+        wait_until_trimmed(node, topic)
+        assert_reads_only_what_comes_next(client, topic)
+        holder.close()
+
+
+def test_reader_on_a_trimmed_topic_after_a_restart(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    topic = topic_for(request.node.name)
+    storage = StorageSettings(unsubscribed_grace=0)
+    with node_with(storage, tmp_path) as node, pulsar_client(node) as client:
+        consumer = client.subscribe(topic, "acker")
+        produce(client, topic, b"m0", b"m1")
+        consume_and_acknowledge(consumer, 2)
+        wait_until_trimmed(node, topic)
+    # The restarted broker knows the topic's last id but not that it was trimmed.
+    with node_with(storage, tmp_path) as node, pulsar_client(node) as client:
+        assert stored(node, topic) == 0
+        assert_reads_only_what_comes_next(client, topic)
