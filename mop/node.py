@@ -113,7 +113,7 @@ def _advertise_bound_port(backend: Backend, settings: Settings, bound: list[Boun
 
 
 # The tables the protocol adapters read as they start (a proxy loads them before it is ready).
-_ADAPTER_TABLES = ("retained", "mqtt-sessions", "mqtt-qos2-flows")
+_ADAPTER_TABLES = ("retained", "mqtt-sessions", "mqtt-qos2-flows", "mqtt-nodes")
 
 
 async def _start_cluster_backend(settings: Settings, nursery: trio.Nursery) -> Backend:

@@ -51,6 +51,9 @@ class MqttSettings:
     max_session_expiry: int = 0xFFFFFFFF
     retain_available: bool = True
     sys_interval: float = 10.0
+    # Separated mode: seconds a proxy may send no heartbeat before the others take it for dead
+    # and the sessions of its clients go offline (their wills, their expiry).
+    node_timeout: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)

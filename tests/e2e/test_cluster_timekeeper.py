@@ -27,6 +27,8 @@ LOST = re.compile(r"session timers no longer run on this node")
 HANDOVER = 10.0
 # A bounded watch for a will that must not come again (or at all).
 QUIET = 3.0
+# How long a proxy may be silent before the holder takes it for dead (mqtt.node_timeout).
+NODE_TIMEOUT = 2.0
 
 
 class Deployment:
@@ -42,6 +44,7 @@ class Deployment:
                 MOP_CLUSTER__SERVICE_URL=broker.service_url,
                 MOP_CLUSTER__OPERATION_TIMEOUT="5",
                 MOP_DEFAULT_NAMESPACE=self.namespace,
+                MOP_MQTT__NODE_TIMEOUT=str(NODE_TIMEOUT),
             )
             for name in ("a", "b")
         ]
@@ -242,3 +245,45 @@ def test_a_holder_cut_off_from_its_broker_stops_and_one_proxy_carries_on(
     finally:
         deployment.close()
         broker.close()
+
+
+@pytest.mark.parametrize("dying", ["holder", "other"])
+def test_when_a_proxy_dies_its_clients_wills_go_out_and_their_sessions_expire(
+    deployment: Deployment, dying: str
+) -> None:
+    holder = deployment.holder()
+    proxy = holder if dying == "holder" else deployment.other(holder)
+    survivor = deployment.other(proxy)
+    watch = deployment.watch("tk/dead")
+    # Connected when their proxy dies: one without a session after the connection (MQTT
+    # 3.1.1, clean), one with a session that expires 3 s after it and a will delayed by 1 s.
+    clean = Client(
+        proxy.port, "tk-dead-clean", version=4, clean=True, will=("tk/dead", b"clean", 1, False)
+    )
+    kept = Client(
+        proxy.port,
+        "tk-dead-kept",
+        clean=False,
+        will=("tk/dead", b"kept", 1, False),
+        will_properties=props(PacketTypes.WILLMESSAGE, WillDelayInterval=1),
+        connect_properties=props(PacketTypes.CONNECT, SessionExpiryInterval=3),
+    )
+    assert clean.connack is not None and kept.connack is not None
+    proxy.kill()
+    killed = time.monotonic()
+    if dying == "holder":
+        assert deployment.holder() is survivor
+    one, _ = first(watch, NODE_TIMEOUT + HANDOVER)
+    two, at = first(watch, NODE_TIMEOUT + HANDOVER)
+    assert sorted([one, two]) == [b"clean", b"kept"]
+    print(f"both wills {at - killed:.1f} s after the kill")
+    assert count(watch, QUIET) == [], "a will came twice"
+    time.sleep(max(0.0, killed + NODE_TIMEOUT + 1 + 3 + 2 - time.monotonic()))
+    back = Client(
+        survivor.port,
+        "tk-dead-kept",
+        clean=False,
+        connect_properties=props(PacketTypes.CONNECT, SessionExpiryInterval=60),
+    )
+    assert back.connack is not None and not back.connack.session_present, "not expired"
+    back.disconnect()

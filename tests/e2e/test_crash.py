@@ -367,6 +367,31 @@ def test_a_session_connected_at_the_crash_counts_from_the_restart(node: NodeProc
     node.stop()
 
 
+def test_the_will_of_a_client_without_a_session_goes_out_after_a_crash(
+    node: NodeProcess,
+) -> None:
+    port = node.start()
+    watcher = persistent(port, "cc-watcher")
+    watcher.subscribe("cc/will", 1)
+    watcher.disconnect()
+    # Connected when the node dies, with no session beyond the connection (MQTT 3.1.1 clean).
+    Client(port, "cc-clean", version=4, will=("cc/will", b"cc-clean is gone", 1, False))
+    node.kill()
+
+    port = node.start()
+    watcher = persistent(port, "cc-watcher")
+    [will] = watcher.expect(1, timeout=5)
+    assert will.payload == b"cc-clean is gone"
+    watcher.disconnect()
+    # It went out once: the record of the connection went with it.
+    node.stop()
+    port = node.start()
+    watcher = persistent(port, "cc-watcher")
+    assert session_present(watcher)
+    watcher.expect_none(1.0)
+    node.stop()
+
+
 # -- a torn tail -------------------------------------------------------------------------------
 
 

@@ -311,8 +311,7 @@ class ClientHandler:
         self.flow = Outflow(self.server, self.conn, self.out, self.ctx, state, self.subs)
         try:
             await self.subs.restore()
-            state.disconnected_at = None
-            await self.server.sessions.save(state)
+            await self.server.sessions.attach(state)
         except BackendError as exc:
             # Not resumable durably now (e.g. the disk is full): leave the session as it was
             # and refuse, rather than run a session whose state would not survive.

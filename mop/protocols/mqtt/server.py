@@ -63,7 +63,9 @@ class MqttServer:
         self._encoded_bytes = 0
         self.timers = Timers()
         self.retained = RetainedStore(processor.table("retained"))
-        self.sessions = SessionRegistry(processor, self.timers, self._publish_will)
+        self.sessions = SessionRegistry(
+            processor, self.timers, self._publish_will, node_timeout=self.settings.node_timeout
+        )
         self.sys = SysPublisher(self, VERSION)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

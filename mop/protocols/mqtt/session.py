@@ -61,6 +61,8 @@ class SessionState:
     # When the last connection ended (ms since epoch); None while a client is connected.
     disconnected_at: int | None = None
     last_packet_id: int = 0
+    # The node the client is connected through, while it is (see `node_liveness`).
+    node: str | None = None
 
     @property
     def expires_at(self) -> int | None:
@@ -99,6 +101,8 @@ class SessionState:
         }
         if self.will is not None:
             doc["will"] = _will_doc(self.will)
+        if self.node is not None and self.disconnected_at is None:
+            doc["node"] = self.node
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -111,6 +115,7 @@ class SessionState:
             inbound_qos2=frozenset(doc["qos2_in"]),
             disconnected_at=doc["disconnected_at"],
             last_packet_id=doc["last_pid"],
+            node=doc.get("node"),
         )
         for packet_id, topic, message_id in doc["out"]:
             state.outbound[packet_id] = Outbound(packet_id, 1, topic, MessageId.parse(message_id))

@@ -15,12 +15,19 @@ will without delay is published there (the session is written with the will clea
 holder does not send it again). A node taking a session (a client connecting) writes it as
 connected, which cancels the holder's timers for it; the holder learns of it through its table
 reader, so a will falling due within that moment may still go out.
+
+While a client is connected its session is recorded as connected through this node, with its
+will, also a session without expiry that has a will: in separated mode, so that the holder can
+end it should this proxy die (`node_liveness`: the sessions of a node silent for
+`node_timeout` go offline from then on); in merged mode, so that a node restarting after a
+crash sends the wills of the clients it lost.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
@@ -28,6 +35,7 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from mop.processor import BackendError, MessagingProcessor
+from mop.protocols.mqtt.node_liveness import NODES_TABLE, NodeLiveness, heartbeat_interval
 from mop.protocols.mqtt.packets import Will
 from mop.protocols.mqtt.session import (
     Outbound,
@@ -64,11 +72,28 @@ class SessionRegistry:
     holder of `ROLE`) the offline ones of the whole deployment with their timers."""
 
     def __init__(
-        self, processor: MessagingProcessor, timers: Timers, publish_will: PublishWill
+        self,
+        processor: MessagingProcessor,
+        timers: Timers,
+        publish_will: PublishWill,
+        *,
+        node_timeout: float = 10.0,
     ) -> None:
         self._processor = processor
+        self._node_timeout = node_timeout
+        # This process, as named in the sessions connected through it.
+        self.node_id = secrets.token_hex(8)
+        self._liveness: NodeLiveness | None = None  # in separated mode
+        # Sessions connected through this node, as recorded by `attach`.
+        self._attached: dict[str, SessionState] = {}
+        # On the holder, in separated mode: the node each session recorded as connected
+        # through another node is connected through.
+        self._elsewhere: dict[str, str] = {}
         self._table = processor.table(TABLE)
         self._flows = processor.table(FLOWS_TABLE)
+        # Heartbeats, in separated mode; opened here with the others, so that a node loads
+        # it before it starts.
+        self._nodes = processor.table(NODES_TABLE)
         self._timers = timers
         self._publish_will = publish_will
         # Offline sessions with their timers armed: on the holder of the role only.
@@ -95,6 +120,15 @@ class SessionRegistry:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if not role.permanent:
+                    liveness = self._liveness = NodeLiveness(
+                        self._nodes,
+                        self.node_id,
+                        self._node_timeout,
+                        self._declared_dead,
+                    )
+                    await nursery.start(liveness.beat)
+                    nursery.start_soon(self._watch_nodes, liveness)
                 if role.held:
                     await self._follow(await role.changed())
                 task_status.started()
@@ -133,6 +167,8 @@ class SessionRegistry:
                 continue
             if state.disconnected_at is None:
                 if not permanent:
+                    if state.node is not None and state.node != self.node_id:
+                        self._elsewhere[client_id] = state.node
                     continue
                 state.disconnected_at = now
             self._offline[client_id] = state
@@ -142,6 +178,8 @@ class SessionRegistry:
             if owner is not None:
                 owner.outbound[packet_id] = outbound_from_bytes(packet_id, data)
         self._holding = True
+        if self._liveness is not None:
+            self._liveness.start_watching()
         for state in list(self._offline.values()):
             self._arm(state)
         if permanent:
@@ -162,6 +200,7 @@ class SessionRegistry:
         for client_id in self._offline:
             self._disarm(client_id)
         self._offline.clear()
+        self._elsewhere.clear()
 
     def _changed_elsewhere(self, client_id: str, value: bytes | None) -> None:
         """Another node wrote a session: the holder follows (adopts one written as offline,
@@ -170,8 +209,15 @@ class SessionRegistry:
             return
         self._disarm(client_id)
         self._offline.pop(client_id, None)
+        self._elsewhere.pop(client_id, None)
         state = None if value is None else _parsed(client_id, value)
-        if state is None or state.disconnected_at is None:
+        if state is None:
+            return
+        if state.disconnected_at is None:
+            if state.node is not None and state.node != self.node_id:
+                self._elsewhere[client_id] = state.node
+                if self._liveness is not None:
+                    self._liveness.saw(state.node)
             return
         self._offline[client_id] = state  # its QoS 2 flows: `take` and `_end` read them
         self._arm(state)
@@ -198,7 +244,7 @@ class SessionRegistry:
                 # Recorded as connected, so that the holder of the role (another node, or
                 # whichever node holds it next) cancels this session's timers. `state` itself
                 # stays as stored, for `put_back`.
-                taken = dataclasses.replace(state, disconnected_at=None)
+                taken = dataclasses.replace(state, disconnected_at=None, node=self.node_id)
                 await self._table.put(client_id, taken.to_bytes())
         if state is None:
             return SessionState(client_id=client_id), False
@@ -224,10 +270,91 @@ class SessionRegistry:
         self._timers.cancel(f"expire:{client_id}")
         self._timers.cancel(f"will:{client_id}")
 
+    async def attach(self, state: SessionState) -> None:
+        """Record a session taken by a connection as connected through this node, with the
+        connection's will: a session with expiry, and also one without that has a will (its
+        record goes when it ends)."""
+        state.disconnected_at = None
+        state.node = self.node_id
+        self._attached[state.client_id] = state
+        if state.expiry_interval or state.will is not None:
+            try:
+                await self._table.put(state.client_id, state.to_bytes())
+            except BaseException:
+                self._attached.pop(state.client_id, None)
+                raise
+
+    def _declared_dead(self) -> None:
+        """Another node took this one for dead (it heard no heartbeat for too long): record
+        the sessions connected here as connected again, so that the holder stops their
+        timers."""
+        log.warning(
+            "node %s was taken for dead; recording its %d connected sessions again",
+            self.node_id,
+            len(self._attached),
+        )
+        if self._nursery is not None:
+            self._nursery.start_soon(self._record_attached_again)
+
+    async def _record_attached_again(self) -> None:
+        """Write every attached session again, retrying those that fail until they are
+        written or have ended."""
+        pending = list(self._attached.values())
+        while pending:
+            failed = []
+            for state in pending:
+                if self._attached.get(state.client_id) is not state:
+                    continue  # ended meanwhile
+                if state.expiry_interval or state.will is not None:
+                    try:
+                        await self._table.put(state.client_id, state.to_bytes())
+                    except BackendError as exc:
+                        log.debug("session %r not recorded again: %s", state.client_id, exc)
+                        failed.append(state)
+            if failed:
+                log.warning("%d sessions not recorded again yet; retrying", len(failed))
+                await trio.sleep(heartbeat_interval(self._node_timeout))
+            pending = failed
+
+    async def _watch_nodes(self, liveness: NodeLiveness) -> None:
+        """On the holder: take the sessions of silent nodes offline, and forget the nodes."""
+        while True:
+            await trio.sleep(heartbeat_interval(liveness.timeout))
+            if not self._holding or self._role is None or not self._role.held:
+                continue
+            for node_id in liveness.silent(self._elsewhere.values()):
+                self._node_gone(node_id)
+                await liveness.forget(node_id)
+
+    def _node_gone(self, node_id: str) -> None:
+        """Take the sessions recorded as connected through `node_id` offline from now: arm
+        their wills and expiry as if their connections had ended now (the table is not
+        written: the node's clients reconnecting elsewhere record their sessions anew)."""
+        now = now_ms()
+        gone = [client_id for client_id, node in self._elsewhere.items() if node == node_id]
+        for client_id in gone:
+            del self._elsewhere[client_id]
+            state = self._stored(client_id)
+            if state is None or state.disconnected_at is not None or state.node != node_id:
+                continue
+            state.disconnected_at = now
+            state.node = None
+            self._offline[client_id] = state
+            self._arm(state)
+        if gone:
+            log.warning(
+                "node %s sent no heartbeat for %.1f s: %d sessions connected through it are "
+                "offline from now",
+                node_id,
+                self._node_timeout,
+                len(gone),
+            )
+
     def put_back(self, state: SessionState) -> None:
         """Return a session taken by a connection that could not open: the holder re-arms
         its timers, and where `take` recorded it as connected it is written back as offline
         (in the background: this is called on the way out of a failed connect)."""
+        self._detach(state)
         if state.disconnected_at is None:
             return  # it was not offline (a record of a connection that never ended)
         if self._holding:
@@ -245,6 +372,7 @@ class SessionRegistry:
     async def release(self, state: SessionState, *, will: Will | None) -> None:
         """The connection of `state` is gone: keep the session or end it, and handle the will
         (a will without delay goes out from here, at once)."""
+        self._detach(state)
         state.disconnected_at = now_ms()
         if state.expiry_interval == 0:
             state.will = will
@@ -259,6 +387,10 @@ class SessionRegistry:
         if at_once:
             assert will is not None
             await self._publish_will(state.client_id, will)
+
+    def _detach(self, state: SessionState) -> None:
+        if self._attached.get(state.client_id) is state:
+            del self._attached[state.client_id]
 
     async def save(self, state: SessionState) -> None:
         if state.expiry_interval:
