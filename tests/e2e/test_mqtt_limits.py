@@ -275,9 +275,6 @@ def _flood_payload(index: int) -> bytes:
     return b"%08d" % index + b"x" * 1016  # 1 KiB
 
 
-@pytest.mark.merged_only(
-    reason="a proxy cannot bound what the broker keeps for a subscription (max_queued_messages)"
-)
 @pytest.mark.parametrize("qos", [0, 1])
 def test_slow_subscriber_does_not_stall_others(
     node: RunningNode, raws: Callable[..., RawClient], qos: int
