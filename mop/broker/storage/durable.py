@@ -294,6 +294,12 @@ class DurableStorage:
         if (self._synced if fsync else tail.written) >= target:
             await trio.lowlevel.checkpoint()
             return
+        # The tasks that are ready run before the write, not after it: consumers that the
+        # records were just routed to deliver them without waiting for the disk (deliveries
+        # never waited for durability; acknowledgements do), and publishers that are ready
+        # add their records to this same write. Not a cancellation point, as the write never
+        # was: the caller's records are queued already.
+        await trio.lowlevel.cancel_shielded_checkpoint()
         while (self._synced if fsync else tail.written) < target:
             flight = self._flight
             if flight is None:
@@ -346,8 +352,6 @@ class DurableStorage:
         finally:
             self._flight = None
             flight.done.set()
-        if inline:
-            await trio.lowlevel.cancel_shielded_checkpoint()
 
     # -- lifetime ------------------------------------------------------------------------------
 
