@@ -811,6 +811,44 @@ def test_pipelined_qos_1_is_acknowledged_in_order(
     assert [a.packet_id for a in acks] == list(range(1, 31))  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("level", [4, 5])
+def test_pipelined_qos_2_is_received_once_and_answered_in_order(
+    node: RunningNode, raws: Callable[..., RawClient], level: int
+) -> None:
+    """QoS 2 publishes sent back to back, one of them sent twice in the same burst and
+    mixed with QoS 1 and 0: every one is answered in the order sent, and each message reaches
+    the subscriber once (MQTT-4.3.3-2, exactly once)."""
+    sub = Client(node.mqtt_port, f"pipe2-sub-{level}")
+    assert sub.subscribe(f"pipe2/{level}/#", 2) == [2]
+    raw = raws(node.mqtt_port, level)
+    raw.connect(f"pipe2-{level}")
+    burst = [
+        Publish(f"pipe2/{level}/a", b"a", 2, packet_id=1),
+        Publish(f"pipe2/{level}/b", b"b", 1, packet_id=2),
+        Publish(f"pipe2/{level}/c", b"c", 2, packet_id=3),
+        Publish(f"pipe2/{level}/a", b"a", 2, packet_id=1, dup=True),  # sent again: not new
+        Publish(f"pipe2/{level}/d", b"d", 0),
+        Publish(f"pipe2/{level}/e", b"e", 2, packet_id=4),
+    ]
+    raw.send_bytes(b"".join(encode(p, level) for p in burst))
+    answers = [raw.recv() for _ in range(5)]
+    assert [(type(a), a.packet_id) for a in answers] == [  # type: ignore[union-attr]
+        (Pubrec, 1), (Puback, 2), (Pubrec, 3), (Pubrec, 1), (Pubrec, 4)
+    ], answers
+    assert all(a.reason_code < 0x80 for a in answers)  # type: ignore[union-attr]
+    for pid in (1, 3, 4):
+        raw.send(Pubrel(pid))
+        assert raw.recv() == Pubcomp(pid)
+    got = sorted(m.payload for m in sub.expect(5))
+    assert got == [b"a", b"b", b"c", b"d", b"e"]
+    sub.expect_none(0.3)
+    # A packet id released by PUBREL is free again: a new message with it is published.
+    raw.send(Publish(f"pipe2/{level}/f", b"f", 2, packet_id=1))
+    assert is_pubrec(raw.recv(), 1)
+    assert [m.payload for m in sub.expect(1)] == [b"f"]
+    sub.disconnect()
+
+
 # -- MQTT 5: properties that pass through ---------------------------------------------------------
 
 

@@ -78,6 +78,7 @@ class ClientHandler:
         "_reading_since",
         "_send_will",
         "_staged",
+        "_staged_qos2",
         "conn",
         "ctx",
         "flow",
@@ -115,6 +116,7 @@ class ClientHandler:
         self._send_will = True
         # PUBLISHes of the current read waiting for one publish of them all (`_commit`).
         self._staged: list[Publish] = []
+        self._staged_qos2: set[int] = set()  # the packet ids of the QoS 2 ones
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -416,10 +418,11 @@ class ClientHandler:
     async def _read_loop(self) -> None:
         """Act on every packet of each read, then read again.
 
-        PUBLISHes at QoS 0 and 1 that are not retained are staged and published together
-        (`_commit`): one wait for durability and one write of their PUBACKs per read, instead
-        of one each. Any other packet commits what is staged first, so that acks, deliveries
-        and session changes keep the order of the packets.
+        PUBLISHes that are not retained are staged and published together (`_commit`): one
+        wait for durability and one write of their PUBACKs and PUBRECs per read, instead of
+        one each. Any other packet commits what is staged first, so that acks, deliveries
+        and session changes keep the order of the packets; so does a QoS 2 PUBLISH that is
+        received again (its packet id is taken), which is answered without publishing.
         """
         keep_alive = self.keep_alive > 0
         if keep_alive:
@@ -447,7 +450,11 @@ class ClientHandler:
                 kind = type(event)
                 if kind is Publish:
                     assert isinstance(event, Publish)
-                    if event.qos < 2 and not event.retain and event.topic[:1] != "$":
+                    if (
+                        not event.retain
+                        and event.topic[:1] != "$"
+                        and (event.qos < 2 or self._stages_qos2(event))
+                    ):
                         staged.append(event)
                         continue
                 elif kind is Puback:
@@ -503,18 +510,33 @@ class ClientHandler:
 
     # -- inbound publishes -----------------------------------------------------------------
 
+    def _stages_qos2(self, publish: Publish) -> bool:
+        """Whether a QoS 2 PUBLISH can be staged: its packet id is not taken by one received
+        before (whose PUBREL has not come) or by one staged already."""
+        assert self.state is not None
+        pid = publish.packet_id
+        assert pid is not None  # the codec refuses a QoS 2 PUBLISH without one
+        if pid in self.state.inbound_qos2 or pid in self._staged_qos2:
+            return False
+        self._staged_qos2.add(pid)
+        return True
+
     async def _commit(self) -> None:
-        """Publish the staged PUBLISHes (QoS 0 and 1, not retained) with one wait for
-        durability, then answer the QoS 1 ones with their PUBACKs, in order, in one write.
-        Nothing is acknowledged before it is durable; a message the backend refused is
-        answered with its reason code (MQTT 5) or closes the connection (3.1.1, whose acks
-        carry no error), after the acks of the messages before it."""
+        """Publish the staged PUBLISHes (not retained) with one wait for durability, then
+        answer the QoS 1 ones with their PUBACKs and the QoS 2 ones with their PUBRECs, in
+        order, in one write. Nothing is acknowledged before it is durable, and no PUBREC goes
+        out before its packet id is recorded in the session (once for all of them); a message
+        the backend refused is answered with its reason code (MQTT 5) or closes the
+        connection (3.1.1, whose acks carry no error), after the acks of the messages before
+        it."""
         staged = self._staged[:]
         self._staged.clear()
+        self._staged_qos2.clear()
         results = await self.server.publish_batch(self.ctx, staged)
         conn = self.conn
         v5 = conn.protocol_level == 5
         acks: list[bytes] = []
+        received: list[int] = []  # QoS 2 packet ids to record before their PUBRECs
         failure: BackendError | None = None
         for publish, result in zip(staged, results, strict=True):
             if isinstance(result, BackendError):
@@ -538,8 +560,24 @@ class ClientHandler:
                 reason = ReasonCode.NO_MATCHING_SUBSCRIBERS
             else:
                 reason = ReasonCode.SUCCESS
-            assert publish.packet_id is not None
-            acks.append(conn.send_puback(publish.packet_id, reason))
+            pid = publish.packet_id
+            assert pid is not None
+            if publish.qos == 1:
+                acks.append(conn.send_puback(pid, reason))
+            else:
+                if reason < 0x80:
+                    received.append(pid)
+                acks.append(conn.send(Pubrec(pid, reason if v5 else 0)))
+        if received:
+            state = self.state
+            assert state is not None
+            state.inbound_qos2 |= frozenset(received)
+            try:
+                await self.server.sessions.save(state)
+            except BackendError as exc:
+                # Not answered: the client sends them again (with DUP) after a reconnect.
+                state.inbound_qos2 -= frozenset(received)
+                raise _Close(ReasonCode.UNSPECIFIED_ERROR, f"session not saved: {exc}") from exc
         if acks:
             self.out.add(b"".join(acks))  # pushed by the read loop
         if failure is not None:
