@@ -336,7 +336,10 @@ class ClusterBackend:
             except ValueError as exc:
                 pending.append(BackendError(str(exc), reason="not_supported"))
             else:
-                pending.append(receipt if message.qos else PublishResult(NO_ID, None))
+                if message.qos and receipt is not None:
+                    pending.append(receipt)
+                else:
+                    pending.append(PublishResult(NO_ID, None))
         results: list[PublishResult | BackendError] = []
         for item in pending:
             if isinstance(item, Receipt):

@@ -5,6 +5,13 @@ A send waits for the broker's receipt when the message has qos >= 1; a qos-0 sen
 the client has taken the message (its receipt, or failure, only frees its slot). Each producer
 has a bounded number of sends in flight; more wait their turn, so a fast publisher is slowed
 down rather than refused.
+
+Most qos-0 sends go without a completion callback: every callback runs Python on the client's
+I/O thread, which must take the GIL from the trio thread first, once per message, and meanwhile
+reads nothing from the broker (receipts, and the messages the proxy's readers wait for). A
+producer completes its sends in the order they were made, so the receipt of the next send that
+has a callback also frees the slots of the silent ones before it (see `_Entry.silent`): one
+qos-0 send in `_MAX_SILENT + 1` has a callback, and so has every qos >= 1 send.
 """
 
 from __future__ import annotations
@@ -34,6 +41,11 @@ log = logging.getLogger("mop.cluster")
 
 # The id a qos-0 publish returns: it does not wait to learn the real one.
 NO_ID = MessageId(-1, -1)
+
+# At most this many silent qos-0 sends in a row on one producer (fewer when `max_pending` is
+# small, see `ProducerCache`). Their slots stay taken until a later send's receipt comes, so a
+# producer holds at most this many for a topic that went quiet.
+_MAX_SILENT = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +83,7 @@ def pulsar_message(message: Message, *, extra: dict[str, str] | None = None) -> 
 class _Entry:
     """One topic's producer, or the creation of it in progress."""
 
-    __slots__ = ("created", "error", "last_used", "pending", "producer", "slots")
+    __slots__ = ("created", "error", "last_used", "pending", "producer", "silent", "slots")
 
     def __init__(self, max_pending: int) -> None:
         self.producer: Any = None
@@ -79,26 +91,36 @@ class _Entry:
         self.created = trio.Event()
         self.slots = trio.Semaphore(max_pending)
         self.pending = 0
+        # Sends made without a callback since the last one with a callback: their slots are
+        # freed by the receipt of the next send that has one (or stay taken until the producer
+        # is closed, when none comes).
+        self.silent = 0
         self.last_used = trio.current_time()
 
 
 class Receipt:
     """The broker's answer to one send, once it comes."""
 
-    __slots__ = ("_cache", "_done", "_entry", "_qos", "_result", "_topic")
+    __slots__ = ("_cache", "_covers", "_done", "_entry", "_qos", "_result", "_topic")
 
-    def __init__(self, cache: ProducerCache, topic: str, entry: _Entry, qos: int) -> None:
+    def __init__(
+        self, cache: ProducerCache, topic: str, entry: _Entry, qos: int, covers: int = 0
+    ) -> None:
         self._cache = cache
         self._topic = topic
         self._entry = entry
         self._qos = qos
+        # How many silent (callback-less) sends made just before this one it completes too.
+        self._covers = covers
         self._done = trio.Event()
         self._result: tuple[Any, Any] | None = None
 
     def complete(self, result: Any, pulsar_id: Any) -> None:
         entry = self._entry
-        entry.pending -= 1
-        entry.slots.release()
+        freed = 1 + self._covers
+        entry.pending -= freed
+        for _ in range(freed):
+            entry.slots.release()
         self._result = (result, pulsar_id)
         self._done.set()
         if result != _pulsar.Result.Ok and not self._qos:
@@ -123,6 +145,9 @@ class ProducerCache:
         self._options = options
         self._entries: dict[str, _Entry] = {}
         self._closed = False
+        # Fewer than half the slots, so that when all slots are taken most belong to sends
+        # whose receipt is coming, and a send waiting for a slot cannot wait for good.
+        self._max_silent = min(_MAX_SILENT, (options.max_pending - 1) // 2)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -183,7 +208,7 @@ class ProducerCache:
         """Publish `message` (plus `extra` properties, unchanged) to `topic`; waits for the
         receipt when `message.qos` >= 1. `batching` applies to a producer made for this send."""
         receipt = await self.submit(topic, message, batching=batching, extra=extra)
-        if not message.qos:
+        if not message.qos or receipt is None:
             await trio.lowlevel.checkpoint()
             return PublishResult(NO_ID, None)
         return await receipt.wait()
@@ -195,9 +220,12 @@ class ProducerCache:
         *,
         batching: bool = True,
         extra: dict[str, str] | None = None,
-    ) -> Receipt:
+    ) -> Receipt | None:
         """Hand `message` to the topic's producer (waiting for a free slot) and return its
-        receipt, to await when the outcome matters."""
+        receipt, to await when the outcome matters; None for a qos-0 message sent without a
+        callback, whose outcome is not reported. (A failed qos-0 send is only ever a debug log;
+        a broker that stops taking a topic's messages also fails its next send that has a
+        callback, which logs it.)"""
         entry = await self._producer(topic, batching)
         built = pulsar_message(message, extra=extra)
         try:
@@ -206,7 +234,16 @@ class ProducerCache:
             await entry.slots.acquire()
         entry.pending += 1
         entry.last_used = trio.current_time()
-        receipt = Receipt(self, topic, entry, message.qos)
+        if not message.qos and entry.silent < self._max_silent:
+            try:
+                entry.producer.send_async(built, None)  # an empty callback: C++ calls nothing
+            except _pulsar.PulsarException as exc:
+                entry.pending -= 1
+                entry.slots.release()
+                raise BackendError(f"publishing to {topic}: {exc}") from exc
+            entry.silent += 1
+            return None
+        receipt = Receipt(self, topic, entry, message.qos, entry.silent)
         try:
             entry.producer.send_async(
                 built,
@@ -216,6 +253,7 @@ class ProducerCache:
             entry.pending -= 1
             entry.slots.release()
             raise BackendError(f"publishing to {topic}: {exc}") from exc
+        entry.silent = 0
         return receipt
 
     def _forget(self, topic: str, entry: _Entry) -> None:
@@ -232,7 +270,9 @@ class ProducerCache:
                 if (
                     entry.created.is_set()
                     and entry.producer is not None
-                    and entry.pending == 0
+                    # Silent sends whose slots no receipt freed are done by now (or fail as
+                    # the producer closes, as a qos-0 send may).
+                    and entry.pending == entry.silent
                     and now - entry.last_used >= idle
                 ):
                     del self._entries[topic]
