@@ -512,7 +512,8 @@ class ClientHandler:
 
     def _stages_qos2(self, publish: Publish) -> bool:
         """Whether a QoS 2 PUBLISH can be staged: its packet id is not taken by one received
-        before (whose PUBREL has not come) or by one staged already."""
+        before (whose PUBREL has not come) or by one staged already. When it can, its packet
+        id is noted as staged (the caller stages it)."""
         assert self.state is not None
         pid = publish.packet_id
         assert pid is not None  # the codec refuses a QoS 2 PUBLISH without one

@@ -167,8 +167,9 @@ class SessionRegistry:
                 continue
             if state.disconnected_at is None:
                 if not permanent:
-                    if state.node is not None and state.node != self.node_id:
-                        self._elsewhere[client_id] = state.node
+                    node = self._other_node(state)
+                    if node is not None:
+                        self._elsewhere[client_id] = node
                     continue
                 state.disconnected_at = now
             self._offline[client_id] = state
@@ -214,13 +215,19 @@ class SessionRegistry:
         if state is None:
             return
         if state.disconnected_at is None:
-            if state.node is not None and state.node != self.node_id:
-                self._elsewhere[client_id] = state.node
+            node = self._other_node(state)
+            if node is not None:
+                self._elsewhere[client_id] = node
                 if self._liveness is not None:
-                    self._liveness.saw(state.node)
+                    self._liveness.saw(node)
             return
         self._offline[client_id] = state  # its QoS 2 flows: `take` and `_end` read them
         self._arm(state)
+
+    def _other_node(self, state: SessionState) -> str | None:
+        """The node a session recorded as connected is connected through, unless it is this
+        one (or not named)."""
+        return state.node if state.node != self.node_id else None
 
     async def take(self, client_id: str, *, clean_start: bool) -> tuple[SessionState, bool]:
         """The session for a connecting client, and whether it existed (session present).
@@ -277,7 +284,7 @@ class SessionRegistry:
         state.disconnected_at = None
         state.node = self.node_id
         self._attached[state.client_id] = state
-        if state.expiry_interval or state.will is not None:
+        if _recorded_while_connected(state):
             try:
                 await self._table.put(state.client_id, state.to_bytes())
             except BaseException:
@@ -299,18 +306,17 @@ class SessionRegistry:
     async def _record_attached_again(self) -> None:
         """Write every attached session again, retrying those that fail until they are
         written or have ended."""
-        pending = list(self._attached.values())
+        pending = [s for s in self._attached.values() if _recorded_while_connected(s)]
         while pending:
             failed = []
             for state in pending:
                 if self._attached.get(state.client_id) is not state:
                     continue  # ended meanwhile
-                if state.expiry_interval or state.will is not None:
-                    try:
-                        await self._table.put(state.client_id, state.to_bytes())
-                    except BackendError as exc:
-                        log.debug("session %r not recorded again: %s", state.client_id, exc)
-                        failed.append(state)
+                try:
+                    await self._table.put(state.client_id, state.to_bytes())
+                except BackendError as exc:
+                    log.debug("session %r not recorded again: %s", state.client_id, exc)
+                    failed.append(state)
             if failed:
                 log.warning("%d sessions not recorded again yet; retrying", len(failed))
                 await trio.sleep(heartbeat_interval(self._node_timeout))
@@ -332,22 +338,24 @@ class SessionRegistry:
         written: the node's clients reconnecting elsewhere record their sessions anew)."""
         now = now_ms()
         gone = [client_id for client_id, node in self._elsewhere.items() if node == node_id]
+        offline = 0
         for client_id in gone:
             del self._elsewhere[client_id]
             state = self._stored(client_id)
             if state is None or state.disconnected_at is not None or state.node != node_id:
-                continue
+                continue  # ended, or taken through another node, since it was noted
             state.disconnected_at = now
             state.node = None
             self._offline[client_id] = state
             self._arm(state)
-        if gone:
+            offline += 1
+        if offline:
             log.warning(
                 "node %s sent no heartbeat for %.1f s: %d sessions connected through it are "
                 "offline from now",
                 node_id,
                 self._node_timeout,
-                len(gone),
+                offline,
             )
 
     def put_back(self, state: SessionState) -> None:
@@ -479,6 +487,12 @@ class SessionRegistry:
             await self._publish_will(client_id, will)
 
         return fire
+
+
+def _recorded_while_connected(state: SessionState) -> bool:
+    """Whether a session is in the table while its client is connected: one that outlives
+    the connection, or one whose will must go out should this node die."""
+    return bool(state.expiry_interval) or state.will is not None
 
 
 def _parsed(client_id: str, data: bytes) -> SessionState | None:
