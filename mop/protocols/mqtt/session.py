@@ -71,6 +71,12 @@ class SessionState:
             return None
         return self.disconnected_at + self.expiry_interval * 1000
 
+    def expired(self, now: int) -> bool:
+        """Whether an offline session has ended by `now` (ms since epoch). The deadline
+        decides, whether or not a timer has acted on it yet."""
+        expires_at = self.expires_at
+        return expires_at is not None and expires_at <= now
+
     def allocate_packet_id(self) -> int | None:
         """The next free packet identifier, or None when all 65535 are in flight."""
         if len(self.outbound) >= 65535:

@@ -16,6 +16,14 @@ holder does not send it again). A node taking a session (a client connecting) wr
 connected, which cancels the holder's timers for it; the holder learns of it through its table
 reader, so a will falling due within that moment may still go out.
 
+Whether an offline session has expired is decided by its deadline alone, wherever a client
+comes back: a node taking a session past its deadline ends it there (with a will waiting for
+the end) and starts a new one, whether or not the holder's timer has fired yet (after a
+restart, or with the role moving between proxies), and a take waits for an end already under
+way on its node. The timer only ends the sessions nobody came back for; where the role moves,
+it fires `EXPIRY_GRACE` after the deadline, so that a node that took the session just before
+its deadline has been heard of by then.
+
 While a client is connected its session is recorded as connected through this node, with its
 will, also a session without expiry that has a will: in separated mode, so that the holder can
 end it should this proxy die (`node_liveness`: the sessions of a node silent for
@@ -60,6 +68,9 @@ ROLE: Final = "mqtt-session-timers"
 # A timer due while the role is in doubt (its holder's broker connection is down right now)
 # waits this long and looks again; losing the role cancels it.
 IN_DOUBT_RETRY: Final = 1.0
+# Where the role moves between nodes: how long after a session's deadline the holder ends it,
+# so that a take on another node just before the deadline reaches the holder first.
+EXPIRY_GRACE: Final = 1.0
 PublishWill = Callable[[str, Will], Awaitable[None]]
 
 
@@ -78,8 +89,11 @@ class SessionRegistry:
         publish_will: PublishWill,
         *,
         node_timeout: float = 10.0,
+        wall_clock: Callable[[], int] = now_ms,
     ) -> None:
         self._processor = processor
+        # Milliseconds since the epoch: what session records hold, as all nodes see them.
+        self._now = wall_clock
         self._node_timeout = node_timeout
         # This process, as named in the sessions connected through it.
         self.node_id = secrets.token_hex(8)
@@ -98,6 +112,8 @@ class SessionRegistry:
         self._publish_will = publish_will
         # Offline sessions with their timers armed: on the holder of the role only.
         self._offline: dict[str, SessionState] = {}
+        # Sessions being ended on this node, by client id: a take waits for the end.
+        self._ending: dict[str, trio.Event] = {}
         self._role: Role | None = None
         self._holding = False  # acting as the holder: between a gain and a loss
         self._nursery: trio.Nursery | None = None
@@ -159,7 +175,7 @@ class SessionRegistry:
         """
         assert self._role is not None
         permanent = self._role.permanent
-        now = now_ms()
+        now = self._now()
         # No waiting from reading the table to arming: writes reported meanwhile would be lost.
         for client_id, data in self._table.items():
             state = _parsed(client_id, data)
@@ -233,8 +249,11 @@ class SessionRegistry:
         """The session for a connecting client, and whether it existed (session present).
 
         A new connection cancels a will still waiting for its delay or for the end of the
-        session (MQTT 5 3.1.3.2.2), also when it starts clean and so ends the old session.
+        session (MQTT 5 3.1.3.2.2), also when it starts clean and so ends the old session. A
+        session past its deadline has ended, whether or not its timer has run: it is ended
+        here, with a will that was waiting for the end, and a new one starts.
         """
+        await self._end_finished(client_id)
         self._disarm(client_id)
         state = self._offline.pop(client_id, None)
         if state is None or self._role_moves:
@@ -242,6 +261,10 @@ class SessionRegistry:
             # us. (The holder's copy may have been adopted before the flows table showed the
             # session's last QoS 2 steps.)
             state = self._stored(client_id)
+        if state is not None and state.expired(self._now()):
+            log.info("session %r expired", client_id)
+            await self._end(state)
+            state = None
         if state is not None:
             state.will = None
             if clean_start:
@@ -272,6 +295,12 @@ class SessionRegistry:
             if owner == state.client_id:
                 state.outbound[packet_id] = outbound_from_bytes(packet_id, flow)
         return state
+
+    async def _end_finished(self, client_id: str) -> None:
+        """Wait until a session being ended on this node (by its timer, say) has ended. No
+        end of `client_id` is under way when this returns, until the caller next waits."""
+        while (ending := self._ending.get(client_id)) is not None:
+            await ending.wait()
 
     def _disarm(self, client_id: str) -> None:
         self._timers.cancel(f"expire:{client_id}")
@@ -336,7 +365,7 @@ class SessionRegistry:
         """Take the sessions recorded as connected through `node_id` offline from now: arm
         their wills and expiry as if their connections had ended now (the table is not
         written: the node's clients reconnecting elsewhere record their sessions anew)."""
-        now = now_ms()
+        now = self._now()
         gone = [client_id for client_id, node in self._elsewhere.items() if node == node_id]
         offline = 0
         for client_id in gone:
@@ -381,7 +410,7 @@ class SessionRegistry:
         """The connection of `state` is gone: keep the session or end it, and handle the will
         (a will without delay goes out from here, at once)."""
         self._detach(state)
-        state.disconnected_at = now_ms()
+        state.disconnected_at = self._now()
         if state.expiry_interval == 0:
             state.will = will
             await self._end(state)
@@ -417,9 +446,10 @@ class SessionRegistry:
             await self._flows.put(key, None)
 
     def _arm(self, state: SessionState) -> None:
-        """Schedule the will (after its delay, unless the session ends first) and the expiry."""
+        """Schedule the will (after its delay, unless the session ends first) and the end of
+        the session (at its deadline; `EXPIRY_GRACE` later where the role moves)."""
         client_id = state.client_id
-        now = now_ms()
+        now = self._now()
         expires_at = state.expires_at
         if state.will is not None:
             assert state.disconnected_at is not None
@@ -433,7 +463,8 @@ class SessionRegistry:
         if expires_at is not None:
             key = f"expire:{client_id}"
             expire = self._while_held(key, self._expiry(client_id))
-            self._timers.schedule(key, (expires_at - now) / 1000, expire)
+            grace = EXPIRY_GRACE if self._role_moves else 0.0
+            self._timers.schedule(key, (expires_at - now) / 1000 + grace, expire)
 
     def _while_held(self, key: str, action: Callback) -> Callback:
         """`action`, run only while this node holds the role: while the role is in doubt it
@@ -452,7 +483,18 @@ class SessionRegistry:
 
     async def _end(self, state: SessionState) -> None:
         """Delete a session: its subscriptions in the backend, its QoS 2 flows, its table
-        entry; then publish a will that was waiting for the end of the session."""
+        entry; then publish a will that was waiting for the end of the session. A take of the
+        same client id waits until it is done (`_end_finished`)."""
+        client_id = state.client_id
+        await self._end_finished(client_id)
+        ending = self._ending[client_id] = trio.Event()
+        try:
+            await self._delete(state)
+        finally:
+            del self._ending[client_id]
+            ending.set()
+
+    async def _delete(self, state: SessionState) -> None:
         client_id = state.client_id
         will, state.will = state.will, None
         self._timers.cancel(f"will:{client_id}")

@@ -43,3 +43,18 @@ class SharedTable:
 
     def watch(self, callback: Watcher) -> None:
         self._watchers.append(callback)
+
+    def lag(self, nursery: trio.Nursery, seconds: float) -> None:
+        """Report the other views' writes to this view's watchers `seconds` late, as a node
+        reading a compacted topic hears of them."""
+        watchers, self._watchers = self._watchers, []
+
+        def later(key: str, value: bytes | None) -> None:
+            async def report() -> None:
+                await trio.sleep(seconds)
+                for watcher in watchers:
+                    watcher(key, value)
+
+            nursery.start_soon(report)
+
+        self._watchers.append(later)

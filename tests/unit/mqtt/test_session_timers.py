@@ -13,9 +13,23 @@ import trio
 from mop.message import MessageId
 from mop.protocols.mqtt.packets import Properties, Will
 from mop.protocols.mqtt.session import Outbound, SessionState, outbound_to_bytes
-from mop.protocols.mqtt.sessions import FLOWS_TABLE, ROLE, TABLE, SessionRegistry
+from mop.protocols.mqtt.sessions import (
+    EXPIRY_GRACE,
+    FLOWS_TABLE,
+    ROLE,
+    TABLE,
+    SessionRegistry,
+)
 from mop.protocols.mqtt.timers import Timers
 from tests.unit.mqtt.shared_table import SharedTable
+
+
+def mock_wall_clock() -> int:
+    """Milliseconds since the epoch, as trio's mock clock moves them."""
+    return EPOCH_MS + int(trio.current_time() * 1000)
+
+
+EPOCH_MS = 1_800_000_000_000
 
 
 class HandedRole:
@@ -61,8 +75,15 @@ class Node:
         self.role = HandedRole()
         self.wills: list[bytes] = []
         self.deleted: list[str] = []
+        # How long deleting a subscription takes (a round trip to a broker, say).
+        self.delete_time = 0.0
         self.timers = Timers()
-        self.sessions = SessionRegistry(self, self.timers, self._publish_will)  # type: ignore[arg-type]
+        self.sessions = SessionRegistry(
+            self,  # type: ignore[arg-type]
+            self.timers,
+            self._publish_will,
+            wall_clock=mock_wall_clock,
+        )
 
     def table(self, name: str) -> SharedTable:
         data, views = self._shared.setdefault(name, ({}, []))
@@ -74,7 +95,7 @@ class Node:
         return self.role
 
     async def delete_subscription(self, name: str, member: str = "") -> None:
-        await trio.lowlevel.checkpoint()
+        await trio.sleep(self.delete_time)
         self.deleted.append(name)
 
     async def _publish_will(self, client_id: str, will: Will) -> None:
@@ -198,7 +219,7 @@ async def test_a_timer_due_while_the_role_is_in_doubt_waits_for_it(
 async def test_an_expired_session_ends_on_the_holder(autojump_clock: trio.abc.Clock) -> None:
     async with two_nodes() as (holder, other):
         await offline(other, "c", delay=50, expiry=5)
-        await trio.sleep(6)
+        await trio.sleep(5 + EXPIRY_GRACE + 0.5)
         # The will waited for the end of the session (its delay is longer).
         assert (holder.wills, holder.deleted, other.deleted) == ([b"will"], ["c"], [])
         assert holder.table(TABLE).get("c") is None
@@ -231,3 +252,74 @@ async def test_the_holder_resumes_a_session_with_what_the_table_has_now(
         await other.table(FLOWS_TABLE).put("c/7", outbound_to_bytes(flow))
         state, present = await holder.sessions.take("c", clean_start=False)
         assert present and state.outbound[7].released
+
+
+# -- the deadline decides, not a timer racing a CONNECT ------------------------------------
+
+
+async def test_a_take_while_the_timer_ends_the_session_waits_and_starts_anew(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with two_nodes(permanent=True) as (node, _):
+        node.delete_time = 1.0
+        await offline(node, "c", delay=50, expiry=5)
+        await trio.sleep(5.1)  # the expiry timer has fired and is deleting the subscription
+        assert node.deleted == []
+        state, present = await node.sessions.take("c", clean_start=False)
+        assert not present and state.subscriptions == {}
+        assert (node.deleted, node.wills) == (["c"], [b"will"])  # ended once, by the timer
+        assert node.table(TABLE).get("c") is None
+
+
+async def test_a_session_that_expired_while_the_node_was_down_is_gone_at_once(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    for wait in (0.0, 0.1):  # a CONNECT before the timer runs, and while it ends the session
+        shared: dict[str, tuple[dict[str, bytes], list[SharedTable]]] = {}
+        writer = Node(shared)
+        down_since = mock_wall_clock() - 3000
+        stored = SessionState("c", expiry_interval=2, will=will(50), disconnected_at=down_since)
+        await writer.table(TABLE).put("c", stored.to_bytes())
+        restarted = Node(shared)
+        restarted.delete_time = 1.0
+        restarted.role = HandedRole(held=True, permanent=True)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(restarted.timers.serve)
+            await nursery.start(restarted.sessions.serve)
+            await trio.sleep(wait)
+            _, present = await restarted.sessions.take("c", clean_start=False)
+            assert not present, f"session present {wait} s after the restart"
+            await trio.sleep(10)
+            assert (restarted.deleted, restarted.wills) == (["c"], [b"will"])
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_session_past_its_deadline_ends_on_the_node_it_is_taken_on(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with two_nodes() as (holder, other):
+        await offline(other, "c", delay=50, expiry=5)
+        await trio.sleep(5.2)  # past the deadline, before the holder's timer
+        _, present = await other.sessions.take("c", clean_start=False)
+        assert not present
+        assert (other.deleted, other.wills) == (["c"], [b"will"])
+        await trio.sleep(10)
+        assert (holder.deleted, holder.wills) == ([], [])
+        assert len(holder.sessions) == 0
+
+
+async def test_a_take_just_before_the_deadline_is_heard_by_the_holder_in_time(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with two_nodes() as (holder, other), trio.open_nursery() as nursery:
+        lag = 0.5  # the holder hears of the take after the deadline, within the grace
+        assert lag < EXPIRY_GRACE
+        holder.sessions._table.lag(nursery, lag)  # type: ignore[attr-defined]
+        await offline(other, "c", delay=50, expiry=5)
+        await trio.sleep(5 - lag / 2)
+        _, present = await other.sessions.take("c", clean_start=False)
+        assert present
+        await trio.sleep(10)
+        assert (holder.deleted, holder.wills) == ([], [])
+        assert other.table(TABLE).get("c") is not None
+        nursery.cancel_scope.cancel()
