@@ -7,8 +7,7 @@ What applications embed: `open_node` (an async context manager that runs a node)
 from mop.message import Delivery, Message, MessageId
 from mop.node import Node, StartupError, open_node, serve_node
 from mop.settings import Settings
-
-__version__ = "0.1.0"
+from mop.version import VERSION as __version__
 
 __all__ = [
     "Delivery", "Message", "MessageId", "Node", "Settings", "StartupError", "__version__",

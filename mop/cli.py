@@ -14,13 +14,14 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from importlib import metadata
 
 import trio
 
 from mop.config import ConfigError, dump_settings, load_settings
+from mop.exception_groups import leaves
 from mop.node import StartupError, serve_node
 from mop.settings import Settings
+from mop.version import VERSION
 
 EXIT_OK = 0
 EXIT_STARTUP_FAILED = 1
@@ -52,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
         description="MQTT and Pulsar messaging broker.",
         epilog="Settings: embedded defaults, ./settings.toml, --config FILE, then MOP_* variables.",
     )
-    parser.add_argument("--version", action="version", version=f"mop {_version()}")
+    parser.add_argument("--version", action="version", version=f"mop {VERSION}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
 
     run = commands.add_parser("run", help="run a node until SIGINT or SIGTERM")
@@ -67,13 +68,6 @@ def _parser() -> argparse.ArgumentParser:
             "--config", metavar="FILE", help="settings file (TOML) overriding ./settings.toml"
         )
     return parser
-
-
-def _version() -> str:
-    try:
-        return metadata.version("mop")
-    except metadata.PackageNotFoundError:  # running from a source tree that is not installed
-        return "0+unknown"
 
 
 def _fail(error: object, code: int) -> int:
@@ -102,7 +96,7 @@ def _run(settings: Settings, args: argparse.Namespace) -> int:
     try:
         trio.run(_serve, settings)
     except* StartupError as group:
-        failures.extend(_leaves(group))
+        failures.extend(leaves(group))
     except* KeyboardInterrupt:
         # Ctrl-C before the signal handlers are installed: stop quietly, as a later one would.
         pass
@@ -139,8 +133,3 @@ async def _cancel_on_signal(
             return
 
 
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    leaves: list[BaseException] = []
-    for exc in group.exceptions:
-        leaves.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return leaves

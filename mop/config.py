@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import tomllib
@@ -28,8 +29,13 @@ ENVIRONMENT: Final = "default"
 DEFAULTS_FILE: Final = Path(__file__).with_name("default_settings.toml")
 LOCAL_FILE: Final = "settings.toml"
 
+# Keys that moved, by old dotted name: the old name still works, with a warning in the log.
+MOVED_KEYS: Final = {"mqtt.max_connections": "limits.max_connections"}
+
 _T = TypeVar("_T")
 Tree = dict[str, Any]
+
+log = logging.getLogger("mop.config")
 
 
 class ConfigError(Exception):
@@ -57,7 +63,7 @@ def load_settings(
     """
     tree: Tree = {}
     for source, layer in _layers(config_file, os.environ if environ is None else environ):
-        _merge(tree, layer, source, Settings, "")
+        _merge(tree, _with_moved_keys(layer, source), source, Settings, "")
     return _build(Settings, tree, "")
 
 
@@ -121,6 +127,51 @@ def _read_variable(name: str, raw: str) -> Mapping[str, Any]:
         value = {part: value}
     layer: Mapping[str, Any] = value
     return layer
+
+
+def _with_moved_keys(layer: Mapping[str, Any], source: str) -> Mapping[str, Any]:
+    """`layer` with each key of `MOVED_KEYS` under its new name (unless the layer sets that
+    too), saying so in the log."""
+    for old, new in MOVED_KEYS.items():
+        value = _value_at(layer, old.split("."))
+        if value is None:
+            continue
+        log.warning("%s: %s is deprecated; use %s", source, old, new)
+        layer = _with(layer, old.split("."), None)
+        if _value_at(layer, new.split(".")) is None:
+            layer = _with(layer, new.split("."), value)
+    return layer
+
+
+def _find_key(table: Mapping[str, Any], name: str) -> str | None:
+    """The key of `table` that is `name` in any case (environment variables are upper case)."""
+    return next((key for key in table if str(key).lower() == name), None)
+
+
+def _value_at(layer: Mapping[str, Any], path: list[str]) -> Any:
+    """The value at the dotted `path` of `layer`, or None."""
+    value: Any = layer
+    for name in path:
+        key = None if not isinstance(value, Mapping) else _find_key(value, name)
+        if key is None:
+            return None
+        value = value[key]
+    return value
+
+
+def _with(layer: Mapping[str, Any], path: list[str], value: Any) -> dict[str, Any]:
+    """A copy of `layer` with `value` at `path` (None: without it), tables made on the way."""
+    head, *rest = path
+    copy = dict(layer)
+    key = _find_key(copy, head) or head
+    if rest:
+        inner = copy.get(key)
+        copy[key] = _with(inner if isinstance(inner, Mapping) else {}, rest, value)
+    elif value is None:
+        copy.pop(key, None)
+    else:
+        copy[key] = value
+    return copy
 
 
 def _merge(tree: Tree, layer: Mapping[str, Any], source: str, cls: type, prefix: str) -> None:

@@ -20,6 +20,7 @@ import trio
 from mop.backends.local import LocalBackend
 from mop.broker.ownership import Ownership
 from mop.broker.storage import StorageError, open_durable_storage
+from mop.exception_groups import leaves
 from mop.processor import Backend, BackendError, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
 from mop.settings import Settings
@@ -47,12 +48,15 @@ class Node:
         raise LookupError(f"no {protocol} listener over {kind}")
 
 
-async def start_backend(settings: Settings, nursery: trio.Nursery) -> Backend:
+async def start_backend(
+    settings: Settings, nursery: trio.Nursery, *, tables: tuple[str, ...] = ()
+) -> Backend:
     """The constructor switch: merged mode gets the colocated broker over durable storage in
-    `data_dir`, separated mode remote brokers through lookup. Background work runs in
+    `data_dir`, separated mode remote brokers through lookup (with `tables`, those the
+    protocol handlers read as they start, loaded before it returns). Background work runs in
     `nursery`; the caller closes the backend with `aclose()`."""
     if settings.mode == "separated":
-        return await _start_cluster_backend(settings, nursery)
+        return await _start_cluster_backend(settings, nursery, tables)
     advertised_url = _check_cluster(settings)
     directory = Path(settings.data_dir) / "broker"
     try:
@@ -112,11 +116,9 @@ def _advertise_bound_port(backend: Backend, settings: Settings, bound: list[Boun
             backend.advertised_url = f"pulsar://{settings.pulsar.host}:{entry.port}"
 
 
-# The tables the protocol adapters read as they start (a proxy loads them before it is ready).
-_ADAPTER_TABLES = ("retained", "mqtt-sessions", "mqtt-qos2-flows", "mqtt-nodes")
-
-
-async def _start_cluster_backend(settings: Settings, nursery: trio.Nursery) -> Backend:
+async def _start_cluster_backend(
+    settings: Settings, nursery: trio.Nursery, tables: tuple[str, ...]
+) -> Backend:
     """Separated mode: a stateless proxy whose backend reaches the brokers through
     pulsar-client (which reconnects on its own: a broker restart needs no proxy restart)."""
     # Imported here: a merged node need not load pulsar-client's native library.
@@ -137,7 +139,7 @@ async def _start_cluster_backend(settings: Settings, nursery: trio.Nursery) -> B
         cluster.service_url,
         tenant=settings.default_tenant,
         namespace=settings.default_namespace,
-        tables=_ADAPTER_TABLES,
+        tables=tables,
         operation_timeout=cluster.operation_timeout,
         connect_timeout=cluster.connect_timeout,
         fence_timeout=cluster.fence_timeout,
@@ -177,8 +179,9 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
     backend: Backend | None = None
     try:
         async with trio.open_nursery() as nursery:
-            backend = await start_backend(settings, nursery)
-            processor = MessagingProcessor(backend, max_connections=settings.mqtt.max_connections)
+            tables = tuple(name for h in handlers.values() for name in h.tables)
+            backend = await start_backend(settings, nursery, tables=tables)
+            processor = MessagingProcessor(backend, max_connections=settings.limits.max_connections)
             services = NodeServices(processor=processor, nursery=nursery)
             for handler in handlers.values():
                 handler.initialize(settings)
@@ -246,12 +249,6 @@ async def _serve(nursery: trio.Nursery, handler: ProtocolHandler) -> list[BoundL
 
 def _raise_startup_error(group: BaseExceptionGroup) -> None:
     """Surface a lone StartupError from inside the node's nursery as itself."""
-    leaves = list(_leaves(group))
-    if len(leaves) == 1 and isinstance(leaves[0], StartupError):
-        raise leaves[0] from None
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
-    return [exc]
+    found = leaves(group)
+    if len(found) == 1 and isinstance(found[0], StartupError):
+        raise found[0] from None

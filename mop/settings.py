@@ -35,7 +35,6 @@ class MqttSettings:
     tls_port: int = 8883
     tls: TlsSettings = field(default_factory=TlsSettings)
     # Limits, with the defaults production brokers ship.
-    max_connections: int = 100_000
     max_packet_size: int = 1_048_576
     max_inflight: int = 32
     max_queued_messages: int = 1000
@@ -54,6 +53,14 @@ class MqttSettings:
     # Separated mode: seconds a proxy may send no heartbeat before the others take it for dead
     # and the sessions of its clients go offline (their wills, their expiry).
     node_timeout: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsSettings:
+    """Limits of the whole node, whichever protocol its clients speak."""
+
+    # Client connections at once, of every protocol together.
+    max_connections: int = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,3 +124,4 @@ class Settings:
     admin: AdminSettings = field(default_factory=AdminSettings)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
+    limits: LimitsSettings = field(default_factory=LimitsSettings)

@@ -46,6 +46,7 @@ from mop.backends.cluster_producers import NO_ID, ProducerCache, ProducerOptions
 from mop.backends.cluster_roles import ClusterRole, ClusterRoles
 from mop.backends.cluster_tables import REGISTRY_TABLE, ClusterTable, SubscriptionRegistry
 from mop.backends.cluster_timing import Delays, now_ms
+from mop.exception_groups import leaves
 from mop.message import Message
 from mop.processor.backend import (
     BackendError,
@@ -228,9 +229,9 @@ class ClusterBackend:
                 nursery.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             # A start that fails has one cause (a table that cannot be read): raise it alone.
-            leaves = _leaves(group)
-            if len(leaves) == 1 and isinstance(leaves[0], BackendError | trio.TooSlowError):
-                raise self._start_error(leaves[0]) from None
+            causes = leaves(group)
+            if len(causes) == 1 and isinstance(causes[0], BackendError | trio.TooSlowError):
+                raise self._start_error(causes[0]) from None
             raise
         except trio.TooSlowError as exc:
             raise self._start_error(exc) from None
@@ -480,12 +481,6 @@ class ClusterBackend:
         `cluster_roles`)."""
         self._check_running()
         return await self._roles.hold(name)
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
-    return [exc]
 
 
 @asynccontextmanager

@@ -31,6 +31,9 @@ class NodeServices:
 
 class ProtocolHandler(Protocol):
     name: str
+    # The processor tables the handler reads as it starts: a separated proxy loads them before
+    # it reports ready.
+    tables: tuple[str, ...]
 
     def initialize(self, settings: Settings) -> None:
         """Read the settings; no I/O yet."""

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import trio
 
 from mop.node import Node, open_node
-from mop.settings import MqttSettings, Settings, StorageSettings
+from mop.settings import LimitsSettings, MqttSettings, Settings, StorageSettings
 
 T = TypeVar("T")
 
@@ -30,7 +30,11 @@ _TEMPORARY_DIRS: set[str] = set()
 
 
 def node_settings(
-    *, data_dir: str | None = None, storage: StorageSettings | None = None, **mqtt: Any
+    *,
+    data_dir: str | None = None,
+    storage: StorageSettings | None = None,
+    limits: LimitsSettings | None = None,
+    **mqtt: Any,
 ) -> Settings:
     """Settings for a throw-away merged node on free loopback ports (MQTT only), with its data
     in a fresh temporary directory unless `data_dir` is given."""
@@ -44,6 +48,7 @@ def node_settings(
         data_dir=data_dir,
         mqtt=dataclasses.replace(MqttSettings(), **mqtt),
         storage=storage or StorageSettings(),
+        limits=limits or LimitsSettings(),
     )
 
 

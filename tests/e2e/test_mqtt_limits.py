@@ -22,6 +22,7 @@ from mop.protocols.mqtt.packets import (
     SubscriptionRequest,
     Unsubscribe,
 )
+from mop.settings import LimitsSettings
 from mop.testing.node import RunningNode, node_settings, running_node
 from tests.e2e.clients import Client
 from tests.e2e.raw import RawClient
@@ -66,7 +67,7 @@ def subscribe(raw: RawClient, packet_id: int, *filters: str, qos: int = 0) -> tu
 
 @pytest.mark.parametrize(("level", "refused"), [(5, 0x97), (4, 3), (3, 3)])
 def test_max_connections(raws: Callable[..., RawClient], level: int, refused: int) -> None:
-    with running_node(node_settings(max_connections=3)) as node:
+    with running_node(node_settings(limits=LimitsSettings(max_connections=3))) as node:
         holders = [raws(node.mqtt_port) for _ in range(3)]
         for index, holder in enumerate(holders):
             assert holder.connect(f"holder-{index}").reason_code == 0
@@ -92,7 +93,7 @@ def test_max_connections(raws: Callable[..., RawClient], level: int, refused: in
 
 
 def test_max_connections_with_paho() -> None:
-    with running_node(node_settings(max_connections=2)) as node:
+    with running_node(node_settings(limits=LimitsSettings(max_connections=2))) as node:
         first = Client(node.mqtt_port, "first")
         second = Client(node.mqtt_port, "second", version=4)
         third = Client(node.mqtt_port, "third")

@@ -164,7 +164,7 @@ def test_dump_loads_back(tmp_path: Path) -> None:
         ({"MOP_ADMIN__PORT": "true"}, "admin.port", "between 0 and 65535 (got True)"),
         ({"MOP_MODE": "both"}, "mode", "must be one of 'merged', 'separated' (got 'both')"),
         ({"MOP_STORAGE__FSYNC": "sometimes"}, "storage.fsync", "'always', 'interval', 'never'"),
-        ({"MOP_MQTT__MAX_CONNECTIONS": "0"}, "mqtt.max_connections", "positive integer"),
+        ({"MOP_LIMITS__MAX_CONNECTIONS": "0"}, "limits.max_connections", "positive integer"),
         ({"MOP_MQTT__MAX_INFLIGHT": "70000"}, "mqtt.max_inflight", "between 1 and 65535"),
         ({"MOP_STORAGE__RETENTION_BYTES": "-5"}, "storage.retention_bytes", ">= 0"),
         ({"MOP_MQTT__CONNECT_TIMEOUT": "0"}, "mqtt.connect_timeout", "positive number"),
@@ -253,3 +253,29 @@ def test_sys_interval_zero_turns_sys_off() -> None:
     assert settings.mqtt.sys_interval == 0
     with pytest.raises(ConfigError, match=r"mqtt\.connect_timeout"):
         load_settings(environ={"MOP_MQTT__CONNECT_TIMEOUT": "0"})
+
+
+def test_a_moved_key_still_works_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = write(tmp_path / "old.toml", "[default.mqtt]\nmax_connections = 7\nport = 1884\n")
+    with caplog.at_level("WARNING", logger="mop.config"):
+        settings = load_settings(config, environ={"MOP_MQTT__MAX_CONNECTIONS": "9"})
+    assert settings.limits.max_connections == 9  # the environment still beats the file
+    assert settings.mqtt.port == 1884
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2
+    moved = "mqtt.max_connections is deprecated; use limits.max_connections"
+    assert all(moved in warning for warning in warnings)
+
+
+def test_the_new_key_wins_over_the_moved_one_in_the_same_file(tmp_path: Path) -> None:
+    text = "[default.mqtt]\nmax_connections = 7\n[default.limits]\nmax_connections = 5\n"
+    settings = load_settings(write(tmp_path / "both.toml", text), environ={})
+    assert settings.limits.max_connections == 5
+
+
+def test_a_moved_key_reports_errors_under_its_new_name() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(environ={"MOP_MQTT__MAX_CONNECTIONS": "0"})
+    assert caught.value.key == "limits.max_connections"

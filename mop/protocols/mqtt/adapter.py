@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from mop.protocols.base import NodeServices
+from mop.protocols.mqtt import retained, sessions
+from mop.protocols.mqtt.node_liveness import NODES_TABLE
 from mop.protocols.mqtt.server import MqttServer
 from mop.settings import MqttSettings, Settings
 from mop.transport import Handler, ListenerSpec, server_ssl_context
@@ -12,6 +14,7 @@ WS_SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 
 class MqttProtocol:
     name = "mqtt"
+    tables = (retained.TABLE, sessions.TABLE, sessions.FLOWS_TABLE, NODES_TABLE)
 
     def __init__(self) -> None:
         self._settings: Settings | None = None

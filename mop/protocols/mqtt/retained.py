@@ -20,6 +20,8 @@ from mop.topics import TopicTree
 
 log = logging.getLogger("mop.mqtt")
 
+TABLE = "retained"
+
 
 @dataclass(frozen=True, slots=True)
 class Retained:

@@ -20,6 +20,7 @@ from mop.protocols.mqtt.codec import encode_publish
 from mop.protocols.mqtt.connection import ConnectionLimits
 from mop.protocols.mqtt.mapping import publish_to_message
 from mop.protocols.mqtt.packets import NO_PROPERTIES, Publish, Will
+from mop.protocols.mqtt.retained import TABLE as RETAINED_TABLE
 from mop.protocols.mqtt.retained import RetainedStore
 from mop.protocols.mqtt.sessions import SessionRegistry, now_ms
 from mop.protocols.mqtt.sys_topics import SysPublisher
@@ -62,7 +63,7 @@ class MqttServer:
         self._encoded: dict[tuple[int, str, bool, int], tuple[Message, bytes]] = {}
         self._encoded_bytes = 0
         self.timers = Timers()
-        self.retained = RetainedStore(processor.table("retained"))
+        self.retained = RetainedStore(processor.table(RETAINED_TABLE))
         self.sessions = SessionRegistry(
             processor, self.timers, self._publish_will, node_timeout=self.settings.node_timeout
         )

@@ -10,6 +10,7 @@ from mop.transport import Handler, ListenerSpec
 
 class PulsarProtocol:
     name = "pulsar"
+    tables: tuple[str, ...] = ()
 
     def __init__(self, timers: Timers | None = None) -> None:
         self._settings: Settings | None = None
