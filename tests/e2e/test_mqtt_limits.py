@@ -26,7 +26,7 @@ from mop.testing.node import RunningNode, node_settings, running_node
 from tests.e2e.clients import Client
 from tests.e2e.raw import RawClient
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ from mop.testing.node import RunningNode, node_settings, running_node
 from tests.e2e.clients import Client, props
 from tests.e2e.raw import RawClient
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
 
 MAX_PACKET = 1024
 

@@ -26,7 +26,7 @@ from mop.testing.node import RunningNode, node_settings, running_node
 from tests.e2e.clients import Client, props
 from tests.e2e.raw import RawClient
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
 
 SESSION_TAKEN_OVER = 0x8E
 PACKET_IDENTIFIER_NOT_FOUND = 0x92

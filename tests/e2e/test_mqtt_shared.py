@@ -25,7 +25,7 @@ from mop.testing.node import RunningNode
 from tests.e2e.clients import Client, Received, props
 from tests.e2e.raw import RawClient
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from mop.testing.certs import TestCertificates, make_test_certificates
 from mop.testing.node import RunningNode, node_settings, running_node
 from tests.e2e.clients import Client
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
 
 
 def paho_connect(client: Client) -> str | None:
