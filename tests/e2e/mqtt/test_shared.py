@@ -5,7 +5,7 @@ ordinary subscribers do not take messages from each other."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from paho.mqtt.packettypes import PacketTypes
@@ -26,20 +26,6 @@ from tests.e2e.clients import Client, Received, props
 from tests.e2e.raw import RawClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
-
-
-@pytest.fixture
-def raws() -> Iterator[Callable[..., RawClient]]:
-    opened: list[RawClient] = []
-
-    def open_raw(port: int, level: int = 5) -> RawClient:
-        raw = RawClient(port, level=level)
-        opened.append(raw)
-        return raw
-
-    yield open_raw
-    for raw in opened:
-        raw.close()
 
 
 def drain(clients: list[Client], total: int, timeout: float = 10.0) -> list[list[Received]]:

@@ -185,11 +185,6 @@ def test_plain_mqtt_on_the_websocket_port_is_refused(ws_node: RunningNode) -> No
 
 
 @pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> TestCertificates:
-    return make_test_certificates(tmp_path_factory.mktemp("certs"))
-
-
-@pytest.fixture(scope="module")
 def other_certs(tmp_path_factory: pytest.TempPathFactory) -> TestCertificates:
     """Certificates from a CA the node does not know."""
     return make_test_certificates(tmp_path_factory.mktemp("other-certs"))
