@@ -58,6 +58,12 @@ def props(packet_type: int = PacketTypes.PUBLISH, **values: Any) -> Properties:
 OPEN_CLIENTS: list[Client] = []
 
 
+def session_present(client: Client) -> bool:
+    """Whether the server resumed a session (the CONNECT must have succeeded)."""
+    assert client.connack is not None and client.connack.reason_code == 0, client.connack
+    return client.connack.session_present
+
+
 def close_all() -> None:
     while OPEN_CLIENTS:
         OPEN_CLIENTS.pop().close()

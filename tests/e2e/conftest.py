@@ -1,6 +1,7 @@
 """Fixtures for end-to-end tests: a real node on free loopback ports, in either deployment mode.
 
-The MQTT tests (`test_mqtt_*.py`) run in both modes, so a feature cannot work in one mode only:
+Modules marked `pytestmark = pytest.mark.both_modes` (the MQTT ones) run every test in both
+modes, so a feature cannot work in one mode only:
 - `merged`: one in-process node with its own broker and storage;
 - `separated`: an in-process proxy node (`mode = "separated"`, MQTT only) in front of a mop
   broker process (Pulsar only), one broker per test module because it is slow to start. Each
@@ -28,20 +29,16 @@ from tests.e2e.clients import close_all
 from tests.e2e.nodeproc import NodeProcess, broker_process
 from tests.e2e.raw import OPEN_RAW_CLIENTS
 
-# Which modes the MQTT tests run in; both by default, so a feature cannot work in one mode only.
+# Which modes the `both_modes` tests run in; both by default, so a feature cannot work in one
+# mode only.
 # `E2E_MODES=merged pytest tests/e2e` narrows a local run to one.
 MODES = tuple(os.environ.get("E2E_MODES", "merged,separated").split(","))
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "merged_only(reason): an MQTT end-to-end test that does not run in separated mode",
-    )
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if metafunc.module.__name__.rpartition(".")[2].startswith("test_mqtt_"):
+    """A test marked `both_modes` (usually through its module's `pytestmark`) runs once per mode
+    of MODES, whether or not it asks for `node`: the autouse `topology` depends on `mode`."""
+    if metafunc.definition.get_closest_marker("both_modes") is not None:
         metafunc.parametrize("mode", MODES, indirect=True)
 
 
@@ -68,7 +65,7 @@ class Topology:
 
 @pytest.fixture
 def mode(request: pytest.FixtureRequest) -> str:
-    """The deployment mode of the test (MQTT modules run in each; the others are merged)."""
+    """The deployment mode of the test (`both_modes` tests run in each; the others are merged)."""
     mode: str = getattr(request, "param", "merged")
     marker = request.node.get_closest_marker("merged_only")
     if mode == "separated" and marker is not None:

@@ -1,5 +1,6 @@
 """A blocking MQTT client built on mop's own codec, for tests that need exact control over
-the bytes on the wire (hostile input, missing acks, precise packet ids)."""
+the bytes on the wire (hostile input, missing acks, precise packet ids), and the checks the
+tests make on what it receives."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 from typing import Any, Generic, TypeVar
 
 from mop.protocols.mqtt.codec import NeedData, PacketDecoder, encode
-from mop.protocols.mqtt.packets import Connack, Connect, Packet
+from mop.protocols.mqtt.packets import Connack, Connect, Disconnect, Packet, Publish
 
 TIMEOUT = 10.0
 
@@ -98,3 +99,30 @@ class RawClient(BlockingPeer[Packet]):
         packet = self.recv()
         assert isinstance(packet, Connack), packet
         return packet
+
+
+def recv_publish(client: RawClient) -> Publish:
+    packet = client.recv()
+    assert isinstance(packet, Publish), packet
+    return packet
+
+
+def assert_quiet(client: RawClient, wait: float = 0.5) -> None:
+    """Nothing arrives from the server for `wait` seconds (and the connection stays open)."""
+    try:
+        packet = client.recv(timeout=wait)
+    except AssertionError:
+        return
+    raise AssertionError(f"unexpected packet {packet!r}")
+
+
+def closed_with(raw: RawClient, reason: int | None, timeout: float = 5.0) -> None:
+    """The server closes the connection after a DISCONNECT with `reason` (None: nothing at all)."""
+    packets = raw.recv_until_closed(timeout)
+    if reason is None:
+        assert packets == [], packets
+    else:
+        assert [type(p) for p in packets] == [Disconnect], packets
+        disconnect = packets[0]
+        assert isinstance(disconnect, Disconnect)
+        assert disconnect.reason_code == reason, f"0x{disconnect.reason_code:02X}"

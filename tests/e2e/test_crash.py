@@ -26,7 +26,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 
 from mop.broker.storage.records import FRAME
-from tests.e2e.clients import Client, Received, props
+from tests.e2e.clients import Client, Received, props, session_present
 from tests.e2e.nodeproc import NodeProcess, segment_files
 
 pytestmark = pytest.mark.e2e
@@ -66,11 +66,6 @@ def persistent(port: int, client_id: str, *, expiry: int = 300, **kwargs: Any) -
         connect_properties=props(PacketTypes.CONNECT, SessionExpiryInterval=expiry),
         **kwargs,
     )
-
-
-def session_present(client: Client) -> bool:
-    assert client.connack is not None and client.connack.reason_code == 0, client.connack
-    return client.connack.session_present
 
 
 # -- a publisher that keeps a window of messages in flight -----------------------------------

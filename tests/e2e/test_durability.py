@@ -41,9 +41,9 @@ from mop.protocols.mqtt.packets import (
 from mop.protocols.mqtt.server import MqttServer
 from mop.settings import StorageSettings
 from mop.testing.node import RunningNode, node_settings, running_node
-from tests.e2e.clients import Client, Received, props
+from tests.e2e.clients import Client, Received, props, session_present
 from tests.e2e.nodeproc import disk_usage
-from tests.e2e.raw import RawClient
+from tests.e2e.raw import RawClient, assert_quiet, recv_publish
 
 pytestmark = pytest.mark.e2e
 
@@ -101,11 +101,6 @@ def persistent(port: int, client_id: str, *, version: int = 5, expiry: int = 300
     return Client(port, client_id, version=version, clean=False)
 
 
-def session_present(client: Client) -> bool:
-    assert client.connack is not None and client.connack.reason_code == 0, client.connack
-    return client.connack.session_present
-
-
 def drain(client: Client, quiet: float = 0.4) -> list[Received]:
     """Whatever arrives until nothing has for `quiet` seconds (bounded)."""
     got: list[Received] = []
@@ -155,20 +150,6 @@ def raw_subscribe(client: RawClient, topic_filter: str, qos: int, packet_id: int
     client.send(Subscribe(packet_id, (SubscriptionRequest(topic_filter, qos),)))
     suback = client.recv()
     assert isinstance(suback, Suback) and suback.reason_codes == (qos,), suback
-
-
-def recv_publish(client: RawClient) -> Publish:
-    packet = client.recv()
-    assert isinstance(packet, Publish), packet
-    return packet
-
-
-def assert_quiet(client: RawClient, wait: float = 0.5) -> None:
-    try:
-        packet = client.recv(timeout=wait)
-    except AssertionError:
-        return
-    raise AssertionError(f"unexpected packet {packet!r}")
 
 
 # -- retained messages -----------------------------------------------------------------------

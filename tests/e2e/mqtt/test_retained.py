@@ -10,7 +10,7 @@ import pytest
 from mop.testing.node import RunningNode
 from tests.e2e.clients import Client, props
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
 
 
 @pytest.mark.parametrize("version", [4, 5])

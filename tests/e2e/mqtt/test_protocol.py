@@ -40,9 +40,9 @@ from mop.protocols.mqtt.packets import (
 from mop.protocols.mqtt.properties import encode_varint
 from mop.testing.node import RunningNode, node_settings, running_node
 from tests.e2e.clients import Client, props
-from tests.e2e.raw import RawClient
+from tests.e2e.raw import RawClient, closed_with
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
 
 MAX_PACKET = 1024
 
@@ -96,33 +96,6 @@ def read_all(sock: socket.socket, timeout: float = 5.0) -> bytes:
         if not chunk:
             return data
         data += chunk
-
-
-def closed_with(raw: RawClient, reason: int | None, timeout: float = 5.0) -> None:
-    """The server closes the connection after a DISCONNECT with `reason` (None: nothing at all)."""
-    packets = raw.recv_until_closed(timeout)
-    if reason is None:
-        assert packets == [], packets
-    else:
-        assert [type(p) for p in packets] == [Disconnect], packets
-        disconnect = packets[0]
-        assert isinstance(disconnect, Disconnect)
-        assert disconnect.reason_code == reason, f"0x{disconnect.reason_code:02X}"
-
-
-@pytest.fixture
-def raws() -> Iterator[Callable[..., RawClient]]:
-    """Open RawClients that are closed after the test."""
-    opened: list[RawClient] = []
-
-    def open_raw(port: int, level: int = 5) -> RawClient:
-        raw = RawClient(port, level=level)
-        opened.append(raw)
-        return raw
-
-    yield open_raw
-    for raw in opened:
-        raw.close()
 
 
 @pytest.fixture

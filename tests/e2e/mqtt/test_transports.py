@@ -20,7 +20,7 @@ from mop.testing.certs import TestCertificates, make_test_certificates
 from mop.testing.node import RunningNode, node_settings, running_node
 from tests.e2e.clients import Client
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
 
 
 def paho_connect(client: Client) -> str | None:
@@ -182,11 +182,6 @@ def test_plain_mqtt_on_the_websocket_port_is_refused(ws_node: RunningNode) -> No
 
 
 # -- TLS ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> TestCertificates:
-    return make_test_certificates(tmp_path_factory.mktemp("certs"))
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 from mop.testing.node import RunningNode, node_settings, running_node
 from tests.e2e.clients import Client, Received
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
 
 INTERVAL = 0.2
 NOT_AUTHORIZED = 0x87

@@ -24,9 +24,9 @@ from mop.protocols.mqtt.packets import (
 )
 from mop.testing.node import RunningNode, node_settings, running_node
 from tests.e2e.clients import Client, props
-from tests.e2e.raw import RawClient
+from tests.e2e.raw import RawClient, assert_quiet, recv_publish
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
 
 SESSION_TAKEN_OVER = 0x8E
 PACKET_IDENTIFIER_NOT_FOUND = 0x92
@@ -76,21 +76,6 @@ def subscribe(client: RawClient, topic_filter: str, qos: int, packet_id: int = 1
     suback = client.recv()
     assert isinstance(suback, Suback) and suback.packet_id == packet_id, suback
     assert suback.reason_codes == (qos,)
-
-
-def recv_publish(client: RawClient) -> Publish:
-    packet = client.recv()
-    assert isinstance(packet, Publish), packet
-    return packet
-
-
-def assert_quiet(client: RawClient, wait: float = 0.5) -> None:
-    """Nothing arrives from the server for `wait` seconds (and the connection stays open)."""
-    try:
-        packet = client.recv(timeout=wait)
-    except AssertionError:
-        return
-    raise AssertionError(f"unexpected packet {packet!r}")
 
 
 # -- session present, clean start, resumed subscriptions -------------------------------------

@@ -5,7 +5,7 @@ ordinary subscribers do not take messages from each other."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from paho.mqtt.packettypes import PacketTypes
@@ -25,21 +25,7 @@ from mop.testing.node import RunningNode
 from tests.e2e.clients import Client, Received, props
 from tests.e2e.raw import RawClient
 
-pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def raws() -> Iterator[Callable[..., RawClient]]:
-    opened: list[RawClient] = []
-
-    def open_raw(port: int, level: int = 5) -> RawClient:
-        raw = RawClient(port, level=level)
-        opened.append(raw)
-        return raw
-
-    yield open_raw
-    for raw in opened:
-        raw.close()
+pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
 
 
 def drain(clients: list[Client], total: int, timeout: float = 10.0) -> list[list[Received]]:

@@ -14,7 +14,7 @@ from mop.testing.node import RunningNode
 from tests.e2e.clients import Client, props
 from tests.e2e.raw import RawClient
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
 
 DISCONNECT_WITH_WILL = 0x04
 KEEP_ALIVE_TIMEOUT = 0x8D

@@ -3,28 +3,14 @@ Pulsar topic `persistent://public/default/a%2Fb`, in both directions."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pulsar
 import pytest
 
 from mop.testing.node import RunningNode
 from tests.e2e.clients import Client, props
-from tests.e2e.pulsar_support import TIMEOUT_MS, pulsar_client, pulsar_node, receive_all
+from tests.e2e.pulsar_support import TIMEOUT_MS, receive_all
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def node() -> Iterator[RunningNode]:
-    with pulsar_node() as running:
-        yield running
-
-
-@pytest.fixture
-def client(node: RunningNode) -> Iterator[pulsar.Client]:
-    with pulsar_client(node) as running:
-        yield running
 
 
 def pulsar_topic(mqtt_topic: str) -> str:

@@ -4,14 +4,12 @@ compacted per message; the state survives a restart."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pulsar
 import pytest
 
-from mop.testing.node import RunningNode
 from tests.e2e.pulsar_support import (
     TIMEOUT_MS,
     expect_nothing,
@@ -27,18 +25,6 @@ TOMBSTONE = {"mop.tombstone": "1"}
 
 def table_topic(name: str) -> str:
     return f"persistent://public/__mop/{name}"
-
-
-@pytest.fixture(scope="module")
-def node() -> Iterator[RunningNode]:
-    with pulsar_node() as running:
-        yield running
-
-
-@pytest.fixture
-def client(node: RunningNode) -> Iterator[pulsar.Client]:
-    with pulsar_client(node) as connected:
-        yield connected
 
 
 def write(producer: pulsar.Producer, key: str, value: str | None) -> None:

@@ -5,39 +5,13 @@ unsubscribe, and what survives a consumer's reconnection."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pulsar
 import pytest
 
-from mop.testing.node import RunningNode
-from tests.e2e.pulsar_support import (
-    TIMEOUT_MS,
-    expect_nothing,
-    pulsar_client,
-    pulsar_node,
-    receive_all,
-    topic_for,
-)
+from tests.e2e.pulsar_support import TIMEOUT_MS, expect_nothing, receive_all
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def node() -> Iterator[RunningNode]:
-    with pulsar_node() as running:
-        yield running
-
-
-@pytest.fixture
-def client(node: RunningNode) -> Iterator[pulsar.Client]:
-    with pulsar_client(node) as running:
-        yield running
-
-
-@pytest.fixture
-def topic(request: pytest.FixtureRequest) -> str:
-    return topic_for(request.node.name)
 
 
 def send(client: pulsar.Client, topic: str, *payloads: bytes, **options: object) -> None:

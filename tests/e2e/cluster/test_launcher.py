@@ -28,7 +28,7 @@ from tests.e2e.clients import Client
 
 pytestmark = pytest.mark.e2e
 
-LAUNCHER = Path(__file__).resolve().parents[2] / "deploy" / "separated" / "run-local"
+LAUNCHER = Path(__file__).resolve().parents[3] / "deploy" / "separated" / "run-local"
 READY = re.compile(r"run-local: brokers (?P<brokers>.+); MQTT proxies (?P<proxies>.+); Ctrl-C")
 STARTUP_TIMEOUT = 90.0
 

@@ -9,44 +9,16 @@ messages still owed, and only those come again.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pulsar
 import pytest
 
-from mop.testing.node import RunningNode
-from tests.e2e.pulsar_support import (
-    TIMEOUT_MS,
-    expect_nothing,
-    ids,
-    pulsar_client,
-    pulsar_node,
-    receive_all,
-    topic_for,
-)
+from tests.e2e.pulsar_support import TIMEOUT_MS, expect_nothing, ids, receive_all
 
 pytestmark = pytest.mark.e2e
 
 COUNT = 10
 ACKED = 4  # the first ACKED messages are received; the last of them is acknowledged cumulatively
 PAYLOADS = [f"m{i}".encode() for i in range(COUNT)]
-
-
-@pytest.fixture(scope="module")
-def node() -> Iterator[RunningNode]:
-    with pulsar_node() as running:
-        yield running
-
-
-@pytest.fixture
-def client(node: RunningNode) -> Iterator[pulsar.Client]:
-    with pulsar_client(node) as running:
-        yield running
-
-
-@pytest.fixture
-def topic(request: pytest.FixtureRequest) -> str:
-    return topic_for(request.node.name)
 
 
 def send_one_batch(client: pulsar.Client, topic: str) -> None:

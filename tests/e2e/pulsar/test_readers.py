@@ -9,38 +9,17 @@ from collections.abc import Iterator
 import pulsar
 import pytest
 
-from mop.testing.node import RunningNode
-from tests.e2e.pulsar_support import (
-    TIMEOUT_MS,
-    expect_nothing,
-    pulsar_client,
-    pulsar_node,
-    receive_all,
-    topic_for,
-)
+from tests.e2e.pulsar_support import TIMEOUT_MS, expect_nothing, receive_all, topic_for
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def node() -> Iterator[RunningNode]:
-    with pulsar_node() as running:
-        yield running
-
-
 @pytest.fixture
-def client(node: RunningNode) -> Iterator[pulsar.Client]:
-    with pulsar_client(node) as running:
-        yield running
-
-
-@pytest.fixture
-def topic(request: pytest.FixtureRequest, client: pulsar.Client) -> Iterator[str]:
-    name = topic_for(request.node.name)
+def topic(topic: str, client: pulsar.Client) -> Iterator[str]:
     # Messages nobody subscribed to are not kept (as in Pulsar without retention): a durable
     # subscription that never acknowledges keeps them for the readers under test.
-    keeper = client.subscribe(name, "keeper")
-    yield name
+    keeper = client.subscribe(topic, "keeper")
+    yield topic
     keeper.close()
 
 

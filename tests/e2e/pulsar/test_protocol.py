@@ -48,12 +48,6 @@ from tests.e2e.pulsar_support import (
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def node() -> Iterator[RunningNode]:
-    with pulsar_node() as running:
-        yield running
-
-
 @pytest.fixture
 def raw(node: RunningNode) -> Iterator[RawPulsar]:
     client = RawPulsar(pulsar_port(node))

@@ -17,11 +17,11 @@ import pytest
 from gmqtt.mqtt.constants import MQTTv50, MQTTv311
 
 from mop.settings import TlsSettings
-from mop.testing.certs import TestCertificates, make_test_certificates
+from mop.testing.certs import TestCertificates
 from mop.testing.node import RunningNode, node_settings, running_node
 from tests.e2e.clients import Client
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
 
 TIMEOUT = 10.0
 
@@ -314,11 +314,6 @@ def test_mosquitto_will_on_abnormal_exit(node: RunningNode, mosquitto_subs: Any)
 
 
 # -- mosquitto over TLS ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> TestCertificates:
-    return make_test_certificates(tmp_path_factory.mktemp("certs"))
 
 
 @needs_mosquitto

@@ -11,7 +11,6 @@ import pytest
 from mop.protocols.mqtt.codec import encode
 from mop.protocols.mqtt.packets import (
     Connack,
-    Disconnect,
     Pingreq,
     Pingresp,
     Properties,
@@ -25,34 +24,9 @@ from mop.protocols.mqtt.packets import (
 from mop.settings import LimitsSettings
 from mop.testing.node import RunningNode, node_settings, running_node
 from tests.e2e.clients import Client
-from tests.e2e.raw import RawClient
+from tests.e2e.raw import RawClient, closed_with
 
-pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def raws() -> Iterator[Callable[..., RawClient]]:
-    """Open RawClients that are closed after the test."""
-    opened: list[RawClient] = []
-
-    def open_raw(port: int, level: int = 5) -> RawClient:
-        raw = RawClient(port, level=level)
-        opened.append(raw)
-        return raw
-
-    yield open_raw
-    for raw in opened:
-        raw.close()
-
-
-def closed_with(raw: RawClient, reason: int | None, timeout: float = 5.0) -> None:
-    """The server closes the connection after a DISCONNECT with `reason` (None: nothing at all)."""
-    packets = raw.recv_until_closed(timeout)
-    if reason is None:
-        assert packets == [], packets
-    else:
-        assert len(packets) == 1 and isinstance(packets[0], Disconnect), packets
-        assert packets[0].reason_code == reason, f"0x{packets[0].reason_code:02X}"
+pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
 
 
 def subscribe(raw: RawClient, packet_id: int, *filters: str, qos: int = 0) -> tuple[int, ...]:

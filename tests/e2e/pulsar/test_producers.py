@@ -4,39 +4,14 @@ batches, properties, deduplication and access modes."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import pulsar
 import pytest
 
 from mop.testing.node import RunningNode
-from tests.e2e.pulsar_support import (
-    TIMEOUT_MS,
-    ids,
-    pulsar_client,
-    pulsar_node,
-    receive_all,
-    topic_for,
-)
+from tests.e2e.pulsar_support import TIMEOUT_MS, ids, pulsar_client, receive_all
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def node() -> Iterator[RunningNode]:
-    with pulsar_node() as running:
-        yield running
-
-
-@pytest.fixture
-def client(node: RunningNode) -> Iterator[pulsar.Client]:
-    with pulsar_client(node) as running:
-        yield running
-
-
-@pytest.fixture
-def topic(request: pytest.FixtureRequest) -> str:
-    return topic_for(request.node.name)
 
 
 def test_send_receipts_carry_increasing_stored_ids(client: pulsar.Client, topic: str) -> None:

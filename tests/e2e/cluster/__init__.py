@@ -1,0 +1,1 @@
+"""End-to-end tests of separated deployments: proxies in front of broker processes."""
