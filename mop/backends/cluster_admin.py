@@ -1,8 +1,9 @@
 """The two questions pulsar-client for Python cannot be asked: which topics a namespace has
 (GET_TOPICS_OF_NAMESPACE) and which broker owns a topic (LOOKUP, following redirects).
 
-Each call opens a short link of its own (`mop.protocols.pulsar.link`) to the first broker of the
-service URL that answers; a `TopicLister`, which lists one namespace again and again (the topic
+The protocol is spoken by `mop.protocols.pulsar.client`; this module gives its answers and
+failures the terms of a backend. Each call opens a short link of its own to the first broker of
+the service URL that answers; a `TopicLister`, which lists one namespace again and again (the topic
 poller of `cluster_discovery`), keeps its link between calls instead.
 """
 
@@ -13,20 +14,19 @@ from typing import Final
 import trio
 
 from mop.processor.backend import BackendError
-from mop.protocols.pulsar.commands import (
-    GetTopicsOfNamespace,
-    GetTopicsOfNamespaceResponse,
-    Lookup,
-    LookupResponse,
-    LookupType,
-    TopicsMode,
+from mop.protocols.pulsar import client
+from mop.protocols.pulsar.client import (
+    LinkFailed,
+    LookupFailed,
+    PulsarLink,
+    UnexpectedAnswer,
+    Unreachable,
 )
-from mop.protocols.pulsar.link import LinkFailed, PulsarLink, service_addresses
+from mop.protocols.pulsar.commands import TopicsMode
 
 __all__ = ["TopicLister", "get_topics", "lookup"]
 
 _CLIENT_VERSION: Final = "mop-cluster"
-_MAX_REDIRECTS: Final = 8
 
 
 def _error(what: str, exc: LinkFailed) -> BackendError:
@@ -38,20 +38,13 @@ def _error(what: str, exc: LinkFailed) -> BackendError:
 
 async def _connect(service_url: str, seconds: float) -> PulsarLink:
     """A link to the first broker of `service_url` that completes the handshake."""
-    try:
-        addresses, tls = service_addresses(service_url)
-    except ValueError as exc:
-        raise BackendError(str(exc), reason="invalid_url") from None
-    failures = []
     with trio.move_on_after(seconds):
-        for host, port in addresses:
-            try:
-                return await PulsarLink.connect(host, port, _CLIENT_VERSION, tls=tls)
-            except LinkFailed as exc:
-                failures.append(str(exc))
-        raise BackendError(
-            f"no broker of {service_url} answers: {'; '.join(failures)}", reason="unavailable"
-        )
+        try:
+            return await client.connect_first(service_url, _CLIENT_VERSION)
+        except ValueError as exc:
+            raise BackendError(str(exc), reason="invalid_url") from None
+        except Unreachable as exc:
+            raise BackendError(str(exc), reason="unavailable") from None
     raise BackendError(f"{service_url}: no answer in {seconds}s", reason="unavailable")
 
 
@@ -62,22 +55,20 @@ async def _ask_topics(
     what = f"topics of {namespace}"
     try:
         with trio.fail_after(seconds):
-            reply = await link.ask(
-                GetTopicsOfNamespace(request_id=link.request_id(), namespace=namespace, mode=mode)
-            )
+            topics = await client.list_topics(link, namespace, mode)
     except trio.TooSlowError:
         # A broker that does not implement the command may ignore it rather than refuse it.
         raise BackendError(
             f"{what}: no answer in {seconds}s (does the broker support GetTopicsOfNamespace?)",
             reason="unavailable",
         ) from None
+    except UnexpectedAnswer as exc:
+        raise BackendError(f"{what}: {exc}") from None
     except LinkFailed as exc:
         if exc.error is not None:
             raise _error(what, exc) from None
         raise
-    if not isinstance(reply, GetTopicsOfNamespaceResponse):
-        raise BackendError(f"{what}: unexpected answer {reply!r:.200}")
-    return sorted(reply.topics)
+    return sorted(topics)
 
 
 async def get_topics(service_url: str, namespace: str, *, seconds: float = 10.0) -> list[str]:
@@ -131,27 +122,17 @@ class TopicLister:
 async def lookup(service_url: str, topic: str, *, seconds: float = 10.0) -> str:
     """The service URL of the broker that owns `topic`, following redirects, within
     `seconds`."""
-    url = service_url
-    authoritative = False
     what = f"lookup of {topic}"
     with trio.move_on_after(seconds) as scope:
-        for _ in range(_MAX_REDIRECTS):
-            link = await _connect(url, seconds)
-            try:
-                reply = await link.ask(
-                    Lookup(topic=topic, request_id=link.request_id(), authoritative=authoritative)
-                )
-            except LinkFailed as exc:
-                raise _error(what, exc) from None
-            finally:
-                await link.aclose()
-            if not isinstance(reply, LookupResponse) or reply.response is LookupType.Failed:
-                raise BackendError(f"{what} failed: {reply!r:.200}")
-            if not reply.broker_service_url:
-                raise BackendError(f"{what}: no broker URL in {reply!r:.200}")
-            if reply.response is LookupType.Connect:
-                return reply.broker_service_url
-            url, authoritative = reply.broker_service_url, reply.authoritative
-        raise BackendError(f"{what}: more than {_MAX_REDIRECTS} redirects")
+        try:
+            return await client.lookup(service_url, topic, _CLIENT_VERSION)
+        except ValueError as exc:
+            raise BackendError(str(exc), reason="invalid_url") from None
+        except Unreachable as exc:
+            raise BackendError(str(exc), reason="unavailable") from None
+        except LookupFailed as exc:
+            raise BackendError(str(exc)) from None
+        except LinkFailed as exc:
+            raise _error(what, exc) from None
     assert scope.cancelled_caught
     raise BackendError(f"{what}: no answer in {seconds}s", reason="unavailable")

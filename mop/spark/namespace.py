@@ -2,7 +2,7 @@
 
 pulsar-client sends this command only for its own regex subscriptions and has no call that
 returns the list, so the data source asks for it on a short link of its own
-(`mop.protocols.pulsar.link`). Any Pulsar-protocol broker answers it (a mop node or Apache
+(`mop.protocols.pulsar.client`). Any Pulsar-protocol broker answers it (a mop node or Apache
 Pulsar); it needs no authentication, which is what such a broker allows by default.
 """
 
@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import trio
 
-from mop.protocols.pulsar.commands import (
-    GetTopicsOfNamespace,
-    GetTopicsOfNamespaceResponse,
-    TopicsMode,
-)
-from mop.protocols.pulsar.link import LinkFailed, PulsarLink, service_addresses
+from mop.protocols.pulsar import client
+from mop.protocols.pulsar.client import LinkFailed, PulsarLink, service_addresses
+from mop.protocols.pulsar.commands import TopicsMode
 
 __all__ = ["NamespaceListingError", "list_topics"]
 
@@ -49,13 +46,6 @@ async def _ask_within(host: str, port: int, tls: bool, namespace: str, seconds: 
     with trio.fail_after(seconds):
         link = await PulsarLink.connect(host, port, "mop-spark", tls=tls)
         try:
-            answer = await link.ask(
-                GetTopicsOfNamespace(
-                    request_id=link.request_id(), namespace=namespace, mode=TopicsMode.ALL
-                )
-            )
+            return await client.list_topics(link, namespace, TopicsMode.ALL)
         finally:
             await link.aclose()
-    if not isinstance(answer, GetTopicsOfNamespaceResponse):
-        raise LinkFailed(f"unexpected answer {answer!r:.200}")
-    return list(answer.topics)

@@ -52,6 +52,7 @@ from mop.protocols.mqtt.properties import (
     read_utf8,
 )
 from mop.protocols.mqtt.reason_codes import REASON_CODES_BY_PACKET, V3_SUBACK_CODES
+from mop.protocols.receive_buffer import ReceiveBuffer
 
 
 class NeedData:
@@ -105,7 +106,7 @@ def _check_fixed_header(packet_type: int, flags: int, level: int) -> None:
         )
 
 
-class PacketDecoder:
+class PacketDecoder(ReceiveBuffer):
     """Incremental decoder: `feed` bytes as they arrive, then call `next_packet` until NEED_DATA.
 
     `protocol_level` selects the packet layouts after CONNECT; the server sets it from the
@@ -114,7 +115,7 @@ class PacketDecoder:
     fed bytes are dropped, because the stream can no longer be framed.
     """
 
-    __slots__ = ("_buf", "_error", "_pos", "expect_connect", "max_packet_size", "protocol_level")
+    __slots__ = ("expect_connect", "max_packet_size", "protocol_level")
 
     def __init__(
         self,
@@ -128,24 +129,7 @@ class PacketDecoder:
         # A server expecting CONNECT refuses anything else from the first byte, so a peer cannot
         # make it buffer a large bogus packet until the CONNECT timeout.
         self.expect_connect = expect_connect
-        self._buf = bytearray()
-        self._pos = 0  # start of the first undecoded byte in _buf
-        self._error: RemoteProtocolError | None = None
-
-    @property
-    def buffered(self) -> int:
-        """Number of bytes received but not yet returned as packets."""
-        return len(self._buf) - self._pos
-
-    def feed(self, data: bytes) -> None:
-        if self._error is not None:
-            return
-        if self._pos:
-            # Drop decoded bytes once per feed, not per packet: many small packets arriving in one
-            # read are walked by offset, and deleting from the front of a bytearray is cheap.
-            del self._buf[: self._pos]
-            self._pos = 0
-        self._buf += data
+        super().__init__()
 
     def next_packet(self) -> Packet | NeedData:
         """Decode and return the next complete packet, or NEED_DATA."""
@@ -185,12 +169,6 @@ class PacketDecoder:
             error = MalformedPacket(f"undecodable packet ({type(exc).__name__}: {exc})")
             self._fail(error)
             raise error from None
-
-    def _fail(self, error: RemoteProtocolError) -> None:
-        self._error = error
-        # A fresh buffer: the traceback may still hold views of the old one.
-        self._buf = bytearray()
-        self._pos = 0
 
     def _next_packet(self) -> Packet | NeedData:
         buf = self._buf

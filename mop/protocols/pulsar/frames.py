@@ -34,6 +34,7 @@ from mop.protocols.pulsar.metadata import (
     Payload,
     SingleMessageMetadata,
 )
+from mop.protocols.receive_buffer import ReceiveBuffer
 
 MAGIC_CRC32C: Final = 0x0E01
 MAGIC_BROKER_ENTRY_METADATA: Final = 0x0E02
@@ -91,7 +92,7 @@ Frame = Command | UnknownCommand | ChecksumMismatch
 # --- decoding ------------------------------------------------------------------------------------
 
 
-class FrameDecoder:
+class FrameDecoder(ReceiveBuffer):
     """Incremental decoder: `feed` bytes as they arrive, then call `next_frame` until NEED_DATA.
 
     A frame above `max_frame_size` bytes (length prefix included) is refused as soon as its length
@@ -99,29 +100,13 @@ class FrameDecoder:
     it again, because the stream can no longer be framed.
     """
 
-    __slots__ = ("_buf", "_error", "_pos", "max_frame_size")
+    __slots__ = ("max_frame_size",)
 
     def __init__(
         self, *, max_frame_size: int = DEFAULT_MAX_MESSAGE_SIZE + FRAME_SIZE_PADDING
     ) -> None:
         self.max_frame_size = max_frame_size
-        self._buf = bytearray()
-        self._pos = 0
-        self._error: RemoteProtocolError | None = None
-
-    @property
-    def buffered(self) -> int:
-        """Number of bytes received but not yet returned as frames."""
-        return len(self._buf) - self._pos
-
-    def feed(self, data: Buffer) -> None:
-        if self._error is not None:
-            return
-        if self._pos:
-            # Compact once per feed, not per frame: frames from one read are walked by offset.
-            del self._buf[: self._pos]
-            self._pos = 0
-        self._buf += data
+        super().__init__()
 
     def next_frame(self) -> Frame | NeedData:
         """Decode and return the next complete frame, or NEED_DATA."""
@@ -138,11 +123,6 @@ class FrameDecoder:
             error = MalformedFrame(f"undecodable frame ({type(exc).__name__}: {exc})")
             self._fail(error)
             raise error from None
-
-    def _fail(self, error: RemoteProtocolError) -> None:
-        self._error = error
-        self._buf = bytearray()
-        self._pos = 0
 
     def _next_frame(self) -> Frame | NeedData:
         buf = self._buf

@@ -35,7 +35,7 @@ from mop.protocols.pulsar.commands import (
 )
 from mop.protocols.pulsar.errors import ServerError
 from mop.protocols.pulsar.frames import Frame
-from mop.protocols.pulsar.peers import PEER_CLIENT_VERSION
+from mop.protocols.pulsar.serving.peers import PEER_CLIENT_VERSION
 from mop.settings import ClusterSettings
 from tests.e2e.nodeproc import NodeProcess, broker_process
 from tests.e2e.pulsar_support import TIMEOUT_MS, RawPulsar, pulsar_settings

@@ -50,12 +50,12 @@ from mop.protocols.pulsar.connection import (
     partitioned_metadata,
     partitioned_metadata_failed,
 )
-from mop.protocols.pulsar.consumers import ConnectionConsumers
 from mop.protocols.pulsar.errors import RemoteProtocolError, ServerError
 from mop.protocols.pulsar.frames import ChecksumMismatch, NeedData, UnknownCommand
-from mop.protocols.pulsar.peers import is_peer
-from mop.protocols.pulsar.producers import ConnectionProducers
-from mop.protocols.pulsar.server import PulsarServer, TopicRefused
+from mop.protocols.pulsar.serving.consumers import ConnectionConsumers
+from mop.protocols.pulsar.serving.peers import is_peer
+from mop.protocols.pulsar.serving.producers import ConnectionProducers
+from mop.protocols.pulsar.serving.server import PulsarServer, TopicRefused
 from mop.transport import ConnectionInfo, OutboundBuffer
 
 log = logging.getLogger("mop.pulsar")

@@ -16,12 +16,14 @@ from typing import Final
 
 import trio
 
-from mop.protocols.pulsar.commands import (
-    GetTopicsOfNamespace,
-    GetTopicsOfNamespaceResponse,
-    TopicsMode,
+from mop.protocols.pulsar import client
+from mop.protocols.pulsar.client import (
+    LinkFailed,
+    PulsarLink,
+    UnexpectedAnswer,
+    service_addresses,
 )
-from mop.protocols.pulsar.link import LinkFailed, PulsarLink, service_addresses
+from mop.protocols.pulsar.commands import TopicsMode
 
 __all__ = ["PEER_CLIENT_VERSION", "PeerLinks", "is_peer"]
 
@@ -90,19 +92,14 @@ class _Peer:
                         self.host, self.port, PEER_CLIENT_VERSION, tls=self.tls
                     )
             try:
-                answer = await link.ask(
-                    GetTopicsOfNamespace(
-                        request_id=link.request_id(), namespace=namespace, mode=mode
-                    )
-                )
+                return await client.list_topics(link, namespace, mode)
+            except UnexpectedAnswer:
+                raise  # the link works; the peer answered something else
             except LinkFailed:
                 await self.aclose()
                 if fresh or attempt == 2:
                     raise
                 continue
-            if not isinstance(answer, GetTopicsOfNamespaceResponse):
-                raise LinkFailed(f"unexpected answer {answer!r:.200}")
-            return list(answer.topics)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def aclose(self) -> None:

@@ -46,10 +46,10 @@ from mop.protocols.pulsar.errors import ServerError
 from mop.protocols.pulsar.frames import ack_set_of, unacked_indexes
 from mop.protocols.pulsar.mapping import EARLIEST, LATEST, entry_bytes, from_id_data, to_id_data
 from mop.protocols.pulsar.metadata import MessageIdData
-from mop.protocols.pulsar.server import TopicRefused, server_error
+from mop.protocols.pulsar.serving.server import TopicRefused, server_error
 
 if TYPE_CHECKING:
-    from mop.protocols.pulsar.handler import PulsarConnection
+    from mop.protocols.pulsar.serving.handler import PulsarConnection
 
 log = logging.getLogger("mop.pulsar")
 

@@ -56,7 +56,7 @@ from mop.protocols.pulsar.metadata import (
     MessageMetadata,
     SingleMessageMetadata,
 )
-from mop.protocols.pulsar.server import PulsarServer, Timers
+from mop.protocols.pulsar.serving.server import PulsarServer, Timers
 from mop.settings import Settings
 from mop.transport import ConnectionInfo
 

@@ -1,9 +1,14 @@
-"""A small client side of the Pulsar binary protocol, for the questions pulsar-client cannot be
-asked (which topics a namespace has, which broker owns a topic) and for links between brokers.
+"""The client side of the Pulsar binary protocol, spoken with mop's own codec: the questions
+pulsar-client cannot be asked (which topics a namespace has, which broker owns a topic), for the
+cluster backend, the Spark data source and the links between the brokers of a cluster.
 
-`PulsarLink` is one connection spoken with mop's own codec: the CONNECT handshake, then one
-request at a time, its answer matched by request id, PINGs answered on the way. Everything that
-goes wrong with the connection or the broker's answer is a `LinkFailed`.
+`PulsarLink` is one connection: the CONNECT handshake, then one request at a time, its answer
+matched by request id, PINGs answered on the way. `list_topics` asks a link for the topics of a
+namespace; `lookup` finds the broker that owns a topic, following redirects; `connect_first`
+opens a link to the first broker of a service URL that answers. Everything that goes wrong with
+a connection or a broker's answer is a `LinkFailed`.
+
+This is trio code over the pure core; it needs neither the serving part nor the processor.
 """
 
 from __future__ import annotations
@@ -22,15 +27,32 @@ from mop.protocols.pulsar.commands import (
     Connect,
     Connected,
     Error,
+    GetTopicsOfNamespace,
+    GetTopicsOfNamespaceResponse,
+    Lookup,
+    LookupResponse,
+    LookupType,
     Ping,
     Pong,
+    TopicsMode,
 )
 from mop.protocols.pulsar.errors import RemoteProtocolError
 from mop.protocols.pulsar.frames import Frame, FrameDecoder, NeedData, encode_command
 
-__all__ = ["LinkFailed", "PulsarLink", "service_addresses"]
+__all__ = [
+    "LinkFailed",
+    "LookupFailed",
+    "PulsarLink",
+    "UnexpectedAnswer",
+    "Unreachable",
+    "connect_first",
+    "list_topics",
+    "lookup",
+    "service_addresses",
+]
 
 _DEFAULT_PORTS: Final = {"pulsar": 6650, "pulsar+ssl": 6651}
+MAX_REDIRECTS: Final = 8
 
 
 class LinkFailed(Exception):
@@ -40,6 +62,19 @@ class LinkFailed(Exception):
     def __init__(self, message: str, error: Error | None = None) -> None:
         super().__init__(message)
         self.error = error
+
+
+class Unreachable(LinkFailed):
+    """No broker of a service URL completed the handshake."""
+
+
+class UnexpectedAnswer(LinkFailed):
+    """The broker answered a request with a command of another kind."""
+
+
+class LookupFailed(LinkFailed):
+    """A lookup was answered, but without an owner: a failed lookup, no broker URL, or too many
+    redirects."""
 
 
 def service_addresses(service_url: str) -> tuple[list[tuple[str, int]], bool]:
@@ -141,3 +176,56 @@ class PulsarLink:
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
             await self._stream.aclose()
+
+
+async def connect_first(service_url: str, client_version: str) -> PulsarLink:
+    """A link to the first broker of `service_url` that completes the handshake, its hosts tried
+    in turn; Unreachable when none does, ValueError when the URL is not a service URL."""
+    addresses, tls = service_addresses(service_url)
+    failures = []
+    for host, port in addresses:
+        try:
+            return await PulsarLink.connect(host, port, client_version, tls=tls)
+        except LinkFailed as exc:
+            failures.append(str(exc))
+    raise Unreachable(f"no broker of {service_url} answers: {'; '.join(failures)}")
+
+
+async def list_topics(
+    link: PulsarLink, namespace: str, mode: TopicsMode = TopicsMode.ALL
+) -> list[str]:
+    """The topics of `namespace` ("tenant/namespace") that the broker at the other end of `link`
+    answers with (GET_TOPICS_OF_NAMESPACE), partitions named one by one, in its order."""
+    answer = await link.ask(
+        GetTopicsOfNamespace(request_id=link.request_id(), namespace=namespace, mode=mode)
+    )
+    if not isinstance(answer, GetTopicsOfNamespaceResponse):
+        raise UnexpectedAnswer(f"unexpected answer {answer!r:.200}")
+    return list(answer.topics)
+
+
+async def lookup(
+    service_url: str, topic: str, client_version: str, *, max_redirects: int = MAX_REDIRECTS
+) -> str:
+    """The service URL of the broker that owns `topic`, asking the first broker of
+    `service_url` that answers and following its redirects (one short link per broker asked).
+    Unreachable or ValueError as `connect_first`; LookupFailed when the owner is not named."""
+    url = service_url
+    authoritative = False
+    what = f"lookup of {topic}"
+    for _ in range(max_redirects):
+        link = await connect_first(url, client_version)
+        try:
+            reply = await link.ask(
+                Lookup(topic=topic, request_id=link.request_id(), authoritative=authoritative)
+            )
+        finally:
+            await link.aclose()
+        if not isinstance(reply, LookupResponse) or reply.response is LookupType.Failed:
+            raise LookupFailed(f"{what} failed: {reply!r:.200}")
+        if not reply.broker_service_url:
+            raise LookupFailed(f"{what}: no broker URL in {reply!r:.200}")
+        if reply.response is LookupType.Connect:
+            return reply.broker_service_url
+        url, authoritative = reply.broker_service_url, reply.authoritative
+    raise LookupFailed(f"{what}: more than {max_redirects} redirects")

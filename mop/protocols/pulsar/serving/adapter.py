@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mop.protocols.base import NodeServices
-from mop.protocols.pulsar.server import PulsarServer, Timers
+from mop.protocols.pulsar.serving.server import PulsarServer, Timers
 from mop.settings import PulsarSettings, Settings
 from mop.transport import Handler, ListenerSpec
 

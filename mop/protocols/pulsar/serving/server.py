@@ -15,7 +15,7 @@ import trio
 from mop.processor import BackendError, MessagingProcessor
 from mop.protocols.pulsar.connection import ConnectionLimits
 from mop.protocols.pulsar.errors import ServerError
-from mop.protocols.pulsar.peers import PeerLinks
+from mop.protocols.pulsar.serving.peers import PeerLinks
 from mop.settings import Settings
 from mop.topic_names import PulsarTopicName
 from mop.topics import TopicError
@@ -95,7 +95,7 @@ class PulsarServer:
             await self.peers.aclose()
 
     async def handle_connection(self, stream: trio.abc.Stream, info: ConnectionInfo) -> None:
-        from mop.protocols.pulsar.handler import PulsarConnection
+        from mop.protocols.pulsar.serving.handler import PulsarConnection
 
         await PulsarConnection(self, stream, info).run()
 

@@ -26,10 +26,10 @@ from mop.protocols.pulsar.commands import (
 from mop.protocols.pulsar.commands import Producer as ProducerCommand
 from mop.protocols.pulsar.errors import ServerError
 from mop.protocols.pulsar.mapping import message_from_payload
-from mop.protocols.pulsar.server import TopicRefused, server_error
+from mop.protocols.pulsar.serving.server import TopicRefused, server_error
 
 if TYPE_CHECKING:
-    from mop.protocols.pulsar.handler import PulsarConnection
+    from mop.protocols.pulsar.serving.handler import PulsarConnection
 
 log = logging.getLogger("mop.pulsar")
 

@@ -28,11 +28,11 @@ from mop.protocols.pulsar.commands import (
     SubType,
 )
 from mop.protocols.pulsar.errors import ServerError
-from mop.protocols.pulsar.peers import PEER_CLIENT_VERSION, PeerLinks
-from mop.protocols.pulsar.server import PulsarServer
+from mop.protocols.pulsar.serving.peers import PEER_CLIENT_VERSION, PeerLinks
+from mop.protocols.pulsar.serving.server import PulsarServer
 from mop.settings import ClusterSettings, PulsarSettings, Settings
 from mop.transport import ConnectionInfo
-from tests.unit.pulsar.test_adapter_memory import Peer, open_peer
+from tests.unit.protocols.pulsar.serving.test_handler import Peer, open_peer
 
 TOPICS = [f"persistent://public/default/c-{n}" for n in range(20)]
 
