@@ -13,13 +13,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
+from mop.clock import now_ms
 from mop.processor import (
     BackendError,
     ClientContext,
@@ -649,7 +649,7 @@ class ClientHandler:
         assert self.subs is not None
         codes, retained = await self.subs.subscribe(packet, v5=self.conn.protocol_level == 5)
         self.out.write(self.conn.send(Suback(packet.packet_id, tuple(codes))))
-        now = _now_ms()
+        now = now_ms()
         for item in retained:
             self._outflow().send(
                 item.topic,
@@ -669,10 +669,6 @@ class ClientHandler:
         self.out.write(self.conn.send(Unsuback(packet.packet_id, tuple(codes))))
 
     # -- outbound messages -----------------------------------------------------------------
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 _Handler = Callable[[ClientHandler, Any], Awaitable[None]]

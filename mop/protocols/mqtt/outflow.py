@@ -8,12 +8,12 @@ the message, and resumed with their packet ids after a reconnect (or a crash).
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from typing import NamedTuple
 
 import trio
 
+from mop.clock import now_ms
 from mop.message import Delivery, Message
 from mop.processor import ClientContext, Consumer, ConsumerClosed
 from mop.protocols.mqtt.connection import ServerConnection
@@ -112,7 +112,7 @@ class Outflow:
                 deliveries = await consumer.receive(max(1, self.room()))
             except ConsumerClosed:
                 return
-            now = _now_ms()
+            now = now_ms()
             # A QoS 0 PUBLISH below MQTT 5 has no properties and no topic alias: the same
             # bytes for every such client, gathered into one write.
             level = conn.protocol_level
@@ -440,7 +440,3 @@ class Outflow:
                     if self._resend_ids is None:
                         self._resend_ids = {}
                     self._resend_ids[(entry.topic, str(entry.message_id))] = pid
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

@@ -14,6 +14,7 @@ from functools import lru_cache
 
 import trio
 
+from mop.clock import now_ms
 from mop.message import Message
 from mop.processor import BackendError, ClientContext, MessagingProcessor, PublishResult
 from mop.protocols.mqtt.codec import encode_publish
@@ -21,7 +22,7 @@ from mop.protocols.mqtt.connection import ConnectionLimits
 from mop.protocols.mqtt.mapping import publish_to_message
 from mop.protocols.mqtt.packets import NO_PROPERTIES, Publish, Will
 from mop.protocols.mqtt.retained import RetainedStore
-from mop.protocols.mqtt.sessions import SessionRegistry, now_ms
+from mop.protocols.mqtt.sessions import SessionRegistry
 from mop.protocols.mqtt.sys_topics import SysPublisher
 from mop.protocols.mqtt.timers import Timers
 from mop.settings import MqttSettings, Settings

@@ -36,12 +36,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
 import trio
 
+from mop.clock import now_ms
 from mop.processor import BackendError, MessagingProcessor
 from mop.protocols.mqtt.node_liveness import NODES_TABLE, NodeLiveness, heartbeat_interval
 from mop.protocols.mqtt.packets import Will
@@ -72,10 +72,6 @@ IN_DOUBT_RETRY: Final = 1.0
 # so that a take on another node just before the deadline reaches the holder first.
 EXPIRY_GRACE: Final = 1.0
 PublishWill = Callable[[str, Will], Awaitable[None]]
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class SessionRegistry:
