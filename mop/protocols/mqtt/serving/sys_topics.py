@@ -24,7 +24,7 @@ from mop.protocols.mqtt.mapping import publish_to_message
 from mop.protocols.mqtt.packets import Publish
 
 if TYPE_CHECKING:
-    from mop.protocols.mqtt.server import MqttServer
+    from mop.protocols.mqtt.serving.server import MqttServer
 
 log = logging.getLogger("mop.mqtt")
 

@@ -25,7 +25,7 @@ from mop.protocols.mqtt.packets import (
     SubscriptionRequest,
 )
 from mop.protocols.mqtt.reason_codes import ReasonCode
-from mop.protocols.mqtt.server import MqttServer
+from mop.protocols.mqtt.serving.server import MqttServer
 from mop.settings import MqttSettings, Settings
 from mop.transport import ConnectionInfo
 

@@ -30,7 +30,6 @@ from mop.processor import (
 from mop.protocols.mqtt.codec import NEED_DATA, NeedData
 from mop.protocols.mqtt.connection import ConnectionState, ServerConnection
 from mop.protocols.mqtt.errors import RemoteProtocolError, UnsupportedProtocolVersion
-from mop.protocols.mqtt.outflow import Outflow
 from mop.protocols.mqtt.packets import (
     NO_PROPERTIES,
     Auth,
@@ -53,9 +52,10 @@ from mop.protocols.mqtt.packets import (
     Will,
 )
 from mop.protocols.mqtt.reason_codes import ReasonCode, v3_connack_code
-from mop.protocols.mqtt.server import MqttServer
+from mop.protocols.mqtt.serving.outflow import Outflow
+from mop.protocols.mqtt.serving.server import MqttServer
+from mop.protocols.mqtt.serving.subscriptions import SessionSubscriptions
 from mop.protocols.mqtt.session import SessionState
-from mop.protocols.mqtt.subscriptions import SessionSubscriptions
 from mop.transport import ConnectionInfo, OutboundBuffer, read_ready, receiver
 
 log = logging.getLogger("mop.mqtt")

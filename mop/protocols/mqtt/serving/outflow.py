@@ -20,9 +20,9 @@ from mop.protocols.mqtt.connection import ServerConnection
 from mop.protocols.mqtt.mapping import message_properties
 from mop.protocols.mqtt.packets import NO_PROPERTIES, Properties, Pubrec, Pubrel
 from mop.protocols.mqtt.reason_codes import ReasonCode
-from mop.protocols.mqtt.server import MqttServer
+from mop.protocols.mqtt.serving.server import MqttServer
+from mop.protocols.mqtt.serving.subscriptions import SessionSubscriptions
 from mop.protocols.mqtt.session import Outbound, SessionState, SubscriptionOptions
-from mop.protocols.mqtt.subscriptions import SessionSubscriptions
 from mop.transport import OutboundBuffer
 
 log = logging.getLogger("mop.mqtt")

@@ -1,9 +1,10 @@
-"""The MQTT protocol handler: MQTT 3.1, 3.1.1 and 5.0 over TCP, TLS and WebSocket."""
+"""The MQTT protocol handler (the PIP-41 lifecycle): MQTT 3.1, 3.1.1 and 5.0 over TCP, TLS and
+WebSocket, serving every connection with one `MqttServer`."""
 
 from __future__ import annotations
 
 from mop.protocols.base import NodeServices
-from mop.protocols.mqtt.server import MqttServer
+from mop.protocols.mqtt.serving.server import MqttServer
 from mop.settings import MqttSettings, Settings
 from mop.transport import Handler, ListenerSpec, server_ssl_context
 

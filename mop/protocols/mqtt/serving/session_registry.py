@@ -43,15 +43,15 @@ import trio
 
 from mop.clock import now_ms
 from mop.processor import BackendError, MessagingProcessor
-from mop.protocols.mqtt.node_liveness import NODES_TABLE, NodeLiveness, heartbeat_interval
 from mop.protocols.mqtt.packets import Will
+from mop.protocols.mqtt.serving.node_liveness import NODES_TABLE, NodeLiveness, heartbeat_interval
+from mop.protocols.mqtt.serving.timers import Callback, Timers
 from mop.protocols.mqtt.session import (
     Outbound,
     SessionState,
     outbound_from_bytes,
     outbound_to_bytes,
 )
-from mop.protocols.mqtt.timers import Callback, Timers
 from mop.topics import parse_shared
 
 if TYPE_CHECKING:

@@ -21,10 +21,10 @@ from mop.protocols.mqtt.codec import encode_publish
 from mop.protocols.mqtt.connection import ConnectionLimits
 from mop.protocols.mqtt.mapping import publish_to_message
 from mop.protocols.mqtt.packets import NO_PROPERTIES, Publish, Will
-from mop.protocols.mqtt.retained import RetainedStore
-from mop.protocols.mqtt.sessions import SessionRegistry
-from mop.protocols.mqtt.sys_topics import SysPublisher
-from mop.protocols.mqtt.timers import Timers
+from mop.protocols.mqtt.serving.retained import RetainedStore
+from mop.protocols.mqtt.serving.session_registry import SessionRegistry
+from mop.protocols.mqtt.serving.sys_topics import SysPublisher
+from mop.protocols.mqtt.serving.timers import Timers
 from mop.settings import MqttSettings, Settings
 from mop.topic_names import mqtt_to_pulsar, pulsar_to_mqtt
 from mop.topics import TopicError, validate_topic_name
@@ -87,7 +87,7 @@ class MqttServer:
     def handle_connection(self, stream: trio.abc.Stream, info: ConnectionInfo) -> Awaitable[None]:
         """Serve one client (the transport awaits what this returns). Not a coroutine
         function itself, so that an idle connection keeps one frame less."""
-        from mop.protocols.mqtt.handler import ClientHandler
+        from mop.protocols.mqtt.serving.handler import ClientHandler
 
         return ClientHandler(self, stream, info).run()
 

@@ -30,10 +30,10 @@ from mop.protocols.mqtt.packets import (
     Unsubscribe,
 )
 from mop.protocols.mqtt.reason_codes import ReasonCode
-from mop.protocols.mqtt.server import MqttServer
+from mop.protocols.mqtt.serving.server import MqttServer
 from mop.settings import MqttSettings, Settings
 
-from .test_server_memory import INFO, Peer
+from .test_server import INFO, Peer
 
 
 @asynccontextmanager
