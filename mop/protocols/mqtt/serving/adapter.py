@@ -3,10 +3,15 @@ WebSocket, serving every connection with one `MqttServer`."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
+import trio
+
 from mop.protocols.base import NodeServices
+from mop.protocols.mqtt.serving.handler import ClientHandler
 from mop.protocols.mqtt.serving.server import MqttServer
 from mop.settings import MqttSettings, Settings
-from mop.transport import Handler, ListenerSpec, server_ssl_context
+from mop.transport import ConnectionInfo, Handler, ListenerSpec, server_ssl_context
 
 WS_SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 
@@ -44,9 +49,14 @@ class MqttProtocol:
         assert self._server is not None, "start() first"
         return self._server
 
+    def handle_connection(self, stream: trio.abc.Stream, info: ConnectionInfo) -> Awaitable[None]:
+        """Serve one client (the transport awaits what this returns). Not a coroutine
+        function itself, so that an idle connection keeps one frame less."""
+        return ClientHandler(self.server, stream, info).run()
+
     def listeners(self) -> list[tuple[ListenerSpec, Handler]]:
         mqtt = self.mqtt
-        handler = self.server.handle_connection
+        handler = self.handle_connection
         specs = [ListenerSpec(name="mqtt", kind="tcp", host=mqtt.host, port=mqtt.port)]
         if mqtt.tls.enabled:
             assert mqtt.tls.certfile is not None and mqtt.tls.keyfile is not None

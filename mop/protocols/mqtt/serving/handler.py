@@ -25,6 +25,7 @@ from mop.processor import (
     ClientContext,
     ClientLease,
     ConnectionLimitReached,
+    PublishResult,
     QuotaExceeded,
 )
 from mop.protocols.mqtt.codec import NEED_DATA, NeedData
@@ -51,7 +52,7 @@ from mop.protocols.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-from mop.protocols.mqtt.reason_codes import ReasonCode, v3_connack_code
+from mop.protocols.mqtt.reason_codes import ReasonCode, backend_reason_code, v3_connack_code
 from mop.protocols.mqtt.serving.outflow import Outflow
 from mop.protocols.mqtt.serving.server import MqttServer
 from mop.protocols.mqtt.serving.subscriptions import SessionSubscriptions
@@ -538,29 +539,17 @@ class ClientHandler:
         v5 = conn.protocol_level == 5
         acks: list[bytes] = []
         received: list[int] = []  # QoS 2 packet ids to record before their PUBRECs
-        failure: BackendError | None = None
+        failure: _Close | None = None
         for publish, result in zip(staged, results, strict=True):
-            if isinstance(result, BackendError):
-                self.server.processor.stats.messages_dropped += 1
-                log.warning(
-                    "%s: publish to %r failed: %s", self.ctx.client_id, publish.topic, result
-                )
-                if publish.qos == 0:
-                    continue
-                if not v5:
-                    failure = result
-                    break
-                reason = (
-                    ReasonCode.QUOTA_EXCEEDED
-                    if isinstance(result, QuotaExceeded)
-                    else ReasonCode.UNSPECIFIED_ERROR
-                )
-            elif publish.qos == 0:
+            if publish.qos == 0 and not isinstance(result, BackendError):
+                continue  # nothing to answer
+            try:
+                reason = self._ack_reason(publish, result, v5)
+            except _Close as exc:
+                failure = exc  # answered after the acks of the messages before it
+                break
+            if reason is None:
                 continue
-            elif result.subscriptions == 0 and v5:
-                reason = ReasonCode.NO_MATCHING_SUBSCRIBERS
-            else:
-                reason = ReasonCode.SUCCESS
             pid = publish.packet_id
             assert pid is not None
             if publish.qos == 1:
@@ -582,7 +571,7 @@ class ClientHandler:
         if acks:
             self.out.add(b"".join(acks))  # pushed by the read loop
         if failure is not None:
-            raise _Close(None, f"publish failed: {failure}")
+            raise failure
 
     async def _on_publish(self, publish: Publish) -> None:
         assert self.state is not None
@@ -613,24 +602,31 @@ class ClientHandler:
         if publish.retain and not self.server.settings.retain_available:
             raise _Close(ReasonCode.RETAIN_NOT_SUPPORTED, "retained messages are disabled")
         try:
-            result = await self.server.publish(self.ctx, publish)
-        except QuotaExceeded as exc:
-            return self._publish_failed(publish, ReasonCode.QUOTA_EXCEEDED, exc)
+            result: PublishResult | BackendError = await self.server.publish(self.ctx, publish)
         except BackendError as exc:
-            return self._publish_failed(publish, ReasonCode.UNSPECIFIED_ERROR, exc)
-        if result.subscriptions == 0:
-            return ReasonCode.NO_MATCHING_SUBSCRIBERS
-        return ReasonCode.SUCCESS
+            result = exc
+        return self._ack_reason(publish, result, self.conn.protocol_level == 5)
 
-    def _publish_failed(self, publish: Publish, reason: int, exc: Exception) -> int | None:
-        self.server.processor.stats.messages_dropped += 1
-        log.warning("%s: publish to %r failed: %s", self.ctx.client_id, publish.topic, exc)
+    def _ack_reason(
+        self, publish: Publish, result: PublishResult | BackendError, v5: bool
+    ) -> int | None:
+        """The reason code that answers a PUBLISH once publishing it gave `result`, or None
+        when nothing answers it (QoS 0). A message the backend refused is counted as dropped;
+        on MQTT 3.1.1, whose acks carry no error, it closes the connection (`_Close`), so
+        that the client sends it again later."""
+        if isinstance(result, BackendError):
+            self.server.processor.record_dropped()
+            log.warning("%s: publish to %r failed: %s", self.ctx.client_id, publish.topic, result)
+            if publish.qos == 0:
+                return None
+            if not v5:
+                raise _Close(None, f"publish failed: {result}")
+            return backend_reason_code(result)
         if publish.qos == 0:
             return None
-        if self.conn.protocol_level == 5:
-            return reason
-        # 3.1.1 acks carry no error: closing makes the client resend later.
-        raise _Close(None, f"publish failed: {exc}")
+        if result.subscriptions == 0 and v5:
+            return ReasonCode.NO_MATCHING_SUBSCRIBERS
+        return ReasonCode.SUCCESS
 
     async def _on_pubrel(self, packet: Pubrel) -> None:
         assert self.state is not None

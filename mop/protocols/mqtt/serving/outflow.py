@@ -335,7 +335,7 @@ class Outflow:
         else:
             data = conn.publish_bytes(topic, message.payload, qos, retain, dup, packet_id, props)
         if data is None:
-            self._server.processor.stats.messages_dropped += 1
+            self._server.processor.record_dropped()
             log.debug(
                 "%s: message on %r exceeds the client's maximum packet size",
                 self._ctx.client_id,

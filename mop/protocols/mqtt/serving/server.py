@@ -1,15 +1,15 @@
 """What the MQTT adapter shares between connections: sessions, retained messages, topic names.
 
 `MqttServer.serve` runs the background work (sessions and, where this node runs them, their
-timers; `$SYS`); `handle_connection` serves one client. Everything goes through the
-MessagingProcessor, never a backend directly.
+timers; `$SYS`); the adapter serves each client with a `ClientHandler` on top of it.
+Everything goes through the MessagingProcessor, never a backend directly.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
 
 import trio
@@ -28,7 +28,6 @@ from mop.protocols.mqtt.serving.timers import Timers
 from mop.settings import MqttSettings, Settings
 from mop.topic_names import mqtt_to_pulsar, pulsar_to_mqtt
 from mop.topics import TopicError, validate_topic_name
-from mop.transport import ConnectionInfo
 
 log = logging.getLogger("mop.mqtt")
 
@@ -83,13 +82,6 @@ class MqttServer:
             if self.settings.sys_interval > 0:
                 await nursery.start(self.sys.serve, self.settings.sys_interval)
             task_status.started()
-
-    def handle_connection(self, stream: trio.abc.Stream, info: ConnectionInfo) -> Awaitable[None]:
-        """Serve one client (the transport awaits what this returns). Not a coroutine
-        function itself, so that an idle connection keeps one frame less."""
-        from mop.protocols.mqtt.serving.handler import ClientHandler
-
-        return ClientHandler(self, stream, info).run()
 
     def encoded_qos0(self, topic: str, message: Message, retain: bool, level: int) -> bytes:
         """A QoS 0 PUBLISH of `message` without properties, as sent to every client at
