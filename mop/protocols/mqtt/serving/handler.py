@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,11 +25,11 @@ from mop.processor import (
     ClientLease,
     ConnectionLimitReached,
     PublishResult,
-    QuotaExceeded,
 )
 from mop.protocols.mqtt.codec import NEED_DATA, NeedData
 from mop.protocols.mqtt.connection import ConnectionState, ServerConnection
 from mop.protocols.mqtt.errors import RemoteProtocolError, UnsupportedProtocolVersion
+from mop.protocols.mqtt.negotiation import ConnectDecision, ConnectRefusal, negotiate_connect
 from mop.protocols.mqtt.packets import (
     NO_PROPERTIES,
     Auth,
@@ -254,30 +253,13 @@ class ClientHandler:
         log.info("%s: connection refused (0x%02X): %s", self.ctx.peer, reason, why)
 
     async def _open_session(self, connect: Connect) -> bool:
-        settings = self.server.settings
-        v5 = connect.protocol_level == 5
-        client_id = connect.client_id
-        assigned = None
-        if not client_id:
-            if not v5 and not connect.clean_start:
-                await self._refuse_connect(
-                    ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
-                    "an empty client id needs a clean session",
-                )
-                return False
-            client_id = assigned = f"mop-{uuid.uuid4().hex}"
-        method = connect.properties.authentication_method
-        if method is not None:
-            await self._refuse_connect(
-                ReasonCode.BAD_AUTHENTICATION_METHOD,
-                f"authentication method {method!r} is not supported",
-            )
+        """Carry out what `negotiate_connect` decides: take the client id (the lease), take
+        the session and attach it, then answer with CONNACK; or refuse the CONNECT."""
+        decision = negotiate_connect(connect, self.server.connect_policy)
+        if isinstance(decision, ConnectRefusal):
+            await self._refuse_connect(decision.reason_code, decision.why)
             return False
-        if connect.will is not None:
-            problem = self.server.topic_problem(connect.will.topic)
-            if problem is not None:
-                await self._refuse_connect(ReasonCode.TOPIC_NAME_INVALID, f"will topic: {problem}")
-                return False
+        client_id = decision.client_id
         self.ctx = ClientContext(
             client_id=client_id, protocol="mqtt", peer=self.ctx.peer, username=connect.username
         )
@@ -292,24 +274,27 @@ class ClientHandler:
                 ReasonCode.SERVER_UNAVAILABLE, f"cannot take the client id: {exc}"
             )
             return False
-        if v5:
-            requested = connect.properties.session_expiry_interval or 0
-        else:
-            requested = 0 if connect.clean_start else settings.default_session_expiry
-        expiry = min(requested, settings.max_session_expiry)
         state, present = await self.server.sessions.take(client_id, clean_start=connect.clean_start)
+        refusal = await self._attach(state, present, decision)
+        if refusal is not None:
+            await self._refuse_connect(refusal.reason_code, refusal.why)
+            return False
+        connack = Connack(session_present=present, properties=decision.connack_properties)
+        self.out.write(self.conn.send(connack))
+        log.debug("%s: %r connected (level %d)", self.ctx.peer, client_id, connect.protocol_level)
+        return True
+
+    async def _attach(
+        self, state: SessionState, present: bool, decision: ConnectDecision
+    ) -> ConnectRefusal | None:
+        """Resume `state` on this connection on the terms of `decision`; when it cannot be
+        stored, put it back as it was, give the client id up and say why."""
         previous = (state.expiry_interval, state.disconnected_at)
-        state.expiry_interval = expiry
-        state.will = connect.will
+        state.expiry_interval = decision.session_expiry
+        state.will = decision.will
         self.state = state
-        self.will = connect.will
-        self.keep_alive = connect.keep_alive
-        server_keep_alive = None
-        if self.keep_alive > settings.max_keep_alive or (
-            self.keep_alive == 0 and v5 and settings.max_keep_alive < 65535
-        ):
-            self.keep_alive = settings.max_keep_alive
-            server_keep_alive = self.keep_alive
+        self.will = decision.will
+        self.keep_alive = decision.keep_alive
         self.subs = SessionSubscriptions(self.server, self.ctx, state)
         self.flow = Outflow(self.server, self.conn, self.out, self.ctx, state, self.subs)
         try:
@@ -323,34 +308,13 @@ class ClientHandler:
             state.expiry_interval, state.disconnected_at = previous
             if present:
                 self.server.sessions.put_back(state)
+            assert self.lease is not None
             await self.server.processor.close_client(self.ctx, self.lease)
             self.lease = None
-            reason = (
-                ReasonCode.QUOTA_EXCEEDED
-                if isinstance(exc, QuotaExceeded)
-                else ReasonCode.UNSPECIFIED_ERROR
+            return ConnectRefusal(
+                backend_reason_code(exc), f"the session cannot be stored: {exc}"
             )
-            await self._refuse_connect(reason, f"the session cannot be stored: {exc}")
-            return False
-        props = NO_PROPERTIES
-        if v5:
-            props = Properties(
-                session_expiry_interval=expiry if expiry != requested else None,
-                assigned_client_identifier=assigned,
-                server_keep_alive=server_keep_alive,
-                receive_maximum=settings.max_inflight,
-                maximum_packet_size=settings.max_packet_size,
-                topic_alias_maximum=settings.topic_alias_maximum,
-                retain_available=None if settings.retain_available else 0,
-                response_information=(
-                    f"response/{client_id}"
-                    if connect.properties.request_response_information
-                    else None
-                ),
-            )
-        self.out.write(self.conn.send(Connack(session_present=present, properties=props)))
-        log.debug("%s: %r connected (level %d)", self.ctx.peer, client_id, connect.protocol_level)
-        return True
+        return None
 
     def _outflow(self) -> Outflow:
         assert self.flow is not None, "the session is open"

@@ -20,6 +20,7 @@ from mop.processor import BackendError, ClientContext, MessagingProcessor, Publi
 from mop.protocols.mqtt.codec import encode_publish
 from mop.protocols.mqtt.connection import ConnectionLimits
 from mop.protocols.mqtt.mapping import publish_to_message
+from mop.protocols.mqtt.negotiation import ConnectPolicy
 from mop.protocols.mqtt.packets import NO_PROPERTIES, Publish, Will
 from mop.protocols.mqtt.serving.retained import RetainedStore
 from mop.protocols.mqtt.serving.session_registry import SessionRegistry
@@ -27,7 +28,6 @@ from mop.protocols.mqtt.serving.sys_topics import SysPublisher
 from mop.protocols.mqtt.serving.timers import Timers
 from mop.settings import MqttSettings, Settings
 from mop.topic_names import mqtt_to_pulsar, pulsar_to_mqtt
-from mop.topics import TopicError, validate_topic_name
 
 log = logging.getLogger("mop.mqtt")
 
@@ -49,6 +49,7 @@ class MqttServer:
             max_topic_length=self.settings.max_topic_length,
             max_topic_levels=self.settings.max_topic_levels,
         )
+        self.connect_policy = ConnectPolicy.from_settings(self.settings)
         tenant, namespace = settings.default_tenant, settings.default_namespace
         # Topic names repeat endlessly on the hot path: map each one once.
         self.canonical = lru_cache(maxsize=65536)(
@@ -106,18 +107,6 @@ class MqttServer:
         self._encoded[key] = (message, data)
         self._encoded_bytes += len(data)
         return data
-
-    def topic_problem(self, topic: str) -> str | None:
-        """Why `topic` is not a valid topic name under the configured limits, or None."""
-        try:
-            validate_topic_name(
-                topic,
-                max_length=self.settings.max_topic_length,
-                max_levels=self.settings.max_topic_levels,
-            )
-        except TopicError as exc:
-            return str(exc)
-        return None
 
     async def publish(self, ctx: ClientContext, publish: Publish) -> PublishResult:
         """Publish an MQTT message (and update the retained table when it is retained)."""
