@@ -296,7 +296,9 @@ class ClientHandler:
         self.will = decision.will
         self.keep_alive = decision.keep_alive
         self.subs = SessionSubscriptions(self.server, self.ctx, state)
-        self.flow = Outflow(self.server, self.conn, self.out, self.ctx, state, self.subs)
+        self.flow = Outflow(
+            self.server.outflow_context, self.conn, self.out, self.ctx, state, self.subs
+        )
         try:
             await self.subs.restore()
             await self.server.sessions.attach(state)

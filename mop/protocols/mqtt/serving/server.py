@@ -22,6 +22,7 @@ from mop.protocols.mqtt.connection import ConnectionLimits
 from mop.protocols.mqtt.mapping import publish_to_message
 from mop.protocols.mqtt.negotiation import ConnectPolicy
 from mop.protocols.mqtt.packets import NO_PROPERTIES, Publish, Will
+from mop.protocols.mqtt.serving.outflow import OutflowContext
 from mop.protocols.mqtt.serving.retained import RetainedStore
 from mop.protocols.mqtt.serving.session_registry import SessionRegistry
 from mop.protocols.mqtt.serving.sys_topics import SysPublisher
@@ -68,6 +69,15 @@ class MqttServer:
             processor, self.timers, self._publish_will, node_timeout=self.settings.node_timeout
         )
         self.sys = SysPublisher(self, VERSION)
+        self.outflow_context = OutflowContext(
+            mqtt_name=self.mqtt_name,
+            canonical=self.canonical,
+            encoded_qos0=self.encoded_qos0,
+            record_sent=processor.record_sent,
+            record_dropped=processor.record_dropped,
+            record_flow=self.sessions.record_flow,
+            forget_flow=self.sessions.forget_flow,
+        )
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
