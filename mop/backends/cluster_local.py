@@ -6,7 +6,7 @@ would interleave every proxy's values in one topic. A proxy's backend keeps thes
 itself instead: a publish reaches this process's consumers at once, in memory, and never the
 brokers, so a client sees under `$SYS/broker/...` exactly what merged mode shows it, for the
 proxy it is connected to. (The MQTT retained store keeps `$SYS` values in memory on each node
-too, see `mop.protocols.mqtt.sys_topics`.)
+too, see `mop.protocols.mqtt.serving.sys_topics`.)
 
 Node-specific Pulsar topics (the node's id in the name) were the alternative: they would let a
 Pulsar application read every proxy's numbers, but would turn each statistic of each proxy into

@@ -181,3 +181,7 @@ class MessagingProcessor:
 
     def record_received_bytes(self, nbytes: int) -> None:
         self.stats.bytes_received += nbytes
+
+    def record_dropped(self, messages: int = 1) -> None:
+        """Count messages an adapter could not publish or deliver."""
+        self.stats.messages_dropped += messages

@@ -38,7 +38,7 @@ from mop.protocols.mqtt.packets import (
     Subscribe,
     SubscriptionRequest,
 )
-from mop.protocols.mqtt.server import MqttServer
+from mop.protocols.mqtt.serving.server import MqttServer
 from mop.settings import StorageSettings
 from mop.testing.node import RunningNode, node_settings, running_node
 from tests.e2e.clients import Client, Received, props, session_present

@@ -8,8 +8,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import IntEnum
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from mop.protocols.mqtt.packets import PacketType
+
+if TYPE_CHECKING:
+    from mop.processor import BackendError
 
 
 class ReasonCode(IntEnum):
@@ -222,7 +226,22 @@ def v3_connack_code(reason: int) -> int:
     return int(_V3_CONNACK.get(reason, ConnectReturnCode.SERVER_UNAVAILABLE))
 
 
+# BackendError.reason -> the reason code that answers a message or a session the backend
+# refused (PUBACK, PUBREC, CONNACK); any other reason answers Unspecified error.
+_BACKEND_REASONS: Mapping[str, ReasonCode] = MappingProxyType(
+    {
+        "quota_exceeded": _R.QUOTA_EXCEEDED,
+    }
+)
+
+
+def backend_reason_code(error: BackendError) -> ReasonCode:
+    """The reason code that answers what a failed backend call refused."""
+    return _BACKEND_REASONS.get(error.reason, _R.UNSPECIFIED_ERROR)
+
+
 __all__ = [
+    "backend_reason_code",
     "ConnectReturnCode",
     "REASON_CODES_BY_PACKET",
     "ReasonCode",

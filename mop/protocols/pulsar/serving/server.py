@@ -20,10 +20,10 @@ from mop.settings import Settings
 from mop.topic_names import PulsarTopicName
 from mop.topics import TopicError
 from mop.transport import ConnectionInfo
+from mop.version import SERVER_NAME
 
 log = logging.getLogger("mop.pulsar")
 
-SERVER_VERSION = "mop 0.1.0"  # kept in step with mop.__version__ (pyproject)
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
 
 
@@ -69,7 +69,7 @@ class PulsarServer:
         self.processor = processor
         self.settings = settings
         self.timers = timers or Timers()
-        self.limits = ConnectionLimits(server_version=SERVER_VERSION)
+        self.limits = ConnectionLimits(server_version=SERVER_NAME)
         self.tenant = settings.default_tenant
         self.namespace = settings.default_namespace
         # Broker-assigned producer names are unique across restarts, since a producer's name

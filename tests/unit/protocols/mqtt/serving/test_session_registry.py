@@ -12,16 +12,16 @@ import trio
 
 from mop.message import MessageId
 from mop.protocols.mqtt.packets import Properties, Will
-from mop.protocols.mqtt.session import Outbound, SessionState, outbound_to_bytes
-from mop.protocols.mqtt.sessions import (
+from mop.protocols.mqtt.serving.session_registry import (
     EXPIRY_GRACE,
     FLOWS_TABLE,
     ROLE,
     TABLE,
     SessionRegistry,
 )
-from mop.protocols.mqtt.timers import Timers
-from tests.unit.mqtt.shared_table import SharedTable
+from mop.protocols.mqtt.serving.timers import Timers
+from mop.protocols.mqtt.session import Outbound, SessionState, outbound_to_bytes
+from tests.unit.protocols.mqtt.serving.shared_table import SharedTable
 
 
 def mock_wall_clock() -> int:

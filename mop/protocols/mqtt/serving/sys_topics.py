@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
+from mop.clock import now_ms
 from mop.processor import BackendError, ClientContext
 from mop.protocols.mqtt.mapping import publish_to_message
 from mop.protocols.mqtt.packets import Publish
-from mop.protocols.mqtt.sessions import now_ms
 
 if TYPE_CHECKING:
-    from mop.protocols.mqtt.server import MqttServer
+    from mop.protocols.mqtt.serving.server import MqttServer
 
 log = logging.getLogger("mop.mqtt")
 

@@ -11,12 +11,12 @@ from contextlib import asynccontextmanager
 import trio
 
 from mop.processor import BackendError
-from mop.protocols.mqtt.node_liveness import NODES_TABLE, NodeLiveness
 from mop.protocols.mqtt.packets import Properties, Will
+from mop.protocols.mqtt.serving.node_liveness import NODES_TABLE, NodeLiveness
+from mop.protocols.mqtt.serving.session_registry import EXPIRY_GRACE, TABLE
 from mop.protocols.mqtt.session import SessionState
-from mop.protocols.mqtt.sessions import EXPIRY_GRACE, TABLE
-from tests.unit.mqtt.shared_table import SharedTable
-from tests.unit.mqtt.test_session_timers import HandedRole, Node
+from tests.unit.protocols.mqtt.serving.shared_table import SharedTable
+from tests.unit.protocols.mqtt.serving.test_session_registry import HandedRole, Node
 
 TIMEOUT = 10.0
 Shared = dict[str, tuple[dict[str, bytes], list[SharedTable]]]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from mop.clock import now_ms
 from mop.message import Message
 from mop.processor import Table
 from mop.topics import TopicTree
@@ -86,10 +86,10 @@ class RetainedStore:
 
     def match(self, topic_filter: str) -> Iterator[Retained]:
         """Every unexpired retained message on a topic matching the filter."""
-        now_ms = int(time.time() * 1000)
+        now = now_ms()
         for topic in list(self._tree.match_filter(topic_filter)):
             message = self._messages[topic]
-            if message.expires_at and message.expires_at <= now_ms:
+            if message.expires_at and message.expires_at <= now:
                 continue  # expired: no longer delivered; removed on the next write to it
             yield Retained(topic, message)
 

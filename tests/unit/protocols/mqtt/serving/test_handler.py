@@ -30,10 +30,11 @@ from mop.protocols.mqtt.packets import (
     Unsubscribe,
 )
 from mop.protocols.mqtt.reason_codes import ReasonCode
-from mop.protocols.mqtt.server import MqttServer
+from mop.protocols.mqtt.serving.handler import ClientHandler
+from mop.protocols.mqtt.serving.server import MqttServer
 from mop.settings import MqttSettings, Settings
 
-from .test_server_memory import INFO, Peer
+from .test_server import INFO, Peer
 
 
 @asynccontextmanager
@@ -55,7 +56,7 @@ async def connect(
 
     async def serve() -> None:
         async with server_end:
-            await server.handle_connection(server_end, INFO)
+            await ClientHandler(server, server_end, INFO).run()
 
     nursery.start_soon(serve)
     peer = Peer(client_end, level)

@@ -1,20 +1,31 @@
-"""The MQTT protocol handler: MQTT 3.1, 3.1.1 and 5.0 over TCP, TLS and WebSocket."""
+"""The MQTT protocol handler (the PIP-41 lifecycle): MQTT 3.1, 3.1.1 and 5.0 over TCP, TLS and
+WebSocket, serving every connection with one `MqttServer`."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
+import trio
+
 from mop.protocols.base import NodeServices
-from mop.protocols.mqtt import retained, sessions
-from mop.protocols.mqtt.node_liveness import NODES_TABLE
-from mop.protocols.mqtt.server import MqttServer
+from mop.protocols.mqtt.serving import retained, session_registry
+from mop.protocols.mqtt.serving.handler import ClientHandler
+from mop.protocols.mqtt.serving.node_liveness import NODES_TABLE
+from mop.protocols.mqtt.serving.server import MqttServer
 from mop.settings import MqttSettings, Settings
-from mop.transport import Handler, ListenerSpec, server_ssl_context
+from mop.transport import ConnectionInfo, Handler, ListenerSpec, server_ssl_context
 
 WS_SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 
 
 class MqttProtocol:
     name = "mqtt"
-    tables = (retained.TABLE, sessions.TABLE, sessions.FLOWS_TABLE, NODES_TABLE)
+    tables = (
+        retained.TABLE,
+        session_registry.TABLE,
+        session_registry.FLOWS_TABLE,
+        NODES_TABLE,
+    )
 
     def __init__(self) -> None:
         self._settings: Settings | None = None
@@ -46,9 +57,14 @@ class MqttProtocol:
         assert self._server is not None, "start() first"
         return self._server
 
+    def handle_connection(self, stream: trio.abc.Stream, info: ConnectionInfo) -> Awaitable[None]:
+        """Serve one client (the transport awaits what this returns). Not a coroutine
+        function itself, so that an idle connection keeps one frame less."""
+        return ClientHandler(self.server, stream, info).run()
+
     def listeners(self) -> list[tuple[ListenerSpec, Handler]]:
         mqtt = self.mqtt
-        handler = self.server.handle_connection
+        handler = self.handle_connection
         specs = [ListenerSpec(name="mqtt", kind="tcp", host=mqtt.host, port=mqtt.port)]
         if mqtt.tls.enabled:
             assert mqtt.tls.certfile is not None and mqtt.tls.keyfile is not None

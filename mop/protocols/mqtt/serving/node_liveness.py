@@ -21,12 +21,12 @@ that the releases of its last connections arrive first.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable
 from typing import Final
 
 import trio
 
+from mop.clock import now_ms
 from mop.processor import BackendError
 from mop.processor.backend import Table
 
@@ -71,7 +71,7 @@ class NodeLiveness:
         try:
             while True:
                 try:
-                    await self._table.put(self.node_id, str(int(time.time() * 1000)).encode())
+                    await self._table.put(self.node_id, str(now_ms()).encode())
                     if failing:
                         log.info("node %s: heartbeats are written again", self.node_id)
                     failing = False

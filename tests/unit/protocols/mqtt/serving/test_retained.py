@@ -5,8 +5,8 @@ table holds from earlier versions are cleared."""
 from __future__ import annotations
 
 from mop.message import Message
-from mop.protocols.mqtt.retained import RetainedStore, encode_message
-from tests.unit.mqtt.shared_table import SharedTable
+from mop.protocols.mqtt.serving.retained import RetainedStore, encode_message
+from tests.unit.protocols.mqtt.serving.shared_table import SharedTable
 
 
 def payloads(store: RetainedStore, topic_filter: str) -> dict[str, bytes]:

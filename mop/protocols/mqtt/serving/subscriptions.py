@@ -28,7 +28,7 @@ log = logging.getLogger("mop.mqtt")
 Deliver = Callable[[Consumer, SubscriptionOptions | None], Awaitable[None]]
 
 if TYPE_CHECKING:  # the server module imports this one
-    from mop.protocols.mqtt.server import MqttServer
+    from mop.protocols.mqtt.serving.server import MqttServer
 
 
 @dataclass(frozen=True, slots=True)

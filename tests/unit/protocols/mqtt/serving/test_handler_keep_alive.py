@@ -7,7 +7,7 @@ import trio
 
 from mop.protocols.mqtt.packets import Disconnect, Pingreq, Pingresp
 from mop.protocols.mqtt.reason_codes import ReasonCode
-from tests.unit.mqtt.test_server_memory import connect, mqtt_server
+from tests.unit.protocols.mqtt.serving.test_server import connect, mqtt_server
 
 
 async def test_a_silent_client_is_disconnected_after_one_and_a_half_keep_alive(

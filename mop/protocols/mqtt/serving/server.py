@@ -1,38 +1,39 @@
 """What the MQTT adapter shares between connections: sessions, retained messages, topic names.
 
 `MqttServer.serve` runs the background work (sessions and, where this node runs them, their
-timers; `$SYS`); `handle_connection` serves one client. Everything goes through the
-MessagingProcessor, never a backend directly.
+timers; `$SYS`); the adapter serves each client with a `ClientHandler` on top of it.
+Everything goes through the MessagingProcessor, never a backend directly.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
 
 import trio
 
+from mop.clock import now_ms
 from mop.message import Message
 from mop.processor import BackendError, ClientContext, MessagingProcessor, PublishResult
 from mop.protocols.mqtt.codec import encode_publish
 from mop.protocols.mqtt.connection import ConnectionLimits
 from mop.protocols.mqtt.mapping import publish_to_message
+from mop.protocols.mqtt.negotiation import ConnectPolicy
 from mop.protocols.mqtt.packets import NO_PROPERTIES, Publish, Will
-from mop.protocols.mqtt.retained import TABLE as RETAINED_TABLE
-from mop.protocols.mqtt.retained import RetainedStore
-from mop.protocols.mqtt.sessions import SessionRegistry, now_ms
-from mop.protocols.mqtt.sys_topics import SysPublisher
-from mop.protocols.mqtt.timers import Timers
+from mop.protocols.mqtt.serving.outflow import OutflowContext
+from mop.protocols.mqtt.serving.retained import TABLE as RETAINED_TABLE
+from mop.protocols.mqtt.serving.retained import RetainedStore
+from mop.protocols.mqtt.serving.session_registry import SessionRegistry
+from mop.protocols.mqtt.serving.sys_topics import SysPublisher
+from mop.protocols.mqtt.serving.timers import Timers
 from mop.settings import MqttSettings, Settings
 from mop.topic_names import mqtt_to_pulsar, pulsar_to_mqtt
-from mop.topics import TopicError, validate_topic_name
-from mop.transport import ConnectionInfo
+from mop.version import SERVER_NAME
 
 log = logging.getLogger("mop.mqtt")
 
-VERSION = "mop 0.1.0"  # kept in step with mop.__version__ (pyproject)
 
 # Bounds of the memory of encoded QoS 0 PUBLISHes: it only needs to outlive one fan-out.
 _ENCODED_COUNT = 4096
@@ -50,6 +51,7 @@ class MqttServer:
             max_topic_length=self.settings.max_topic_length,
             max_topic_levels=self.settings.max_topic_levels,
         )
+        self.connect_policy = ConnectPolicy.from_settings(self.settings)
         tenant, namespace = settings.default_tenant, settings.default_namespace
         # Topic names repeat endlessly on the hot path: map each one once.
         self.canonical = lru_cache(maxsize=65536)(
@@ -67,7 +69,16 @@ class MqttServer:
         self.sessions = SessionRegistry(
             processor, self.timers, self._publish_will, node_timeout=self.settings.node_timeout
         )
-        self.sys = SysPublisher(self, VERSION)
+        self.sys = SysPublisher(self, SERVER_NAME)
+        self.outflow_context = OutflowContext(
+            mqtt_name=self.mqtt_name,
+            canonical=self.canonical,
+            encoded_qos0=self.encoded_qos0,
+            record_sent=processor.record_sent,
+            record_dropped=processor.record_dropped,
+            record_flow=self.sessions.record_flow,
+            forget_flow=self.sessions.forget_flow,
+        )
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -83,13 +94,6 @@ class MqttServer:
             if self.settings.sys_interval > 0:
                 await nursery.start(self.sys.serve, self.settings.sys_interval)
             task_status.started()
-
-    def handle_connection(self, stream: trio.abc.Stream, info: ConnectionInfo) -> Awaitable[None]:
-        """Serve one client (the transport awaits what this returns). Not a coroutine
-        function itself, so that an idle connection keeps one frame less."""
-        from mop.protocols.mqtt.handler import ClientHandler
-
-        return ClientHandler(self, stream, info).run()
 
     def encoded_qos0(self, topic: str, message: Message, retain: bool, level: int) -> bytes:
         """A QoS 0 PUBLISH of `message` without properties, as sent to every client at
@@ -114,18 +118,6 @@ class MqttServer:
         self._encoded[key] = (message, data)
         self._encoded_bytes += len(data)
         return data
-
-    def topic_problem(self, topic: str) -> str | None:
-        """Why `topic` is not a valid topic name under the configured limits, or None."""
-        try:
-            validate_topic_name(
-                topic,
-                max_length=self.settings.max_topic_length,
-                max_levels=self.settings.max_topic_levels,
-            )
-        except TopicError as exc:
-            return str(exc)
-        return None
 
     async def publish(self, ctx: ClientContext, publish: Publish) -> PublishResult:
         """Publish an MQTT message (and update the retained table when it is retained)."""

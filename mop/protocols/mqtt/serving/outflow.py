@@ -8,21 +8,22 @@ the message, and resumed with their packet ids after a reconnect (or a crash).
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import trio
 
+from mop.clock import now_ms
 from mop.message import Delivery, Message
 from mop.processor import ClientContext, Consumer, ConsumerClosed
 from mop.protocols.mqtt.connection import ServerConnection
 from mop.protocols.mqtt.mapping import message_properties
 from mop.protocols.mqtt.packets import NO_PROPERTIES, Properties, Pubrec, Pubrel
 from mop.protocols.mqtt.reason_codes import ReasonCode
-from mop.protocols.mqtt.server import MqttServer
+from mop.protocols.mqtt.serving.subscriptions import SessionSubscriptions
 from mop.protocols.mqtt.session import Outbound, SessionState, SubscriptionOptions
-from mop.protocols.mqtt.subscriptions import SessionSubscriptions
 from mop.transport import OutboundBuffer
 
 log = logging.getLogger("mop.mqtt")
@@ -40,16 +41,31 @@ class _Pending(NamedTuple):
     consumer: Consumer | None
 
 
+@dataclass(frozen=True, slots=True)
+class OutflowContext:
+    """What an `Outflow` needs of what connections share (`MqttServer` makes one)."""
+
+    mqtt_name: Callable[[str], str]  # canonical topic -> MQTT topic name
+    canonical: Callable[[str], str]  # MQTT topic name -> canonical topic
+    # A QoS 0 PUBLISH without properties: (topic, message, retain, protocol level) -> bytes.
+    encoded_qos0: Callable[[str, Message, bool, int], bytes]
+    record_sent: Callable[[int, int], None]  # (messages, bytes)
+    record_dropped: Callable[[], None]
+    # Make a QoS 2 delivery durable in the session / forget it once PUBCOMP came.
+    record_flow: Callable[[SessionState, Outbound], Awaitable[None]]
+    forget_flow: Callable[[SessionState, int], Awaitable[None]]
+
+
 class Outflow:
     __slots__ = (
         "_acks",
         "_conn",
+        "_context",
         "_ctx",
         "_drain_lock",
         "_out",
         "_released_ids",
         "_resend_ids",
-        "_server",
         "_state",
         "_subs",
         "_waiting",
@@ -58,14 +74,14 @@ class Outflow:
 
     def __init__(
         self,
-        server: MqttServer,
+        context: OutflowContext,
         conn: ServerConnection,
         out: OutboundBuffer,
         ctx: ClientContext,
         state: SessionState,
         subs: SessionSubscriptions,
     ) -> None:
-        self._server = server
+        self._context = context
         self._conn = conn
         self._out = out
         self._ctx = ctx
@@ -96,9 +112,9 @@ class Outflow:
 
     async def deliver(self, consumer: Consumer, shared: SubscriptionOptions | None) -> None:
         """Move messages from one consumer to the client, within Receive Maximum."""
-        server = self._server
-        mqtt_name = server.mqtt_name
-        encoded_qos0 = server.encoded_qos0
+        context = self._context
+        mqtt_name = context.mqtt_name
+        encoded_qos0 = context.encoded_qos0
         plan = self._subs.plan
         send = self.send
         conn = self._conn
@@ -112,7 +128,7 @@ class Outflow:
                 deliveries = await consumer.receive(max(1, self.room()))
             except ConsumerClosed:
                 return
-            now = _now_ms()
+            now = now_ms()
             # A QoS 0 PUBLISH below MQTT 5 has no properties and no topic alias: the same
             # bytes for every such client, gathered into one write.
             level = conn.protocol_level
@@ -162,7 +178,7 @@ class Outflow:
     def _write_chunks(self, chunks: list[bytes]) -> None:
         data = b"".join(chunks)
         self._out.add(data)  # pushed by the caller (see `deliver` and the read loop)
-        self._server.processor.record_sent(len(chunks), len(data))
+        self._context.record_sent(len(chunks), len(data))
 
     def send(
         self,
@@ -247,7 +263,7 @@ class Outflow:
         state = self._state
         for _, entry, _ in batch:
             if entry is not None and entry.qos == 2:
-                await self._server.sessions.record_flow(state, entry)
+                await self._context.record_flow(state, entry)
 
     def _send_batch(self, batch: list[tuple[_Pending, Outbound | None, bool]]) -> None:
         state = self._state
@@ -306,7 +322,7 @@ class Outflow:
                 entry.consumer = item.consumer
             else:
                 entry = Outbound(
-                    pid, item.qos, self._server.canonical(item.topic), None, message=item.message
+                    pid, item.qos, self._context.canonical(item.topic), None, message=item.message
                 )
             outbound[pid] = entry
             batch.append((item, entry, dup))
@@ -328,14 +344,14 @@ class Outflow:
         conn = self._conn
         data: bytes | None
         if qos == 0 and props is NO_PROPERTIES and not conn.client_topic_alias_maximum:
-            data = self._server.encoded_qos0(topic, message, retain, conn.protocol_level)
+            data = self._context.encoded_qos0(topic, message, retain, conn.protocol_level)
             limit = conn.client_max_packet_size
             if limit is not None and len(data) > limit:
                 data = None
         else:
             data = conn.publish_bytes(topic, message.payload, qos, retain, dup, packet_id, props)
         if data is None:
-            self._server.processor.stats.messages_dropped += 1
+            self._context.record_dropped()
             log.debug(
                 "%s: message on %r exceeds the client's maximum packet size",
                 self._ctx.client_id,
@@ -343,7 +359,7 @@ class Outflow:
             )
             return False
         self._out.add(data)  # pushed by the caller (see `deliver` and the read loop)
-        self._server.processor.record_sent(1, len(data))
+        self._context.record_sent(1, len(data))
         return True
 
     @property
@@ -366,7 +382,7 @@ class Outflow:
 
     async def forget(self, entry: Outbound) -> None:
         """Drop the stored record of a completed QoS 2 flow."""
-        await self._server.sessions.forget_flow(self._state, entry.packet_id)
+        await self._context.forget_flow(self._state, entry.packet_id)
 
     async def on_ack(self, pid: int) -> None:
         entry = self.acked(pid)
@@ -386,7 +402,7 @@ class Outflow:
             entry.released = True
             # Durable before PUBREL: after a crash the flow resumes at PUBREL instead of
             # sending the message a second time.
-            await self._server.sessions.record_flow(self._state, entry)
+            await self._context.record_flow(self._state, entry)
             self._finish(entry)
             self.flush_acks()
         self._out.write(
@@ -432,7 +448,7 @@ class Outflow:
                         self._released_ids = set()
                     self._released_ids.add((entry.topic, str(entry.message_id)))
             elif entry.message is not None:
-                topic = self._server.mqtt_name(entry.topic)
+                topic = self._context.mqtt_name(entry.topic)
                 self._write(topic, entry.message, entry.qos, True, True, pid, NO_PROPERTIES)
             else:
                 del self._state.outbound[pid]
@@ -440,7 +456,3 @@ class Outflow:
                     if self._resend_ids is None:
                         self._resend_ids = {}
                     self._resend_ids[(entry.topic, str(entry.message_id))] = pid
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

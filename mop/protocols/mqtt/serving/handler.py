@@ -13,24 +13,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
+from mop.clock import now_ms
 from mop.processor import (
     BackendError,
     ClientContext,
     ClientLease,
     ConnectionLimitReached,
-    QuotaExceeded,
+    PublishResult,
 )
 from mop.protocols.mqtt.codec import NEED_DATA, NeedData
 from mop.protocols.mqtt.connection import ConnectionState, ServerConnection
 from mop.protocols.mqtt.errors import RemoteProtocolError, UnsupportedProtocolVersion
-from mop.protocols.mqtt.outflow import Outflow
+from mop.protocols.mqtt.negotiation import ConnectDecision, ConnectRefusal, negotiate_connect
 from mop.protocols.mqtt.packets import (
     NO_PROPERTIES,
     Auth,
@@ -52,10 +51,11 @@ from mop.protocols.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-from mop.protocols.mqtt.reason_codes import ReasonCode, v3_connack_code
-from mop.protocols.mqtt.server import MqttServer
+from mop.protocols.mqtt.reason_codes import ReasonCode, backend_reason_code, v3_connack_code
+from mop.protocols.mqtt.serving.outflow import Outflow
+from mop.protocols.mqtt.serving.server import MqttServer
+from mop.protocols.mqtt.serving.subscriptions import SessionSubscriptions
 from mop.protocols.mqtt.session import SessionState
-from mop.protocols.mqtt.subscriptions import SessionSubscriptions
 from mop.transport import ConnectionInfo, OutboundBuffer, read_ready, receiver
 
 log = logging.getLogger("mop.mqtt")
@@ -253,30 +253,13 @@ class ClientHandler:
         log.info("%s: connection refused (0x%02X): %s", self.ctx.peer, reason, why)
 
     async def _open_session(self, connect: Connect) -> bool:
-        settings = self.server.settings
-        v5 = connect.protocol_level == 5
-        client_id = connect.client_id
-        assigned = None
-        if not client_id:
-            if not v5 and not connect.clean_start:
-                await self._refuse_connect(
-                    ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
-                    "an empty client id needs a clean session",
-                )
-                return False
-            client_id = assigned = f"mop-{uuid.uuid4().hex}"
-        method = connect.properties.authentication_method
-        if method is not None:
-            await self._refuse_connect(
-                ReasonCode.BAD_AUTHENTICATION_METHOD,
-                f"authentication method {method!r} is not supported",
-            )
+        """Carry out what `negotiate_connect` decides: take the client id (the lease), take
+        the session and attach it, then answer with CONNACK; or refuse the CONNECT."""
+        decision = negotiate_connect(connect, self.server.connect_policy)
+        if isinstance(decision, ConnectRefusal):
+            await self._refuse_connect(decision.reason_code, decision.why)
             return False
-        if connect.will is not None:
-            problem = self.server.topic_problem(connect.will.topic)
-            if problem is not None:
-                await self._refuse_connect(ReasonCode.TOPIC_NAME_INVALID, f"will topic: {problem}")
-                return False
+        client_id = decision.client_id
         self.ctx = ClientContext(
             client_id=client_id, protocol="mqtt", peer=self.ctx.peer, username=connect.username
         )
@@ -291,26 +274,31 @@ class ClientHandler:
                 ReasonCode.SERVER_UNAVAILABLE, f"cannot take the client id: {exc}"
             )
             return False
-        if v5:
-            requested = connect.properties.session_expiry_interval or 0
-        else:
-            requested = 0 if connect.clean_start else settings.default_session_expiry
-        expiry = min(requested, settings.max_session_expiry)
         state, present = await self.server.sessions.take(client_id, clean_start=connect.clean_start)
+        refusal = await self._attach(state, present, decision)
+        if refusal is not None:
+            await self._refuse_connect(refusal.reason_code, refusal.why)
+            return False
+        connack = Connack(session_present=present, properties=decision.connack_properties)
+        self.out.write(self.conn.send(connack))
+        log.debug("%s: %r connected (level %d)", self.ctx.peer, client_id, connect.protocol_level)
+        return True
+
+    async def _attach(
+        self, state: SessionState, present: bool, decision: ConnectDecision
+    ) -> ConnectRefusal | None:
+        """Resume `state` on this connection on the terms of `decision`; when it cannot be
+        stored, put it back as it was, give the client id up and say why."""
         previous = (state.expiry_interval, state.disconnected_at)
-        state.expiry_interval = expiry
-        state.will = connect.will
+        state.expiry_interval = decision.session_expiry
+        state.will = decision.will
         self.state = state
-        self.will = connect.will
-        self.keep_alive = connect.keep_alive
-        server_keep_alive = None
-        if self.keep_alive > settings.max_keep_alive or (
-            self.keep_alive == 0 and v5 and settings.max_keep_alive < 65535
-        ):
-            self.keep_alive = settings.max_keep_alive
-            server_keep_alive = self.keep_alive
+        self.will = decision.will
+        self.keep_alive = decision.keep_alive
         self.subs = SessionSubscriptions(self.server, self.ctx, state)
-        self.flow = Outflow(self.server, self.conn, self.out, self.ctx, state, self.subs)
+        self.flow = Outflow(
+            self.server.outflow_context, self.conn, self.out, self.ctx, state, self.subs
+        )
         try:
             await self.subs.restore()
             await self.server.sessions.attach(state)
@@ -322,34 +310,13 @@ class ClientHandler:
             state.expiry_interval, state.disconnected_at = previous
             if present:
                 self.server.sessions.put_back(state)
+            assert self.lease is not None
             await self.server.processor.close_client(self.ctx, self.lease)
             self.lease = None
-            reason = (
-                ReasonCode.QUOTA_EXCEEDED
-                if isinstance(exc, QuotaExceeded)
-                else ReasonCode.UNSPECIFIED_ERROR
+            return ConnectRefusal(
+                backend_reason_code(exc), f"the session cannot be stored: {exc}"
             )
-            await self._refuse_connect(reason, f"the session cannot be stored: {exc}")
-            return False
-        props = NO_PROPERTIES
-        if v5:
-            props = Properties(
-                session_expiry_interval=expiry if expiry != requested else None,
-                assigned_client_identifier=assigned,
-                server_keep_alive=server_keep_alive,
-                receive_maximum=settings.max_inflight,
-                maximum_packet_size=settings.max_packet_size,
-                topic_alias_maximum=settings.topic_alias_maximum,
-                retain_available=None if settings.retain_available else 0,
-                response_information=(
-                    f"response/{client_id}"
-                    if connect.properties.request_response_information
-                    else None
-                ),
-            )
-        self.out.write(self.conn.send(Connack(session_present=present, properties=props)))
-        log.debug("%s: %r connected (level %d)", self.ctx.peer, client_id, connect.protocol_level)
-        return True
+        return None
 
     def _outflow(self) -> Outflow:
         assert self.flow is not None, "the session is open"
@@ -538,29 +505,17 @@ class ClientHandler:
         v5 = conn.protocol_level == 5
         acks: list[bytes] = []
         received: list[int] = []  # QoS 2 packet ids to record before their PUBRECs
-        failure: BackendError | None = None
+        failure: _Close | None = None
         for publish, result in zip(staged, results, strict=True):
-            if isinstance(result, BackendError):
-                self.server.processor.stats.messages_dropped += 1
-                log.warning(
-                    "%s: publish to %r failed: %s", self.ctx.client_id, publish.topic, result
-                )
-                if publish.qos == 0:
-                    continue
-                if not v5:
-                    failure = result
-                    break
-                reason = (
-                    ReasonCode.QUOTA_EXCEEDED
-                    if isinstance(result, QuotaExceeded)
-                    else ReasonCode.UNSPECIFIED_ERROR
-                )
-            elif publish.qos == 0:
+            if publish.qos == 0 and not isinstance(result, BackendError):
+                continue  # nothing to answer
+            try:
+                reason = self._ack_reason(publish, result, v5)
+            except _Close as exc:
+                failure = exc  # answered after the acks of the messages before it
+                break
+            if reason is None:
                 continue
-            elif result.subscriptions == 0 and v5:
-                reason = ReasonCode.NO_MATCHING_SUBSCRIBERS
-            else:
-                reason = ReasonCode.SUCCESS
             pid = publish.packet_id
             assert pid is not None
             if publish.qos == 1:
@@ -582,7 +537,7 @@ class ClientHandler:
         if acks:
             self.out.add(b"".join(acks))  # pushed by the read loop
         if failure is not None:
-            raise _Close(None, f"publish failed: {failure}")
+            raise failure
 
     async def _on_publish(self, publish: Publish) -> None:
         assert self.state is not None
@@ -613,24 +568,31 @@ class ClientHandler:
         if publish.retain and not self.server.settings.retain_available:
             raise _Close(ReasonCode.RETAIN_NOT_SUPPORTED, "retained messages are disabled")
         try:
-            result = await self.server.publish(self.ctx, publish)
-        except QuotaExceeded as exc:
-            return self._publish_failed(publish, ReasonCode.QUOTA_EXCEEDED, exc)
+            result: PublishResult | BackendError = await self.server.publish(self.ctx, publish)
         except BackendError as exc:
-            return self._publish_failed(publish, ReasonCode.UNSPECIFIED_ERROR, exc)
-        if result.subscriptions == 0:
-            return ReasonCode.NO_MATCHING_SUBSCRIBERS
-        return ReasonCode.SUCCESS
+            result = exc
+        return self._ack_reason(publish, result, self.conn.protocol_level == 5)
 
-    def _publish_failed(self, publish: Publish, reason: int, exc: Exception) -> int | None:
-        self.server.processor.stats.messages_dropped += 1
-        log.warning("%s: publish to %r failed: %s", self.ctx.client_id, publish.topic, exc)
+    def _ack_reason(
+        self, publish: Publish, result: PublishResult | BackendError, v5: bool
+    ) -> int | None:
+        """The reason code that answers a PUBLISH once publishing it gave `result`, or None
+        when nothing answers it (QoS 0). A message the backend refused is counted as dropped;
+        on MQTT 3.1.1, whose acks carry no error, it closes the connection (`_Close`), so
+        that the client sends it again later."""
+        if isinstance(result, BackendError):
+            self.server.processor.record_dropped()
+            log.warning("%s: publish to %r failed: %s", self.ctx.client_id, publish.topic, result)
+            if publish.qos == 0:
+                return None
+            if not v5:
+                raise _Close(None, f"publish failed: {result}")
+            return backend_reason_code(result)
         if publish.qos == 0:
             return None
-        if self.conn.protocol_level == 5:
-            return reason
-        # 3.1.1 acks carry no error: closing makes the client resend later.
-        raise _Close(None, f"publish failed: {exc}")
+        if result.subscriptions == 0 and v5:
+            return ReasonCode.NO_MATCHING_SUBSCRIBERS
+        return ReasonCode.SUCCESS
 
     async def _on_pubrel(self, packet: Pubrel) -> None:
         assert self.state is not None
@@ -649,7 +611,7 @@ class ClientHandler:
         assert self.subs is not None
         codes, retained = await self.subs.subscribe(packet, v5=self.conn.protocol_level == 5)
         self.out.write(self.conn.send(Suback(packet.packet_id, tuple(codes))))
-        now = _now_ms()
+        now = now_ms()
         for item in retained:
             self._outflow().send(
                 item.topic,
@@ -669,10 +631,6 @@ class ClientHandler:
         self.out.write(self.conn.send(Unsuback(packet.packet_id, tuple(codes))))
 
     # -- outbound messages -----------------------------------------------------------------
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 _Handler = Callable[[ClientHandler, Any], Awaitable[None]]

@@ -25,7 +25,8 @@ from mop.protocols.mqtt.packets import (
     SubscriptionRequest,
 )
 from mop.protocols.mqtt.reason_codes import ReasonCode
-from mop.protocols.mqtt.server import MqttServer
+from mop.protocols.mqtt.serving.handler import ClientHandler
+from mop.protocols.mqtt.serving.server import MqttServer
 from mop.settings import MqttSettings, Settings
 from mop.transport import ConnectionInfo
 
@@ -73,7 +74,7 @@ async def connect(
     async def serve() -> None:
         # Like the transport: the stream closes once the handler returns.
         async with server_end:
-            await server.handle_connection(server_end, INFO)
+            await ClientHandler(server, server_end, INFO).run()
 
     nursery.start_soon(serve)
     peer = Peer(client_end)

@@ -36,22 +36,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
 import trio
 
+from mop.clock import now_ms
 from mop.processor import BackendError, MessagingProcessor
-from mop.protocols.mqtt.node_liveness import NODES_TABLE, NodeLiveness, heartbeat_interval
 from mop.protocols.mqtt.packets import Will
+from mop.protocols.mqtt.serving.node_liveness import NODES_TABLE, NodeLiveness, heartbeat_interval
+from mop.protocols.mqtt.serving.timers import Callback, Timers
 from mop.protocols.mqtt.session import (
     Outbound,
     SessionState,
     outbound_from_bytes,
     outbound_to_bytes,
 )
-from mop.protocols.mqtt.timers import Callback, Timers
 from mop.topics import parse_shared
 
 if TYPE_CHECKING:
@@ -72,10 +72,6 @@ IN_DOUBT_RETRY: Final = 1.0
 # so that a take on another node just before the deadline reaches the holder first.
 EXPIRY_GRACE: Final = 1.0
 PublishWill = Callable[[str, Will], Awaitable[None]]
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class SessionRegistry:
