@@ -4,42 +4,35 @@ and storage. Waiting (receive, fencing, delayed redelivery) is done here, with t
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import trio
 
+from mop.backends.local.consumer import LocalConsumer
+from mop.backends.local.errors import translate, translated
+from mop.backends.local.lease import LocalLease
+from mop.backends.local.producer import LocalProducer
+from mop.backends.local.role import LocalRole
+from mop.backends.local.table import LocalTable
 from mop.broker import (
     BROKER_TABLE_PREFIX,
     NON_PERSISTENT,
-    Attachment,
     Broker,
     BrokerError,
     BrokerStats,
     ConsumerOptions,
-    ProducerAccess,
-    ProducerHandle,
-    Published,
-    Sequenced,
     SubscriptionType,
 )
-from mop.broker import ProducerBusy as BrokerProducerBusy
-from mop.broker import ProducerFenced as BrokerProducerFenced
 from mop.broker.ownership import Ownership
-from mop.broker.storage import Storage, StorageError, StorageFull
-from mop.message import Delivery, Message, MessageId
+from mop.broker.storage import Storage, StorageError
+from mop.message import Message
 from mop.processor.backend import (
     BackendError,
-    ConsumerClosed,
-    CursorPosition,
-    ProducerBusy,
-    ProducerFenced,
     ProducerSpec,
     PublishResult,
-    QuotaExceeded,
     StartPosition,
     SubscriptionSpec,
 )
@@ -56,459 +49,10 @@ if TYPE_CHECKING:
         Table,
     )
 
-__all__ = [
-    "LocalBackend",
-    "LocalConsumer",
-    "LocalLease",
-    "LocalProducer",
-    "LocalTable",
-    "open_local_backend",
-]
+__all__ = ["LocalBackend", "open_local_backend"]
 
 # Messages a permit-based consumer may hold unacknowledged before dispatch to it pauses.
 MAX_UNACKED_PER_CONSUMER = 50_000
-
-
-def _translate(exc: StorageError | BrokerError) -> BackendError:
-    """The error of the backend contract for a broker or storage error."""
-    if isinstance(exc, StorageFull):
-        return QuotaExceeded(str(exc))
-    if isinstance(exc, StorageError):
-        return BackendError(str(exc), reason="storage_error")
-    if isinstance(exc, BrokerProducerBusy):
-        return ProducerBusy(str(exc))
-    if isinstance(exc, BrokerProducerFenced):
-        return ProducerFenced(str(exc))
-    return BackendError(str(exc), reason=exc.reason)
-
-
-@contextmanager
-def _translated() -> Iterator[None]:
-    """Turn broker and storage errors into the errors of the backend contract (hot paths
-    call `_translate` in a plain try statement instead: a context manager costs more)."""
-    try:
-        yield
-    except (StorageError, BrokerError) as exc:
-        raise _translate(exc) from exc
-
-
-class LocalLease:
-    """Ownership of a client id within this process. Its events are made only when a task
-    waits for them: most leases are never fenced and never waited for."""
-
-    __slots__ = (
-        "_backend",
-        "_client_id",
-        "_fenced",
-        "_fenced_event",
-        "_on_fenced",
-        "_released",
-        "_released_event",
-    )
-
-    def __init__(self, backend: LocalBackend, client_id: str) -> None:
-        self._backend = backend
-        self._client_id = client_id
-        self._fenced = False
-        self._released = False
-        self._fenced_event: trio.Event | None = None
-        self._released_event: trio.Event | None = None
-        self._on_fenced: Callable[[], None] | None = None
-
-    @property
-    def client_id(self) -> str:
-        return self._client_id
-
-    @property
-    def fenced(self) -> bool:
-        return self._fenced
-
-    async def wait_fenced(self) -> None:
-        if self._fenced:
-            await trio.lowlevel.checkpoint()
-            return
-        if self._fenced_event is None:
-            self._fenced_event = trio.Event()
-        await self._fenced_event.wait()
-
-    def on_fenced(self, callback: Callable[[], None]) -> None:
-        if self._fenced:
-            callback()
-        else:
-            self._on_fenced = callback
-
-    async def release(self) -> None:
-        self._release_now()
-        await trio.lowlevel.checkpoint()
-
-    def _fence(self) -> None:
-        if self._fenced:
-            return
-        self._fenced = True
-        if self._fenced_event is not None:
-            self._fenced_event.set()
-        callback, self._on_fenced = self._on_fenced, None
-        if callback is not None:
-            callback()
-
-    async def _wait_released(self) -> None:
-        if self._released:
-            await trio.lowlevel.checkpoint()
-            return
-        if self._released_event is None:
-            self._released_event = trio.Event()
-        await self._released_event.wait()
-
-    def _release_now(self) -> None:
-        self._released = True
-        self._on_fenced = None
-        if self._released_event is not None:
-            self._released_event.set()
-        self._backend._lease_released(self)
-
-
-class LocalConsumer:
-    """A consumer attached to the broker; one task at a time may wait in `receive`."""
-
-    def __init__(self, backend: LocalBackend, spec: SubscriptionSpec) -> None:
-        self._backend = backend
-        self._spec = spec
-        self._att: Attachment | None = None
-        self._wakeup: trio.Event | None = None
-        self._closed = False
-        self._active = False
-        self._seen_active = False  # what `active_changed` last reported
-        self._active_event = trio.Event()
-
-    @property
-    def spec(self) -> SubscriptionSpec:
-        return self._spec
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def _on_ready(self) -> None:
-        # Called by the broker when messages are queued for this consumer.
-        if self._wakeup is not None:
-            self._wakeup.set()
-
-    def _on_active(self, active: bool) -> None:
-        # Called by the broker when a failover subscription's active consumer changes.
-        self._active = active
-        self._active_event.set()
-
-    @property
-    def active(self) -> bool:
-        return self._active
-
-    async def active_changed(self) -> bool:
-        while True:
-            self._attachment()
-            if self._active != self._seen_active:
-                self._seen_active = self._active
-                return self._active
-            self._active_event = trio.Event()
-            await self._active_event.wait()
-
-    def _attachment(self) -> Attachment:
-        if self._closed or self._att is None:
-            raise ConsumerClosed(f"consumer of {self._spec.name!r} is closed")
-        return self._att
-
-    async def receive(self, max_messages: int) -> list[Delivery]:
-        if max_messages < 1:
-            raise ValueError("max_messages must be at least 1")
-        if self._wakeup is not None:
-            raise trio.BusyResourceError("another task is already receiving from this consumer")
-        await trio.lowlevel.checkpoint_if_cancelled()
-        broker = self._backend.broker
-        waited = False
-        while True:
-            att = self._attachment()
-            try:
-                deliveries = broker.take(att, max_messages)
-            except (StorageError, BrokerError) as exc:
-                raise _translate(exc) from exc
-            if deliveries:
-                if not waited:
-                    # Messages were there at once: still let other tasks run (a long backlog
-                    # must not keep the loop to itself), without a cancellation point that
-                    # would lose what was just taken.
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                return deliveries
-            event = self._wakeup = trio.Event()
-            try:
-                await event.wait()
-            finally:
-                self._wakeup = None
-            waited = True
-
-    def ack(self, deliveries: Iterable[Delivery]) -> None:
-        # Acknowledging after close is a no-op: the messages went back to the subscription.
-        if not self._closed and self._att is not None:
-            try:
-                self._backend.broker.ack(self._att, deliveries)
-            except (StorageError, BrokerError) as exc:
-                raise _translate(exc) from exc
-
-    def nack(self, deliveries: Iterable[Delivery], delay: float = 0.0) -> None:
-        if self._closed or self._att is None:
-            return
-        with _translated():
-            if delay > 0:
-                self._backend.broker.nack(self._att, deliveries, due=trio.current_time() + delay)
-                self._backend._delays_changed()
-            else:
-                self._backend.broker.nack(self._att, deliveries)
-
-    def ack_through(self, topic: str, message_id: MessageId) -> None:
-        if not self._closed and self._att is not None:
-            with _translated():
-                self._backend.broker.ack_through(self._att, topic, message_id)
-
-    def grant(self, permits: int) -> None:
-        if not self._closed and self._att is not None:
-            with _translated():
-                self._backend.broker.grant(self._att, permits)
-
-    async def seek(
-        self, topic: str, *, message_id: MessageId | None = None, publish_time: int | None = None
-    ) -> None:
-        att = self._attachment()
-        with _translated():
-            await self._backend.broker.reset(
-                att.sub, topic, message_id=message_id, publish_time=publish_time
-            )
-        self._backend._delays_changed()
-
-    async def position(self, topic: str) -> CursorPosition:
-        att = self._attachment()
-        with _translated():
-            last, mark = await self._backend.broker.position(att.sub, topic)
-        return CursorPosition(last, mark)
-
-    async def add_selector(self, selector: str) -> None:
-        att = self._attachment()
-        with _translated():
-            await self._backend.broker.add_selector(att.sub, selector)
-        self._spec = dataclasses.replace(self._spec, selectors=self._spec.selectors | {selector})
-
-    async def remove_selector(self, selector: str) -> None:
-        att = self._attachment()
-        with _translated():
-            await self._backend.broker.remove_selector(att.sub, selector)
-        self._spec = dataclasses.replace(self._spec, selectors=self._spec.selectors - {selector})
-
-    async def close(self) -> None:
-        self._shutdown()
-        await trio.lowlevel.checkpoint()
-
-    async def unsubscribe(self) -> None:
-        att = self._att
-        already_closed = self._closed
-        self._shutdown()
-        if att is not None and not already_closed:
-            with _translated():
-                await self._backend.broker.unsubscribe(att)
-        else:
-            await trio.lowlevel.checkpoint()
-
-    def _shutdown(self) -> None:
-        """Detach from the broker and wake a waiting `receive`, which then raises."""
-        if self._closed:
-            return
-        self._closed = True
-        self._backend._consumers.discard(self)
-        if self._att is not None:
-            with _translated():
-                self._backend.broker.close(self._att)
-        if self._wakeup is not None:
-            self._wakeup.set()
-        self._active_event.set()
-
-
-class _Stored:
-    """The awaitable `LocalProducer.send` returns: the message is in place, and awaiting
-    makes it durable (a coroutine only comes to life when awaited, so an unawaited one is no
-    leak)."""
-
-    __slots__ = ("_backend", "_published", "_sync")
-
-    def __init__(self, backend: LocalBackend, published: Published, sync: bool) -> None:
-        self._backend = backend
-        self._published = published
-        self._sync = sync
-
-    def __await__(self) -> Generator[Any, None, PublishResult]:
-        return self._wait().__await__()
-
-    async def _wait(self) -> PublishResult:
-        published = self._published
-        if self._sync:
-            with _translated():
-                await self._backend.storage.sync()
-        else:
-            await trio.lowlevel.checkpoint()
-        return PublishResult(published.message_id, published.subscriptions, published.duplicate)
-
-
-class LocalProducer:
-    """A producer registered with the broker's producer rules for its topic."""
-
-    def __init__(self, backend: LocalBackend, spec: ProducerSpec) -> None:
-        self._backend = backend
-        self._spec = spec
-        self._changed = trio.Event()
-        with _translated():
-            self._handle: ProducerHandle = backend.broker.producers.add(
-                spec.topic,
-                spec.name,
-                ProducerAccess(spec.access.value),
-                epoch=spec.epoch,
-                topic_epoch=spec.topic_epoch,
-                on_change=self._notify,
-            )
-
-    def _notify(self) -> None:
-        self._changed.set()
-
-    @property
-    def spec(self) -> ProducerSpec:
-        return self._spec
-
-    @property
-    def ready(self) -> bool:
-        return self._handle.ready
-
-    @property
-    def topic_epoch(self) -> int | None:
-        return self._handle.topic_epoch
-
-    @property
-    def last_sequence_id(self) -> int:
-        return self._backend.broker.sequences.last(self._spec.topic, self._spec.name)
-
-    async def _wait_change(self) -> None:
-        if self._changed.is_set():
-            self._changed = trio.Event()
-        await self._changed.wait()
-
-    async def wait_ready(self) -> None:
-        handle = self._handle
-        while not handle.ready:
-            if handle.closed:
-                raise ProducerFenced(f"producer {self._spec.name!r} will not get the topic")
-            await self._wait_change()
-        await trio.lowlevel.checkpoint()
-
-    async def wait_fenced(self) -> None:
-        handle = self._handle
-        while not handle.fenced:
-            await self._wait_change()
-
-    def send(
-        self, message: Message, *, sequence_id: int = -1, highest_sequence_id: int = -1
-    ) -> _Stored:
-        handle = self._handle
-        if handle.fenced:
-            raise ProducerFenced(f"producer {self._spec.name!r} was fenced")
-        if handle.closed or not handle.ready:
-            raise BackendError(f"producer {self._spec.name!r} cannot send now", reason="closed")
-        backend = self._backend
-        backend._check_running()
-        sequence = None
-        if sequence_id >= 0:
-            sequence = Sequenced(
-                self._spec.name,
-                sequence_id,
-                max(sequence_id, highest_sequence_id),
-                durable=self._spec.durable_name,
-            )
-        with _translated():
-            published = backend.broker.store(self._spec.topic, message, sequence=sequence)
-        if message.deliver_at:
-            backend._delays_changed()
-        sync = bool(message.qos) and not published.duplicate
-        return _Stored(backend, published, sync)
-
-    async def close(self) -> None:
-        self._backend.broker.producers.remove(self._handle)
-        self._changed.set()
-        await trio.lowlevel.checkpoint()
-
-
-class LocalTable:
-    """A table kept in memory and written through to storage."""
-
-    def __init__(self, storage: Storage, name: str) -> None:
-        self._storage = storage
-        self._name = name
-        self._items: dict[str, bytes] = dict(storage.table_items(name))
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    def get(self, key: str) -> bytes | None:
-        return self._items.get(key)
-
-    def items(self) -> Iterator[tuple[str, bytes]]:
-        return iter(list(self._items.items()))
-
-    async def put(self, key: str, value: bytes | None) -> None:
-        with _translated():
-            self._storage.table_put(self._name, key, value)
-            if value is None:
-                self._items.pop(key, None)
-            else:
-                self._items[key] = value
-            await self._storage.sync()
-
-    def watch(self, callback: Callable[[str, bytes | None], None]) -> None:
-        """Every write goes through this node's one table object: there is nothing to report."""
-
-
-class LocalRole:
-    """A role of a merged node, which is the whole deployment: held from the start and for
-    good, until released (see `Role`)."""
-
-    permanent = True
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._released = trio.Event()
-        self._reported = False  # what `changed` last returned
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def held(self) -> bool:
-        return not self._released.is_set()
-
-    async def changed(self) -> bool:
-        if self._reported != self.held:
-            await trio.lowlevel.checkpoint()
-        elif self.held:
-            await self._released.wait()  # the one change left
-        else:
-            await trio.sleep_forever()  # released and reported: nothing changes any more
-        self._reported = self.held
-        return self._reported
-
-    async def release(self) -> None:
-        self._released.set()
-        await trio.lowlevel.checkpoint()
-
-
-if TYPE_CHECKING:
-    from mop.processor.backend import Role
-
-    def _role_conforms(role: LocalRole) -> Role:
-        return role
-
 
 class LocalBackend:
     """The merged-mode backend. Run it with `await nursery.start(backend.serve)` (or use
@@ -553,7 +97,7 @@ class LocalBackend:
         """Recover, report readiness, and run background work until `aclose()`."""
         if self._running or self._closed:
             raise RuntimeError("LocalBackend.serve() may run only once")
-        with _translated():
+        with translated():
             await self.broker.recover()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._redeliver_delayed)
@@ -586,7 +130,7 @@ class LocalBackend:
     async def _trim_periodically(self) -> None:
         while True:
             await trio.sleep(self.trim_interval)
-            with _translated():
+            with translated():
                 self.broker.trim_acknowledged(trio.current_time())
 
     def _check_running(self) -> None:
@@ -623,7 +167,7 @@ class LocalBackend:
         try:
             published = await self.broker.publish(topic, message)
         except (StorageError, BrokerError) as exc:
-            raise _translate(exc) from exc
+            raise translate(exc) from exc
         if message.deliver_at:
             self._delays_changed()
         return PublishResult(published.message_id, published.subscriptions)
@@ -683,7 +227,7 @@ class LocalBackend:
             try:
                 await self.storage.sync()
             except StorageError as exc:
-                error = _translate(exc)
+                error = translate(exc)
                 for index in durable:
                     results[index] = error
         return results
@@ -692,7 +236,7 @@ class LocalBackend:
         try:
             published = self.broker.store(topic, message)
         except (StorageError, BrokerError) as exc:
-            return _translate(exc)
+            return translate(exc)
         return PublishResult(published.message_id, published.subscriptions)
 
     async def open_producer(self, spec: ProducerSpec) -> LocalProducer:
@@ -708,7 +252,7 @@ class LocalBackend:
     async def subscribe(self, spec: SubscriptionSpec) -> LocalConsumer:
         self._check_running()
         consumer = LocalConsumer(self, spec)
-        with _translated():
+        with translated():
             att = await self.broker.subscribe(
                 spec.name,
                 spec.selectors,
@@ -739,7 +283,7 @@ class LocalBackend:
 
     async def delete_subscription(self, name: str, member: str = "") -> None:
         self._check_running()
-        with _translated():
+        with translated():
             await self.broker.delete_subscription(name, member)
 
     def table(self, name: str) -> LocalTable:
@@ -782,7 +326,7 @@ class LocalBackend:
         for lease in self._leases.values():
             lease._fence()
         self._stop.set()
-        with trio.CancelScope(shield=True), _translated():
+        with trio.CancelScope(shield=True), translated():
             await self.storage.aclose()
 
 
