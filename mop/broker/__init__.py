@@ -9,17 +9,14 @@ from mop.broker.broker import (
     BrokerStats,
     Published,
 )
-from mop.broker.dispatch import ConsumerOptions
 from mop.broker.errors import (
     BrokerError,
     ConsumerBusy,
-    ProducerBusy,
-    ProducerFenced,
     SubscriptionMismatch,
 )
 from mop.broker.positions import id_before
-from mop.broker.producers import ProducerAccess, ProducerHandle, Sequenced
-from mop.broker.subscription import Attachment, Subscription, SubscriptionType
+from mop.broker.producers import ProducerHandle, Sequenced
+from mop.broker.subscription import Attachment, Subscription
 from mop.broker.topic import NON_PERSISTENT
 
 __all__ = [
@@ -32,15 +29,10 @@ __all__ = [
     "BrokerError",
     "BrokerStats",
     "ConsumerBusy",
-    "ConsumerOptions",
-    "ProducerAccess",
-    "ProducerBusy",
-    "ProducerFenced",
     "ProducerHandle",
     "Published",
     "Sequenced",
     "Subscription",
     "SubscriptionMismatch",
-    "SubscriptionType",
     "id_before",
 ]

@@ -10,13 +10,14 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from mop.broker.delays import DelayQueue
-from mop.broker.dispatch import PICKERS, Attachment, SubscriptionType
+from mop.broker.dispatch import PICKERS, Attachment
 from mop.broker.errors import ConsumerBusy, SubscriptionMismatch
 from mop.broker.storage.api import CursorState
 from mop.broker.topic import Entry, Topic
 from mop.message import Delivery, MessageId
+from mop.messaging import SubscriptionKind
 
-__all__ = ["Attachment", "Bookkeeping", "Cursor", "Subscription", "SubscriptionType"]
+__all__ = ["Attachment", "Bookkeeping", "Cursor", "Subscription"]
 
 
 class Bookkeeping:
@@ -155,7 +156,7 @@ class Subscription:
     def __init__(
         self,
         name: str,
-        type: SubscriptionType,
+        type: SubscriptionKind,
         *,
         durable: bool,
         max_backlog: int,
@@ -175,19 +176,19 @@ class Subscription:
         self.rr = 0
         self._pick = PICKERS[type]
         # Shared subscriptions hold a message back until its `deliver_at`; the others do not.
-        self.holds = type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED)
+        self.holds = type in (SubscriptionKind.SHARED, SubscriptionKind.KEY_SHARED)
 
     def __repr__(self) -> str:
         return f"Subscription({self.name!r}, {self.type.value})"
 
-    def admit(self, type: SubscriptionType, member: str) -> None:
+    def admit(self, type: SubscriptionKind, member: str) -> None:
         """Check that one more consumer of `type` (and `member`) may attach."""
         if self.type is not type:
             raise SubscriptionMismatch(
                 f"subscription {self.name!r} is {self.type.value}, not {type.value}"
             )
         if self.attachments and (
-            type is SubscriptionType.EXCLUSIVE
+            type is SubscriptionKind.EXCLUSIVE
             or (member and any(att.member == member for att in self.attachments))
         ):
             who = f"member {member!r} of " if member else ""
@@ -210,7 +211,7 @@ class Subscription:
         record = json.loads(raw)
         sub = cls(
             name,
-            SubscriptionType(record["type"]),
+            SubscriptionKind(record["type"]),
             durable=True,
             max_backlog=int(record["max_backlog"]),
             books=books,
@@ -302,7 +303,7 @@ class Subscription:
             entry = backlog[0]
             att = pick(self, entry)
             if att is None:
-                if self.type is not SubscriptionType.KEY_SHARED:
+                if self.type is not SubscriptionKind.KEY_SHARED:
                     break  # every consumer is full
                 # This topic waits for its key's consumer; other topics may still move.
                 blocked.append((lane, lane.popleft()))
@@ -377,7 +378,7 @@ class Subscription:
         return att
 
     def _update_active(self) -> None:
-        if self.type is not SubscriptionType.FAILOVER:
+        if self.type is not SubscriptionKind.FAILOVER:
             return
         first = self.attachments[0] if self.attachments else None
         for att in self.attachments:

@@ -23,8 +23,6 @@ from mop.broker import (
     Broker,
     BrokerError,
     BrokerStats,
-    ConsumerOptions,
-    SubscriptionType,
 )
 from mop.broker.ownership import Ownership
 from mop.broker.storage import Storage, StorageError
@@ -33,7 +31,6 @@ from mop.processor.backend import (
     BackendError,
     ProducerSpec,
     PublishResult,
-    StartPosition,
     SubscriptionSpec,
 )
 from mop.topic_names import mqtt_to_pulsar
@@ -254,23 +251,10 @@ class LocalBackend:
         consumer = LocalConsumer(self, spec)
         with translated():
             att = await self.broker.subscribe(
-                spec.name,
-                spec.selectors,
-                type=SubscriptionType(spec.kind.value),
-                durable=spec.durable,
-                member=spec.member,
-                max_backlog=spec.max_backlog,
-                earliest=spec.start is StartPosition.EARLIEST,
-                start_at=spec.start_at,
+                spec,
                 capacity=MAX_UNACKED_PER_CONSUMER if spec.permits else self.receiver_queue,
                 on_ready=consumer._on_ready,
-                options=ConsumerOptions(
-                    credit=spec.permits,
-                    whole_batches=spec.whole_batches,
-                    rank=(spec.priority, spec.consumer_name),
-                    on_active=consumer._on_active,
-                    ack_qos0=spec.auto_ack_qos0,
-                ),
+                on_active=consumer._on_active,
             )
         consumer._att = att
         consumer._seen_active = consumer._active

@@ -1,5 +1,6 @@
 """How the local backend turns broker and storage errors into the errors of the backend
-contract."""
+contract (a refused producer is told with the shared `ProducerBusy` / `ProducerFenced`, which
+need no translation)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from mop.broker import BrokerError
-from mop.broker import ProducerBusy as BrokerProducerBusy
-from mop.broker import ProducerFenced as BrokerProducerFenced
 from mop.broker.storage import StorageError, StorageFull
-from mop.processor.backend import BackendError, ProducerBusy, ProducerFenced, QuotaExceeded
+from mop.messaging import BackendError, QuotaExceeded
 
 __all__ = ["translate", "translated"]
 
@@ -21,10 +20,6 @@ def translate(exc: StorageError | BrokerError) -> BackendError:
         return QuotaExceeded(str(exc))
     if isinstance(exc, StorageError):
         return BackendError(str(exc), reason="storage_error")
-    if isinstance(exc, BrokerProducerBusy):
-        return ProducerBusy(str(exc))
-    if isinstance(exc, BrokerProducerFenced):
-        return ProducerFenced(str(exc))
     return BackendError(str(exc), reason=exc.reason)
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from mop.backends.local.errors import translated
-from mop.broker import ProducerAccess, ProducerHandle, Published, Sequenced
+from mop.broker import ProducerHandle, Published, Sequenced
 from mop.message import Message
 from mop.processor.backend import BackendError, ProducerFenced, ProducerSpec, PublishResult
 
@@ -54,7 +54,7 @@ class LocalProducer:
             self._handle: ProducerHandle = backend.broker.producers.add(
                 spec.topic,
                 spec.name,
-                ProducerAccess(spec.access.value),
+                spec.access,
                 epoch=spec.epoch,
                 topic_epoch=spec.topic_epoch,
                 on_change=self._notify,

@@ -7,8 +7,9 @@ from mop.broker import Broker
 from mop.broker.compaction import TOMBSTONE_PROPERTY
 from mop.broker.storage import MemoryStorage
 from mop.message import Delivery, Message, MessageId
+from mop.messaging import StartPosition
 
-from .support import Clock, payloads, take_all
+from .support import Clock, payloads, subscribe, take_all
 
 TABLE = "persistent://public/__mop/retained"
 
@@ -33,7 +34,7 @@ async def test_a_reader_from_the_earliest_sees_the_latest_value_of_each_live_key
     broker = new_broker(MemoryStorage())
     for message in (put("a", "1"), put("b", "1"), put("a", "2"), put("c", "1"), delete("b")):
         await broker.publish(TABLE, message)
-    reader = await broker.subscribe("r", [TABLE], durable=False, earliest=True)
+    reader = await subscribe(broker, "r", [TABLE], durable=False, start=StartPosition.EARLIEST)
     assert keyed(take_all(broker, reader)) == [("a", "2"), ("c", "1")]
     # Later writes come as they are written, deletions included.
     await broker.publish(TABLE, put("a", "3"))
@@ -46,14 +47,14 @@ async def test_other_namespaces_are_not_compacted() -> None:
     plain = "persistent://public/default/t"
     await broker.publish(plain, put("a", "1"))
     await broker.publish(plain, put("a", "2"))
-    reader = await broker.subscribe("r", [plain], durable=False, earliest=True)
+    reader = await subscribe(broker, "r", [plain], durable=False, start=StartPosition.EARLIEST)
     assert payloads(take_all(broker, reader)) == ["1", "2"]
 
 
 async def test_a_latest_reader_gets_only_later_writes() -> None:
     broker = new_broker(MemoryStorage())
     await broker.publish(TABLE, put("a", "1"))
-    reader = await broker.subscribe("r", [TABLE], durable=False)
+    reader = await subscribe(broker, "r", [TABLE], durable=False)
     await broker.publish(TABLE, put("b", "1"))
     assert keyed(take_all(broker, reader)) == [("b", "1")]
 
@@ -65,7 +66,7 @@ async def test_the_table_outlives_trimming_of_the_log() -> None:
     await broker.publish(TABLE, put("b", "1"))
     broker.trim_acknowledged()  # nobody subscribes: the log goes
     assert storage.stats().messages == 0
-    reader = await broker.subscribe("r", [TABLE], durable=False, earliest=True)
+    reader = await subscribe(broker, "r", [TABLE], durable=False, start=StartPosition.EARLIEST)
     assert keyed(take_all(broker, reader)) == [("a", "1"), ("b", "1")]
 
 
@@ -77,7 +78,7 @@ async def test_the_table_survives_a_restart() -> None:
     last_written = await first.publish(TABLE, put("c", "1"))
     second = new_broker(storage)
     await second.recover()
-    reader = await second.subscribe("r", [TABLE], durable=False, earliest=True)
+    reader = await subscribe(second, "r", [TABLE], durable=False, start=StartPosition.EARLIEST)
     assert keyed(take_all(second, reader)) == [("b", "1"), ("c", "1")]
     last, _ = await second.position(reader.sub, TABLE)
     assert last == last_written.message_id
@@ -88,7 +89,7 @@ async def test_batch_members_are_kept_per_key() -> None:
     batch = Message(b"", batch=(put("a", "1"), put("b", "1"), put("c", "1")))
     stored = await broker.publish(TABLE, batch)
     await broker.publish(TABLE, put("b", "2"))
-    reader = await broker.subscribe("r", [TABLE], durable=False, earliest=True)
+    reader = await subscribe(broker, "r", [TABLE], durable=False, start=StartPosition.EARLIEST)
     deliveries = take_all(broker, reader)
     # The batch comes back with the members still current ("b" was written since).
     assert [d.message_id for d in deliveries][:2] == [
@@ -103,7 +104,7 @@ async def test_the_last_position_is_the_last_current_message() -> None:
     await broker.publish(TABLE, put("a", "1"))
     second = await broker.publish(TABLE, put("b", "1"))
     await broker.publish(TABLE, delete("a"))  # the last entry, but a reader never gets it
-    reader = await broker.subscribe("r", [TABLE], durable=False, earliest=True)
+    reader = await subscribe(broker, "r", [TABLE], durable=False, start=StartPosition.EARLIEST)
     last, _ = await broker.position(reader.sub, TABLE)
     assert last == second.message_id
     assert [d.message_id for d in take_all(broker, reader)] == [second.message_id]
@@ -114,7 +115,7 @@ async def test_acknowledged_snapshot_entries_move_a_durable_cursor() -> None:
     broker = new_broker(storage)
     await broker.publish(TABLE, put("a", "1"))
     await broker.publish(TABLE, put("a", "2"))
-    sub = await broker.subscribe("d", [TABLE], earliest=True)
+    sub = await subscribe(broker, "d", [TABLE], start=StartPosition.EARLIEST)
     got = take_all(broker, sub)
     assert keyed(got) == [("a", "2")]
     broker.ack(sub, got)

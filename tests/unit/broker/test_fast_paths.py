@@ -3,19 +3,19 @@ at-most-once consumer counts as acknowledged, and a first delivery is one shared
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from mop.broker import ConsumerOptions
-from mop.broker.dispatch import DEFAULT_OPTIONS
+from .support import msg, new_broker, payloads, subscribe, take_all, topic
 
-from .support import msg, new_broker, payloads, take_all, topic
-
-AT_MOST_ONCE = ConsumerOptions(ack_qos0=True)
+AT_MOST_ONCE: dict[str, Any] = {"auto_ack_qos0": True}
+ACKNOWLEDGING: dict[str, Any] = {}
 
 
 async def test_qos0_is_acknowledged_when_an_at_most_once_consumer_takes_it() -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", ["a"], options=AT_MOST_ONCE)
+    att = await subscribe(broker, "c1", ["a"], **AT_MOST_ONCE)
     first = await broker.publish(topic("a"), msg("0", qos=0))
     second = await broker.publish(topic("a"), msg("1", qos=1))
     assert payloads(take_all(broker, att)) == ["0", "1"]
@@ -27,7 +27,7 @@ async def test_qos0_is_acknowledged_when_an_at_most_once_consumer_takes_it() -> 
 
 async def test_qos0_taken_at_most_once_frees_the_receiver_queue() -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", ["a"], capacity=2, options=AT_MOST_ONCE)
+    att = await subscribe(broker, "c1", ["a"], capacity=2, **AT_MOST_ONCE)
     for n in range(5):
         await broker.publish(topic("a"), msg(str(n), qos=0))
     assert payloads(take_all(broker, att)) == ["0", "1"]
@@ -37,23 +37,23 @@ async def test_qos0_taken_at_most_once_frees_the_receiver_queue() -> None:
     assert broker.stats().messages_backlog == 0
 
 
-@pytest.mark.parametrize(("options", "back"), [(AT_MOST_ONCE, []), (DEFAULT_OPTIONS, ["0"])])
+@pytest.mark.parametrize(("options", "back"), [(AT_MOST_ONCE, []), (ACKNOWLEDGING, ["0"])])
 async def test_qos0_comes_back_only_to_a_consumer_that_acknowledges(
-    options: ConsumerOptions, back: list[str]
+    options: dict[str, Any], back: list[str]
 ) -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", ["a"], options=options)
+    att = await subscribe(broker, "c1", ["a"], **options)
     await broker.publish(topic("a"), msg("0", qos=0))
     assert payloads(take_all(broker, att)) == ["0"]
     broker.close(att)  # without acknowledging
-    again = await broker.subscribe("c1", ["a"], options=options)
+    again = await subscribe(broker, "c1", ["a"], **options)
     assert payloads(take_all(broker, again)) == back
 
 
 async def test_first_delivery_is_shared_and_a_redelivery_is_not() -> None:
     broker = new_broker()
-    one = await broker.subscribe("s1", ["a"])
-    two = await broker.subscribe("s2", ["a"])
+    one = await subscribe(broker, "s1", ["a"])
+    two = await subscribe(broker, "s2", ["a"])
     await broker.publish(topic("a"), msg("m"))
     (first,) = take_all(broker, one)
     (second,) = take_all(broker, two)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from mop.broker import ProducerAccess, ProducerBusy, ProducerFenced, Sequenced, id_before
+from mop.broker import Sequenced, id_before
 from mop.broker.producers import ProducerRegistry
 from mop.broker.storage import MemoryStorage
 from mop.message import Message, MessageId
+from mop.messaging import ProducerAccess, ProducerBusy, ProducerFenced
 
-from .support import msg, new_broker, payloads, take_all, topic
+from .support import msg, new_broker, payloads, subscribe, take_all, topic
 
 T = topic("t")
 
@@ -37,15 +38,15 @@ def test_id_before() -> None:
 
 async def test_a_new_subscription_can_start_at_an_id() -> None:
     broker = new_broker()
-    await broker.subscribe("keeper", [T])
+    await subscribe(broker, "keeper", [T])
     ids = await publish_times(broker, 1, 2, 3)
-    att = await broker.subscribe("s", [T], start_at=ids[1], durable=False)
+    att = await subscribe(broker, "s", [T], start_at=ids[1], durable=False)
     assert payloads(take_all(broker, att)) == ["m2", "m3"]
 
 
 async def test_reset_to_an_id_forgets_later_acks_and_withdraws_deliveries() -> None:
     broker = new_broker()
-    att = await broker.subscribe("s", [T])
+    att = await subscribe(broker, "s", [T])
     ids = await publish_times(broker, 1, 2, 3)
     broker.ack(att, take_all(broker, att))
     await broker.reset(att.sub, T, message_id=ids[1])
@@ -58,7 +59,7 @@ async def test_reset_to_an_id_forgets_later_acks_and_withdraws_deliveries() -> N
 
 async def test_reset_by_publish_time() -> None:
     broker = new_broker()
-    att = await broker.subscribe("s", [T])
+    att = await subscribe(broker, "s", [T])
     await publish_times(broker, 10, 20, 30)
     take_all(broker, att)
     await broker.reset(att.sub, T, publish_time=15)
@@ -70,21 +71,21 @@ async def test_reset_by_publish_time() -> None:
 async def test_a_reset_survives_a_restart_for_durable_subscriptions() -> None:
     storage = MemoryStorage()
     broker = new_broker(storage)
-    att = await broker.subscribe("s", [T])
+    att = await subscribe(broker, "s", [T])
     ids = await publish_times(broker, 1, 2, 3)
     broker.ack(att, take_all(broker, att))
     await broker.reset(att.sub, T, message_id=ids[2])
     broker.close(att)
     restarted = new_broker(storage)
     await restarted.recover()
-    again = await restarted.subscribe("s", [T])
+    again = await subscribe(restarted, "s", [T])
     assert payloads(take_all(restarted, again)) == ["m3"]
 
 
 async def test_position_reports_the_last_batch_message_and_the_mark() -> None:
     storage = MemoryStorage()
     broker = new_broker(storage)
-    att = await broker.subscribe("s", [T])
+    att = await subscribe(broker, "s", [T])
     assert await broker.position(att.sub, T) == (None, None)
     first = (await broker.publish(T, msg("x"))).message_id
     entry = (await broker.publish(T, Message(b"", batch=(Message(b"a"), Message(b"b"))))).message_id
@@ -93,7 +94,7 @@ async def test_position_reports_the_last_batch_message_and_the_mark() -> None:
     assert (last, mark) == (MessageId(entry.ledger, entry.entry, 1), first)
     restarted = new_broker(storage)  # the batch size is read back from storage
     await restarted.recover()
-    again = await restarted.subscribe("s", [T])
+    again = await subscribe(restarted, "s", [T])
     assert (await restarted.position(again.sub, T))[0] == MessageId(entry.ledger, entry.entry, 1)
 
 
@@ -101,7 +102,7 @@ async def test_topics_of_a_namespace() -> None:
     broker = new_broker()
     await broker.publish(T, msg("x"))
     await broker.publish("persistent://public/other/y", msg("y"))
-    await broker.subscribe("np", ["non-persistent://public/default/z"], durable=False)
+    await subscribe(broker, "np", ["non-persistent://public/default/z"], durable=False)
     assert sorted(broker.topics("public/default")) == [
         "non-persistent://public/default/z", T
     ]
@@ -164,7 +165,7 @@ def test_fencing_takes_the_topic_and_keeps_the_fenced_out() -> None:
 async def test_duplicates_are_dropped_and_named_sequences_survive_a_restart() -> None:
     storage = MemoryStorage()
     broker = new_broker(storage)
-    att = await broker.subscribe("s", [T])
+    att = await subscribe(broker, "s", [T])
     named = Sequenced("app", 0, 0, durable=True)
     await broker.publish(T, msg("0"), sequence=named)
     await broker.publish(T, msg("1-3"), sequence=Sequenced("app", 1, 3, durable=True))

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from mop.broker import ConsumerOptions
 from mop.broker.storage import MemoryStorage, StorageFull
 from mop.message import Message
 
-from .support import msg, new_broker, payloads, take_all, topic
+from .support import msg, new_broker, payloads, subscribe, take_all, topic
 
 
 async def test_messages_are_routed_in_order_with_consecutive_ids() -> None:
     broker = new_broker()
-    exact = await broker.subscribe("exact", ["a/1"])
-    wildcard = await broker.subscribe("wild", ["a/+"], options=ConsumerOptions(ack_qos0=True))
+    exact = await subscribe(broker, "exact", ["a/1"])
+    wildcard = await subscribe(broker, "wild", ["a/+"], auto_ack_qos0=True)
     await broker.publish(topic("a/1"), msg("first"))
     ids, count = broker.store_many(topic("a/1"), [msg(str(n), qos=n % 2) for n in range(5)])
     assert count == 2
@@ -29,7 +28,7 @@ async def test_messages_are_routed_in_order_with_consecutive_ids() -> None:
 
 async def test_a_new_topic_is_created_and_joins_matching_subscriptions() -> None:
     broker = new_broker()
-    att = await broker.subscribe("wild", ["b/#"])
+    att = await subscribe(broker, "wild", ["b/#"])
     ids, count = broker.store_many(topic("b/new"), [msg("x"), msg("y")])
     assert count == 1 and len(ids) == 2
     assert payloads(take_all(broker, att)) == ["x", "y"]
@@ -47,7 +46,7 @@ async def test_without_subscriptions_the_messages_are_kept_for_trimming() -> Non
 async def test_storage_refusing_the_batch_stores_none_of_it() -> None:
     storage = MemoryStorage(max_bytes=10)
     broker = new_broker(storage)
-    att = await broker.subscribe("s", ["d"])
+    att = await subscribe(broker, "s", ["d"])
     with pytest.raises(StorageFull):
         broker.store_many(topic("d"), [msg("12345"), msg("67890"), msg("x")])
     assert take_all(broker, att) == []
@@ -61,7 +60,7 @@ async def test_storage_refusing_the_batch_stores_none_of_it() -> None:
 async def test_non_persistent_topics_get_ids_without_storage() -> None:
     broker = new_broker()
     name = "non-persistent://public/default/np"
-    att = await broker.subscribe("s", [name])
+    att = await subscribe(broker, "s", [name])
     ids, count = broker.store_many(name, [Message(b"1"), Message(b"2"), Message(b"3")])
     assert count == 1
     assert [i.entry for i in ids] == [0, 1, 2]

@@ -6,14 +6,14 @@ from __future__ import annotations
 from mop.broker.storage import MemoryStorage
 from mop.message import Message, MessageId
 
-from .support import msg, new_broker, payloads, take_all, topic
+from .support import msg, new_broker, payloads, subscribe, take_all, topic
 
 T = topic("trimmed")
 
 
 async def test_the_last_message_of_a_fully_acknowledged_and_trimmed_topic_is_none() -> None:
     broker = new_broker()
-    att = await broker.subscribe("s", [T])
+    att = await subscribe(broker, "s", [T])
     ids = [(await broker.publish(T, msg(str(i)))).message_id for i in range(3)]
     assert (await broker.position(att.sub, T)) == (ids[-1], None)
     broker.ack(att, take_all(broker, att))
@@ -25,7 +25,7 @@ async def test_the_last_message_of_a_fully_acknowledged_and_trimmed_topic_is_non
 async def test_a_topic_trimmed_behind_the_brokers_back_has_no_last_message() -> None:
     storage = MemoryStorage()
     broker = new_broker(storage)
-    att = await broker.subscribe("s", [T])
+    att = await subscribe(broker, "s", [T])
     last = (await broker.publish(T, msg("kept by nobody"))).message_id
     storage.trim(T, last)  # as retention does, whatever the cursors say
     assert (await broker.position(att.sub, T))[0] is None
@@ -33,7 +33,7 @@ async def test_a_topic_trimmed_behind_the_brokers_back_has_no_last_message() -> 
 
 async def test_a_message_after_the_trim_is_the_last_one_again() -> None:
     broker = new_broker()
-    att = await broker.subscribe("s", [T])
+    att = await subscribe(broker, "s", [T])
     await broker.publish(T, msg("old"))
     broker.ack(att, take_all(broker, att))
     broker.trim_acknowledged()
@@ -47,7 +47,7 @@ async def test_a_message_after_the_trim_is_the_last_one_again() -> None:
 async def test_a_partly_trimmed_topic_keeps_its_last_message() -> None:
     storage = MemoryStorage()
     broker = new_broker(storage)
-    att = await broker.subscribe("s", [T])
+    att = await subscribe(broker, "s", [T])
     ids = [(await broker.publish(T, msg(str(i)))).message_id for i in range(3)]
     storage.trim(T, ids[1])
     assert (await broker.position(att.sub, T))[0] == ids[2]
