@@ -106,9 +106,8 @@ class SubscriptionSpec:
     consumer_name: str = ""
     # At most once for messages with `qos` 0: they count as acknowledged as soon as `receive`
     # returns them, so the consumer does not acknowledge them and they are never delivered
-    # again. A backend that does this itself (cheaper than acknowledging) has a true
-    # `auto_acks_qos0` attribute; for any other the processor acknowledges them right after
-    # `receive` (`mop.processor.at_most_once`).
+    # again (by the backend itself, or by the processor for a backend that does not: see
+    # `mop.processor.BackendCapabilities.auto_acks_qos0`).
     auto_ack_qos0: bool = False
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import trio
@@ -30,7 +30,8 @@ from mop.messaging import (
 
 # The shared words of `mop.messaging` are part of this contract: importable from here too.
 __all__ = [
-    "Backend", "BackendError", "BatchPublisher", "ClientLease", "Consumer", "ConsumerClosed",
+    "Backend", "BackendCapabilities", "BackendError", "BatchPublisher", "ClientLease", "Consumer",
+    "ConsumerClosed",
     "CursorPosition", "FenceNotifier", "Producer", "ProducerAccess", "ProducerBusy",
     "ProducerFenced", "ProducerSpec", "PublishResult", "QuotaExceeded", "Role", "StartPosition",
     "SubscriptionKind", "SubscriptionSpec", "Table",
@@ -206,10 +207,10 @@ class ClientLease(Protocol):
     async def release(self) -> None: ...
 
 
-@runtime_checkable
 class FenceNotifier(Protocol):
-    """An optional capability of a ClientLease: a callback instead of a task waiting in
-    `wait_fenced`, so that a connection that is never taken over holds no task for it."""
+    """An optional capability of a ClientLease (`BackendCapabilities.fence_callbacks`): a
+    callback instead of a task waiting in `wait_fenced`, so that a connection that is never
+    taken over holds no task for it."""
 
     def on_fenced(self, callback: Callable[[], None]) -> None:
         """Call `callback` once, on the event loop's thread, when the lease is fenced (at
@@ -257,7 +258,29 @@ class Role(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class BackendCapabilities:
+    """What a backend does beyond the required methods of `Backend`: each backend declares
+    its own once, as its `capabilities` attribute, and callers ask nothing else."""
+
+    # It has `publish_batch` (see `BatchPublisher`); without it the processor calls
+    # `Backend.publish` once per message.
+    publish_batch: bool = False
+    # It does `SubscriptionSpec.auto_ack_qos0` itself (cheaper than acknowledging); for any
+    # other backend the processor acknowledges those messages right after `receive`
+    # (`mop.processor.at_most_once`).
+    auto_acks_qos0: bool = False
+    # Its leases call back when fenced (see `FenceNotifier`); without it a caller waits in
+    # `ClientLease.wait_fenced`.
+    fence_callbacks: bool = False
+
+
 class Backend(Protocol):
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        """What this backend does beyond the methods below (see `BackendCapabilities`)."""
+        ...
+
     async def serve(self, *, task_status: trio.TaskStatus[None]) -> None:
         """Connect or recover, report readiness, then run background work until `aclose()`."""
         ...
@@ -299,11 +322,10 @@ class Backend(Protocol):
     async def aclose(self) -> None: ...
 
 
-@runtime_checkable
 class BatchPublisher(Protocol):
-    """An optional capability of a Backend: publish several messages with one wait for
-    durability (one group commit) instead of one wait each. The processor falls back to
-    `Backend.publish` per message for a backend without it."""
+    """An optional capability of a Backend (`BackendCapabilities.publish_batch`): publish
+    several messages with one wait for durability (one group commit) instead of one wait each.
+    The processor falls back to `Backend.publish` per message for a backend without it."""
 
     async def publish_batch(
         self, items: Sequence[tuple[str, Message]]

@@ -28,6 +28,7 @@ from mop.broker.ownership import Ownership
 from mop.broker.storage import Storage, StorageError
 from mop.message import Message
 from mop.processor.backend import (
+    BackendCapabilities,
     BackendError,
     ProducerSpec,
     PublishResult,
@@ -57,7 +58,9 @@ class LocalBackend:
     redelivery and trimming until `aclose()`."""
 
     # `SubscriptionSpec.auto_ack_qos0` is done by the broker, as messages are taken.
-    auto_acks_qos0 = True
+    capabilities = BackendCapabilities(
+        publish_batch=True, auto_acks_qos0=True, fence_callbacks=True
+    )
 
     def __init__(
         self,

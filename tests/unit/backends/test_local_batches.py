@@ -14,11 +14,10 @@ from mop.backends.local import LocalBackend, open_local_backend
 from mop.broker.storage import MemoryStorage, StorageError
 from mop.message import Message
 from mop.processor import (
+    BackendCapabilities,
     BackendError,
-    BatchPublisher,
     ClientContext,
     Consumer,
-    FenceNotifier,
     MessagingProcessor,
     PublishResult,
     QuotaExceeded,
@@ -56,7 +55,7 @@ def kinds(results: list[PublishResult | BackendError]) -> list[str]:
 
 
 async def test_batch_is_routed_in_order_with_one_sync(backend: LocalBackend) -> None:
-    assert isinstance(backend, BatchPublisher)
+    assert backend.capabilities.publish_batch
     consumer = await backend.subscribe(SubscriptionSpec("s", frozenset(["a"])))
     storage = backend.storage
     assert isinstance(storage, MemoryStorage)
@@ -99,6 +98,8 @@ async def test_a_failed_write_fails_every_item_that_waited_for_it(backend: Local
 
 class PlainBackend:
     """Only `publish` of the contract: what the processor needs for its fallback."""
+
+    capabilities = BackendCapabilities()
 
     def __init__(self, backend: LocalBackend) -> None:
         self.inner = backend
@@ -146,6 +147,8 @@ class NoAutoAck:
     """A backend that leaves `auto_ack_qos0` to the processor (it asks the broker for
     consumers that do not acknowledge anything themselves)."""
 
+    capabilities = BackendCapabilities()
+
     def __init__(self, backend: LocalBackend) -> None:
         self.inner = backend
 
@@ -173,7 +176,7 @@ async def test_processor_acknowledges_qos0_for_a_backend_that_does_not(
 async def test_fencing_calls_back_once(backend: LocalBackend) -> None:
     calls: list[str] = []
     first = await backend.open_client("dev")
-    assert isinstance(first, FenceNotifier)
+    assert backend.capabilities.fence_callbacks
     first.on_fenced(lambda: calls.append("first"))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(backend.open_client, "dev")
@@ -188,7 +191,7 @@ async def test_fencing_calls_back_once(backend: LocalBackend) -> None:
 async def test_a_released_lease_never_calls_back(backend: LocalBackend) -> None:
     calls: list[str] = []
     lease = await backend.open_client("dev")
-    assert isinstance(lease, FenceNotifier)
+    assert backend.capabilities.fence_callbacks
     lease.on_fenced(lambda: calls.append("fenced"))
     await lease.release()
     await backend.open_client("dev")
