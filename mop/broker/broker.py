@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from enum import Enum
 
 from mop.broker.compaction import CompactedTopics
+from mop.broker.cursor import Cursor, Entry
 from mop.broker.delays import DelayQueue
+from mop.broker.dispatch import Attachment
 from mop.broker.errors import ConsumerBusy
 from mop.broker.grace import UnsubscribedGrace
 from mop.broker.positions import (
@@ -24,13 +26,8 @@ from mop.broker.positions import (
 )
 from mop.broker.producers import ProducerRegistry, SequenceBook, Sequenced
 from mop.broker.storage.api import CursorKey, CursorState, Storage
-from mop.broker.subscription import (
-    Attachment,
-    Bookkeeping,
-    Cursor,
-    Subscription,
-)
-from mop.broker.topic import NON_PERSISTENT, Entry, Topic, Topics
+from mop.broker.subscription import Bookkeeping, Subscription
+from mop.broker.topic import NON_PERSISTENT, Topic, Topics
 from mop.message import Delivery, Message, MessageId
 from mop.messaging import StartPosition, SubscriptionSpec
 from mop.topic_names import is_exact_selector

@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from mop.broker.topic import Entry
+from mop.broker.cursor import Entry
 from mop.message import MessageId
 from mop.messaging import SubscriptionKind, SubscriptionSpec
 
