@@ -24,8 +24,8 @@ from mop.broker import (
     BrokerError,
     BrokerStats,
 )
-from mop.broker.ownership import Ownership
 from mop.broker.storage import Storage, StorageError
+from mop.membership import Membership
 from mop.message import Message
 from mop.processor.backend import (
     BackendCapabilities,
@@ -49,6 +49,9 @@ if TYPE_CHECKING:
 
 __all__ = ["LocalBackend", "open_local_backend"]
 
+# What `lookup` answers when no membership is given.
+DEFAULT_URL = "pulsar://127.0.0.1:6650"
+
 # Messages a permit-based consumer may hold unacknowledged before dispatch to it pauses.
 MAX_UNACKED_PER_CONSUMER = 50_000
 
@@ -68,8 +71,7 @@ class LocalBackend:
         *,
         tenant: str = "public",
         namespace: str = "default",
-        advertised_url: str = "pulsar://127.0.0.1:6650",
-        members: Sequence[str] = (),
+        membership: Membership | None = None,
         receiver_queue: int = 1000,
         fence_timeout: float = 10.0,
         trim_interval: float = 1.0,
@@ -80,8 +82,7 @@ class LocalBackend:
             storage, tenant=tenant, namespace=namespace, unsubscribed_grace=unsubscribed_grace
         )
         # This broker's URL, and the members of its cluster (none or one: it owns every topic).
-        self.advertised_url = advertised_url
-        self.ownership = Ownership(members, advertised_url)
+        self.membership = membership or Membership((), DEFAULT_URL)
         self.receiver_queue = receiver_queue
         self.fence_timeout = fence_timeout
         self.trim_interval = trim_interval
@@ -284,10 +285,11 @@ class LocalBackend:
     async def lookup(self, topic: str) -> str:
         """The URL of the cluster member that owns `topic` (an MQTT or a full Pulsar name)."""
         await trio.lowlevel.checkpoint()
-        if not self.ownership.clustered:
-            return self.advertised_url
+        membership = self.membership
+        if not membership.clustered:
+            return membership.advertised_url
         broker = self.broker
-        return self.ownership.owner(
+        return membership.owner(
             mqtt_to_pulsar(topic, tenant=broker.tenant, namespace=broker.namespace)
         )
 
@@ -323,8 +325,7 @@ async def open_local_backend(
     *,
     tenant: str = "public",
     namespace: str = "default",
-    advertised_url: str = "pulsar://127.0.0.1:6650",
-    members: Sequence[str] = (),
+    membership: Membership | None = None,
     receiver_queue: int = 1000,
     fence_timeout: float = 10.0,
     trim_interval: float = 1.0,
@@ -335,8 +336,7 @@ async def open_local_backend(
         storage,
         tenant=tenant,
         namespace=namespace,
-        advertised_url=advertised_url,
-        members=members,
+        membership=membership,
         receiver_queue=receiver_queue,
         fence_timeout=fence_timeout,
         trim_interval=trim_interval,

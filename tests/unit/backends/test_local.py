@@ -10,6 +10,7 @@ import trio.testing
 
 from mop.backends.local import open_local_backend
 from mop.broker.storage import MemoryStorage
+from mop.membership import Membership
 from mop.message import Message
 from mop.processor.backend import (
     Backend,
@@ -274,7 +275,7 @@ async def test_lookup_stats_and_trimming(
     storage: MemoryStorage, autojump_clock: trio.abc.Clock
 ) -> None:
     async with open_local_backend(
-        storage, advertised_url="pulsar://node:6650", trim_interval=1.0
+        storage, membership=Membership((), "pulsar://node:6650"), trim_interval=1.0
     ) as backend:
         assert await backend.lookup(T("a")) == "pulsar://node:6650"
         consumer = await backend.subscribe(spec("c1", "a"))
