@@ -11,7 +11,7 @@ import trio
 
 from mop.broker.storage.durable import open_durable_storage
 from mop.message import Message
-from tests.unit.storage.conftest import small_settings
+from tests.unit.broker.storage.conftest import small_settings
 
 
 async def test_a_cancelled_sync_leaves_no_hole_in_the_log(tmp_path: Path) -> None:
