@@ -1,6 +1,7 @@
-"""Cumulative acknowledgement into a batch entry (the Pulsar client's batch-index ack) while
-the entry is not out with a consumer: the messages after the acknowledged index stay owed, and
-the acknowledged ones are left out when the entry is delivered again."""
+"""Cursors (`mop.broker.cursor`): cumulative acknowledgement into a batch entry (the Pulsar
+client's batch-index ack) while the entry is not out with a consumer: the messages after the
+acknowledged index stay owed, and the acknowledged ones are left out when the entry is
+delivered again."""
 
 from __future__ import annotations
 

@@ -1,16 +1,13 @@
 """Broker positions (start ids, resets by id and by publish time, the last id and the mark-delete
-position, topics of a namespace) and producers (access modes, fencing, sequence ids), with
-plain calls."""
+position, topics of a namespace), with plain calls; and the last readable message of a topic
+(what Pulsar's GET_LAST_MESSAGE_ID answers) once its messages are trimmed: acknowledged by every
+subscription, or dropped by retention."""
 
 from __future__ import annotations
 
-import pytest
-
-from mop.broker import Sequenced, id_before
-from mop.broker.producers import ProducerRegistry
+from mop.broker import id_before
 from mop.broker.storage import MemoryStorage
 from mop.message import Message, MessageId
-from mop.messaging import ProducerAccess, ProducerBusy, ProducerFenced
 
 from .support import msg, new_broker, payloads, subscribe, take_all, topic
 
@@ -112,69 +109,46 @@ async def test_topics_of_a_namespace() -> None:
 # -- producers ------------------------------------------------------------------------------
 
 
-def test_shared_producers_coexist_but_names_are_unique() -> None:
-    registry = ProducerRegistry()
-    registry.add(T, "a", ProducerAccess.SHARED)
-    registry.add(T, "b", ProducerAccess.SHARED)
-    with pytest.raises(ProducerBusy):
-        registry.add(T, "a", ProducerAccess.SHARED)
-    # The same producer reconnecting (a higher epoch) replaces its stale registration.
-    again = registry.add(T, "a", ProducerAccess.SHARED, epoch=1)
-    assert [h.name for h in registry.producers(T)] == ["b", "a"] and again.ready
+TRIMMED = topic("trimmed")
 
 
-def test_exclusive_producers() -> None:
-    registry = ProducerRegistry()
-    shared = registry.add(T, "s", ProducerAccess.SHARED)
-    with pytest.raises(ProducerBusy):
-        registry.add(T, "x", ProducerAccess.EXCLUSIVE)
-    registry.remove(shared)
-    exclusive = registry.add(T, "x", ProducerAccess.EXCLUSIVE)
-    assert exclusive.topic_epoch == 1
-    with pytest.raises(ProducerBusy):
-        registry.add(T, "s", ProducerAccess.SHARED)
+async def test_the_last_message_of_a_fully_acknowledged_and_trimmed_topic_is_none() -> None:
+    broker = new_broker()
+    att = await subscribe(broker, "s", [TRIMMED])
+    ids = [(await broker.publish(TRIMMED, msg(str(i)))).message_id for i in range(3)]
+    assert (await broker.position(att.sub, TRIMMED)) == (ids[-1], None)
+    broker.ack(att, take_all(broker, att))
+    assert broker.trim_acknowledged() == 1
+    # Nothing is left to read: an id here would have readers wait for a trimmed message.
+    assert (await broker.position(att.sub, TRIMMED)) == (None, ids[-1])
 
 
-def test_wait_for_exclusive_queues_until_the_topic_is_free() -> None:
-    registry = ProducerRegistry()
-    changes: list[str] = []
-    holder = registry.add(T, "holder", ProducerAccess.EXCLUSIVE)
-    waiter = registry.add(
-        T, "waiter", ProducerAccess.WAIT_FOR_EXCLUSIVE, on_change=lambda: changes.append("w")
-    )
-    assert not waiter.ready
-    registry.remove(holder)
-    assert waiter.ready and changes == ["w"]
-    assert waiter.topic_epoch is not None and holder.topic_epoch is not None
-    assert waiter.topic_epoch > holder.topic_epoch
-
-
-def test_fencing_takes_the_topic_and_keeps_the_fenced_out() -> None:
-    registry = ProducerRegistry()
-    fenced: list[str] = []
-    old = registry.add(
-        T, "old", ProducerAccess.EXCLUSIVE, on_change=lambda: fenced.append("old")
-    )
-    new = registry.add(T, "new", ProducerAccess.EXCLUSIVE_WITH_FENCING)
-    assert old.fenced and fenced == ["old"] and not new.fenced
-    # The old producer reconnects with the epoch it held: it stays fenced.
-    with pytest.raises(ProducerFenced):
-        registry.add(T, "old", ProducerAccess.EXCLUSIVE, epoch=1, topic_epoch=old.topic_epoch)
-
-
-async def test_duplicates_are_dropped_and_named_sequences_survive_a_restart() -> None:
+async def test_a_topic_trimmed_behind_the_brokers_back_has_no_last_message() -> None:
     storage = MemoryStorage()
     broker = new_broker(storage)
-    att = await subscribe(broker, "s", [T])
-    named = Sequenced("app", 0, 0, durable=True)
-    await broker.publish(T, msg("0"), sequence=named)
-    await broker.publish(T, msg("1-3"), sequence=Sequenced("app", 1, 3, durable=True))
-    dup = await broker.publish(T, msg("again"), sequence=Sequenced("app", 2, 2, durable=True))
-    assert dup.duplicate
-    assert broker.sequences.last(T, "app") == 3
-    await broker.publish(T, msg("x"), sequence=Sequenced("assigned", 0, 0))
-    assert payloads(take_all(broker, att)) == ["0", "1-3", "x"]
-    restarted = new_broker(storage)
-    await restarted.recover()
-    assert restarted.sequences.last(T, "app") == 3
-    assert restarted.sequences.last(T, "assigned") == -1  # broker-assigned names are not kept
+    att = await subscribe(broker, "s", [TRIMMED])
+    last = (await broker.publish(TRIMMED, msg("kept by nobody"))).message_id
+    storage.trim(TRIMMED, last)  # as retention does, whatever the cursors say
+    assert (await broker.position(att.sub, TRIMMED))[0] is None
+
+
+async def test_a_message_after_the_trim_is_the_last_one_again() -> None:
+    broker = new_broker()
+    att = await subscribe(broker, "s", [TRIMMED])
+    await broker.publish(TRIMMED, msg("old"))
+    broker.ack(att, take_all(broker, att))
+    broker.trim_acknowledged()
+    batch = Message(b"", batch=(Message(b"a"), Message(b"b")))
+    new = (await broker.publish(TRIMMED, batch)).message_id
+    last, _ = await broker.position(att.sub, TRIMMED)
+    assert last == MessageId(new.ledger, new.entry, 1)  # its last message in the batch
+    assert payloads(take_all(broker, att)) == ["a", "b"]
+
+
+async def test_a_partly_trimmed_topic_keeps_its_last_message() -> None:
+    storage = MemoryStorage()
+    broker = new_broker(storage)
+    att = await subscribe(broker, "s", [TRIMMED])
+    ids = [(await broker.publish(TRIMMED, msg(str(i)))).message_id for i in range(3)]
+    storage.trim(TRIMMED, ids[1])
+    assert (await broker.position(att.sub, TRIMMED))[0] == ids[2]
