@@ -18,9 +18,9 @@ from typing import NoReturn
 import trio
 
 from mop.backends.local import LocalBackend
-from mop.broker.ownership import Ownership
 from mop.broker.storage import StorageError, open_durable_storage
 from mop.exception_groups import leaves
+from mop.membership import Membership, MembershipError
 from mop.processor import Backend, BackendError, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
 from mop.settings import Settings
@@ -49,15 +49,22 @@ class Node:
 
 
 async def start_backend(
-    settings: Settings, nursery: trio.Nursery, *, tables: tuple[str, ...] = ()
+    settings: Settings,
+    nursery: trio.Nursery,
+    membership: Membership | None = None,
+    *,
+    tables: tuple[str, ...] = (),
 ) -> Backend:
     """The constructor switch: merged mode gets the colocated broker over durable storage in
     `data_dir`, separated mode remote brokers through lookup (with `tables`, those the
     protocol handlers read as they start, loaded before it returns). Background work runs in
-    `nursery`; the caller closes the backend with `aclose()`."""
+    `nursery`; the caller closes the backend with `aclose()`. `membership` is the node's
+    (made from `settings` when not given)."""
     if settings.mode == "separated":
         return await _start_cluster_backend(settings, nursery, tables)
-    advertised_url = _check_cluster(settings)
+    if membership is None:
+        membership = cluster_membership(settings)
+    _check_cluster(settings, membership)
     directory = Path(settings.data_dir) / "broker"
     try:
         storage = await open_durable_storage(directory, settings.storage)
@@ -68,8 +75,7 @@ async def start_backend(
         storage,
         tenant=settings.default_tenant,
         namespace=settings.default_namespace,
-        advertised_url=advertised_url,
-        members=settings.cluster.brokers,
+        membership=membership,
         unsubscribed_grace=settings.storage.unsubscribed_grace,
     )
     try:
@@ -82,38 +88,41 @@ async def start_backend(
     return backend
 
 
-def _check_cluster(settings: Settings) -> str:
-    """This broker's URL, once its cluster settings make sense: in a cluster of several
-    members it is one of them, and no MQTT adapter runs beside it (MQTT clients may use any
-    topic, and a broker must store only the topics it owns)."""
+def cluster_membership(settings: Settings) -> Membership:
+    """The node's cluster: `cluster.brokers`, and this broker's URL (`cluster.advertised_url`,
+    else its Pulsar listener)."""
     advertised = settings.cluster.advertised_url or (
         f"pulsar://{settings.pulsar.host}:{settings.pulsar.port}"
     )
-    ownership = Ownership(settings.cluster.brokers, advertised)
-    if not ownership.clustered:
-        return advertised
+    return Membership(settings.cluster.brokers, advertised)
+
+
+def _check_cluster(settings: Settings, membership: Membership) -> None:
+    """Refuse cluster settings that make no sense: in a cluster of several members this
+    broker is one of them, and no MQTT adapter runs beside it (MQTT clients may use any
+    topic, and a broker must store only the topics it owns)."""
+    if not membership.clustered:
+        return
     if "mqtt" in settings.protocols:
         raise StartupError(
             "mqtt on a broker of a multi-member cluster: put MQTT on separated proxies"
         )
-    if ownership.local not in ownership.members:
-        raise StartupError(
-            f"cluster.advertised_url {advertised!r} is not one of cluster.brokers"
-            " (set it to this broker's URL in that list)"
-        )
-    return advertised
+    try:
+        membership.check()
+    except MembershipError as exc:
+        raise StartupError(str(exc)) from None
 
 
-def _advertise_bound_port(backend: Backend, settings: Settings, bound: list[BoundListener]) -> None:
+def _advertise_bound_port(
+    membership: Membership, settings: Settings, bound: list[BoundListener]
+) -> None:
     """With pulsar.port = 0 and no advertised URL, the URL lookups answer has the port the
     Pulsar listener bound."""
-    if settings.cluster.advertised_url or settings.pulsar.port or not isinstance(
-        backend, LocalBackend
-    ):
+    if settings.cluster.advertised_url or settings.pulsar.port or settings.mode == "separated":
         return
     for entry in bound:
         if entry.spec.name == "pulsar" and entry.spec.kind == "tcp":
-            backend.advertised_url = f"pulsar://{settings.pulsar.host}:{entry.port}"
+            membership.advertise(f"pulsar://{settings.pulsar.host}:{entry.port}")
 
 
 async def _start_cluster_backend(
@@ -179,10 +188,11 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
     backend: Backend | None = None
     try:
         async with trio.open_nursery() as nursery:
+            membership = cluster_membership(settings)
             tables = tuple(name for h in handlers.values() for name in h.tables)
-            backend = await start_backend(settings, nursery, tables=tables)
+            backend = await start_backend(settings, nursery, membership, tables=tables)
             processor = MessagingProcessor(backend, max_connections=settings.limits.max_connections)
-            services = NodeServices(processor=processor, nursery=nursery)
+            services = NodeServices(processor=processor, nursery=nursery, membership=membership)
             for handler in handlers.values():
                 handler.initialize(settings)
                 log.debug("%s advertises %s", handler.name, handler.advertised_data())
@@ -191,7 +201,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
             bound: list[BoundListener] = []
             for handler in handlers.values():
                 bound.extend(await _serve(nursery, handler))
-            _advertise_bound_port(backend, settings, bound)
+            _advertise_bound_port(membership, settings, bound)
             for entry in bound:
                 log.info(
                     "%s listening on %s %s:%d",

@@ -49,6 +49,7 @@ from mop.backends.cluster_timing import Delays, now_ms
 from mop.exception_groups import leaves
 from mop.message import Message
 from mop.processor.backend import (
+    BackendCapabilities,
     BackendError,
     ProducerSpec,
     PublishResult,
@@ -101,6 +102,9 @@ class ClusterBackend:
     """The separated-mode backend. Run it with `await nursery.start(backend.serve)` (or use
     `open_cluster_backend`); `serve` loads the tables in `tables` (plus the backend's own),
     reports readiness and runs background work until `aclose()`."""
+
+    # Its leases are watched by a task (`wait_fenced`), and the processor does at most once.
+    capabilities = BackendCapabilities(publish_batch=True)
 
     def __init__(
         self,

@@ -1,5 +1,6 @@
 """The colocated broker of merged mode: topics, subscriptions with their cursors, dispatch, and
-the storage under them. Only `mop.backends.local` uses it."""
+the storage under them. `mop.backends.local` uses it, and `mop.node` opens its storage for that
+backend; no other module imports it (checked by import-linter)."""
 
 from mop.broker.broker import (
     BROKER_TABLE_PREFIX,
@@ -9,17 +10,15 @@ from mop.broker.broker import (
     BrokerStats,
     Published,
 )
-from mop.broker.dispatch import ConsumerOptions
+from mop.broker.dispatch import Attachment
 from mop.broker.errors import (
     BrokerError,
     ConsumerBusy,
-    ProducerBusy,
-    ProducerFenced,
     SubscriptionMismatch,
 )
 from mop.broker.positions import id_before
-from mop.broker.producers import ProducerAccess, ProducerHandle, Sequenced
-from mop.broker.subscription import Attachment, Subscription, SubscriptionType
+from mop.broker.producers import ProducerHandle, Sequenced
+from mop.broker.subscription import Subscription
 from mop.broker.topic import NON_PERSISTENT
 
 __all__ = [
@@ -32,15 +31,10 @@ __all__ = [
     "BrokerError",
     "BrokerStats",
     "ConsumerBusy",
-    "ConsumerOptions",
-    "ProducerAccess",
-    "ProducerBusy",
-    "ProducerFenced",
     "ProducerHandle",
     "Published",
     "Sequenced",
     "Subscription",
     "SubscriptionMismatch",
-    "SubscriptionType",
     "id_before",
 ]

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from enum import Enum
 
 from mop.broker.compaction import CompactedTopics
+from mop.broker.cursor import Cursor, Entry
 from mop.broker.delays import DelayQueue
-from mop.broker.dispatch import DEFAULT_OPTIONS, ConsumerOptions
+from mop.broker.dispatch import Attachment
 from mop.broker.errors import ConsumerBusy
 from mop.broker.grace import UnsubscribedGrace
 from mop.broker.positions import (
@@ -25,15 +26,10 @@ from mop.broker.positions import (
 )
 from mop.broker.producers import ProducerRegistry, SequenceBook, Sequenced
 from mop.broker.storage.api import CursorKey, CursorState, Storage
-from mop.broker.subscription import (
-    Attachment,
-    Bookkeeping,
-    Cursor,
-    Subscription,
-    SubscriptionType,
-)
-from mop.broker.topic import NON_PERSISTENT, Entry, Topic, Topics
+from mop.broker.subscription import Bookkeeping, Subscription
+from mop.broker.topic import NON_PERSISTENT, Topic, Topics
 from mop.message import Delivery, Message, MessageId
+from mop.messaging import StartPosition, SubscriptionSpec
 from mop.topic_names import is_exact_selector
 from mop.topics import SubscriptionTrie, matches
 
@@ -242,25 +238,20 @@ class Broker:
 
     async def subscribe(
         self,
-        name: str,
-        selectors: Iterable[str],
+        spec: SubscriptionSpec,
         *,
-        type: SubscriptionType = SubscriptionType.EXCLUSIVE,
-        durable: bool = True,
-        member: str = "",
-        max_backlog: int = 0,
-        earliest: bool = False,
-        start_at: MessageId | None = None,
         capacity: int = 1000,
         on_ready: Callable[[], None] | None = None,
-        options: ConsumerOptions = DEFAULT_OPTIONS,
+        on_active: Callable[[bool], None] | None = None,
     ) -> Attachment:
-        """Attach a consumer to subscription `name`, creating it or updating it to these
-        selectors and options. An existing subscription keeps its cursors (and so its backlog
-        and the messages its last consumer left unacknowledged, which come first).
+        """Attach a consumer to subscription `spec.name`, creating it or updating it to the
+        spec's selectors and options. An existing subscription keeps its cursors (and so its
+        backlog and the messages its last consumer left unacknowledged, which come first).
 
-        New cursors start after the last message, at the first stored one (`earliest`) or at
-        `start_at` (inclusive). See `Attachment` for the consumer's `options`."""
+        New cursors start after the last message, at the first stored one (`spec.start`) or at
+        `spec.start_at` (inclusive). See `Attachment` for `capacity` and the callbacks."""
+        name, type, member = spec.name, spec.kind, spec.member
+        durable, max_backlog = spec.durable, spec.max_backlog
         sub = self._subs.get(name)
         created = sub is None
         if sub is None:
@@ -276,11 +267,11 @@ class Broker:
                 self._books.changed.update(sub.cursors.values())  # saved by _flush below
             sub.durable = durable
             sub.max_backlog = max_backlog
-        wanted = set(selectors)
-        start = _Start.EARLIEST if earliest else _Start.LATEST
+        wanted = set(spec.selectors)
+        start = _Start.EARLIEST if spec.start is StartPosition.EARLIEST else _Start.LATEST
         mark = None
-        if start_at is not None:
-            start, mark = _Start.AT, id_before(start_at)
+        if spec.start_at is not None:
+            start, mark = _Start.AT, id_before(spec.start_at)
         loads: list[tuple[Cursor, CursorState | None]] = []
         try:
             for selector in [s for s in sub.selectors if s not in wanted]:
@@ -294,7 +285,7 @@ class Broker:
                 self._drop_subscription(sub)
             raise
         sub.members.add(member)
-        att = sub.attach(Attachment(sub, member, next(self._seq), capacity, on_ready, options))
+        att = sub.attach(Attachment(sub, spec, next(self._seq), capacity, on_ready, on_active))
         self._persist(sub)
         self._flush()
         try:

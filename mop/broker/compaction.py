@@ -17,9 +17,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from mop.broker.cursor import Entry
 from mop.broker.storage.api import Storage
 from mop.broker.storage.records import decode_message, encode_message
-from mop.broker.topic import Entry
 from mop.message import Message, MessageId
 
 __all__ = [

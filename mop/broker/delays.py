@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import TYPE_CHECKING
 
-from mop.broker.topic import Entry
-
-if TYPE_CHECKING:
-    from mop.broker.subscription import Cursor
+from mop.broker.cursor import Cursor, Entry
 
 __all__ = ["DelayQueue"]
 

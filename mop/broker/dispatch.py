@@ -7,42 +7,18 @@ from __future__ import annotations
 import zlib
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from mop.broker.topic import Entry
+from mop.broker.cursor import Entry
 from mop.message import MessageId
+from mop.messaging import SubscriptionKind, SubscriptionSpec
 
 if TYPE_CHECKING:
     from mop.broker.subscription import Subscription
 
-__all__ = [
-    "DEFAULT_OPTIONS", "PICKERS", "Attachment", "ConsumerOptions", "Picker", "SubscriptionType",
-]
+__all__ = ["PICKERS", "Attachment", "Picker"]
 
 _MASK64 = (1 << 64) - 1
-
-
-class SubscriptionType(StrEnum):
-    EXCLUSIVE = "exclusive"
-    SHARED = "shared"
-    FAILOVER = "failover"
-    KEY_SHARED = "key_shared"
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerOptions:
-    """How a consumer takes messages, beyond its receiver queue (see `Attachment`)."""
-
-    credit: bool = False
-    whole_batches: bool = False
-    rank: tuple[int, str] = (0, "")
-    on_active: Callable[[bool], None] | None = None
-    ack_qos0: bool = False
-
-
-DEFAULT_OPTIONS = ConsumerOptions()
 
 
 class Attachment:
@@ -79,24 +55,24 @@ class Attachment:
     def __init__(
         self,
         sub: Subscription,
-        member: str,
+        spec: SubscriptionSpec,
         seq: int,
         capacity: int,
         on_ready: Callable[[], None] | None,
-        options: ConsumerOptions = DEFAULT_OPTIONS,
+        on_active: Callable[[bool], None] | None = None,
     ) -> None:
         self.sub = sub
-        self.member = member
+        self.member = member = spec.member
         self.seq = seq
         self.ident = member or f"#{seq}"
         self.seed = zlib.crc32(self.ident.encode("utf-8", "surrogatepass"))
         self.capacity = capacity
-        self.credit = 0 if options.credit else None
-        self.whole_batches = options.whole_batches
-        self.rank = options.rank
+        self.credit = 0 if spec.permits else None
+        self.whole_batches = spec.whole_batches
+        self.rank = (spec.priority, spec.consumer_name)
         self.on_ready = on_ready
-        self.on_active = options.on_active
-        self.ack_qos0 = options.ack_qos0
+        self.on_active = on_active
+        self.ack_qos0 = spec.auto_ack_qos0
         self.active = False
         self.queue: deque[Entry] = deque()
         self.unacked: dict[tuple[str, MessageId], Entry] = {}
@@ -178,9 +154,9 @@ def _pick_by_key(sub: Subscription, entry: Entry) -> Attachment | None:
     return best if best.space > 0 else None
 
 
-PICKERS: dict[SubscriptionType, Picker] = {
-    SubscriptionType.EXCLUSIVE: _pick_first,
-    SubscriptionType.FAILOVER: _pick_first,
-    SubscriptionType.SHARED: _pick_round_robin,
-    SubscriptionType.KEY_SHARED: _pick_by_key,
+PICKERS: dict[SubscriptionKind, Picker] = {
+    SubscriptionKind.EXCLUSIVE: _pick_first,
+    SubscriptionKind.FAILOVER: _pick_first,
+    SubscriptionKind.SHARED: _pick_round_robin,
+    SubscriptionKind.KEY_SHARED: _pick_by_key,
 }

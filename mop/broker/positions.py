@@ -4,8 +4,9 @@ the last message still readable, and how far acknowledged data can be trimmed.
 
 from __future__ import annotations
 
+from mop.broker.cursor import Entry
 from mop.broker.storage.api import Storage
-from mop.broker.topic import Entry, Topic
+from mop.broker.topic import Topic
 from mop.message import MessageId
 
 __all__ = ["id_before", "last_message", "mark_for_time", "read_backlog", "trim_point"]

@@ -8,18 +8,10 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from enum import StrEnum
 
-from mop.broker.errors import ProducerBusy, ProducerFenced
+from mop.messaging import ProducerAccess, ProducerBusy, ProducerFenced
 
-__all__ = ["ProducerAccess", "ProducerHandle", "ProducerRegistry", "SequenceBook", "Sequenced"]
-
-
-class ProducerAccess(StrEnum):
-    SHARED = "shared"
-    EXCLUSIVE = "exclusive"
-    WAIT_FOR_EXCLUSIVE = "wait_for_exclusive"
-    EXCLUSIVE_WITH_FENCING = "exclusive_with_fencing"
+__all__ = ["ProducerHandle", "ProducerRegistry", "SequenceBook", "Sequenced"]
 
 
 class ProducerHandle:

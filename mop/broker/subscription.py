@@ -9,14 +9,15 @@ import json
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from mop.broker.cursor import Cursor, Entry
 from mop.broker.delays import DelayQueue
-from mop.broker.dispatch import PICKERS, Attachment, SubscriptionType
+from mop.broker.dispatch import PICKERS, Attachment
 from mop.broker.errors import ConsumerBusy, SubscriptionMismatch
-from mop.broker.storage.api import CursorState
-from mop.broker.topic import Entry, Topic
+from mop.broker.topic import Topic
 from mop.message import Delivery, MessageId
+from mop.messaging import SubscriptionKind
 
-__all__ = ["Attachment", "Bookkeeping", "Cursor", "Subscription", "SubscriptionType"]
+__all__ = ["Bookkeeping", "Subscription"]
 
 
 class Bookkeeping:
@@ -37,93 +38,6 @@ class Bookkeeping:
 
 def _by_id(entry: Entry) -> MessageId:
     return entry.message_id
-
-
-class Cursor:
-    """One subscription on one topic: what it acknowledged, and the messages it still waits
-    to dispatch (`backlog`, in id order)."""
-
-    __slots__ = (
-        "acked",
-        "attached",
-        "backlog",
-        "ids",
-        "in_ready",
-        "loading",
-        "mark_delete",
-        "partial",
-        "qos0",
-        "redeliveries",
-        "returned",
-        "sub",
-        "topic",
-    )
-
-    def __init__(self, sub: Subscription, topic: Topic, mark_delete: MessageId | None) -> None:
-        self.sub = sub
-        self.topic = topic
-        self.mark_delete = mark_delete
-        # Every id after mark_delete routed to this cursor and not yet folded into it, in
-        # order; `acked` holds those among them acknowledged out of order.
-        self.ids: deque[MessageId] = deque()
-        self.acked: set[MessageId] = set()
-        self.backlog: deque[Entry] = deque()
-        self.redeliveries: dict[MessageId, int] = {}
-        # Batch entries acknowledged in part: entry id -> bit set of the acknowledged indexes.
-        # Kept in memory only: after a restart the whole batch is owed again.
-        self.partial: dict[MessageId, int] = {}
-        self.qos0 = 0  # qos-0 entries in the backlog, so a full backlog knows if it can evict
-        self.returned = 0  # entries at the front of the backlog that came back from consumers
-        self.in_ready = False
-        # While the backlog is being read from storage, new messages queue up behind it.
-        self.loading = False
-        self.attached = True
-
-    def __repr__(self) -> str:
-        return f"Cursor({self.sub.name!r}, {self.topic.name!r})"
-
-    def ack(self, message_id: MessageId) -> None:
-        if self.redeliveries:
-            self.redeliveries.pop(message_id, None)
-        if self.partial:
-            self.partial.pop(message_id, None)
-        ids = self.ids
-        # Usually the very object routed to the cursor: identity first, then equality.
-        if ids and (ids[0] is message_id or ids[0] == message_id):
-            ids.popleft()
-            self.mark_delete = message_id
-            self.settle()
-        elif self.mark_delete is None or message_id > self.mark_delete:
-            self.acked.add(message_id)
-        self.sub.books.changed.add(self)
-
-    def is_acked(self, message_id: MessageId) -> bool:
-        mark = self.mark_delete
-        return (mark is not None and message_id <= mark) or message_id in self.acked
-
-    def ack_member(self, entry: Entry, index: int) -> bool:
-        """Acknowledge one message of a batch entry; True when that completes the entry."""
-        size = len(entry.message.batch)
-        if not 0 <= index < size:
-            return False
-        bits = self.partial.get(entry.message_id, 0) | (1 << index)
-        if bits == (1 << size) - 1:
-            self.ack(entry.message_id)
-            return True
-        self.partial[entry.message_id] = bits
-        return False
-
-    def settle(self) -> None:
-        """Fold acknowledged ids at the front into `mark_delete`."""
-        acked = self.acked
-        ids = self.ids
-        while acked and ids and ids[0] in acked:
-            message_id = ids.popleft()
-            acked.discard(message_id)
-            self.mark_delete = message_id
-
-    def state(self) -> CursorState:
-        return CursorState(self.mark_delete, frozenset(self.acked))
 
 
 class Subscription:
@@ -155,7 +69,7 @@ class Subscription:
     def __init__(
         self,
         name: str,
-        type: SubscriptionType,
+        type: SubscriptionKind,
         *,
         durable: bool,
         max_backlog: int,
@@ -175,19 +89,19 @@ class Subscription:
         self.rr = 0
         self._pick = PICKERS[type]
         # Shared subscriptions hold a message back until its `deliver_at`; the others do not.
-        self.holds = type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED)
+        self.holds = type in (SubscriptionKind.SHARED, SubscriptionKind.KEY_SHARED)
 
     def __repr__(self) -> str:
         return f"Subscription({self.name!r}, {self.type.value})"
 
-    def admit(self, type: SubscriptionType, member: str) -> None:
+    def admit(self, type: SubscriptionKind, member: str) -> None:
         """Check that one more consumer of `type` (and `member`) may attach."""
         if self.type is not type:
             raise SubscriptionMismatch(
                 f"subscription {self.name!r} is {self.type.value}, not {type.value}"
             )
         if self.attachments and (
-            type is SubscriptionType.EXCLUSIVE
+            type is SubscriptionKind.EXCLUSIVE
             or (member and any(att.member == member for att in self.attachments))
         ):
             who = f"member {member!r} of " if member else ""
@@ -210,7 +124,7 @@ class Subscription:
         record = json.loads(raw)
         sub = cls(
             name,
-            SubscriptionType(record["type"]),
+            SubscriptionKind(record["type"]),
             durable=True,
             max_backlog=int(record["max_backlog"]),
             books=books,
@@ -302,7 +216,7 @@ class Subscription:
             entry = backlog[0]
             att = pick(self, entry)
             if att is None:
-                if self.type is not SubscriptionType.KEY_SHARED:
+                if self.type is not SubscriptionKind.KEY_SHARED:
                     break  # every consumer is full
                 # This topic waits for its key's consumer; other topics may still move.
                 blocked.append((lane, lane.popleft()))
@@ -377,7 +291,7 @@ class Subscription:
         return att
 
     def _update_active(self) -> None:
-        if self.type is not SubscriptionType.FAILOVER:
+        if self.type is not SubscriptionKind.FAILOVER:
             return
         first = self.attachments[0] if self.attachments else None
         for att in self.attachments:

@@ -1,41 +1,21 @@
 """Topics as the broker holds them: a name, its MQTT form, its last id and the cursors of the
-subscriptions attached to it. `Entry` is a stored message as it travels through dispatch.
+subscriptions attached to it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mop.message import Delivery, Message, MessageId
+from mop.message import MessageId
 from mop.topic_names import is_exact_selector, mqtt_to_pulsar, pulsar_to_mqtt
 from mop.topics import TopicTree
 
 if TYPE_CHECKING:
-    from mop.broker.subscription import Cursor
+    from mop.broker.cursor import Cursor
 
-__all__ = ["NON_PERSISTENT", "Entry", "Topic", "Topics"]
+__all__ = ["NON_PERSISTENT", "Topic", "Topics"]
 
 NON_PERSISTENT = "non-persistent://"
-
-
-class Entry:
-    """One message of one topic; created once per publish and shared by every subscription.
-
-    `delivery` is the message as first delivered (made by the first consumer that takes it):
-    a delivery is immutable, so every other consumer that takes the message for the first
-    time is handed the same object instead of a copy of its own.
-    """
-
-    __slots__ = ("delivery", "message", "message_id", "topic")
-
-    def __init__(self, topic: str, message_id: MessageId, message: Message) -> None:
-        self.topic = topic
-        self.message_id = message_id
-        self.message = message
-        self.delivery: Delivery | None = None
-
-    def __repr__(self) -> str:
-        return f"Entry({self.topic!r}, {self.message_id!r})"
 
 
 class Topic:

@@ -2,6 +2,7 @@
 
 from mop.processor.backend import (
     Backend,
+    BackendCapabilities,
     BackendError,
     BatchPublisher,
     ClientLease,
@@ -30,7 +31,8 @@ from mop.processor.processor import (
 )
 
 __all__ = [
-    "Backend", "BackendError", "BatchPublisher", "ClientContext", "ClientLease",
+    "Backend", "BackendCapabilities", "BackendError", "BatchPublisher", "ClientContext",
+    "ClientLease",
     "ConnectionLimitReached", "Consumer", "ConsumerClosed", "CountedProducer", "CursorPosition",
     "FenceNotifier", "MessagingProcessor",
     "ProcessorStats", "Producer", "ProducerAccess", "ProducerBusy", "ProducerFenced",

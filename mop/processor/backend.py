@@ -10,122 +10,36 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import trio
 
 from mop.message import Delivery, Message, MessageId, value
+from mop.messaging import (
+    BackendError,
+    ProducerAccess,
+    ProducerBusy,
+    ProducerFenced,
+    ProducerSpec,
+    QuotaExceeded,
+    StartPosition,
+    SubscriptionKind,
+    SubscriptionSpec,
+)
 
-
-class SubscriptionKind(StrEnum):
-    EXCLUSIVE = "exclusive"
-    SHARED = "shared"
-    FAILOVER = "failover"
-    KEY_SHARED = "key_shared"
-
-
-class StartPosition(StrEnum):
-    LATEST = "latest"
-    EARLIEST = "earliest"
-
-
-class ProducerAccess(StrEnum):
-    """Who else may produce on a topic while a producer is there."""
-
-    SHARED = "shared"  # anyone but an exclusive producer
-    EXCLUSIVE = "exclusive"  # no one: refused when the topic has producers
-    WAIT_FOR_EXCLUSIVE = "wait_for_exclusive"  # no one: waits until the topic is free
-    EXCLUSIVE_WITH_FENCING = "exclusive_with_fencing"  # no one: takes over, fencing the others
-
-
-class BackendError(Exception):
-    """A backend could not do what was asked; `reason` is a short machine-readable cause."""
-
-    def __init__(self, message: str, *, reason: str = "unspecified") -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class QuotaExceeded(BackendError):
-    """Storage or a configured quota refuses more data (disk full, backlog quota, ...)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, reason="quota_exceeded")
-
-
-class ProducerBusy(BackendError):
-    """The producer name is taken, or the topic's producers leave no room for this one."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, reason="producer_busy")
-
-
-class ProducerFenced(BackendError):
-    """Another producer took the topic over (exclusive with fencing); this one may not return."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, reason="producer_fenced")
+# The shared words of `mop.messaging` are part of this contract: importable from here too.
+__all__ = [
+    "Backend", "BackendCapabilities", "BackendError", "BatchPublisher", "ClientLease", "Consumer",
+    "ConsumerClosed",
+    "CursorPosition", "FenceNotifier", "Producer", "ProducerAccess", "ProducerBusy",
+    "ProducerFenced", "ProducerSpec", "PublishResult", "QuotaExceeded", "Role", "StartPosition",
+    "SubscriptionKind", "SubscriptionSpec", "Table",
+]
 
 
 class ConsumerClosed(Exception):
     """The consumer was closed (by its owner, by unsubscribe, or because the backend stopped)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SubscriptionSpec:
-    """What a consumer asks for.
-
-    `name` is the subscription (an MQTT client id, a share group, a Pulsar subscription name);
-    `member` identifies this consumer among the members of a shared subscription, so that a
-    durable member that goes offline keeps its place until it unsubscribes. A durable
-    subscription keeps its cursors and keeps collecting messages while no consumer is attached;
-    a non-durable one is deleted when its consumer closes. `max_backlog` bounds the messages
-    kept for the subscription on each topic (0 = unbounded): past it the oldest qos-0 message is
-    dropped first, otherwise the new message is dropped for this subscription.
-    """
-
-    name: str
-    selectors: frozenset[str]
-    kind: SubscriptionKind = SubscriptionKind.EXCLUSIVE
-    durable: bool = True
-    member: str = ""
-    start: StartPosition = StartPosition.LATEST
-    max_backlog: int = 0
-    # Where a new subscription (or a non-durable one) begins: at this message, inclusive.
-    start_at: MessageId | None = None
-    # Flow control by permits: the consumer is sent only as many messages as it granted with
-    # `Consumer.grant` (a batch uses one per message), instead of filling a receiver queue.
-    permits: bool = False
-    # Deliver a batch entry as one Delivery (the consumer unpacks `message.batch`) rather
-    # than one Delivery per message.
-    whole_batches: bool = False
-    # The order of the consumers of a failover subscription: the lowest (priority,
-    # consumer_name) is the active one. Neither is kept with the subscription.
-    priority: int = 0
-    consumer_name: str = ""
-    # At most once for messages with `qos` 0: they count as acknowledged as soon as `receive`
-    # returns them, so the consumer does not acknowledge them and they are never delivered
-    # again. A backend that does this itself (cheaper than acknowledging) has a true
-    # `auto_acks_qos0` attribute; for any other the processor acknowledges them right after
-    # `receive` (`mop.processor.at_most_once`).
-    auto_ack_qos0: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ProducerSpec:
-    """A producer of one topic. `name` is unique on the topic: a producer reconnecting under
-    its name gives a higher `epoch`. `durable_name` says the application chose the name, so
-    the producer's last sequence id is kept across restarts (deduplication). `topic_epoch` is
-    the fencing token of an exclusive producer that comes back (see `Producer.topic_epoch`)."""
-
-    topic: str
-    name: str
-    access: ProducerAccess = ProducerAccess.SHARED
-    durable_name: bool = False
-    epoch: int = 0
-    topic_epoch: int | None = None
 
 
 @value  # one per message published: cheaper to make than a frozen dataclass
@@ -293,10 +207,10 @@ class ClientLease(Protocol):
     async def release(self) -> None: ...
 
 
-@runtime_checkable
 class FenceNotifier(Protocol):
-    """An optional capability of a ClientLease: a callback instead of a task waiting in
-    `wait_fenced`, so that a connection that is never taken over holds no task for it."""
+    """An optional capability of a ClientLease (`BackendCapabilities.fence_callbacks`): a
+    callback instead of a task waiting in `wait_fenced`, so that a connection that is never
+    taken over holds no task for it."""
 
     def on_fenced(self, callback: Callable[[], None]) -> None:
         """Call `callback` once, on the event loop's thread, when the lease is fenced (at
@@ -344,7 +258,29 @@ class Role(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class BackendCapabilities:
+    """What a backend does beyond the required methods of `Backend`: each backend declares
+    its own once, as its `capabilities` attribute, and callers ask nothing else."""
+
+    # It has `publish_batch` (see `BatchPublisher`); without it the processor calls
+    # `Backend.publish` once per message.
+    publish_batch: bool = False
+    # It does `SubscriptionSpec.auto_ack_qos0` itself (cheaper than acknowledging); for any
+    # other backend the processor acknowledges those messages right after `receive`
+    # (`mop.processor.at_most_once`).
+    auto_acks_qos0: bool = False
+    # Its leases call back when fenced (see `FenceNotifier`); without it a caller waits in
+    # `ClientLease.wait_fenced`.
+    fence_callbacks: bool = False
+
+
 class Backend(Protocol):
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        """What this backend does beyond the methods below (see `BackendCapabilities`)."""
+        ...
+
     async def serve(self, *, task_status: trio.TaskStatus[None]) -> None:
         """Connect or recover, report readiness, then run background work until `aclose()`."""
         ...
@@ -386,11 +322,10 @@ class Backend(Protocol):
     async def aclose(self) -> None: ...
 
 
-@runtime_checkable
 class BatchPublisher(Protocol):
-    """An optional capability of a Backend: publish several messages with one wait for
-    durability (one group commit) instead of one wait each. The processor falls back to
-    `Backend.publish` per message for a backend without it."""
+    """An optional capability of a Backend (`BackendCapabilities.publish_batch`): publish
+    several messages with one wait for durability (one group commit) instead of one wait each.
+    The processor falls back to `Backend.publish` per message for a backend without it."""
 
     async def publish_batch(
         self, items: Sequence[tuple[str, Message]]

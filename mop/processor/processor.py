@@ -9,11 +9,13 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from mop.message import Message
 from mop.processor.at_most_once import AtMostOnceConsumer
 from mop.processor.backend import (
     Backend,
+    BackendCapabilities,
     BackendError,
     BatchPublisher,
     ClientLease,
@@ -105,8 +107,10 @@ class MessagingProcessor:
         self.backend = backend
         self.max_connections = max_connections
         self.stats = ProcessorStats(started_at=time.monotonic())
+        # What the backend does beyond the contract's required methods, as it declares it.
+        self.capabilities: BackendCapabilities = backend.capabilities
         self._batches: BatchPublisher | None = (
-            backend if isinstance(backend, BatchPublisher) else None
+            cast("BatchPublisher", backend) if self.capabilities.publish_batch else None
         )
 
     async def open_client(self, ctx: ClientContext) -> ClientLease:
@@ -150,7 +154,7 @@ class MessagingProcessor:
 
     async def subscribe(self, ctx: ClientContext, spec: SubscriptionSpec) -> Consumer:
         consumer = await self.backend.subscribe(spec)
-        if spec.auto_ack_qos0 and not getattr(self.backend, "auto_acks_qos0", False):
+        if spec.auto_ack_qos0 and not self.capabilities.auto_acks_qos0:
             return AtMostOnceConsumer(consumer)  # the backend leaves it to us
         return consumer
 

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import trio
 
+from mop.membership import Membership
 from mop.processor import MessagingProcessor
 from mop.settings import Settings
 from mop.transport import Handler, ListenerSpec
@@ -27,6 +28,8 @@ class NodeServices:
     processor: MessagingProcessor
     # Background tasks of the handler live here; the node cancels it after `close`.
     nursery: trio.Nursery
+    # The node's cluster: its members, this broker's URL, which member owns a topic.
+    membership: Membership
 
 
 class ProtocolHandler(Protocol):

@@ -22,7 +22,7 @@ from mop.broker.storage.api import (
 )
 from mop.broker.storage.index import LogIndex, Run, TopicIndex
 from mop.broker.storage.log import LogTail
-from mop.broker.storage.reads import read_messages
+from mop.broker.storage.reads import LogReader
 from mop.broker.storage.records import (
     TopicRecord,
     encode_cursor,
@@ -36,7 +36,7 @@ from mop.broker.storage.records import (
 )
 from mop.broker.storage.recovery import Recovered, RecoveryReport, recover
 from mop.broker.storage.segments import DirectoryLock, SegmentFiles
-from mop.broker.storage.upkeep import Upkeep
+from mop.broker.storage.upkeep import Upkeep, UpkeepParts
 from mop.message import Message, MessageId
 from mop.settings import StorageSettings
 
@@ -122,7 +122,10 @@ class DurableStorage:
         self._closed = False
         self._serving = False
         self._wakeup = trio.Event()
-        self._upkeep = Upkeep(self)
+        self._reader = LogReader(self._index, self._tail, directory)
+        self._upkeep = Upkeep(
+            UpkeepParts(directory, settings, self._index, self._tail, self._files), self
+        )
 
     # -- mutations -----------------------------------------------------------------------------
 
@@ -273,7 +276,7 @@ class DurableStorage:
         self, topic: str, after: MessageId | None, max_count: int
     ) -> list[tuple[MessageId, Message]]:
         self._check_open()
-        return await read_messages(self, topic, after, max_count)
+        return await self._reader.read(topic, after, max_count)
 
     # -- group commit --------------------------------------------------------------------------
 
@@ -409,7 +412,7 @@ class DurableStorage:
     def closed(self) -> bool:
         return self._closed
 
-    # -- for the helpers in reads.py and upkeep.py ---------------------------------------------
+    # -- its parts, for tests --------------------------------------------------------------------
 
     @property
     def index(self) -> LogIndex:

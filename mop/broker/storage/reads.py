@@ -6,19 +6,18 @@ records.
 from __future__ import annotations
 
 import zlib
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import trio
 
 from mop.broker.storage.api import StorageError
+from mop.broker.storage.index import LogIndex
+from mop.broker.storage.log import LogTail
 from mop.broker.storage.records import FRAME, decode_message
 from mop.broker.storage.segments import read_spans
 from mop.message import Message, MessageId
 
-if TYPE_CHECKING:
-    from mop.broker.storage.durable import DurableStorage
-
-__all__ = ["read_messages"]
+__all__ = ["LogReader"]
 
 # A reclaim can move records between looking up their positions and reading them; the read then
 # looks them up again. More than a few moves in a row means something is wrong.
@@ -33,48 +32,59 @@ def _decode(record: bytes, position: int) -> Message:
     return decode_message(body)[1]
 
 
-async def read_messages(
-    store: DurableStorage, topic: str, after: MessageId | None, max_count: int
-) -> list[tuple[MessageId, Message]]:
-    for _ in range(_ATTEMPTS):
-        entry_topic = store.index.topics.get(topic)
-        if entry_topic is None or max_count <= 0:
-            await trio.lowlevel.checkpoint()
-            return []
-        found: list[tuple[MessageId, Message | None]] = []
-        misses: list[tuple[int, int, int]] = []  # (slot, position, size)
-        for ledger, entry, position, size in entry_topic.locate(after, max_count):
-            message = None
-            raw = store.tail.find(position, size)
-            if raw is not None:
-                message = _decode(raw, position)
-            else:
-                misses.append((len(found), position, size))
-            found.append((MessageId(ledger, entry), message))
-        if not misses:
-            await trio.lowlevel.checkpoint()
+class LogReader:
+    """Reads messages of the log whose records `index` locates: from `tail` when it still
+    holds them, else from the segment files in `directory`."""
+
+    __slots__ = ("directory", "index", "tail")
+
+    def __init__(self, index: LogIndex, tail: LogTail, directory: Path) -> None:
+        self.index = index
+        self.tail = tail
+        self.directory = directory
+
+    async def read(
+        self, topic: str, after: MessageId | None, max_count: int
+    ) -> list[tuple[MessageId, Message]]:
+        """Up to `max_count` messages of `topic` after `after`, in order."""
+        for _ in range(_ATTEMPTS):
+            entry_topic = self.index.topics.get(topic)
+            if entry_topic is None or max_count <= 0:
+                await trio.lowlevel.checkpoint()
+                return []
+            found: list[tuple[MessageId, Message | None]] = []
+            misses: list[tuple[int, int, int]] = []  # (slot, position, size)
+            for ledger, entry, position, size in entry_topic.locate(after, max_count):
+                message = None
+                raw = self.tail.find(position, size)
+                if raw is not None:
+                    message = _decode(raw, position)
+                else:
+                    misses.append((len(found), position, size))
+                found.append((MessageId(ledger, entry), message))
+            if not misses:
+                await trio.lowlevel.checkpoint()
+                return [(i, m) for i, m in found if m is not None]
+            spans, parts = _spans(self.index, misses)
+            try:
+                chunks = await trio.to_thread.run_sync(read_spans, self.directory, spans)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise StorageError(f"log read failed: {exc}") from exc
+            for (slot, position, _), (span, start, end) in zip(misses, parts, strict=True):
+                found[slot] = (found[slot][0], _decode(chunks[span][start:end], position))
             return [(i, m) for i, m in found if m is not None]
-        spans, parts = _spans(store, misses)
-        try:
-            chunks = await trio.to_thread.run_sync(read_spans, store.directory, spans)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            raise StorageError(f"log read failed: {exc}") from exc
-        for (slot, position, _), (span, start, end) in zip(misses, parts, strict=True):
-            found[slot] = (found[slot][0], _decode(chunks[span][start:end], position))
-        return [(i, m) for i, m in found if m is not None]
-    raise StorageError(f"records of {topic} kept moving during a read")
+        raise StorageError(f"records of {topic} kept moving during a read")
 
 
 def _spans(
-    store: DurableStorage, misses: list[tuple[int, int, int]]
+    index: LogIndex, misses: list[tuple[int, int, int]]
 ) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
     """Merge adjacent records of one segment into single reads. Returns the reads as
     (segment base, offset, size) and, per miss, (read number, start, end) in that read."""
     spans: list[tuple[int, int, int]] = []
     parts: list[tuple[int, int, int]] = []
-    index = store.index
     for _, position, size in misses:
         base = index.segment_at(position).base
         if spans:

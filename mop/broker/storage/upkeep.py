@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 import trio
 
-from mop.broker.storage.api import StorageError
-from mop.broker.storage.index import Segment, StateKey
+from mop.broker.storage.api import CursorKey, StorageError
+from mop.broker.storage.index import LogIndex, Segment, StateKey, TopicIndex
+from mop.broker.storage.log import LogTail
 from mop.broker.storage.records import Kind, Scanner, message_key
-from mop.broker.storage.segments import read_segment
+from mop.broker.storage.segments import SegmentFiles, read_segment
+from mop.message import MessageId
+from mop.settings import StorageSettings
 
-if TYPE_CHECKING:
-    from mop.broker.storage.durable import DurableStorage
-
-__all__ = ["Upkeep"]
+__all__ = ["LogWriter", "Upkeep", "UpkeepParts"]
 
 logger = logging.getLogger("mop.storage")
 
@@ -31,10 +33,42 @@ _COPY_SLICE = 2000
 _RECLAIM_BACKOFF = 60.0
 
 
-class Upkeep:
-    """Runs at most one round of chores at a time for one store."""
+@dataclass(frozen=True, slots=True)
+class UpkeepParts:
+    """The parts of one log that upkeep works on."""
 
-    def __init__(self, store: DurableStorage) -> None:
+    directory: Path
+    settings: StorageSettings
+    index: LogIndex
+    tail: LogTail
+    files: SegmentFiles
+
+
+class LogWriter(Protocol):
+    """What upkeep asks of the store that owns the log: its state, and the writes that trim
+    messages, flush the tail and write live state records again."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def disk_bytes(self) -> int: ...
+
+    def trim_topic(self, topic: TopicIndex, through: MessageId) -> None: ...
+
+    async def flush(self, target: int, *, fsync: bool) -> None: ...
+
+    def write_topic(self, topic: TopicIndex) -> None: ...
+
+    def write_cursor(self, key: CursorKey) -> None: ...
+
+    def write_table_entry(self, table: str, key: str) -> None: ...
+
+
+class Upkeep:
+    """Runs at most one round of chores at a time for one log."""
+
+    def __init__(self, parts: UpkeepParts, store: LogWriter) -> None:
+        self.parts = parts
         self.store = store
         self._running: trio.Event | None = None
         self._next_retention = 0.0
@@ -69,17 +103,17 @@ class Upkeep:
     # -- retention -----------------------------------------------------------------------------
 
     def _retention_due(self) -> bool:
-        seconds = self.store.settings.retention_seconds
+        seconds = self.parts.settings.retention_seconds
         return bool(seconds) and time.monotonic() >= self._next_retention
 
     def _apply_retention(self) -> None:
         """Trim messages older than `retention_seconds`, acknowledged or not."""
         if not self._retention_due():
             return
-        seconds = self.store.settings.retention_seconds
+        seconds = self.parts.settings.retention_seconds
         self._next_retention = time.monotonic() + min(1.0, seconds / 10)
         cutoff = int(time.time()) - seconds
-        for topic in list(self.store.index.topics.values()):
+        for topic in list(self.parts.index.topics.values()):
             through = topic.expired_through(cutoff)
             if through is not None:
                 self.store.trim_topic(topic, through)
@@ -87,7 +121,7 @@ class Upkeep:
     # -- reclaim -------------------------------------------------------------------------------
 
     def _reclaimable(self) -> Segment | None:
-        index = self.store.index
+        index = self.parts.index
         if len(index.segments) < 2 or time.monotonic() < self._reclaim_after:
             return None
         oldest = index.segments[0]
@@ -97,14 +131,14 @@ class Upkeep:
         # the log stays within about twice its live size plus two segments.
         live = index.live_bytes + index.state_bytes
         garbage = self.store.disk_bytes() - live
-        if garbage >= live + 2 * self.store.settings.segment_bytes:
+        if garbage >= live + 2 * self.parts.settings.segment_bytes:
             return oldest
         return None
 
     async def _reclaim(self, segment: Segment) -> bool:
-        store = self.store
+        store, parts = self.store, self.parts
         if segment.live_bytes:
-            data = await trio.to_thread.run_sync(read_segment, store.directory, segment.base)
+            data = await trio.to_thread.run_sync(read_segment, parts.directory, segment.base)
             if store.closed:
                 return False
             await self._copy_messages(segment, data)
@@ -119,17 +153,17 @@ class Upkeep:
             return False
         # The copies and every record that made the segment's contents stale must be on disk
         # before the segment goes, whatever the fsync policy.
-        await store.flush(store.tail.end, fsync=True)
-        if store.closed or store.index.segments[0] is not segment:
+        await store.flush(parts.tail.end, fsync=True)
+        if store.closed or parts.index.segments[0] is not segment:
             return False
-        await trio.to_thread.run_sync(store.files.unlink, segment.base)
-        store.index.remove_oldest()
+        await trio.to_thread.run_sync(parts.files.unlink, segment.base)
+        parts.index.remove_oldest()
         self.reclaimed += 1
         return True
 
     async def _copy_messages(self, segment: Segment, data: bytes) -> None:
         store = self.store
-        index, tail = store.index, store.tail
+        index, tail = self.parts.index, self.parts.tail
         kind, copied = int(Kind.MESSAGE), 0
         for offset, body in Scanner(data):
             if body[0] != kind:
@@ -153,7 +187,7 @@ class Upkeep:
         store = self.store
         match key:
             case ("T", name):
-                store.write_topic(store.index.topics[name])
+                store.write_topic(self.parts.index.topics[name])
             case ("C", topic, subscription):
                 store.write_cursor((topic, subscription))
             case ("K", table, table_key):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from mop.broker.ownership import Ownership
+from mop.membership import Membership
 from mop.topic_names import mqtt_to_pulsar
 from tests.e2e.clients import Client
 
@@ -124,7 +124,7 @@ def test_run_local_serves_mqtt_across_proxies_and_brokers_and_stops_cleanly(
     brokers = [url.strip() for url in ready["brokers"].split(",")]
     assert brokers == [f"pulsar://127.0.0.1:{launcher.broker_port + i}" for i in range(2)]
     # Topics whose owners cover both brokers, so the proxies must follow lookup redirects.
-    ownership = Ownership(brokers, local=brokers[0])
+    ownership = Membership(brokers, brokers[0])
     topics = [f"launcher/t{i}" for i in range(16)]
     owners = {ownership.owner(mqtt_to_pulsar(topic)) for topic in topics}
     assert owners == set(brokers)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from mop.broker.ownership import Ownership
+from mop.membership import Membership
 from mop.node import StartupError, open_node
 from mop.protocols.pulsar.commands import (
     Connect,
@@ -49,7 +49,7 @@ def spread_topics(urls: list[str], per_member: int = 4) -> list[str]:
     """Topic names of which every member owns `per_member`: which member owns a name depends on
     the members' URLs, and their ports are picked afresh each run, so a fixed list of names could
     leave a member with none. The brokers' lookups are still checked against this choice."""
-    ownership = Ownership(urls, urls[0])
+    ownership = Membership(urls, urls[0])
     picked: dict[str, list[str]] = {url: [] for url in ownership.members}
     for n in range(10_000):
         topic = f"persistent://{NAMESPACE}/spread-{n}"

@@ -1,10 +1,15 @@
-"""Small helpers shared by the broker tests: message and topic builders, a settable clock."""
+"""Small helpers shared by the broker tests: message and topic builders, a settable clock, and
+`subscribe` with the spec's fields as keywords."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from mop.broker import Attachment, Broker
 from mop.broker.storage import MemoryStorage
 from mop.message import Delivery, Message
+from mop.messaging import SubscriptionSpec
 from mop.topic_names import mqtt_to_pulsar
 
 
@@ -46,3 +51,18 @@ class Wakeups:
 
     def __call__(self) -> None:
         self.count += 1
+
+
+async def subscribe(
+    broker: Broker,
+    name: str,
+    selectors: Iterable[str],
+    *,
+    capacity: int = 1000,
+    on_ready: Callable[[], None] | None = None,
+    on_active: Callable[[bool], None] | None = None,
+    **fields: Any,
+) -> Attachment:
+    """`broker.subscribe` with a `SubscriptionSpec` made of `name`, `selectors` and `fields`."""
+    spec = SubscriptionSpec(name, frozenset(selectors), **fields)
+    return await broker.subscribe(spec, capacity=capacity, on_ready=on_ready, on_active=on_active)

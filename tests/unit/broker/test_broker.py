@@ -1,5 +1,7 @@
 """Broker behaviour with plain calls: routing, the four subscription types, acknowledgement,
-backlog limits, expiry, subscription lifetime, trimming and recovery."""
+backlog limits, expiry, subscription lifetime, trimming and recovery; and `Broker.store_many`,
+which stores and routes consecutive messages of one topic together, with the results of storing
+them one at a time, and stores nothing when storage refuses them."""
 
 from __future__ import annotations
 
@@ -9,19 +11,19 @@ from mop.broker import (
     Broker,
     ConsumerBusy,
     SubscriptionMismatch,
-    SubscriptionType,
 )
-from mop.broker.storage import MemoryStorage
-from mop.message import MessageId
+from mop.broker.storage import MemoryStorage, StorageFull
+from mop.message import Message, MessageId
+from mop.messaging import StartPosition, SubscriptionKind
 
-from .support import Clock, Wakeups, msg, new_broker, payloads, take_all, topic
+from .support import Clock, Wakeups, msg, new_broker, payloads, subscribe, take_all, topic
 
-SHARED = SubscriptionType.SHARED
+SHARED = SubscriptionKind.SHARED
 
 
 async def test_exact_subscription_gets_only_its_topic() -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", ["a/b"])
+    att = await subscribe(broker, "c1", ["a/b"])
     first = await broker.publish(topic("a/b"), msg("1"))
     other = await broker.publish(topic("a/c"), msg("2"))
     assert (first.subscriptions, other.subscriptions) == (1, 0)
@@ -34,7 +36,7 @@ async def test_exact_subscription_gets_only_its_topic() -> None:
 
 async def test_exact_selector_may_be_a_pulsar_name() -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", [topic("a/b")])
+    att = await subscribe(broker, "c1", [topic("a/b")])
     await broker.publish(topic("a/b"), msg("1"))
     assert payloads(take_all(broker, att)) == ["1"]
 
@@ -42,7 +44,7 @@ async def test_exact_selector_may_be_a_pulsar_name() -> None:
 async def test_wildcard_covers_existing_and_later_topics() -> None:
     broker = new_broker()
     await broker.publish(topic("a/old"), msg("before"))
-    att = await broker.subscribe("c1", ["a/+"])
+    att = await subscribe(broker, "c1", ["a/+"])
     await broker.publish(topic("a/old"), msg("1"))
     # A topic created after the subscription joins it from its first message.
     result = await broker.publish(topic("a/new"), msg("2"))
@@ -55,7 +57,7 @@ async def test_wildcard_covers_existing_and_later_topics() -> None:
 async def test_consumer_is_woken_when_a_message_is_handed_to_it() -> None:
     broker = new_broker()
     wakeups = Wakeups()
-    att = await broker.subscribe("c1", ["a"], on_ready=wakeups)
+    att = await subscribe(broker, "c1", ["a"], on_ready=wakeups)
     await broker.publish(topic("a"), msg("1"))
     await broker.publish(topic("a"), msg("2"))
     # Only the transition from empty to non-empty wakes the consumer.
@@ -68,7 +70,7 @@ async def test_consumer_is_woken_when_a_message_is_handed_to_it() -> None:
 async def test_qos0_publish_does_not_sync() -> None:
     storage = MemoryStorage()
     broker = new_broker(storage)
-    await broker.subscribe("c1", ["a"])
+    await subscribe(broker, "c1", ["a"])
     syncs = storage.syncs
     await broker.publish(topic("a"), msg("fast", qos=0))
     assert storage.syncs == syncs
@@ -78,7 +80,7 @@ async def test_qos0_publish_does_not_sync() -> None:
 
 async def test_receiver_queue_bounds_dispatch_and_acks_free_it() -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", ["a"], capacity=2)
+    att = await subscribe(broker, "c1", ["a"], capacity=2)
     for n in range(5):
         await broker.publish(topic("a"), msg(str(n)))
     first = take_all(broker, att)
@@ -91,7 +93,7 @@ async def test_receiver_queue_bounds_dispatch_and_acks_free_it() -> None:
 
 async def test_order_is_kept_across_topics_and_between_them_in_turn() -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", ["#"], capacity=1)
+    att = await subscribe(broker, "c1", ["#"], capacity=1)
     for n in range(3):
         await broker.publish(topic("x"), msg(f"x{n}"))
         await broker.publish(topic("y"), msg(f"y{n}"))
@@ -106,8 +108,8 @@ async def test_order_is_kept_across_topics_and_between_them_in_turn() -> None:
 
 async def test_shared_round_robin_and_leaving_member_hands_back_unacked() -> None:
     broker = new_broker()
-    one = await broker.subscribe("g", ["s/#"], type=SHARED, member="m1")
-    two = await broker.subscribe("g", ["s/#"], type=SHARED, member="m2")
+    one = await subscribe(broker, "g", ["s/#"], kind=SHARED, member="m1")
+    two = await subscribe(broker, "g", ["s/#"], kind=SHARED, member="m2")
     for n in range(4):
         await broker.publish(topic("s/t"), msg(str(n)))
     got_one = take_all(broker, one)
@@ -124,8 +126,8 @@ async def test_shared_round_robin_and_leaving_member_hands_back_unacked() -> Non
 
 async def test_shared_skips_members_without_space() -> None:
     broker = new_broker()
-    one = await broker.subscribe("g", ["s"], type=SHARED, member="m1", capacity=1)
-    two = await broker.subscribe("g", ["s"], type=SHARED, member="m2", capacity=10)
+    one = await subscribe(broker, "g", ["s"], kind=SHARED, member="m1", capacity=1)
+    two = await subscribe(broker, "g", ["s"], kind=SHARED, member="m2", capacity=10)
     for n in range(4):
         await broker.publish(topic("s"), msg(str(n)))
     assert payloads(take_all(broker, one)) == ["0"]
@@ -134,9 +136,9 @@ async def test_shared_skips_members_without_space() -> None:
 
 async def test_failover_uses_the_lowest_member_and_fails_over() -> None:
     broker = new_broker()
-    kind = SubscriptionType.FAILOVER
-    b = await broker.subscribe("f", ["t"], type=kind, member="b")
-    a = await broker.subscribe("f", ["t"], type=kind, member="a")
+    kind = SubscriptionKind.FAILOVER
+    b = await subscribe(broker, "f", ["t"], kind=kind, member="b")
+    a = await subscribe(broker, "f", ["t"], kind=kind, member="a")
     await broker.publish(topic("t"), msg("1"))
     await broker.publish(topic("t"), msg("2"))
     got = take_all(broker, a)
@@ -152,8 +154,8 @@ async def test_failover_uses_the_lowest_member_and_fails_over() -> None:
 
 async def test_key_shared_maps_each_key_to_one_member() -> None:
     broker = new_broker()
-    kind = SubscriptionType.KEY_SHARED
-    members = [await broker.subscribe("k", ["t"], type=kind, member=f"m{i}") for i in range(3)]
+    kind = SubscriptionKind.KEY_SHARED
+    members = [await subscribe(broker, "k", ["t"], kind=kind, member=f"m{i}") for i in range(3)]
     keys = [f"key-{n}" for n in range(30)]
     for round_ in range(3):
         for key in keys:
@@ -168,18 +170,18 @@ async def test_key_shared_maps_each_key_to_one_member() -> None:
     assert len(set(owner.values())) == 3  # keys are spread over every member
     # Per key, messages arrive in publish order.
     broker2 = new_broker()
-    att = await broker2.subscribe("k", ["t"], type=kind, member="solo")
+    att = await subscribe(broker2, "k", ["t"], kind=kind, member="solo")
     for round_ in range(3):
         await broker2.publish(topic("t"), msg(str(round_), key="k"))
     assert payloads(take_all(broker2, att)) == ["0", "1", "2"]
 
 
 async def test_key_shared_keeps_mapping_when_membership_is_unchanged() -> None:
-    kind = SubscriptionType.KEY_SHARED
+    kind = SubscriptionKind.KEY_SHARED
     owners = []
     for _ in range(2):
         broker = new_broker()
-        members = [await broker.subscribe("k", ["t"], type=kind, member=m) for m in "xyz"]
+        members = [await subscribe(broker, "k", ["t"], kind=kind, member=m) for m in "xyz"]
         await broker.publish(topic("t"), msg("1", key="stable"))
         owners.append([len(take_all(broker, att)) for att in members])
     assert owners[0] == owners[1]
@@ -188,7 +190,7 @@ async def test_key_shared_keeps_mapping_when_membership_is_unchanged() -> None:
 
 async def test_nack_redelivers_first_with_count() -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", ["a"])
+    att = await subscribe(broker, "c1", ["a"])
     for n in range(3):
         await broker.publish(topic("a"), msg(str(n)))
     got = take_all(broker, att)
@@ -203,7 +205,7 @@ async def test_nack_redelivers_first_with_count() -> None:
 
 async def test_nack_with_delay_waits_for_release() -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", ["a"])
+    att = await subscribe(broker, "c1", ["a"])
     await broker.publish(topic("a"), msg("1"))
     got = take_all(broker, att)
     broker.nack(att, got, due=10.0)
@@ -219,38 +221,38 @@ async def test_nack_with_delay_waits_for_release() -> None:
 
 async def test_returned_messages_merge_in_id_order() -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", ["a"])
+    att = await subscribe(broker, "c1", ["a"])
     for n in range(4):
         await broker.publish(topic("a"), msg(str(n)))
     got = take_all(broker, att)
     broker.nack(att, [got[1]], due=5.0)
     broker.close(att)  # "0", "2", "3" go back first
     broker.release_due(5.0)  # then "1" comes back behind them, but in id order
-    att = await broker.subscribe("c1", ["a"])
+    att = await subscribe(broker, "c1", ["a"])
     assert payloads(take_all(broker, att)) == ["0", "1", "2", "3"]
 
 
 async def test_max_backlog_drops_new_message_when_nothing_is_qos0() -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", ["a"], max_backlog=2)
+    att = await subscribe(broker, "c1", ["a"], max_backlog=2)
     broker.close(att)
     for n in range(4):
         await broker.publish(topic("a"), msg(str(n)))
-    att = await broker.subscribe("c1", ["a"], max_backlog=2)
+    att = await subscribe(broker, "c1", ["a"], max_backlog=2)
     assert payloads(take_all(broker, att)) == ["0", "1"]
     assert broker.stats().messages_dropped == 2
 
 
 async def test_max_backlog_drops_oldest_qos0_first() -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", ["a"], max_backlog=3)
+    att = await subscribe(broker, "c1", ["a"], max_backlog=3)
     broker.close(att)
     await broker.publish(topic("a"), msg("keep", qos=1))
     await broker.publish(topic("a"), msg("old0", qos=0))
     await broker.publish(topic("a"), msg("new0", qos=0))
     await broker.publish(topic("a"), msg("x", qos=1))  # evicts old0
     await broker.publish(topic("a"), msg("y", qos=0))  # evicts new0
-    att = await broker.subscribe("c1", ["a"], max_backlog=3)
+    att = await subscribe(broker, "c1", ["a"], max_backlog=3)
     assert payloads(take_all(broker, att)) == ["keep", "x", "y"]
     assert broker.stats().messages_dropped == 2
 
@@ -259,7 +261,7 @@ async def test_expired_messages_are_dropped_at_dispatch() -> None:
     clock = Clock(now=1000.0)
     storage = MemoryStorage()
     broker = new_broker(storage, clock)
-    att = await broker.subscribe("c1", ["a"])
+    att = await subscribe(broker, "c1", ["a"])
     await broker.publish(topic("a"), msg("short", expires_at=1500))
     await broker.publish(topic("a"), msg("long", expires_at=5000))
     await broker.publish(topic("a"), msg("forever"))
@@ -274,7 +276,7 @@ async def test_expired_messages_are_dropped_at_dispatch() -> None:
 
 async def test_durable_subscription_collects_while_offline() -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", ["a"])
+    att = await subscribe(broker, "c1", ["a"])
     await broker.publish(topic("a"), msg("1"))
     await broker.publish(topic("a"), msg("2"))
     got = take_all(broker, att)
@@ -282,7 +284,7 @@ async def test_durable_subscription_collects_while_offline() -> None:
     broker.close(att)
     result = await broker.publish(topic("a"), msg("3"))
     assert result.subscriptions == 1
-    att = await broker.subscribe("c1", ["a"])
+    att = await subscribe(broker, "c1", ["a"])
     again = take_all(broker, att)
     assert payloads(again) == ["2", "3"]
     assert [d.redelivery_count for d in again] == [1, 0]
@@ -290,7 +292,7 @@ async def test_durable_subscription_collects_while_offline() -> None:
 
 async def test_non_durable_subscription_goes_with_its_consumer() -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", ["a"], durable=False)
+    att = await subscribe(broker, "c1", ["a"], durable=False)
     broker.close(att)
     assert broker.subscription("c1") is None
     assert (await broker.publish(topic("a"), msg("1"))).subscriptions == 0
@@ -298,26 +300,26 @@ async def test_non_durable_subscription_goes_with_its_consumer() -> None:
 
 async def test_exclusive_is_busy_and_type_must_match() -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", ["a"])
+    att = await subscribe(broker, "c1", ["a"])
     with pytest.raises(ConsumerBusy):
-        await broker.subscribe("c1", ["a"])
+        await subscribe(broker, "c1", ["a"])
     with pytest.raises(SubscriptionMismatch):
-        await broker.subscribe("c1", ["a"], type=SHARED, member="m")
+        await subscribe(broker, "c1", ["a"], kind=SHARED, member="m")
     broker.close(att)
-    await broker.subscribe("c1", ["a"])
+    await subscribe(broker, "c1", ["a"])
 
 
 async def test_same_member_cannot_attach_twice_to_shared() -> None:
     broker = new_broker()
-    await broker.subscribe("g", ["a"], type=SHARED, member="m")
+    await subscribe(broker, "g", ["a"], kind=SHARED, member="m")
     with pytest.raises(ConsumerBusy):
-        await broker.subscribe("g", ["a"], type=SHARED, member="m")
+        await subscribe(broker, "g", ["a"], kind=SHARED, member="m")
 
 
 async def test_delete_subscription_removes_offline_members() -> None:
     broker = new_broker()
-    one = await broker.subscribe("g", ["a"], type=SHARED, member="m1")
-    two = await broker.subscribe("g", ["a"], type=SHARED, member="m2")
+    one = await subscribe(broker, "g", ["a"], kind=SHARED, member="m1")
+    two = await subscribe(broker, "g", ["a"], kind=SHARED, member="m2")
     with pytest.raises(ConsumerBusy):
         await broker.delete_subscription("g", "m1")
     broker.close(one)
@@ -332,7 +334,7 @@ async def test_delete_subscription_removes_offline_members() -> None:
 async def test_unsubscribe_of_last_member_deletes_subscription() -> None:
     storage = MemoryStorage()
     broker = new_broker(storage)
-    att = await broker.subscribe("c1", ["a"])
+    att = await subscribe(broker, "c1", ["a"])
     await broker.publish(topic("a"), msg("1"))
     await broker.unsubscribe(att)
     assert broker.subscription("c1") is None
@@ -342,7 +344,7 @@ async def test_unsubscribe_of_last_member_deletes_subscription() -> None:
 
 async def test_remove_selector_drops_backlog_and_add_selector_starts_now() -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", ["a/+", "a/b"], capacity=1)
+    att = await subscribe(broker, "c1", ["a/+", "a/b"], capacity=1)
     for name in ("a/b", "a/c", "a/b"):
         await broker.publish(topic(name), msg(name))
     sub = broker.subscription("c1")
@@ -364,7 +366,7 @@ async def test_earliest_reads_stored_messages_first() -> None:
     broker = new_broker()
     for n in range(3):
         await broker.publish(topic("a"), msg(str(n)))
-    att = await broker.subscribe("r", ["a"], earliest=True)
+    att = await subscribe(broker, "r", ["a"], start=StartPosition.EARLIEST)
     await broker.publish(topic("a"), msg("3"))
     assert payloads(take_all(broker, att)) == ["0", "1", "2", "3"]
 
@@ -373,8 +375,8 @@ async def test_acknowledged_data_is_trimmed() -> None:
     storage = MemoryStorage()
     broker = new_broker(storage)
     await broker.publish(topic("nobody"), msg("x"))
-    one = await broker.subscribe("c1", ["a"])
-    two = await broker.subscribe("c2", ["a"])
+    one = await subscribe(broker, "c1", ["a"])
+    two = await subscribe(broker, "c2", ["a"])
     for n in range(3):
         await broker.publish(topic("a"), msg(str(n)))
     broker.trim_acknowledged()
@@ -396,7 +398,7 @@ async def test_acknowledged_data_is_trimmed() -> None:
 async def test_out_of_order_acks_are_saved_individually() -> None:
     storage = MemoryStorage()
     broker = new_broker(storage)
-    att = await broker.subscribe("c1", ["a"])
+    att = await subscribe(broker, "c1", ["a"])
     for n in range(3):
         await broker.publish(topic("a"), msg(str(n)))
     got = take_all(broker, att)
@@ -412,9 +414,9 @@ async def test_out_of_order_acks_are_saved_individually() -> None:
 async def test_recover_rebuilds_durable_state_from_storage() -> None:
     storage = MemoryStorage()
     first = new_broker(storage)
-    durable = await first.subscribe("c1", ["a/#"])
-    shared = await first.subscribe("g", ["a/x"], type=SHARED, member="m1")
-    await first.subscribe("temp", ["a/#"], durable=False)
+    durable = await subscribe(first, "c1", ["a/#"])
+    shared = await subscribe(first, "g", ["a/x"], kind=SHARED, member="m1")
+    await subscribe(first, "temp", ["a/#"], durable=False)
     for n in range(4):
         await first.publish(topic("a/x"), msg(str(n)))
     got = take_all(first, durable)
@@ -426,7 +428,7 @@ async def test_recover_rebuilds_durable_state_from_storage() -> None:
     assert second.subscription("temp") is None
     sub = second.subscription("g")
     assert sub is not None and sub.members == {"m1"}
-    att = await second.subscribe("c1", ["a/#"])
+    att = await subscribe(second, "c1", ["a/#"])
     assert payloads(take_all(second, att)) == ["1", "3"]
     # The wildcard still picks up new topics after recovery.
     await second.publish(topic("a/new"), msg("new"))
@@ -440,19 +442,19 @@ async def test_recover_rebuilds_durable_state_from_storage() -> None:
 async def test_recover_without_saved_cursor_starts_from_first_stored_message() -> None:
     storage = MemoryStorage()
     first = new_broker(storage)
-    await first.subscribe("c1", ["t/#"])
+    await subscribe(first, "c1", ["t/#"])
     await first.publish(topic("t/1"), msg("1"))
     # Lose the cursor, as if the process died before saving it.
     storage.save_cursors({(topic("t/1"), "c1"): None})
     second = Broker(storage, clock=Clock())
     await second.recover()
-    att = await second.subscribe("c1", ["t/#"])
+    att = await subscribe(second, "c1", ["t/#"])
     assert payloads(take_all(second, att)) == ["1"]
 
 
 async def test_stats_count_what_the_broker_holds() -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", ["a"], capacity=1)
+    att = await subscribe(broker, "c1", ["a"], capacity=1)
     await broker.publish(topic("a"), msg("1"))
     await broker.publish(topic("a"), msg("2"))
     stats = broker.stats()
@@ -464,7 +466,7 @@ async def test_stats_count_what_the_broker_holds() -> None:
 
 async def test_returned_messages_come_before_other_topics_backlog() -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", ["s/#"])
+    att = await subscribe(broker, "c1", ["s/#"])
     for n in range(3):
         await broker.publish(topic("s/x"), msg(f"x{n}"))
     got = take_all(broker, att)
@@ -472,7 +474,7 @@ async def test_returned_messages_come_before_other_topics_backlog() -> None:
     broker.close(att)
     await broker.publish(topic("s/y"), msg("y0"))
     await broker.publish(topic("s/x"), msg("x3"))
-    att = await broker.subscribe("c1", ["s/#"])
+    att = await subscribe(broker, "c1", ["s/#"])
     again = take_all(broker, att)
     assert payloads(again)[:2] == ["x1", "x2"]
     assert [d.redelivery_count for d in again[:2]] == [1, 1]
@@ -481,9 +483,9 @@ async def test_returned_messages_come_before_other_topics_backlog() -> None:
 
 async def test_subscribing_again_replaces_selectors() -> None:
     broker = new_broker()
-    att = await broker.subscribe("c1", ["a", "b"])
+    att = await subscribe(broker, "c1", ["a", "b"])
     broker.close(att)
-    att = await broker.subscribe("c1", ["b", "c"])
+    att = await subscribe(broker, "c1", ["b", "c"])
     for name in ("a", "b", "c"):
         await broker.publish(topic(name), msg(name))
     assert payloads(take_all(broker, att)) == ["b", "c"]
@@ -492,16 +494,73 @@ async def test_subscribing_again_replaces_selectors() -> None:
 async def test_becoming_durable_saves_existing_cursors() -> None:
     storage = MemoryStorage()
     broker = new_broker(storage)
-    await broker.subscribe("g", ["a"], type=SHARED, durable=False, member="m1")
+    await subscribe(broker, "g", ["a"], kind=SHARED, durable=False, member="m1")
     await broker.publish(topic("a"), msg("1"))
     assert storage.load_cursors() == {}
-    await broker.subscribe("g", ["a"], type=SHARED, durable=True, member="m2")
+    await subscribe(broker, "g", ["a"], kind=SHARED, durable=True, member="m2")
     assert (topic("a"), "g") in storage.load_cursors()
 
 
 async def test_invalid_selector_leaves_no_subscription() -> None:
     broker = new_broker()
     with pytest.raises(ValueError):
-        await broker.subscribe("c1", ["ok/#", "bad\udc80"])
+        await subscribe(broker, "c1", ["ok/#", "bad\udc80"])
     assert broker.subscription("c1") is None
     assert (await broker.publish(topic("ok/1"), msg("1"))).subscriptions == 0
+
+
+async def test_messages_are_routed_in_order_with_consecutive_ids() -> None:
+    broker = new_broker()
+    exact = await subscribe(broker, "exact", ["a/1"])
+    wildcard = await subscribe(broker, "wild", ["a/+"], auto_ack_qos0=True)
+    await broker.publish(topic("a/1"), msg("first"))
+    ids, count = broker.store_many(topic("a/1"), [msg(str(n), qos=n % 2) for n in range(5)])
+    assert count == 2
+    assert [i.entry for i in ids] == list(range(ids[0].entry, ids[0].entry + 5))
+    assert broker.topic(topic("a/1")).last_id == ids[-1]  # type: ignore[union-attr]
+    for att in (exact, wildcard):
+        assert payloads(take_all(broker, att)) == ["first", "0", "1", "2", "3", "4"]
+    stored = await broker.storage.read(topic("a/1"), None, 10)
+    assert [m.payload for _, m in stored] == [b"first", b"0", b"1", b"2", b"3", b"4"]
+
+
+async def test_a_new_topic_is_created_and_joins_matching_subscriptions() -> None:
+    broker = new_broker()
+    att = await subscribe(broker, "wild", ["b/#"])
+    ids, count = broker.store_many(topic("b/new"), [msg("x"), msg("y")])
+    assert count == 1 and len(ids) == 2
+    assert payloads(take_all(broker, att)) == ["x", "y"]
+
+
+async def test_without_subscriptions_the_messages_are_kept_for_trimming() -> None:
+    broker = new_broker()
+    ids, count = broker.store_many(topic("c"), [msg("x"), msg("y")])
+    assert count == 0
+    assert broker.trim_acknowledged() == 1
+    assert await broker.storage.read(topic("c"), None, 10) == []
+    assert len(ids) == 2
+
+
+async def test_storage_refusing_the_batch_stores_none_of_it() -> None:
+    storage = MemoryStorage(max_bytes=10)
+    broker = new_broker(storage)
+    att = await subscribe(broker, "s", ["d"])
+    with pytest.raises(StorageFull):
+        broker.store_many(topic("d"), [msg("12345"), msg("67890"), msg("x")])
+    assert take_all(broker, att) == []
+    assert await storage.read(topic("d"), None, 10) == []
+    # Room for one: the next call stores it.
+    ids, _ = broker.store_many(topic("d"), [msg("ok")])
+    assert payloads(take_all(broker, att)) == ["ok"]
+    assert len(ids) == 1
+
+
+async def test_non_persistent_topics_get_ids_without_storage() -> None:
+    broker = new_broker()
+    name = "non-persistent://public/default/np"
+    att = await subscribe(broker, "s", [name])
+    ids, count = broker.store_many(name, [Message(b"1"), Message(b"2"), Message(b"3")])
+    assert count == 1
+    assert [i.entry for i in ids] == [0, 1, 2]
+    assert payloads(take_all(broker, att)) == ["1", "2", "3"]
+    assert broker.storage.topics() == []

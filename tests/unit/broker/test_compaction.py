@@ -1,14 +1,20 @@
 """Compacted topics of the system namespace: the latest message per key, tombstones, readers
-from the earliest position, batches, trimming and recovery."""
+from the earliest position, batches, trimming and recovery; and `CompactedTopics.last`, kept up
+to date as keys are written, deleted and restored (it must answer what a full scan of the live
+keys answers, after any sequence of those)."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from mop.broker import Broker
-from mop.broker.compaction import TOMBSTONE_PROPERTY
+from mop.broker.compaction import TOMBSTONE_PROPERTY, CompactedTopics
 from mop.broker.storage import MemoryStorage
 from mop.message import Delivery, Message, MessageId
+from mop.messaging import StartPosition
 
-from .support import Clock, payloads, take_all
+from .support import Clock, payloads, subscribe, take_all
 
 TABLE = "persistent://public/__mop/retained"
 
@@ -33,7 +39,7 @@ async def test_a_reader_from_the_earliest_sees_the_latest_value_of_each_live_key
     broker = new_broker(MemoryStorage())
     for message in (put("a", "1"), put("b", "1"), put("a", "2"), put("c", "1"), delete("b")):
         await broker.publish(TABLE, message)
-    reader = await broker.subscribe("r", [TABLE], durable=False, earliest=True)
+    reader = await subscribe(broker, "r", [TABLE], durable=False, start=StartPosition.EARLIEST)
     assert keyed(take_all(broker, reader)) == [("a", "2"), ("c", "1")]
     # Later writes come as they are written, deletions included.
     await broker.publish(TABLE, put("a", "3"))
@@ -46,14 +52,14 @@ async def test_other_namespaces_are_not_compacted() -> None:
     plain = "persistent://public/default/t"
     await broker.publish(plain, put("a", "1"))
     await broker.publish(plain, put("a", "2"))
-    reader = await broker.subscribe("r", [plain], durable=False, earliest=True)
+    reader = await subscribe(broker, "r", [plain], durable=False, start=StartPosition.EARLIEST)
     assert payloads(take_all(broker, reader)) == ["1", "2"]
 
 
 async def test_a_latest_reader_gets_only_later_writes() -> None:
     broker = new_broker(MemoryStorage())
     await broker.publish(TABLE, put("a", "1"))
-    reader = await broker.subscribe("r", [TABLE], durable=False)
+    reader = await subscribe(broker, "r", [TABLE], durable=False)
     await broker.publish(TABLE, put("b", "1"))
     assert keyed(take_all(broker, reader)) == [("b", "1")]
 
@@ -65,7 +71,7 @@ async def test_the_table_outlives_trimming_of_the_log() -> None:
     await broker.publish(TABLE, put("b", "1"))
     broker.trim_acknowledged()  # nobody subscribes: the log goes
     assert storage.stats().messages == 0
-    reader = await broker.subscribe("r", [TABLE], durable=False, earliest=True)
+    reader = await subscribe(broker, "r", [TABLE], durable=False, start=StartPosition.EARLIEST)
     assert keyed(take_all(broker, reader)) == [("a", "1"), ("b", "1")]
 
 
@@ -77,7 +83,7 @@ async def test_the_table_survives_a_restart() -> None:
     last_written = await first.publish(TABLE, put("c", "1"))
     second = new_broker(storage)
     await second.recover()
-    reader = await second.subscribe("r", [TABLE], durable=False, earliest=True)
+    reader = await subscribe(second, "r", [TABLE], durable=False, start=StartPosition.EARLIEST)
     assert keyed(take_all(second, reader)) == [("b", "1"), ("c", "1")]
     last, _ = await second.position(reader.sub, TABLE)
     assert last == last_written.message_id
@@ -88,7 +94,7 @@ async def test_batch_members_are_kept_per_key() -> None:
     batch = Message(b"", batch=(put("a", "1"), put("b", "1"), put("c", "1")))
     stored = await broker.publish(TABLE, batch)
     await broker.publish(TABLE, put("b", "2"))
-    reader = await broker.subscribe("r", [TABLE], durable=False, earliest=True)
+    reader = await subscribe(broker, "r", [TABLE], durable=False, start=StartPosition.EARLIEST)
     deliveries = take_all(broker, reader)
     # The batch comes back with the members still current ("b" was written since).
     assert [d.message_id for d in deliveries][:2] == [
@@ -103,7 +109,7 @@ async def test_the_last_position_is_the_last_current_message() -> None:
     await broker.publish(TABLE, put("a", "1"))
     second = await broker.publish(TABLE, put("b", "1"))
     await broker.publish(TABLE, delete("a"))  # the last entry, but a reader never gets it
-    reader = await broker.subscribe("r", [TABLE], durable=False, earliest=True)
+    reader = await subscribe(broker, "r", [TABLE], durable=False, start=StartPosition.EARLIEST)
     last, _ = await broker.position(reader.sub, TABLE)
     assert last == second.message_id
     assert [d.message_id for d in take_all(broker, reader)] == [second.message_id]
@@ -114,10 +120,108 @@ async def test_acknowledged_snapshot_entries_move_a_durable_cursor() -> None:
     broker = new_broker(storage)
     await broker.publish(TABLE, put("a", "1"))
     await broker.publish(TABLE, put("a", "2"))
-    sub = await broker.subscribe("d", [TABLE], earliest=True)
+    sub = await subscribe(broker, "d", [TABLE], start=StartPosition.EARLIEST)
     got = take_all(broker, sub)
     assert keyed(got) == [("a", "2")]
     broker.ack(sub, got)
     cursor = sub.sub.cursors[TABLE]
     assert cursor.mark_delete == got[0].message_id
     assert not cursor.acked
+
+
+TOPIC = "persistent://public/__mop/retained"
+KEYS = st.sampled_from("abcde")  # few keys, so writes often replace and delete the newest
+
+# One step: a write of a key, a tombstone, a batch of both, a message without a key, a restart.
+STEP = st.one_of(
+    st.tuples(st.just("put"), KEYS),
+    st.tuples(st.just("delete"), KEYS),
+    st.tuples(st.just("batch"), st.lists(st.tuples(KEYS, st.booleans()), min_size=1, max_size=4)),
+    st.tuples(st.just("unkeyed"), st.none()),
+    st.tuples(st.just("restart"), st.none()),
+)
+
+
+def member(key: str | None, tombstone: bool) -> Message:
+    properties = ((TOMBSTONE_PROPERTY, "1"),) if tombstone else ()
+    return Message(b"v", key=key, properties=properties)
+
+
+def scanned_last(model: dict[str, MessageId]) -> MessageId | None:
+    """The answer by brute force: the newest entry holding a live key, with the index of its
+    last live member in what a reader gets, for a batch."""
+    if not model:
+        return None
+    whole = max(position.whole for position in model.values())
+    members = [position for position in model.values() if position.whole == whole]
+    if members[0].batch_index < 0:
+        return whole
+    return MessageId(whole.ledger, whole.entry, len(members) - 1)
+
+
+def read_last(tables: CompactedTopics) -> MessageId | None:
+    """The answer as a reader from the earliest position sees it: its last delivery."""
+    ids, entries = tables.backlog(TOPIC, None, [], frozenset())
+    if not ids:
+        return None
+    batch = entries[-1].message.batch
+    return ids[-1] if not batch else MessageId(ids[-1].ledger, ids[-1].entry, len(batch) - 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(STEP, max_size=40))
+def test_last_matches_a_full_scan_through_writes_deletes_and_restarts(
+    steps: list[tuple[str, object]],
+) -> None:
+    storage = MemoryStorage()
+    tables = CompactedTopics(storage, tenant="public")
+    model: dict[str, MessageId] = {}  # live key -> its position, kept by the test alone
+    for kind, arg in steps:
+        if kind == "restart":
+            tables = CompactedTopics(storage, tenant="public")
+            tables.restore()
+        else:
+            if kind == "put" or kind == "delete":
+                assert isinstance(arg, str)
+                message = member(arg, kind == "delete")
+                members: list[tuple[str | None, bool]] = [(arg, kind == "delete")]
+            elif kind == "batch":
+                assert isinstance(arg, list)
+                members = list(arg)
+                message = Message(b"", batch=tuple(member(k, dead) for k, dead in members))
+            else:
+                members = [(None, False)]
+                message = member(None, False)
+            message_id = storage.append(TOPIC, (message,))[0]
+            tables.record(TOPIC, message_id, message)
+            for index, (key, dead) in enumerate(members):
+                if key is None:
+                    continue
+                if dead:
+                    model.pop(key, None)
+                else:
+                    position = -1 if kind != "batch" else index
+                    model[key] = MessageId(message_id.ledger, message_id.entry, position)
+        expected = scanned_last(model)
+        assert tables.last(TOPIC) == expected
+        assert read_last(tables) == expected
+        assert sorted(tables.keys(TOPIC)) == sorted(model)
+
+
+def test_last_of_an_unknown_topic_is_none() -> None:
+    assert CompactedTopics(MemoryStorage(), tenant="public").last(TOPIC) is None
+
+
+def test_last_skips_entries_whose_keys_all_died() -> None:
+    storage = MemoryStorage()
+    tables = CompactedTopics(storage, tenant="public")
+    kept = Message(b"v", key="kept")
+    kept_id = storage.append(TOPIC, (kept,))[0]
+    tables.record(TOPIC, kept_id, kept)
+    # Many overwrites of one key: every entry but the newest dies, then the newest is deleted.
+    for _ in range(1000):
+        churn = Message(b"v", key="churn")
+        tables.record(TOPIC, storage.append(TOPIC, (churn,))[0], churn)
+    tombstone = member("churn", True)
+    tables.record(TOPIC, storage.append(TOPIC, (tombstone,))[0], tombstone)
+    assert tables.last(TOPIC) == kept_id

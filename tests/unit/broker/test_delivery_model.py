@@ -14,7 +14,7 @@ from mop.broker import Attachment, Broker
 from mop.broker.storage import MemoryStorage
 from mop.message import Delivery, MessageId
 
-from .support import Clock, msg, topic
+from .support import Clock, msg, subscribe, topic
 
 TOPICS = ["m/a", "m/b", "other"]  # the subscription selects "m/+"
 
@@ -50,7 +50,7 @@ class Harness:
 
     async def attach(self, capacity: int) -> None:
         if self.att is None:
-            self.att = await self.broker.subscribe("session", ["m/+"], capacity=capacity)
+            self.att = await subscribe(self.broker, "session", ["m/+"], capacity=capacity)
             self.model.last_seen.clear()
             self.model.in_hand.clear()
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from mop.broker import Broker
 from mop.broker.storage import MemoryStorage
+from mop.messaging import StartPosition
 
-from .support import Clock, msg, payloads, take_all, topic
+from .support import Clock, msg, payloads, subscribe, take_all, topic
 
 
 def grace_broker(storage: MemoryStorage, seconds: float = 5.0) -> Broker:
@@ -37,7 +38,7 @@ async def test_a_late_earliest_subscriber_still_finds_the_data() -> None:
     await broker.publish(topic("new"), msg("early"))
     broker.trim_acknowledged(now=0.0)
     broker.trim_acknowledged(now=1.0)
-    att = await broker.subscribe("finder", ["new"], earliest=True)
+    att = await subscribe(broker, "finder", ["new"], start=StartPosition.EARLIEST)
     assert payloads(take_all(broker, att)) == ["early"]
 
 
@@ -46,20 +47,20 @@ async def test_a_new_subscribed_topic_keeps_acknowledged_data_for_the_grace() ->
     # from the earliest message: what the first subscriber acknowledged must still be there.
     storage = MemoryStorage()
     broker = grace_broker(storage)
-    att = await broker.subscribe("c1", ["a"])
+    att = await subscribe(broker, "c1", ["a"])
     await broker.publish(topic("a"), msg("1"))
     broker.ack(att, take_all(broker, att))
     broker.trim_acknowledged(now=10.0)
     broker.trim_acknowledged(now=12.0)
     assert storage.stats().messages == 1
-    late = await broker.subscribe("finder", ["a"], earliest=True)
+    late = await subscribe(broker, "finder", ["a"], start=StartPosition.EARLIEST)
     assert payloads(take_all(broker, late)) == ["1"]
 
 
 async def test_an_old_subscribed_topic_trims_on_acknowledgement_at_once() -> None:
     storage = MemoryStorage()
     broker = grace_broker(storage)
-    att = await broker.subscribe("c1", ["a"])
+    att = await subscribe(broker, "c1", ["a"])
     await broker.publish(topic("a"), msg("1"))
     broker.ack(att, take_all(broker, att))
     broker.trim_acknowledged(now=10.0)  # trimming first sees the topic

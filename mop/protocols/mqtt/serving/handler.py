@@ -14,7 +14,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -24,6 +24,7 @@ from mop.processor import (
     ClientContext,
     ClientLease,
     ConnectionLimitReached,
+    FenceNotifier,
     PublishResult,
 )
 from mop.protocols.mqtt.codec import NEED_DATA, NeedData
@@ -138,9 +139,8 @@ class ClientHandler:
             async with trio.open_nursery() as nursery:
                 self.out.write_from(nursery)
                 # A lease that calls back when fenced saves a task per connection.
-                on_fenced = getattr(self.lease, "on_fenced", None)
-                if on_fenced is not None:
-                    on_fenced(self._on_fenced)
+                if self.server.processor.capabilities.fence_callbacks:
+                    cast("FenceNotifier", self.lease).on_fenced(self._on_fenced)
                 else:
                     nursery.start_soon(self._watch_fence)
                 self.subs.start(nursery, flow.deliver)

@@ -32,7 +32,9 @@ class PulsarProtocol:
 
     async def start(self, services: NodeServices) -> None:
         assert self._settings is not None, "initialize() first"
-        self._server = PulsarServer(self._settings, services.processor, self._timers)
+        self._server = PulsarServer(
+            self._settings, services.processor, self._timers, membership=services.membership
+        )
         await services.nursery.start(self._server.serve)
 
     @property

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import trio
 
+from mop.membership import Membership, normalize_url
 from mop.processor import BackendError, MessagingProcessor
 from mop.protocols.pulsar.connection import ConnectionLimits
 from mop.protocols.pulsar.errors import ServerError
@@ -64,7 +65,12 @@ class Timers:
 
 class PulsarServer:
     def __init__(
-        self, settings: Settings, processor: MessagingProcessor, timers: Timers | None = None
+        self,
+        settings: Settings,
+        processor: MessagingProcessor,
+        timers: Timers | None = None,
+        *,
+        membership: Membership | None = None,
     ) -> None:
         self.processor = processor
         self.settings = settings
@@ -76,13 +82,10 @@ class PulsarServer:
         # keys its sequence ids (deduplication).
         self._boot = uuid.uuid4().hex[:8]
         self._names = itertools.count()
-        # This broker's URL as the cluster lists it, and the other members, if any.
-        cluster = settings.cluster
-        self.own_url = _normal(
-            cluster.advertised_url or f"pulsar://{settings.pulsar.host}:{settings.pulsar.port}"
-        )
-        members = {_normal(url) for url in cluster.brokers}
-        self.peers = PeerLinks(sorted(members - {self.own_url}) if len(members) > 1 else ())
+        # This broker's URL as the cluster lists it, and the other members, if any (none
+        # when not given: a broker alone).
+        self.membership = membership or Membership((), "")
+        self.peers = PeerLinks(self.membership.peers())
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled when there are peers, whose connections go with it."""
@@ -116,7 +119,7 @@ class PulsarServer:
         if not self.peers:
             return None
         url = await self.processor.lookup(topic)
-        return None if _normal(url) == self.own_url else url
+        return None if normalize_url(url) == self.membership.url else url
 
     def producer_name(self) -> str:
         return f"mop-{self._boot}-{next(self._names)}"
@@ -146,7 +149,3 @@ class PulsarServer:
                 f"namespace {namespace!r} does not exist (this node serves {self.tenant}/*)",
             )
 
-
-def _normal(url: str) -> str:
-    # As the broker's ownership compares member URLs.
-    return url.strip().rstrip("/")

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import trio
 
 from mop.backends.local import open_local_backend
-from mop.broker.ownership import Ownership
 from mop.broker.storage.memory import MemoryStorage
+from mop.membership import Membership
 from mop.message import Message
 from mop.processor import MessagingProcessor
 from mop.protocols.pulsar.commands import (
@@ -51,16 +51,19 @@ async def two_members() -> AsyncIterator[tuple[Member, Member, trio.Nursery]]:
         port = listeners[0].socket.getsockname()[1]
         urls = ["pulsar://127.0.0.1:1", f"pulsar://127.0.0.1:{port}"]
         members = []
-        async with open_local_backend(MemoryStorage(), advertised_url=urls[0], members=urls) as a, (
-            open_local_backend(MemoryStorage(), advertised_url=urls[1], members=urls)
+        views = [Membership(urls, url) for url in urls]
+        async with open_local_backend(MemoryStorage(), membership=views[0]) as a, (
+            open_local_backend(MemoryStorage(), membership=views[1])
         ) as b:
-            for url, backend in zip(urls, (a, b), strict=True):
+            for url, backend, membership in zip(urls, (a, b), views, strict=True):
                 settings = Settings(
                     protocols=("pulsar",),
                     pulsar=PulsarSettings(port=int(url.rsplit(":", 1)[1])),
                     cluster=ClusterSettings(brokers=tuple(urls), advertised_url=url),
                 )
-                server = PulsarServer(settings, MessagingProcessor(backend))
+                server = PulsarServer(
+                    settings, MessagingProcessor(backend), membership=membership
+                )
                 await nursery.start(server.serve)
                 members.append(Member(url, server))
 
@@ -82,7 +85,7 @@ async def connected(member: Member, nursery: trio.Nursery, version: str = "memor
 
 def split(a: Member, b: Member) -> tuple[str, str]:
     """A topic A owns and one B owns."""
-    ownership = Ownership((a.url, b.url), a.url)
+    ownership = Membership((a.url, b.url), a.url)
     mine = next(t for t in TOPICS if ownership.owns(t))
     theirs = next(t for t in TOPICS if not ownership.owns(t))
     return mine, theirs

@@ -24,7 +24,7 @@ from mop.broker.storage.records import (
     frame,
 )
 from mop.message import Message, MessageId
-from tests.unit.storage.conftest import small_settings
+from tests.unit.broker.storage.conftest import small_settings
 
 
 def _messages(*payloads: str) -> list[Message]:

@@ -1,4 +1,5 @@
-"""`LocalBackend` through the `Backend` contract only: leases, consumers, tables, errors."""
+"""`LocalBackend` through the `Backend` contract: consumers, tables, errors, batched publishing
+(one sync for a batch) and at-most-once QoS 0 done by the broker."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import pytest
 import trio
 import trio.testing
 
-from mop.backends.local import open_local_backend
-from mop.broker.storage import MemoryStorage
+from mop.backends.local import LocalBackend, open_local_backend
+from mop.broker.storage import MemoryStorage, StorageError
+from mop.membership import Membership
 from mop.message import Message
 from mop.processor.backend import (
     Backend,
     BackendError,
     ConsumerClosed,
+    PublishResult,
     QuotaExceeded,
     StartPosition,
     SubscriptionKind,
@@ -46,17 +49,6 @@ def message(payload: str, qos: int = 1) -> Message:
 
 
 T = mqtt_to_pulsar
-
-
-@pytest.fixture
-def storage() -> MemoryStorage:
-    return MemoryStorage()
-
-
-@pytest.fixture
-async def backend(storage: MemoryStorage) -> AsyncIterator[Backend]:
-    async with open_local_backend(storage, fence_timeout=5.0, trim_interval=0.5) as running:
-        yield running
 
 
 async def test_publish_subscribe_receive_ack(backend: Backend) -> None:
@@ -174,47 +166,6 @@ async def test_earliest_start(backend: Backend) -> None:
     assert [d.message.payload for d in await consumer.receive(5)] == [b"old"]
 
 
-async def test_lease_fencing_waits_for_release(backend: Backend) -> None:
-    first = await backend.open_client("dev")
-    assert first.client_id == "dev"
-    second_lease = []
-    async with trio.open_nursery() as nursery:
-
-        async def take_over() -> None:
-            second_lease.append(await backend.open_client("dev"))
-
-        nursery.start_soon(take_over)
-        with trio.fail_after(1):
-            await first.wait_fenced()
-        await trio.testing.wait_all_tasks_blocked()
-        assert second_lease == []  # still waiting for the first to let go
-        await first.release()
-    second = second_lease[0]
-    with trio.move_on_after(0.01) as scope:
-        await second.wait_fenced()
-    assert scope.cancelled_caught  # the new holder is not fenced
-    await second.release()
-    third = await backend.open_client("dev")  # nobody holds it: no wait
-    await third.release()
-
-
-async def test_lease_takeover_is_bounded(
-    storage: MemoryStorage, autojump_clock: trio.abc.Clock
-) -> None:
-    async with open_local_backend(storage, fence_timeout=3.0) as backend:
-        stuck = await backend.open_client("dev")
-        start = trio.current_time()
-        second = await backend.open_client("dev")
-        assert trio.current_time() - start == pytest.approx(3.0)
-        with trio.fail_after(1):
-            await stuck.wait_fenced()
-        await stuck.release()  # late release must not drop the new holder
-        third_started = trio.current_time()
-        await backend.open_client("dev")
-        assert trio.current_time() - third_started == pytest.approx(3.0)
-        await second.release()
-
-
 async def test_tables_write_through(storage: MemoryStorage) -> None:
     async with open_local_backend(storage) as backend:
         table = backend.table("retained")
@@ -274,7 +225,7 @@ async def test_lookup_stats_and_trimming(
     storage: MemoryStorage, autojump_clock: trio.abc.Clock
 ) -> None:
     async with open_local_backend(
-        storage, advertised_url="pulsar://node:6650", trim_interval=1.0
+        storage, membership=Membership((), "pulsar://node:6650"), trim_interval=1.0
     ) as backend:
         assert await backend.lookup(T("a")) == "pulsar://node:6650"
         consumer = await backend.subscribe(spec("c1", "a"))
@@ -286,3 +237,84 @@ async def test_lookup_stats_and_trimming(
         consumer.ack(await consumer.receive(5))
         await trio.sleep(1.5)
         assert backend.stats().messages_stored == 0
+
+
+class FailingSync(MemoryStorage):
+    """Memory storage whose writes fail (`sync` raises) while `failing` is set."""
+
+    failing = False
+
+    async def sync(self) -> None:
+        if self.failing:
+            await trio.lowlevel.checkpoint()
+            raise StorageError("the disk went away")
+        await super().sync()
+
+
+@pytest.fixture
+async def limited() -> AsyncIterator[LocalBackend]:
+    """A backend over 20 bytes of storage whose writes fail while `failing` is set."""
+    async with open_local_backend(FailingSync(max_bytes=20)) as running:
+        yield running
+
+
+def kinds(results: list[PublishResult | BackendError]) -> list[str]:
+    return [type(r).__name__ for r in results]
+
+
+async def test_batch_is_routed_in_order_with_one_sync(limited: LocalBackend) -> None:
+    assert limited.capabilities.publish_batch
+    consumer = await limited.subscribe(SubscriptionSpec("s", frozenset(["a"])))
+    storage = limited.storage
+    assert isinstance(storage, MemoryStorage)
+    syncs = storage.syncs
+    items = [(T("a"), message(str(n), qos=n % 2)) for n in range(6)]
+    results = await limited.publish_batch(items)
+    assert storage.syncs == syncs + 1
+    assert all(isinstance(r, PublishResult) and r.subscriptions == 1 for r in results)
+    ids = [r.message_id for r in results if isinstance(r, PublishResult)]
+    assert ids == sorted(ids)
+    received = await consumer.receive(10)
+    assert [d.message.payload for d in received] == [b"0", b"1", b"2", b"3", b"4", b"5"]
+
+
+async def test_qos0_only_batch_does_not_sync(limited: LocalBackend) -> None:
+    storage = limited.storage
+    assert isinstance(storage, MemoryStorage)
+    syncs = storage.syncs
+    await limited.publish_batch([(T("a"), message("x", qos=0))])
+    assert storage.syncs == syncs
+
+
+async def test_a_refused_item_does_not_stop_the_others(limited: LocalBackend) -> None:
+    # 20 bytes of storage: the second message does not fit, the third (empty) does.
+    items = [(T("a"), message("0123456789")), (T("a"), message("x" * 15)), (T("a"), message(""))]
+    results = await limited.publish_batch(items)
+    assert kinds(results) == ["PublishResult", "QuotaExceeded", "PublishResult"]
+    assert isinstance(results[1], QuotaExceeded) and results[1].reason == "quota_exceeded"
+
+
+async def test_a_failed_write_fails_every_item_that_waited_for_it(limited: LocalBackend) -> None:
+    storage = limited.storage
+    assert isinstance(storage, FailingSync)
+    storage.failing = True
+    items = [(T("a"), message("1", qos=1)), (T("a"), message("2", qos=0))]
+    results = await limited.publish_batch(items)
+    assert isinstance(results[0], BackendError) and results[0].reason == "storage_error"
+    assert isinstance(results[1], PublishResult)  # QoS 0 never waited for the write
+
+
+@pytest.mark.parametrize(("auto_ack", "back"), [(True, []), (False, [b"q0"])])
+async def test_auto_ack_qos0_is_never_delivered_again(
+    limited: LocalBackend, auto_ack: bool, back: list[bytes]
+) -> None:
+    spec = SubscriptionSpec("s", frozenset(["a"]), auto_ack_qos0=auto_ack)
+    consumer = await limited.subscribe(spec)
+    await limited.publish(T("a"), message("q0", qos=0))
+    assert [d.message.payload for d in await consumer.receive(10)] == [b"q0"]
+    await consumer.close()  # without acknowledging
+    again = await limited.subscribe(spec)
+    got: list[bytes] = []
+    with trio.move_on_after(0.2):
+        got = [d.message.payload for d in await again.receive(10)]
+    assert got == back

@@ -1,5 +1,7 @@
 """`DurableStorage`: the `Storage` contract (shared with `MemoryStorage`), records, segments,
-reclaim, retention, group commit and write errors."""
+reclaim, retention, group commit and write errors. A sync whose caller is cancelled (a client
+that disconnects while its publish waits) must still write what it took from the queue, or the
+hole it leaves would cut off every later record at recovery."""
 
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ from mop.broker.storage.records import (
     frame,
 )
 from mop.message import Message, MessageId
-from tests.unit.storage.conftest import Harness, small_settings
+from tests.unit.broker.storage.conftest import Harness, small_settings
 
 
 def _messages(*payloads: str) -> list[Message]:
@@ -535,3 +537,27 @@ async def test_open_logs_a_summary(tmp_path: Path, caplog: pytest.LogCaptureFixt
     assert "1 topics, 1 messages, 0 cursors and 1 table keys" in caplog.text
     assert str(store.recovery) in caplog.text
     await store.aclose()
+
+
+async def test_a_cancelled_sync_leaves_no_hole_in_the_log(tmp_path: Path) -> None:
+    settings = small_settings(fsync="always")  # every write goes through a worker thread
+    store = await open_durable_storage(tmp_path, settings)
+    first = store.append("t", [Message(b"from a client that went away", qos=1)])
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await store.sync()
+    second = store.append("t", [Message(b"from a client that stayed", qos=1)])
+    await store.sync()
+    page = await store.read("t", None, 10)
+    assert [i for i, _ in page] == first + second
+    await store.aclose()
+
+    store = await open_durable_storage(tmp_path, settings)
+    try:
+        page = await store.read("t", None, 10)
+        assert [m.payload for _, m in page] == [
+            b"from a client that went away",
+            b"from a client that stayed",
+        ]
+    finally:
+        await store.aclose()

@@ -10,7 +10,7 @@ import pytest
 from mop.broker.storage.durable import open_durable_storage
 from mop.broker.storage.records import Scanner, encode_message, frame, frame_messages
 from mop.message import Message, MessageId
-from tests.unit.storage.conftest import small_settings
+from tests.unit.broker.storage.conftest import small_settings
 
 _MIXED = [
     Message(b"plain", producer="c1", publish_time=7, qos=0),

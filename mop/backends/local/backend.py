@@ -1,0 +1,362 @@
+"""`LocalBackend`: the `Backend` of merged mode, which calls straight into the colocated broker
+and storage. Waiting (receive, fencing, delayed redelivery) is done here, with trio.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+import trio
+
+from mop.backends.local.consumer import LocalConsumer
+from mop.backends.local.errors import translate, translated
+from mop.backends.local.lease import LocalLease
+from mop.backends.local.producer import LocalProducer
+from mop.backends.local.role import LocalRole
+from mop.backends.local.table import LocalTable
+from mop.broker import (
+    BROKER_TABLE_PREFIX,
+    NON_PERSISTENT,
+    Broker,
+    BrokerError,
+    BrokerStats,
+)
+from mop.broker.storage import Storage, StorageError
+from mop.membership import Membership
+from mop.message import Message
+from mop.processor.backend import (
+    BackendCapabilities,
+    BackendError,
+    ProducerSpec,
+    PublishResult,
+    SubscriptionSpec,
+)
+from mop.topic_names import mqtt_to_pulsar
+
+if TYPE_CHECKING:
+    from mop.processor.backend import (
+        Backend,
+        BatchPublisher,
+        ClientLease,
+        Consumer,
+        FenceNotifier,
+        Producer,
+        Table,
+    )
+
+__all__ = ["LocalBackend", "open_local_backend"]
+
+# What `lookup` answers when no membership is given.
+DEFAULT_URL = "pulsar://127.0.0.1:6650"
+
+# Messages a permit-based consumer may hold unacknowledged before dispatch to it pauses.
+MAX_UNACKED_PER_CONSUMER = 50_000
+
+class LocalBackend:
+    """The merged-mode backend. Run it with `await nursery.start(backend.serve)` (or use
+    `open_local_backend`): `serve` recovers the broker from storage, then runs delayed
+    redelivery and trimming until `aclose()`."""
+
+    # `SubscriptionSpec.auto_ack_qos0` is done by the broker, as messages are taken.
+    capabilities = BackendCapabilities(
+        publish_batch=True, auto_acks_qos0=True, fence_callbacks=True
+    )
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        tenant: str = "public",
+        namespace: str = "default",
+        membership: Membership | None = None,
+        receiver_queue: int = 1000,
+        fence_timeout: float = 10.0,
+        trim_interval: float = 1.0,
+        unsubscribed_grace: float = 0.0,
+    ) -> None:
+        self.storage = storage
+        self.broker = Broker(
+            storage, tenant=tenant, namespace=namespace, unsubscribed_grace=unsubscribed_grace
+        )
+        # This broker's URL, and the members of its cluster (none or one: it owns every topic).
+        self.membership = membership or Membership((), DEFAULT_URL)
+        self.receiver_queue = receiver_queue
+        self.fence_timeout = fence_timeout
+        self.trim_interval = trim_interval
+        self._leases: dict[str, LocalLease] = {}
+        self._consumers: set[LocalConsumer] = set()
+        self._tables: dict[str, LocalTable] = {}
+        self._delay_event = trio.Event()
+        self._stop = trio.Event()
+        self._running = False
+        self._closed = False
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Recover, report readiness, and run background work until `aclose()`."""
+        if self._running or self._closed:
+            raise RuntimeError("LocalBackend.serve() may run only once")
+        with translated():
+            await self.broker.recover()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._redeliver_delayed)
+            nursery.start_soon(self._trim_periodically)
+            self._running = True
+            task_status.started()
+            await self._stop.wait()
+            nursery.cancel_scope.cancel()
+
+    async def _redeliver_delayed(self) -> None:
+        """Return nacked messages after their delay, and release messages held back until
+        their `deliver_at` (on the wall clock)."""
+        broker = self.broker
+        while True:
+            self._delay_event = trio.Event()
+            due = broker.next_due()
+            deadline = float("inf") if due is None else due
+            scheduled = broker.next_scheduled()
+            if scheduled is not None:
+                wait = max(0.0, (scheduled - time.time() * 1000.0) / 1000.0)
+                deadline = min(deadline, trio.current_time() + wait)
+            with trio.move_on_at(deadline):
+                await self._delay_event.wait()
+            broker.release_due(trio.current_time())
+            broker.release_scheduled()
+
+    def _delays_changed(self) -> None:
+        self._delay_event.set()
+
+    async def _trim_periodically(self) -> None:
+        while True:
+            await trio.sleep(self.trim_interval)
+            with translated():
+                self.broker.trim_acknowledged(trio.current_time())
+
+    def _check_running(self) -> None:
+        if self._closed:
+            raise BackendError("backend is closed", reason="closed")
+        if not self._running:
+            raise BackendError("backend is not running: start serve() first", reason="closed")
+
+    # -- Backend ---------------------------------------------------------------------------
+
+    async def open_client(self, client_id: str) -> LocalLease:
+        self._check_running()
+        previous = self._leases.get(client_id)
+        lease = self._leases[client_id] = LocalLease(self, client_id)
+        if previous is None:
+            await trio.lowlevel.checkpoint()
+            return lease
+        previous._fence()
+        try:
+            # A holder that does not let go in time loses the id anyway: it is fenced.
+            with trio.move_on_after(self.fence_timeout):
+                await previous._wait_released()
+        except BaseException:
+            lease._release_now()
+            raise
+        return lease
+
+    def _lease_released(self, lease: LocalLease) -> None:
+        if self._leases.get(lease.client_id) is lease:
+            del self._leases[lease.client_id]
+
+    async def publish(self, topic: str, message: Message) -> PublishResult:
+        self._check_running()
+        try:
+            published = await self.broker.publish(topic, message)
+        except (StorageError, BrokerError) as exc:
+            raise translate(exc) from exc
+        if message.deliver_at:
+            self._delays_changed()
+        return PublishResult(published.message_id, published.subscriptions)
+
+    async def publish_batch(
+        self, items: Sequence[tuple[str, Message]]
+    ) -> list[PublishResult | BackendError]:
+        """Store every message in order, then make them durable with one storage sync."""
+        try:
+            self._check_running()
+        except BackendError as exc:
+            return [exc] * len(items)
+        store_many = self.broker.store_many
+        results: list[PublishResult | BackendError] = []
+        durable: list[int] = []  # indexes of the results that wait for the sync
+        routed = False  # a message that waits for the sync went to a subscription
+        delays = False
+        start, end = 0, len(items)
+        while start < end:
+            # Consecutive messages of one topic (usually a whole read from one client) are
+            # stored and routed together.
+            topic = items[start][0]
+            stop = start + 1
+            while stop < end and items[stop][0] == topic:
+                stop += 1
+            messages = [message for _, message in items[start:stop]]
+            outcomes: list[PublishResult | BackendError]
+            if len(messages) == 1:
+                outcomes = [self._store_one(topic, messages[0])]
+            else:
+                try:
+                    ids, count = store_many(topic, messages)
+                except (StorageError, BrokerError):
+                    # None of them was stored: one at a time, for a result each.
+                    outcomes = [self._store_one(topic, message) for message in messages]
+                else:
+                    outcomes = [PublishResult(message_id, count) for message_id in ids]
+            persistent = not topic.startswith(NON_PERSISTENT)
+            for index, (message, outcome) in enumerate(zip(messages, outcomes, strict=True)):
+                if (message.qos or message.deliver_at) and isinstance(outcome, PublishResult):
+                    if message.qos and persistent:
+                        durable.append(len(results) + index)
+                        routed = routed or bool(outcome.subscriptions)
+                    if message.deliver_at:
+                        delays = True
+            results += outcomes
+            start = stop
+        if delays:
+            self._delays_changed()
+        if durable:
+            if routed:
+                # The consumers these messages woke deliver before the log write and this
+                # publisher's acks, not after them: trio runs the tasks of a pass in either
+                # order, and with this pass and the one the sync makes before its write, a
+                # woken consumer runs first either way. Cancellation stays with the sync.
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            try:
+                await self.storage.sync()
+            except StorageError as exc:
+                error = translate(exc)
+                for index in durable:
+                    results[index] = error
+        return results
+
+    def _store_one(self, topic: str, message: Message) -> PublishResult | BackendError:
+        try:
+            published = self.broker.store(topic, message)
+        except (StorageError, BrokerError) as exc:
+            return translate(exc)
+        return PublishResult(published.message_id, published.subscriptions)
+
+    async def open_producer(self, spec: ProducerSpec) -> LocalProducer:
+        self._check_running()
+        producer = LocalProducer(self, spec)
+        await trio.lowlevel.checkpoint()
+        return producer
+
+    async def topics(self, namespace: str) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        return self.broker.topics(namespace)
+
+    async def subscribe(self, spec: SubscriptionSpec) -> LocalConsumer:
+        self._check_running()
+        consumer = LocalConsumer(self, spec)
+        with translated():
+            att = await self.broker.subscribe(
+                spec,
+                capacity=MAX_UNACKED_PER_CONSUMER if spec.permits else self.receiver_queue,
+                on_ready=consumer._on_ready,
+                on_active=consumer._on_active,
+            )
+        consumer._att = att
+        consumer._seen_active = consumer._active
+        self._delays_changed()
+        if self._closed:
+            consumer._shutdown()
+            raise BackendError("backend is closed", reason="closed")
+        self._consumers.add(consumer)
+        return consumer
+
+    async def delete_subscription(self, name: str, member: str = "") -> None:
+        self._check_running()
+        with translated():
+            await self.broker.delete_subscription(name, member)
+
+    def table(self, name: str) -> LocalTable:
+        if name.startswith(BROKER_TABLE_PREFIX):
+            raise ValueError(f"table {name!r} is reserved for the broker")
+        table = self._tables.get(name)
+        if table is None:
+            table = self._tables[name] = LocalTable(self.storage, name)
+        return table
+
+    async def lookup(self, topic: str) -> str:
+        """The URL of the cluster member that owns `topic` (an MQTT or a full Pulsar name)."""
+        await trio.lowlevel.checkpoint()
+        membership = self.membership
+        if not membership.clustered:
+            return membership.advertised_url
+        broker = self.broker
+        return membership.owner(
+            mqtt_to_pulsar(topic, tenant=broker.tenant, namespace=broker.namespace)
+        )
+
+    async def hold_role(self, name: str) -> LocalRole:
+        """Every role: this node is the only one (see `LocalRole`)."""
+        self._check_running()
+        await trio.lowlevel.checkpoint()
+        return LocalRole(name)
+
+    def stats(self) -> BrokerStats:
+        """Counts for `$SYS` topics and metrics: topics, subscriptions, messages."""
+        return self.broker.stats()
+
+    async def aclose(self) -> None:
+        """Close every consumer (a waiting `receive` raises ConsumerClosed), fence every
+        lease, stop `serve` and close the storage."""
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        for consumer in list(self._consumers):
+            consumer._shutdown()
+        for lease in self._leases.values():
+            lease._fence()
+        self._stop.set()
+        with trio.CancelScope(shield=True), translated():
+            await self.storage.aclose()
+
+
+@asynccontextmanager
+async def open_local_backend(
+    storage: Storage,
+    *,
+    tenant: str = "public",
+    namespace: str = "default",
+    membership: Membership | None = None,
+    receiver_queue: int = 1000,
+    fence_timeout: float = 10.0,
+    trim_interval: float = 1.0,
+    unsubscribed_grace: float = 0.0,
+) -> AsyncIterator[LocalBackend]:
+    """Run a `LocalBackend` over `storage` for the duration of the block, then close it."""
+    backend = LocalBackend(
+        storage,
+        tenant=tenant,
+        namespace=namespace,
+        membership=membership,
+        receiver_queue=receiver_queue,
+        fence_timeout=fence_timeout,
+        trim_interval=trim_interval,
+        unsubscribed_grace=unsubscribed_grace,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(backend.serve)
+        try:
+            yield backend
+        finally:
+            await backend.aclose()
+
+
+if TYPE_CHECKING:
+
+    def _conforms(
+        backend: LocalBackend,
+        consumer: LocalConsumer,
+        table: LocalTable,
+        lease: LocalLease,
+        producer: LocalProducer,
+    ) -> tuple[Backend, BatchPublisher, Consumer, Table, ClientLease, FenceNotifier, Producer]:
+        return backend, backend, consumer, table, lease, lease, producer

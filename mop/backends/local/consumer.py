@@ -1,0 +1,181 @@
+"""`LocalConsumer`: a consumer attached to the colocated broker."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import trio
+
+from mop.backends.local.errors import translate, translated
+from mop.broker import Attachment, BrokerError
+from mop.broker.storage import StorageError
+from mop.message import Delivery, MessageId
+from mop.processor.backend import ConsumerClosed, CursorPosition, SubscriptionSpec
+
+if TYPE_CHECKING:
+    from mop.backends.local.backend import LocalBackend
+
+__all__ = ["LocalConsumer"]
+
+
+class LocalConsumer:
+    """A consumer attached to the broker; one task at a time may wait in `receive`."""
+
+    def __init__(self, backend: LocalBackend, spec: SubscriptionSpec) -> None:
+        self._backend = backend
+        self._spec = spec
+        self._att: Attachment | None = None
+        self._wakeup: trio.Event | None = None
+        self._closed = False
+        self._active = False
+        self._seen_active = False  # what `active_changed` last reported
+        self._active_event = trio.Event()
+
+    @property
+    def spec(self) -> SubscriptionSpec:
+        return self._spec
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _on_ready(self) -> None:
+        # Called by the broker when messages are queued for this consumer.
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def _on_active(self, active: bool) -> None:
+        # Called by the broker when a failover subscription's active consumer changes.
+        self._active = active
+        self._active_event.set()
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    async def active_changed(self) -> bool:
+        while True:
+            self._attachment()
+            if self._active != self._seen_active:
+                self._seen_active = self._active
+                return self._active
+            self._active_event = trio.Event()
+            await self._active_event.wait()
+
+    def _attachment(self) -> Attachment:
+        if self._closed or self._att is None:
+            raise ConsumerClosed(f"consumer of {self._spec.name!r} is closed")
+        return self._att
+
+    async def receive(self, max_messages: int) -> list[Delivery]:
+        if max_messages < 1:
+            raise ValueError("max_messages must be at least 1")
+        if self._wakeup is not None:
+            raise trio.BusyResourceError("another task is already receiving from this consumer")
+        await trio.lowlevel.checkpoint_if_cancelled()
+        broker = self._backend.broker
+        waited = False
+        while True:
+            att = self._attachment()
+            try:
+                deliveries = broker.take(att, max_messages)
+            except (StorageError, BrokerError) as exc:
+                raise translate(exc) from exc
+            if deliveries:
+                if not waited:
+                    # Messages were there at once: still let other tasks run (a long backlog
+                    # must not keep the loop to itself), without a cancellation point that
+                    # would lose what was just taken.
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                return deliveries
+            event = self._wakeup = trio.Event()
+            try:
+                await event.wait()
+            finally:
+                self._wakeup = None
+            waited = True
+
+    def ack(self, deliveries: Iterable[Delivery]) -> None:
+        # Acknowledging after close is a no-op: the messages went back to the subscription.
+        if not self._closed and self._att is not None:
+            try:
+                self._backend.broker.ack(self._att, deliveries)
+            except (StorageError, BrokerError) as exc:
+                raise translate(exc) from exc
+
+    def nack(self, deliveries: Iterable[Delivery], delay: float = 0.0) -> None:
+        if self._closed or self._att is None:
+            return
+        with translated():
+            if delay > 0:
+                self._backend.broker.nack(self._att, deliveries, due=trio.current_time() + delay)
+                self._backend._delays_changed()
+            else:
+                self._backend.broker.nack(self._att, deliveries)
+
+    def ack_through(self, topic: str, message_id: MessageId) -> None:
+        if not self._closed and self._att is not None:
+            with translated():
+                self._backend.broker.ack_through(self._att, topic, message_id)
+
+    def grant(self, permits: int) -> None:
+        if not self._closed and self._att is not None:
+            with translated():
+                self._backend.broker.grant(self._att, permits)
+
+    async def seek(
+        self, topic: str, *, message_id: MessageId | None = None, publish_time: int | None = None
+    ) -> None:
+        att = self._attachment()
+        with translated():
+            await self._backend.broker.reset(
+                att.sub, topic, message_id=message_id, publish_time=publish_time
+            )
+        self._backend._delays_changed()
+
+    async def position(self, topic: str) -> CursorPosition:
+        att = self._attachment()
+        with translated():
+            last, mark = await self._backend.broker.position(att.sub, topic)
+        return CursorPosition(last, mark)
+
+    async def add_selector(self, selector: str) -> None:
+        att = self._attachment()
+        with translated():
+            await self._backend.broker.add_selector(att.sub, selector)
+        self._spec = dataclasses.replace(self._spec, selectors=self._spec.selectors | {selector})
+
+    async def remove_selector(self, selector: str) -> None:
+        att = self._attachment()
+        with translated():
+            await self._backend.broker.remove_selector(att.sub, selector)
+        self._spec = dataclasses.replace(self._spec, selectors=self._spec.selectors - {selector})
+
+    async def close(self) -> None:
+        self._shutdown()
+        await trio.lowlevel.checkpoint()
+
+    async def unsubscribe(self) -> None:
+        att = self._att
+        already_closed = self._closed
+        self._shutdown()
+        if att is not None and not already_closed:
+            with translated():
+                await self._backend.broker.unsubscribe(att)
+        else:
+            await trio.lowlevel.checkpoint()
+
+    def _shutdown(self) -> None:
+        """Detach from the broker and wake a waiting `receive`, which then raises."""
+        if self._closed:
+            return
+        self._closed = True
+        self._backend._consumers.discard(self)
+        if self._att is not None:
+            with translated():
+                self._backend.broker.close(self._att)
+        if self._wakeup is not None:
+            self._wakeup.set()
+        self._active_event.set()

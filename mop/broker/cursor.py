@@ -1,0 +1,125 @@
+"""`Entry`, a stored message as it travels through dispatch, and `Cursor`, one subscription on
+one topic. The leaf of the broker's modules: every other one imports it, it imports none of them
+(it names `Subscription` and `Topic` for the type checker only). No I/O.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from mop.broker.storage.api import CursorState
+from mop.message import Delivery, Message, MessageId
+
+if TYPE_CHECKING:
+    from mop.broker.subscription import Subscription
+    from mop.broker.topic import Topic
+
+__all__ = ["Cursor", "Entry"]
+
+
+class Entry:
+    """One message of one topic; created once per publish and shared by every subscription.
+
+    `delivery` is the message as first delivered (made by the first consumer that takes it):
+    a delivery is immutable, so every other consumer that takes the message for the first
+    time is handed the same object instead of a copy of its own.
+    """
+
+    __slots__ = ("delivery", "message", "message_id", "topic")
+
+    def __init__(self, topic: str, message_id: MessageId, message: Message) -> None:
+        self.topic = topic
+        self.message_id = message_id
+        self.message = message
+        self.delivery: Delivery | None = None
+
+    def __repr__(self) -> str:
+        return f"Entry({self.topic!r}, {self.message_id!r})"
+
+
+class Cursor:
+    """One subscription on one topic: what it acknowledged, and the messages it still waits
+    to dispatch (`backlog`, in id order)."""
+
+    __slots__ = (
+        "acked",
+        "attached",
+        "backlog",
+        "ids",
+        "in_ready",
+        "loading",
+        "mark_delete",
+        "partial",
+        "qos0",
+        "redeliveries",
+        "returned",
+        "sub",
+        "topic",
+    )
+
+    def __init__(self, sub: Subscription, topic: Topic, mark_delete: MessageId | None) -> None:
+        self.sub = sub
+        self.topic = topic
+        self.mark_delete = mark_delete
+        # Every id after mark_delete routed to this cursor and not yet folded into it, in
+        # order; `acked` holds those among them acknowledged out of order.
+        self.ids: deque[MessageId] = deque()
+        self.acked: set[MessageId] = set()
+        self.backlog: deque[Entry] = deque()
+        self.redeliveries: dict[MessageId, int] = {}
+        # Batch entries acknowledged in part: entry id -> bit set of the acknowledged indexes.
+        # Kept in memory only: after a restart the whole batch is owed again.
+        self.partial: dict[MessageId, int] = {}
+        self.qos0 = 0  # qos-0 entries in the backlog, so a full backlog knows if it can evict
+        self.returned = 0  # entries at the front of the backlog that came back from consumers
+        self.in_ready = False
+        # While the backlog is being read from storage, new messages queue up behind it.
+        self.loading = False
+        self.attached = True
+
+    def __repr__(self) -> str:
+        return f"Cursor({self.sub.name!r}, {self.topic.name!r})"
+
+    def ack(self, message_id: MessageId) -> None:
+        if self.redeliveries:
+            self.redeliveries.pop(message_id, None)
+        if self.partial:
+            self.partial.pop(message_id, None)
+        ids = self.ids
+        # Usually the very object routed to the cursor: identity first, then equality.
+        if ids and (ids[0] is message_id or ids[0] == message_id):
+            ids.popleft()
+            self.mark_delete = message_id
+            self.settle()
+        elif self.mark_delete is None or message_id > self.mark_delete:
+            self.acked.add(message_id)
+        self.sub.books.changed.add(self)
+
+    def is_acked(self, message_id: MessageId) -> bool:
+        mark = self.mark_delete
+        return (mark is not None and message_id <= mark) or message_id in self.acked
+
+    def ack_member(self, entry: Entry, index: int) -> bool:
+        """Acknowledge one message of a batch entry; True when that completes the entry."""
+        size = len(entry.message.batch)
+        if not 0 <= index < size:
+            return False
+        bits = self.partial.get(entry.message_id, 0) | (1 << index)
+        if bits == (1 << size) - 1:
+            self.ack(entry.message_id)
+            return True
+        self.partial[entry.message_id] = bits
+        return False
+
+    def settle(self) -> None:
+        """Fold acknowledged ids at the front into `mark_delete`."""
+        acked = self.acked
+        ids = self.ids
+        while acked and ids and ids[0] in acked:
+            message_id = ids.popleft()
+            acked.discard(message_id)
+            self.mark_delete = message_id
+
+    def state(self) -> CursorState:
+        return CursorState(self.mark_delete, frozenset(self.acked))

@@ -1,0 +1,1 @@
+"""Unit tests of the local (merged-mode) backend, one file per module of mop.backends.local."""

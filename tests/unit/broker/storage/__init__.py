@@ -1,0 +1,1 @@
+"""Unit tests of the durable and in-memory storage of the broker."""
