@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeVar, dataclass_transform
+from typing import Final, TypeVar, dataclass_transform
 
-__all__ = ["Delivery", "Message", "MessageId", "ordered_value", "value"]
+__all__ = ["TOMBSTONE_PROPERTY", "Delivery", "Message", "MessageId", "ordered_value", "value"]
 
 _T = TypeVar("_T")
+
+# A message with this property set to "1" deletes its key from a compacted topic (a table): the
+# broker's compaction and the separated backend's tables read and write it alike.
+TOMBSTONE_PROPERTY: Final = "mop.tombstone"
 
 
 # Value classes made once or more per message (ids, messages, deliveries, PUBLISH packets) are

@@ -45,7 +45,8 @@ from mop.backends.cluster_patterns import matching_selectors
 from mop.backends.cluster_producers import NO_ID, ProducerCache, ProducerOptions, Receipt
 from mop.backends.cluster_roles import ClusterRole, ClusterRoles
 from mop.backends.cluster_tables import REGISTRY_TABLE, ClusterTable, SubscriptionRegistry
-from mop.backends.cluster_timing import Delays, now_ms
+from mop.backends.cluster_timing import Delays
+from mop.clock import now_ms
 from mop.exception_groups import leaves
 from mop.message import Message
 from mop.processor.backend import (

@@ -46,7 +46,7 @@ from mop.backends.cluster_patterns import (
     plan,
 )
 from mop.backends.cluster_producers import message_id_of
-from mop.backends.cluster_timing import now_ms
+from mop.clock import now_ms
 from mop.message import Delivery, MessageId
 from mop.processor.backend import (
     BackendError,

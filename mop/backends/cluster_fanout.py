@@ -47,7 +47,7 @@ from mop.backends.cluster_legs import close_quietly, in_parallel, one_error_for_
 from mop.backends.cluster_messages import incoming
 from mop.backends.cluster_patterns import SelectorPlan
 from mop.backends.cluster_producers import message_id_of
-from mop.backends.cluster_timing import now_ms
+from mop.clock import now_ms
 from mop.message import Delivery
 from mop.processor.backend import (
     BackendError,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from mop.backends.cluster_patterns import SelectorPlan, plan
-from mop.backends.cluster_timing import now_ms
+from mop.clock import now_ms
 from mop.message import Delivery, MessageId
 from mop.processor.backend import (
     BackendError,

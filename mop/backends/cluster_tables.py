@@ -25,7 +25,7 @@ import _pulsar
 import trio
 
 from mop.backends.cluster_producers import message_id_of
-from mop.message import Message, MessageId
+from mop.message import TOMBSTONE_PROPERTY, Message, MessageId
 from mop.processor.backend import BackendError, SubscriptionKind, SubscriptionSpec
 from mop.topic_names import mqtt_to_pulsar
 
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 __all__ = [
     "REGISTRY_TABLE",
     "SYSTEM_NAMESPACE",
-    "TOMBSTONE",
     "ClusterTable",
     "SubscriptionRegistry",
     "system_topic",
@@ -44,7 +43,6 @@ __all__ = [
 log = logging.getLogger("mop.cluster")
 
 SYSTEM_NAMESPACE: Final = "__mop"
-TOMBSTONE: Final = "mop.tombstone"
 REGISTRY_TABLE: Final = "mop.subscriptions"
 
 
@@ -98,7 +96,7 @@ class ClusterTable:
 
     async def put(self, key: str, value: bytes | None) -> None:
         await self.loaded.wait()
-        extra = {TOMBSTONE: "1"} if value is None else None
+        extra = {TOMBSTONE_PROPERTY: "1"} if value is None else None
         # The reader may bring this very write back before its receipt does: while it is in
         # flight, changes of the key are this proxy's own and are not reported to watchers.
         self._own[key] = self._own.get(key, 0) + 1
@@ -133,7 +131,7 @@ class ClusterTable:
     def _apply(self, message: Any) -> None:
         key = message.partition_key()
         if key:
-            value = None if message.properties().get(TOMBSTONE) == "1" else message.data()
+            value = None if message.properties().get(TOMBSTONE_PROPERTY) == "1" else message.data()
             changed = self._set(key, value, message_id_of(message.message_id()))
             if changed and self.loaded.is_set() and key not in self._own:
                 for callback in self._watchers:

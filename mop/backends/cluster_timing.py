@@ -7,18 +7,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import time
 from collections.abc import Callable
 
 import trio
 
-__all__ = ["Delays", "now_ms"]
+__all__ = ["Delays"]
 
 log = logging.getLogger("mop.cluster")
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Delays:

@@ -6,7 +6,6 @@ over a `Storage`. It imports no trio: callers supply the time for delays and do 
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -28,6 +27,7 @@ from mop.broker.producers import ProducerRegistry, SequenceBook, Sequenced
 from mop.broker.storage.api import CursorKey, CursorState, Storage
 from mop.broker.subscription import Bookkeeping, Subscription
 from mop.broker.topic import NON_PERSISTENT, Topic, Topics
+from mop.clock import now_ms
 from mop.message import Delivery, Message, MessageId
 from mop.messaging import StartPosition, SubscriptionSpec
 from mop.topic_names import is_exact_selector
@@ -76,10 +76,6 @@ class BrokerStats:
     messages_expired: int  # dropped at dispatch because `expires_at` had passed, since start
 
 
-def _wall_clock_ms() -> float:
-    return time.time() * 1000.0
-
-
 class Broker:
     """Routes published messages to subscriptions and keeps their state in `storage`.
 
@@ -94,7 +90,7 @@ class Broker:
         *,
         tenant: str = "public",
         namespace: str = "default",
-        clock: Callable[[], float] = _wall_clock_ms,
+        clock: Callable[[], float] = now_ms,
         unsubscribed_grace: float = 0.0,
     ) -> None:
         self.storage = storage

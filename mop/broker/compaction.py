@@ -20,18 +20,15 @@ from typing import Final
 from mop.broker.cursor import Entry
 from mop.broker.storage.api import Storage
 from mop.broker.storage.records import decode_message, encode_message
-from mop.message import Message, MessageId
+from mop.message import TOMBSTONE_PROPERTY, Message, MessageId
 
 __all__ = [
     "COMPACTED_TABLE_PREFIX",
     "SYSTEM_NAMESPACE",
-    "TOMBSTONE_PROPERTY",
     "CompactedTopics",
 ]
 
 SYSTEM_NAMESPACE: Final = "__mop"
-# A message with this property set to "1" deletes its key.
-TOMBSTONE_PROPERTY: Final = "mop.tombstone"
 # One storage table per compacted topic, named after it (under the broker's reserved prefix).
 COMPACTED_TABLE_PREFIX: Final = "$broker/compacted/"
 # ledger, entry, batch index (-1: not a batch member), then the message record.

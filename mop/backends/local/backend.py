@@ -4,7 +4,6 @@ and storage. Waiting (receive, fencing, delayed redelivery) is done here, with t
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -25,6 +24,7 @@ from mop.broker import (
     BrokerStats,
 )
 from mop.broker.storage import Storage, StorageError
+from mop.clock import now_ms
 from mop.membership import Membership
 from mop.message import Message
 from mop.processor.backend import (
@@ -118,7 +118,7 @@ class LocalBackend:
             deadline = float("inf") if due is None else due
             scheduled = broker.next_scheduled()
             if scheduled is not None:
-                wait = max(0.0, (scheduled - time.time() * 1000.0) / 1000.0)
+                wait = max(0.0, (scheduled - now_ms()) / 1000.0)
                 deadline = min(deadline, trio.current_time() + wait)
             with trio.move_on_at(deadline):
                 await self._delay_event.wait()

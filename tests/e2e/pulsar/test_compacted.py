@@ -10,6 +10,7 @@ from typing import Any
 import pulsar
 import pytest
 
+from mop.message import TOMBSTONE_PROPERTY
 from tests.e2e.pulsar_support import (
     TIMEOUT_MS,
     expect_nothing,
@@ -20,7 +21,7 @@ from tests.e2e.pulsar_support import (
 
 pytestmark = pytest.mark.e2e
 
-TOMBSTONE = {"mop.tombstone": "1"}
+TOMBSTONE = {TOMBSTONE_PROPERTY: "1"}
 
 
 def table_topic(name: str) -> str:

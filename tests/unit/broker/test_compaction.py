@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mop.broker import Broker
-from mop.broker.compaction import TOMBSTONE_PROPERTY, CompactedTopics
+from mop.broker.compaction import CompactedTopics
 from mop.broker.storage import MemoryStorage
-from mop.message import Delivery, Message, MessageId
+from mop.message import TOMBSTONE_PROPERTY, Delivery, Message, MessageId
 from mop.messaging import StartPosition
 
 from .support import Clock, payloads, subscribe, take_all
