@@ -129,7 +129,8 @@ def pulsar_lite_binary() -> Path:
     return binary
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port nothing listens on."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -161,7 +162,7 @@ class LiteBroker:
         config.write_text("[metrics]\nenabled = false\n")
         deadline = time.monotonic() + timeout
         for _ in range(3):
-            self.port = _free_port()
+            self.port = free_port()
             with self.log_path.open("ab") as log:
                 self.process = self._spawn(binary, config, log)
             if self._wait_ready(deadline):

@@ -4,68 +4,14 @@ tables and client takeover across two backends (as two proxies would be)."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator, Sequence
-
 import pytest
 import trio
 
 from mop.backends.cluster import ClusterBackend
 from mop.message import Delivery, Message
-from mop.processor.backend import (
-    BackendError,
-    Consumer,
-    StartPosition,
-    SubscriptionKind,
-    SubscriptionSpec,
-)
-from mop.testing.cluster import open_cluster_backend
+from mop.processor.backend import BackendError, Consumer, StartPosition, SubscriptionKind
 from mop.topic_names import mqtt_to_pulsar
-from tests.e2e.nodeproc import NodeProcess
-
-DEADLINE = 10.0  # bounds every wait; it measures nothing
-QUIET = 0.5  # how long to watch for a message that must not come
-
-
-@pytest.fixture
-async def backend(broker: NodeProcess) -> AsyncIterator[ClusterBackend]:
-    async with open_cluster_backend(broker.service_url) as running:
-        yield running
-
-
-@pytest.fixture
-async def peer(broker: NodeProcess) -> AsyncIterator[ClusterBackend]:
-    """A second backend on the same broker: another proxy."""
-    async with open_cluster_backend(broker.service_url) as running:
-        yield running
-
-
-@pytest.fixture
-def prefix() -> str:
-    return f"t{uuid.uuid4().hex[:10]}"
-
-
-def spec(name: str, *selectors: str, **options: object) -> SubscriptionSpec:
-    return SubscriptionSpec(name=name, selectors=frozenset(selectors), **options)  # type: ignore[arg-type]
-
-
-def payloads(deliveries: Sequence[Delivery]) -> list[bytes]:
-    return [d.message.payload for d in deliveries]
-
-
-async def receive(consumer: Consumer, count: int) -> list[Delivery]:
-    got: list[Delivery] = []
-    with trio.move_on_after(DEADLINE):
-        while len(got) < count:
-            got.extend(await consumer.receive(count - len(got)))
-    assert len(got) == count, f"{len(got)} of {count} in {DEADLINE}s: {payloads(got)}"
-    return got
-
-
-async def expect_nothing(consumer: Consumer) -> None:
-    with trio.move_on_after(QUIET):
-        got = await consumer.receive(100)
-        raise AssertionError(f"unexpected deliveries: {payloads(got)}")
+from tests.e2e.cluster.support import DEADLINE, expect_nothing, payloads, receive, spec
 
 
 async def test_publish_and_receive_on_an_exact_topic(backend: ClusterBackend, prefix: str) -> None:

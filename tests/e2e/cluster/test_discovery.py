@@ -5,22 +5,20 @@ however many wildcard consumers the proxy has, none once no consumer needs it, n
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 import trio
 
 from mop.backends.cluster import ClusterBackend
-from mop.message import Delivery, Message
-from mop.processor.backend import Consumer, SubscriptionSpec
+from mop.message import Message
 from mop.protocols.pulsar.commands import CommandType
 from mop.testing.cluster import open_cluster_backend
 from mop.testing.pulsar_relay import CountingRelay, open_counting_relay
 from mop.topic_names import mqtt_to_pulsar
+from tests.e2e.cluster.support import OpenBackend, expect_nothing, receive, spec
 from tests.e2e.nodeproc import NodeProcess
 
-DEADLINE = 10.0  # bounds every wait; it measures nothing
 PERIOD = 1  # the backends' pattern_discovery
 CONSUMERS = 50
 LISTINGS = CommandType.GET_TOPICS_OF_NAMESPACE
@@ -33,33 +31,9 @@ async def relay(broker: NodeProcess) -> AsyncIterator[CountingRelay]:
 
 
 @pytest.fixture
-async def backend(relay: CountingRelay) -> AsyncIterator[ClusterBackend]:
-    async with open_cluster_backend(relay.service_url) as running:
-        yield running
-
-
-@pytest.fixture
-def prefix() -> str:
-    return f"d{uuid.uuid4().hex[:10]}"
-
-
-def spec(name: str, *selectors: str) -> SubscriptionSpec:
-    return SubscriptionSpec(name=name, selectors=frozenset(selectors))
-
-
-async def receive(consumer: Consumer, count: int) -> list[Delivery]:
-    got: list[Delivery] = []
-    with trio.move_on_after(DEADLINE):
-        while len(got) < count:
-            got.extend(await consumer.receive(count - len(got)))
-    assert len(got) == count, f"{len(got)} of {count} in {DEADLINE}s"
-    return got
-
-
-async def expect_nothing(consumer: Consumer, seconds: float = 0.5) -> None:
-    with trio.move_on_after(seconds):
-        got = await consumer.receive(100)
-        raise AssertionError(f"unexpected deliveries: {[d.topic for d in got]}")
+def open_backend(relay: CountingRelay) -> OpenBackend:
+    """The backends connect through the relay."""
+    return lambda: open_cluster_backend(relay.service_url)
 
 
 async def listings_during(relay: CountingRelay, seconds: float) -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import threading
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,12 +17,13 @@ import trio.testing
 
 from mop.backends.cluster_fanout_consumer import FanOutConsumer
 from mop.message import Message
-from mop.processor.backend import ConsumerClosed, SubscriptionSpec
+from mop.processor.backend import ConsumerClosed
 from mop.testing.cluster import open_cluster_backend, proxy_settings
 from mop.testing.node import running_node
 from mop.testing.pulsar_relay import CountingRelay
 from mop.topic_names import mqtt_to_pulsar
 from tests.e2e.clients import Client
+from tests.e2e.cluster.support import spec
 from tests.e2e.nodeproc import NodeProcess, broker_process
 
 SUBSCRIBERS = 12
@@ -74,11 +74,6 @@ def relayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CountingRelay]
             if broker.running:
                 assert broker.stop() == 0, broker.log()
             broker.close()
-
-
-@pytest.fixture
-def prefix() -> str:
-    return f"f{uuid.uuid4().hex[:10]}"
 
 
 def subscriptions_of(relay: CountingRelay, mqtt_topic: str) -> dict[str, int]:
@@ -160,14 +155,8 @@ def test_clean_sessions_survive_a_broker_restart(tmp_path: Path, prefix: str) ->
 async def test_a_slow_consumer_keeps_to_its_backlog(broker: NodeProcess, prefix: str) -> None:
     topic = mqtt_to_pulsar(f"{prefix}/t")
     async with open_cluster_backend(broker.service_url) as backend:
-
-        def spec(name: str, backlog: int) -> SubscriptionSpec:
-            return SubscriptionSpec(
-                name=name, selectors=frozenset([f"{prefix}/t"]), durable=False, max_backlog=backlog
-            )
-
-        slow = await backend.subscribe(spec("slow", 10))
-        fast = await backend.subscribe(spec("fast", 1000))
+        slow = await backend.subscribe(spec("slow", f"{prefix}/t", durable=False, max_backlog=10))
+        fast = await backend.subscribe(spec("fast", f"{prefix}/t", durable=False, max_backlog=1000))
         got: list[bytes] = []
         with trio.fail_after(DEADLINE):
             async with trio.open_nursery() as nursery:
@@ -196,9 +185,7 @@ async def test_closing_the_backend_wakes_a_waiting_receive(
     broker: NodeProcess, prefix: str
 ) -> None:
     async with open_cluster_backend(broker.service_url) as backend:
-        consumer = await backend.subscribe(
-            SubscriptionSpec(name="c", selectors=frozenset([f"{prefix}/+"]), durable=False)
-        )
+        consumer = await backend.subscribe(spec("c", f"{prefix}/+", durable=False))
         outcome: list[BaseException] = []
 
         async def wait() -> None:
@@ -225,8 +212,7 @@ async def test_backends_opened_and_closed_in_one_process_leave_no_descriptors(
 
     async def one_backend() -> None:
         async with open_cluster_backend(broker.service_url) as backend:
-            spec = SubscriptionSpec(name="c", selectors=frozenset([f"{prefix}/#"]), durable=False)
-            consumer = await backend.subscribe(spec)
+            consumer = await backend.subscribe(spec("c", f"{prefix}/#", durable=False))
             await backend.publish(mqtt_to_pulsar(f"{prefix}/t"), Message(b"x"))
             with trio.fail_after(DEADLINE):
                 assert [d.message.payload for d in await consumer.receive(1)] == [b"x"]

@@ -6,7 +6,6 @@ process exits with an ordinary error status instead of an abort from the client'
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.clients import Client
-from tests.e2e.nodeproc import NodeProcess, broker_process, node_environ
+from tests.e2e.cluster.support import proxy_process
+from tests.e2e.nodeproc import broker_process, node_environ
+from tests.e2e.pulsar_support import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -26,25 +27,12 @@ MARKER = "zq-payload-marker-7f3a"
 CONSOLE_LINE = re.compile(r" (DEBUG|INFO|WARN|ERROR) \[\d+\] \w+:\d+ \| ")
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on."""
-    with socket.socket() as unused:
-        unused.bind(("127.0.0.1", 0))
-        port: int = unused.getsockname()[1]
-    return port
-
-
 def run_proxy_and_stop(tmp_path: Path, level: str) -> str:
     """Publish a few marked messages through a proxy at log `level`, stop it with SIGTERM and
     return everything it wrote."""
     broker = broker_process(tmp_path / "broker")
     broker.start()
-    proxy = NodeProcess(
-        tmp_path / "proxy",
-        MOP_MODE="separated",
-        MOP_CLUSTER__SERVICE_URL=broker.service_url,
-        MOP_LOG_LEVEL=level,
-    )
+    proxy = proxy_process(tmp_path / "proxy", broker.service_url, MOP_LOG_LEVEL=level)
     try:
         port = proxy.start()
         sub = Client(port, "log-sub")

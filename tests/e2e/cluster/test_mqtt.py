@@ -4,26 +4,17 @@ paho clients: the MQTT layer is the one of merged mode, the backend is `ClusterB
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 
 from mop.testing.cluster import proxy_settings
 from mop.testing.node import running_node
 from tests.e2e.clients import Client
+from tests.e2e.cluster.support import SESSION_TAKEN_OVER
 from tests.e2e.nodeproc import NodeProcess, broker_process
 
-SESSION_TAKEN_OVER = 0x8E
 
-
-@pytest.fixture
-def prefix() -> str:
-    return f"m{uuid.uuid4().hex[:10]}"
-
-
-def test_publish_subscribe_and_retained_through_a_proxy(
-    broker: NodeProcess, prefix: str
-) -> None:
+def test_publish_subscribe_and_retained_through_a_proxy(broker: NodeProcess, prefix: str) -> None:
     with running_node(proxy_settings(broker.service_url)) as node:
         sub = Client(node.mqtt_port, f"{prefix}-sub")
         assert sub.subscribe(f"{prefix}/#", qos=2) == [2]
@@ -71,9 +62,7 @@ def test_takeover_across_proxies(broker: NodeProcess, prefix: str) -> None:
         assert first.disconnects.get(timeout=10) == SESSION_TAKEN_OVER
 
 
-def test_persistent_session_keeps_messages_while_offline(
-    broker: NodeProcess, prefix: str
-) -> None:
+def test_persistent_session_keeps_messages_while_offline(broker: NodeProcess, prefix: str) -> None:
     with running_node(proxy_settings(broker.service_url)) as node:
         sub = Client(node.mqtt_port, f"{prefix}-sub", version=4, clean=False)
         sub.subscribe(f"{prefix}/#", qos=1)
@@ -86,9 +75,7 @@ def test_persistent_session_keeps_messages_while_offline(
         assert message.payload == b"while away"
 
 
-def test_persistent_session_resumes_through_another_proxy(
-    broker: NodeProcess, prefix: str
-) -> None:
+def test_persistent_session_resumes_through_another_proxy(broker: NodeProcess, prefix: str) -> None:
     url = broker.service_url
     with running_node(proxy_settings(url)) as a, running_node(proxy_settings(url)) as b:
         sub = Client(a.mqtt_port, f"{prefix}-sub", version=4, clean=False)
@@ -102,9 +89,7 @@ def test_persistent_session_resumes_through_another_proxy(
         assert message.payload == b"while away"
 
 
-def test_retained_message_set_through_another_proxy(
-    broker: NodeProcess, prefix: str
-) -> None:
+def test_retained_message_set_through_another_proxy(broker: NodeProcess, prefix: str) -> None:
     url = broker.service_url
     with running_node(proxy_settings(url)) as a, running_node(proxy_settings(url)) as b:
         Client(a.mqtt_port, f"{prefix}-pub").publish(f"{prefix}/r", b"kept", qos=1, retain=True)

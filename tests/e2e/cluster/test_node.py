@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import socket
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,9 @@ from mop.node import StartupError, open_node
 from mop.settings import ClusterSettings, Settings
 from mop.testing.node import node_settings
 from tests.e2e.clients import Client
-from tests.e2e.nodeproc import NodeProcess, broker_process
+from tests.e2e.cluster.support import proxy_process
+from tests.e2e.nodeproc import broker_process
+from tests.e2e.pulsar_support import free_port
 
 
 def separated(**cluster: object) -> Settings:
@@ -41,9 +42,7 @@ async def test_the_pulsar_adapter_does_not_run_on_a_proxy() -> None:
 
 
 async def test_unreachable_brokers_stop_the_start_with_a_clear_error() -> None:
-    with socket.socket() as unused:  # a port nothing listens on
-        unused.bind(("127.0.0.1", 0))
-        port = unused.getsockname()[1]
+    port = free_port()
     settings = separated(
         service_url=f"pulsar://127.0.0.1:{port}", operation_timeout=2.0, connect_timeout=1.0
     )
@@ -55,11 +54,10 @@ async def test_unreachable_brokers_stop_the_start_with_a_clear_error() -> None:
 def test_mop_run_as_a_proxy_serves_mqtt_and_stops_cleanly(tmp_path: Path) -> None:
     broker = broker_process(tmp_path / "broker")
     broker.start()
-    proxy = NodeProcess(
+    proxy = proxy_process(
         tmp_path / "proxy",
-        MOP_MODE="separated",
+        broker.service_url,
         MOP_PROTOCOLS='["mqtt", "pulsar"]',  # the defaults, as if unset: MQTT alone
-        MOP_CLUSTER__SERVICE_URL=broker.service_url,
     )
     try:
         port = proxy.start()

@@ -14,9 +14,8 @@ from __future__ import annotations
 import dataclasses
 import queue
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pulsar
@@ -26,19 +25,26 @@ import trio
 from mop.backends.cluster import ClusterBackend
 from mop.backends.cluster_leases import ClusterLease
 from mop.message import Message
-from mop.processor.backend import BackendError, Consumer, SubscriptionKind, SubscriptionSpec
+from mop.processor.backend import BackendError, SubscriptionKind
 from mop.testing.cluster import open_cluster_backend
 from mop.topic_names import mqtt_to_pulsar
 from tests.e2e.clients import Client, props
+from tests.e2e.cluster.support import (
+    DEADLINE,
+    SESSION_TAKEN_OVER,
+    OpenBackend,
+    payloads,
+    proxy_process,
+    receive,
+    spec,
+)
 from tests.e2e.nodeproc import NodeProcess
 from tests.e2e.pulsar_support import LiteBroker
 
 pytestmark = pytest.mark.e2e
 
-DEADLINE = 10.0  # bounds every wait; it measures nothing
 # The proxies' operation timeout: what pulsar-lite does not answer fails after this long.
 OPERATION_TIMEOUT = 4.0
-SESSION_TAKEN_OVER = 0x8E
 UNSPECIFIED_ERROR = 0x80
 
 
@@ -50,11 +56,6 @@ def lite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiteBroker]:
         yield broker
     finally:
         broker.close()
-
-
-@pytest.fixture
-def prefix() -> str:
-    return f"l{uuid.uuid4().hex[:10]}"
 
 
 # ---- ClusterBackend ------------------------------------------------------------------------
@@ -88,31 +89,9 @@ async def lite_backend(lite: LiteBroker) -> AsyncIterator[ClusterBackend]:
 
 
 @pytest.fixture
-async def backend(lite: LiteBroker) -> AsyncIterator[ClusterBackend]:
-    async with lite_backend(lite) as b:
-        yield b
-
-
-@pytest.fixture
-async def peer(lite: LiteBroker) -> AsyncIterator[ClusterBackend]:
-    """A second backend on the same broker: another proxy."""
-    async with lite_backend(lite) as b:
-        yield b
-
-
-def spec(name: str, *selectors: str, **options: object) -> SubscriptionSpec:
-    return SubscriptionSpec(name=name, selectors=frozenset(selectors), **options)  # type: ignore[arg-type]
-
-
-async def receive(consumer: Consumer, count: int) -> list[bytes]:
-    got: list[bytes] = []
-    with trio.move_on_after(DEADLINE):
-        while len(got) < count:
-            deliveries = await consumer.receive(count - len(got))
-            consumer.ack(deliveries)
-            got.extend(d.message.payload for d in deliveries)
-    assert len(got) == count, f"{len(got)} of {count} in {DEADLINE}s: {got}"
-    return got
+def open_backend(lite: LiteBroker) -> OpenBackend:
+    """The backends (`backend` and `peer`) connect to pulsar-lite."""
+    return lambda: lite_backend(lite)
 
 
 async def test_publish_and_receive(backend: ClusterBackend, prefix: str) -> None:
@@ -135,7 +114,7 @@ async def test_publish_and_receive(backend: ClusterBackend, prefix: str) -> None
     )
     for index in range(20):
         await backend.publish(topic, Message(b"%d" % index, qos=index % 2))
-    assert await receive(consumer, 20) == [b"%d" % i for i in range(20)]
+    assert payloads(await receive(consumer, 20, ack=True)) == [b"%d" % i for i in range(20)]
     await consumer.close()
 
 
@@ -147,7 +126,7 @@ async def test_a_durable_subscription_resumes_on_another_backend(
     await consumer.close()
     await backend.publish(mqtt_to_pulsar(f"{prefix}/d"), Message(b"while away", qos=1))
     resumed = await peer.subscribe(durable)
-    assert await receive(resumed, 1) == [b"while away"]
+    assert payloads(await receive(resumed, 1, ack=True)) == [b"while away"]
     await resumed.close()
 
 
@@ -240,25 +219,23 @@ async def test_a_wildcard_subscription_fails_clearly(backend: ClusterBackend, pr
     # The backend goes on working.
     consumer = await backend.subscribe(spec(f"{prefix}-e", f"{prefix}/e"))
     await backend.publish(mqtt_to_pulsar(f"{prefix}/e"), Message(b"after", qos=1))
-    assert await receive(consumer, 1) == [b"after"]
+    assert payloads(await receive(consumer, 1, ack=True)) == [b"after"]
 
 
 # ---- an MQTT proxy process -----------------------------------------------------------------
 
 
-def proxy_process(lite: LiteBroker, data_dir: Path) -> NodeProcess:
+def lite_proxy(lite: LiteBroker, data_dir: Path) -> NodeProcess:
     """`mop run` in separated mode (MQTT only) in front of pulsar-lite."""
-    return NodeProcess(
-        data_dir,
-        MOP_MODE="separated",
-        MOP_CLUSTER__SERVICE_URL=lite.service_url,
-        MOP_CLUSTER__OPERATION_TIMEOUT=str(OPERATION_TIMEOUT),
+    return proxy_process(
+        data_dir, lite.service_url, MOP_CLUSTER__OPERATION_TIMEOUT=str(OPERATION_TIMEOUT)
     )
 
 
-@pytest.fixture(scope="module")
-def proxy(lite: LiteBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    process = proxy_process(lite, tmp_path_factory.mktemp("proxy") / "data")
+@contextmanager
+def running_proxy(lite: LiteBroker, data_dir: Path) -> Iterator[NodeProcess]:
+    """A started `lite_proxy`, which must stop with status 0."""
+    process = lite_proxy(lite, data_dir)
     process.start()
     try:
         yield process
@@ -266,6 +243,12 @@ def proxy(lite: LiteBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         if process.running:
             assert process.stop() == 0, process.log()
         process.close()
+
+
+@pytest.fixture(scope="module")
+def proxy(lite: LiteBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    with running_proxy(lite, tmp_path_factory.mktemp("proxy") / "data") as process:
+        yield process
 
 
 @pytest.fixture
@@ -391,14 +374,8 @@ def test_mqtt5_properties_reach_a_pulsar_client(
 def second_proxy(
     lite: LiteBroker, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[NodeProcess]:
-    process = proxy_process(lite, tmp_path_factory.mktemp("proxy-2") / "data")
-    process.start()
-    try:
+    with running_proxy(lite, tmp_path_factory.mktemp("proxy-2") / "data") as process:
         yield process
-    finally:
-        if process.running:
-            assert process.stop() == 0, process.log()
-        process.close()
 
 
 def receive_at_least_once(client: Client, wanted: set[bytes]) -> list[bytes]:
@@ -473,9 +450,9 @@ def test_shared_members_on_two_proxies_are_served_or_refused_clearly(
     got: dict[Client, list[bytes]] = {first: [], second: []}
     deadline = time.monotonic() + DEADLINE
     while not sent <= {*got[first], *got[second]} and time.monotonic() < deadline:
-        for member, payloads in got.items():
+        for member, arrived in got.items():
             while not member.messages.empty():
-                payloads.append(member.messages.get_nowait().payload)
+                arrived.append(member.messages.get_nowait().payload)
         time.sleep(0.05)
     assert {*got[first], *got[second]} == sent
     if code == UNSPECIFIED_ERROR:
@@ -499,16 +476,15 @@ def test_a_wildcard_subscription_is_refused_with_a_reason_code(
     assert sub.disconnects.empty()
 
 
-def test_retained_messages_outlive_the_proxy(lite: LiteBroker, tmp_path: Path) -> None:
-    prefix = f"l{uuid.uuid4().hex[:10]}"
-    first = proxy_process(lite, tmp_path / "first")
+def test_retained_messages_outlive_the_proxy(lite: LiteBroker, tmp_path: Path, prefix: str) -> None:
+    first = lite_proxy(lite, tmp_path / "first")
     first.start()
     try:
         Client(first.port, f"{prefix}-pub").publish(f"{prefix}/r", b"kept", qos=1, retain=True)
     finally:
         assert first.stop() == 0, first.log()
         first.close()
-    second = proxy_process(lite, tmp_path / "second")
+    second = lite_proxy(lite, tmp_path / "second")
     second.start()
     try:
         late = Client(second.port, f"{prefix}-late")

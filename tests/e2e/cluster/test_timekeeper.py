@@ -18,6 +18,7 @@ from paho.mqtt.packettypes import PacketTypes
 
 from mop.topic_names import mqtt_to_pulsar
 from tests.e2e.clients import Client, props
+from tests.e2e.cluster.support import proxy_process
 from tests.e2e.nodeproc import NodeProcess, broker_process
 
 GAINED = re.compile(r"session timers run on this node")
@@ -38,10 +39,9 @@ class Deployment:
         self.broker = broker
         self.namespace = f"tk-{uuid.uuid4().hex[:10]}"
         self.proxies = [
-            NodeProcess(
+            proxy_process(
                 root / name,
-                MOP_MODE="separated",
-                MOP_CLUSTER__SERVICE_URL=broker.service_url,
+                broker.service_url,
                 MOP_CLUSTER__OPERATION_TIMEOUT="5",
                 MOP_DEFAULT_NAMESPACE=self.namespace,
                 MOP_MQTT__NODE_TIMEOUT=str(NODE_TIMEOUT),
