@@ -16,6 +16,7 @@ subscriber; mop's 32 also caps what a client may send, and an MQTT 3.1.1 client 
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import os
@@ -30,7 +31,7 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -217,16 +218,31 @@ def snapshot_mop(rev: str, into: Path) -> str:
 def _write_metadata(commit: str, into: Path) -> None:
     """The package metadata of the commit's pyproject.toml next to the snapshot: mop finds its
     protocol adapters through entry points, which Python reads from a dist-info directory."""
-    project = tomllib.loads(_git("show", f"{commit}:pyproject.toml"))["project"]
-    dist = into / f"{project['name']}-{project['version']}.dist-info"
+    pyproject = tomllib.loads(_git("show", f"{commit}:pyproject.toml"))
+    project = pyproject["project"]
+    version = project.get("version") or _dynamic_version(commit, pyproject)
+    dist = into / f"{project['name']}-{version}.dist-info"
     dist.mkdir(exist_ok=True)
     (dist / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
+        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {version}\n"
     )
     lines = []
     for group, points in project.get("entry-points", {}).items():
         lines += [f"[{group}]", *(f"{name} = {target}" for name, target in points.items()), ""]
     (dist / "entry_points.txt").write_text("\n".join(lines))
+
+
+def _dynamic_version(commit: str, pyproject: dict[str, Any]) -> str:
+    """The version a commit's setuptools reads from a module attribute (`attr = "pkg.mod.NAME"`)."""
+    module, _, name = pyproject["tool"]["setuptools"]["dynamic"]["version"]["attr"].rpartition(".")
+    source = _git("show", f"{commit}:{module.replace('.', '/')}.py")
+    for node in ast.parse(source).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        if isinstance(target, ast.Name) and target.id == name and node.value is not None:
+            return str(ast.literal_eval(node.value))
+    raise RuntimeError(f"{commit}: no {name} in {module}")
 
 
 def version(spec: BrokerSpec, deps_dir: Path) -> str:
