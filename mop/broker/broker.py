@@ -26,6 +26,7 @@ from mop.broker.positions import (
 )
 from mop.broker.producers import ProducerRegistry, SequenceBook, Sequenced
 from mop.broker.storage.api import CursorKey, CursorState, Storage
+from mop.broker.storage.ranges import IdRanges
 from mop.broker.subscription import Bookkeeping, Subscription
 from mop.broker.topic import NON_PERSISTENT, Topic, Topics
 from mop.message import Delivery, Message, MessageId
@@ -605,7 +606,7 @@ class Broker:
         topic = cursor.topic
         upto = topic.last_id
         after = None if state is None else state.mark_delete
-        acked = frozenset() if state is None else state.acked
+        acked = IdRanges() if state is None else state.acked
         try:
             if topic.name in self.compacted:
                 ids, entries = self.compacted.backlog(topic.name, after, cursor.ids, acked)
@@ -616,7 +617,7 @@ class Broker:
                 # Leave the cursor usable, as if it had started after `upto`.
                 if upto is not None and (cursor.mark_delete is None or cursor.mark_delete < upto):
                     cursor.mark_delete = upto
-                cursor.sub.finish_load(cursor, [], [], frozenset())
+                cursor.sub.finish_load(cursor, [], [], IdRanges())
                 self._flush()
             raise
         if cursor.attached:

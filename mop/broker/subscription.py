@@ -13,6 +13,7 @@ from mop.broker.cursor import Cursor, Entry
 from mop.broker.delays import DelayQueue
 from mop.broker.dispatch import PICKERS, Attachment
 from mop.broker.errors import ConsumerBusy, SubscriptionMismatch
+from mop.broker.storage.ranges import IdRanges
 from mop.broker.topic import Topic
 from mop.message import Delivery, MessageId
 from mop.messaging import SubscriptionKind
@@ -262,12 +263,14 @@ class Subscription:
         cursor: Cursor,
         ids: list[MessageId],
         entries: list[Entry],
-        acked: frozenset[MessageId],
+        acked: IdRanges,
     ) -> None:
         """Complete a backlog read from storage: `ids` are every stored id after the cursor's
         mark_delete, `entries` those not in `acked`; messages that arrived meanwhile follow."""
         cursor.ids.extendleft(reversed(ids))
-        cursor.acked.update(message_id for message_id in ids if message_id in acked)
+        for message_id in ids:
+            if message_id in acked:
+                cursor.acked.add(message_id)
         cursor.settle()
         arrived = list(cursor.backlog)
         cursor.backlog.clear()
@@ -427,7 +430,7 @@ class Subscription:
         ids = cursor.ids
         while ids and ids[0] <= through:
             cursor.ack(ids[0])
-        cursor.acked = {mid for mid in cursor.acked if mid > through}
+        cursor.acked.discard_through(through)
         if len(cursor.backlog) and cursor.backlog[0].message_id <= through:
             kept = [entry for entry in cursor.backlog if entry.message_id > through]
             cursor.returned = max(0, cursor.returned - (len(cursor.backlog) - len(kept)))
