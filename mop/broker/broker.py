@@ -650,6 +650,11 @@ class Broker:
 
     # -- stats -----------------------------------------------------------------------------
 
+    def on_dropped(self, callback: Callable[[str, str, int], None] | None) -> None:
+        """Call `callback(subscription, reason, count)` for each message a subscription drops
+        (the `max_backlog` rule), as well as counting it in `stats().messages_dropped`."""
+        self._books.on_dropped = callback
+
     def stats(self) -> BrokerStats:
         subs = self._subs.values()
         backlog = sum(len(c.backlog) for sub in subs for c in sub.cursors.values())

@@ -21,17 +21,23 @@ from mop.messaging import SubscriptionKind
 __all__ = ["Bookkeeping", "Subscription"]
 
 
+# Why `Bookkeeping.on_dropped` is called: the subscription's backlog was at `max_backlog`.
+QUEUE_FULL = "queue full"
+
+
 class Bookkeeping:
     """What the subscription logic reports to the broker: cursors whose state changed since the
     broker last looked (to save them and to consider their topic for trimming) and drop
-    counters. `clock` gives the wall clock in milliseconds, for message expiry."""
+    counters. `clock` gives the wall clock in milliseconds, for message expiry.
+    `on_dropped(subscription, reason, count)`, when set, hears of each drop as it happens."""
 
-    __slots__ = ("changed", "clock", "dropped", "expired", "held")
+    __slots__ = ("changed", "clock", "dropped", "expired", "held", "on_dropped")
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
         self.changed: set[Cursor] = set()
         self.dropped = 0
+        self.on_dropped: Callable[[str, str, int], None] | None = None
         self.expired = 0
         # Messages held back until their `deliver_at` (on `clock`).
         self.held = DelayQueue()
@@ -166,7 +172,7 @@ class Subscription:
             return
         limit = self.max_backlog
         if limit and len(backlog) >= limit and not self._evict_qos0(cursor):
-            self.books.dropped += 1
+            self._dropped()
             cursor.ack(entry.message_id)
             return
         backlog.append(entry)
@@ -182,10 +188,16 @@ class Subscription:
             if queued.message.qos == 0:
                 del backlog[index]
                 cursor.qos0 -= 1
-                self.books.dropped += 1
+                self._dropped()
                 cursor.ack(queued.message_id)
                 return True
         return False
+
+    def _dropped(self) -> None:
+        books = self.books
+        books.dropped += 1
+        if books.on_dropped is not None:
+            books.on_dropped(self.name, QUEUE_FULL, 1)
 
     def _mark_ready(self, cursor: Cursor) -> None:
         if not cursor.in_ready and not cursor.loading:
