@@ -5,6 +5,8 @@ reports. Every scenario is bounded in message count and in time (`Sizes`).
 from __future__ import annotations
 
 import resource
+import socket
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +34,9 @@ class Sizes:
     retained_branches: int = 100
     retained_subs: int = 1_000
     queued: int = 10_000
+    # Seconds of full-speed QoS 1 in each half of the stalled-subscriber scenario: a session
+    # that stops reading costs the broker more the longer it stays stalled.
+    stall_duration: float = 20.0
     timeout: float = 30.0  # the most one run may take, setup included
     # The most opening the idle connections may take: a separated proxy sets up state in the
     # brokers for every client (a client id lease), so it connects at a few hundred a second.
@@ -52,6 +57,7 @@ QUICK = Sizes(
     retained_branches=20,
     retained_subs=200,
     queued=2_000,
+    stall_duration=5.0,
     timeout=20.0,
     conns_timeout=30.0,
     retained_timeout=120.0,
@@ -69,6 +75,7 @@ SMOKE = Sizes(
     retained_branches=10,
     retained_subs=10,
     queued=100,
+    stall_duration=0.4,
     timeout=10.0,
     conns_timeout=10.0,
     retained_timeout=40.0,
@@ -305,6 +312,78 @@ def _session(ctx: RunContext) -> RunResult:
     return RunResult({"session_s": out["drain_s"] if done else None}, out, _loss_notes(out))
 
 
+def _mqtt_string(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack("!H", len(raw)) + raw
+
+
+def _mqtt_packet(first: int, body: bytes) -> bytes:
+    length, size = b"", len(body)
+    while True:
+        size, digit = divmod(size, 128)
+        length += bytes((digit | (0x80 if size else 0),))
+        if not size:
+            return bytes((first,)) + length + body
+
+
+def _stalled_subscriber(port: int, client_id: str, topic: str, timeout: float) -> socket.socket:
+    """An MQTT 3.1.1 client with a persistent session (clean session 0, no keep alive) that
+    subscribes to `topic` at QoS 1, reads its SUBACK and then nothing more: the socket stays
+    open with a small receive buffer, so the broker sees it stall at once."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(timeout)
+    sock.connect(("127.0.0.1", port))
+    connect = _mqtt_string("MQTT") + bytes((4, 0)) + struct.pack("!H", 0) + _mqtt_string(client_id)
+    subscribe = struct.pack("!H", 1) + _mqtt_string(topic) + bytes((1,))
+    sock.sendall(_mqtt_packet(0x10, connect) + _mqtt_packet(0x82, subscribe))
+    answer = b""
+    while len(answer) < 9:  # CONNACK (4 bytes), SUBACK with one reason code (5)
+        chunk = sock.recv(9 - len(answer))
+        if not chunk:
+            raise ConnectionError("the broker closed the stalled subscriber's connection")
+        answer += chunk
+    if answer[0] != 0x20 or answer[3] != 0 or answer[4] != 0x90 or answer[8] != 1:
+        raise ConnectionError(f"the stalled subscriber was refused: {answer.hex()}")
+    return sock
+
+
+def _stalled(ctx: RunContext) -> RunResult:
+    """The same full-speed QoS 1 pub -> sub flow twice on one broker: alone, then next to a
+    persistent-session QoS 1 subscriber of its topic that has stopped reading."""
+    s = ctx.sizes
+    options: dict[str, Any] = {
+        "qos": 1,
+        "inflight": 100,
+        "window": 1000,
+        "count": 10_000_000,
+        "duration": s.stall_duration,
+        "timeout": s.stall_duration + s.timeout,
+    }
+    alone = run(ctx.loadgen, "flow", ctx.broker.port, prefix=f"{ctx.prefix}a", **options)
+    sock = _stalled_subscriber(ctx.broker.port, f"{ctx.prefix}stalled", f"{ctx.prefix}b/t/0", 10)
+    try:
+        beside = run(ctx.loadgen, "flow", ctx.broker.port, prefix=f"{ctx.prefix}b", **options)
+    finally:
+        sock.close()
+    notes = [f"alone: {n}" for n in _loss_notes(alone)]
+    notes += [f"next to the stalled one: {n}" for n in _loss_notes(beside)]
+
+    def ok(out: dict[str, Any], key: str) -> float | None:
+        return None if out.get("error") or not out.get("lat_count") else out.get(key)
+
+    return RunResult(
+        {
+            "stall_rate_base": ok(alone, "msgs_per_s"),
+            "stall_rate": ok(beside, "msgs_per_s"),
+            "stall_p99_base": ok(alone, "lat_p99_us"),
+            "stall_p99": ok(beside, "lat_p99_us"),
+        },
+        {"alone": alone, "beside": beside},
+        notes,
+    )
+
+
 def _rate(key: str, label: str) -> Metric:
     return Metric(key, label, "rate", True)
 
@@ -411,6 +490,25 @@ SCENARIOS: dict[str, Scenario] = {
             _connections(lambda s: s.many_conns, src_ips=8),
             10,
         ),
+        Scenario(
+            "stalled",
+            "QoS 1 pub -> sub, alone and next to a stalled persistent subscriber",
+            (
+                _rate("stall_rate_base", "QoS 1 pub -> sub alone, msgs/s"),
+                _rate("stall_rate", "QoS 1 pub -> sub next to a stalled QoS 1 session, msgs/s"),
+                Metric("stall_p99_base", "QoS 1 pub -> sub alone: p99 latency, us", "us", False),
+                Metric(
+                    "stall_p99",
+                    "QoS 1 pub -> sub next to a stalled QoS 1 session: p99 latency, us",
+                    "us",
+                    False,
+                ),
+            ),
+            _stalled,
+            45,
+        ),
     )
 }
-DEFAULT_SCENARIOS = tuple(SCENARIOS)
+# The stalled-subscriber scenario runs only when asked for (`--scenarios stalled`): it takes
+# two flows of `Sizes.stall_duration` each.
+DEFAULT_SCENARIOS = tuple(key for key in SCENARIOS if key != "stalled")

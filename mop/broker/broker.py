@@ -25,6 +25,7 @@ from mop.broker.positions import (
 )
 from mop.broker.producers import ProducerRegistry, SequenceBook, Sequenced
 from mop.broker.storage.api import CursorKey, CursorState, Storage
+from mop.broker.storage.ranges import IdRanges
 from mop.broker.subscription import Bookkeeping, Subscription
 from mop.broker.topic import NON_PERSISTENT, Topic, Topics
 from mop.clock import now_ms
@@ -601,7 +602,7 @@ class Broker:
         topic = cursor.topic
         upto = topic.last_id
         after = None if state is None else state.mark_delete
-        acked = frozenset() if state is None else state.acked
+        acked = IdRanges() if state is None else state.acked
         try:
             if topic.name in self.compacted:
                 ids, entries = self.compacted.backlog(topic.name, after, cursor.ids, acked)
@@ -612,7 +613,7 @@ class Broker:
                 # Leave the cursor usable, as if it had started after `upto`.
                 if upto is not None and (cursor.mark_delete is None or cursor.mark_delete < upto):
                     cursor.mark_delete = upto
-                cursor.sub.finish_load(cursor, [], [], frozenset())
+                cursor.sub.finish_load(cursor, [], [], IdRanges())
                 self._flush()
             raise
         if cursor.attached:
@@ -644,6 +645,11 @@ class Broker:
         self._flush()
 
     # -- stats -----------------------------------------------------------------------------
+
+    def on_dropped(self, callback: Callable[[str, str, int], None] | None) -> None:
+        """Call `callback(subscription, reason, count)` for each message a subscription drops
+        (the `max_backlog` rule), as well as counting it in `stats().messages_dropped`."""
+        self._books.on_dropped = callback
 
     def stats(self) -> BrokerStats:
         subs = self._subs.values()

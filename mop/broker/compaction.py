@@ -19,6 +19,7 @@ from typing import Final
 
 from mop.broker.cursor import Entry
 from mop.broker.storage.api import Storage
+from mop.broker.storage.ranges import IdRanges
 from mop.broker.storage.records import decode_message, encode_message
 from mop.message import TOMBSTONE_PROPERTY, Message, MessageId
 
@@ -194,7 +195,7 @@ class CompactedTopics:
         topic: str,
         after: MessageId | None,
         arrived: Sequence[MessageId],
-        acked: frozenset[MessageId],
+        acked: IdRanges,
     ) -> tuple[list[MessageId], list[Entry]]:
         """What a subscription that stands at `after` reads: the ids of the entries that hold a
         current message after `after`, and those entries but the ones in `acked`. Entries from

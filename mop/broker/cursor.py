@@ -9,6 +9,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from mop.broker.storage.api import CursorState
+from mop.broker.storage.ranges import IdRangeSet
 from mop.message import Delivery, Message, MessageId
 
 if TYPE_CHECKING:
@@ -63,9 +64,11 @@ class Cursor:
         self.topic = topic
         self.mark_delete = mark_delete
         # Every id after mark_delete routed to this cursor and not yet folded into it, in
-        # order; `acked` holds those among them acknowledged out of order.
+        # order; `acked` holds those among them acknowledged out of order, as runs (a
+        # subscription that stalls with one message in flight acknowledges what it drops one
+        # by one behind it: that is one run, whose cost does not grow with its length).
         self.ids: deque[MessageId] = deque()
-        self.acked: set[MessageId] = set()
+        self.acked = IdRangeSet()
         self.backlog: deque[Entry] = deque()
         self.redeliveries: dict[MessageId, int] = {}
         # Batch entries acknowledged in part: entry id -> bit set of the acknowledged indexes.
@@ -116,10 +119,14 @@ class Cursor:
         """Fold acknowledged ids at the front into `mark_delete`."""
         acked = self.acked
         ids = self.ids
-        while acked and ids and ids[0] in acked:
-            message_id = ids.popleft()
-            acked.discard(message_id)
-            self.mark_delete = message_id
+        if not (acked and ids and ids[0] in acked):
+            return
+        mark = ids.popleft()
+        while ids and ids[0] in acked:
+            mark = ids.popleft()
+        self.mark_delete = mark
+        acked.discard_through(mark)
 
     def state(self) -> CursorState:
-        return CursorState(self.mark_delete, frozenset(self.acked))
+        """The state to save: O(runs of `acked`), not O(ids acknowledged)."""
+        return CursorState(self.mark_delete, self.acked.freeze())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from mop.broker.cursor import Entry
 from mop.broker.storage.api import Storage
+from mop.broker.storage.ranges import IdRanges
 from mop.broker.topic import Topic
 from mop.message import MessageId
 
@@ -33,7 +34,7 @@ async def read_backlog(
     topic: str,
     after: MessageId | None,
     upto: MessageId | None,
-    acked: frozenset[MessageId],
+    acked: IdRanges,
 ) -> tuple[list[MessageId], list[Entry]]:
     """Every stored id of `topic` after `after` up to `upto`, and the entries among them that
     are not in `acked`."""

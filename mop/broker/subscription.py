@@ -13,6 +13,7 @@ from mop.broker.cursor import Cursor, Entry
 from mop.broker.delays import DelayQueue
 from mop.broker.dispatch import PICKERS, Attachment
 from mop.broker.errors import ConsumerBusy, SubscriptionMismatch
+from mop.broker.storage.ranges import IdRanges
 from mop.broker.topic import Topic
 from mop.message import Delivery, MessageId
 from mop.messaging import SubscriptionKind
@@ -20,17 +21,23 @@ from mop.messaging import SubscriptionKind
 __all__ = ["Bookkeeping", "Subscription"]
 
 
+# Why `Bookkeeping.on_dropped` is called: the subscription's backlog was at `max_backlog`.
+QUEUE_FULL = "queue full"
+
+
 class Bookkeeping:
     """What the subscription logic reports to the broker: cursors whose state changed since the
     broker last looked (to save them and to consider their topic for trimming) and drop
-    counters. `clock` gives the wall clock in milliseconds, for message expiry."""
+    counters. `clock` gives the wall clock in milliseconds, for message expiry.
+    `on_dropped(subscription, reason, count)`, when set, hears of each drop as it happens."""
 
-    __slots__ = ("changed", "clock", "dropped", "expired", "held")
+    __slots__ = ("changed", "clock", "dropped", "expired", "held", "on_dropped")
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
         self.changed: set[Cursor] = set()
         self.dropped = 0
+        self.on_dropped: Callable[[str, str, int], None] | None = None
         self.expired = 0
         # Messages held back until their `deliver_at` (on `clock`).
         self.held = DelayQueue()
@@ -165,7 +172,7 @@ class Subscription:
             return
         limit = self.max_backlog
         if limit and len(backlog) >= limit and not self._evict_qos0(cursor):
-            self.books.dropped += 1
+            self._dropped()
             cursor.ack(entry.message_id)
             return
         backlog.append(entry)
@@ -181,10 +188,16 @@ class Subscription:
             if queued.message.qos == 0:
                 del backlog[index]
                 cursor.qos0 -= 1
-                self.books.dropped += 1
+                self._dropped()
                 cursor.ack(queued.message_id)
                 return True
         return False
+
+    def _dropped(self) -> None:
+        books = self.books
+        books.dropped += 1
+        if books.on_dropped is not None:
+            books.on_dropped(self.name, QUEUE_FULL, 1)
 
     def _mark_ready(self, cursor: Cursor) -> None:
         if not cursor.in_ready and not cursor.loading:
@@ -262,12 +275,14 @@ class Subscription:
         cursor: Cursor,
         ids: list[MessageId],
         entries: list[Entry],
-        acked: frozenset[MessageId],
+        acked: IdRanges,
     ) -> None:
         """Complete a backlog read from storage: `ids` are every stored id after the cursor's
         mark_delete, `entries` those not in `acked`; messages that arrived meanwhile follow."""
         cursor.ids.extendleft(reversed(ids))
-        cursor.acked.update(message_id for message_id in ids if message_id in acked)
+        for message_id in ids:
+            if message_id in acked:
+                cursor.acked.add(message_id)
         cursor.settle()
         arrived = list(cursor.backlog)
         cursor.backlog.clear()
@@ -427,7 +442,7 @@ class Subscription:
         ids = cursor.ids
         while ids and ids[0] <= through:
             cursor.ack(ids[0])
-        cursor.acked = {mid for mid in cursor.acked if mid > through}
+        cursor.acked.discard_through(through)
         if len(cursor.backlog) and cursor.backlog[0].message_id <= through:
             kept = [entry for entry in cursor.backlog if entry.message_id > through]
             cursor.returned = max(0, cursor.returned - (len(cursor.backlog) - len(kept)))

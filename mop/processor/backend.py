@@ -32,7 +32,7 @@ from mop.messaging import (
 __all__ = [
     "Backend", "BackendCapabilities", "BackendError", "BatchPublisher", "ClientLease", "Consumer",
     "ConsumerClosed",
-    "CursorPosition", "FenceNotifier", "Producer", "ProducerAccess", "ProducerBusy",
+    "CursorPosition", "DropNotifier", "FenceNotifier", "Producer", "ProducerAccess", "ProducerBusy",
     "ProducerFenced", "ProducerSpec", "PublishResult", "QuotaExceeded", "Role", "StartPosition",
     "SubscriptionKind", "SubscriptionSpec", "Table",
 ]
@@ -207,6 +207,17 @@ class ClientLease(Protocol):
     async def release(self) -> None: ...
 
 
+class DropNotifier(Protocol):
+    """An optional capability of a Backend (`BackendCapabilities.drop_callbacks`): it tells
+    of the messages it drops for a subscription (a session that cannot keep up), so that they
+    are counted and reported with the drops of the adapters."""
+
+    def on_dropped(self, callback: Callable[[str, str, int], None]) -> None:
+        """Call `callback(subscription, reason, count)` on the event loop's thread for the
+        messages a subscription drops from now on. One callback per backend."""
+        ...
+
+
 class FenceNotifier(Protocol):
     """An optional capability of a ClientLease (`BackendCapabilities.fence_callbacks`): a
     callback instead of a task waiting in `wait_fenced`, so that a connection that is never
@@ -273,6 +284,8 @@ class BackendCapabilities:
     # Its leases call back when fenced (see `FenceNotifier`); without it a caller waits in
     # `ClientLease.wait_fenced`.
     fence_callbacks: bool = False
+    # It reports the messages it drops for subscriptions (see `DropNotifier`).
+    drop_callbacks: bool = False
 
 
 class Backend(Protocol):

@@ -20,6 +20,7 @@ from mop.processor.backend import (
     BatchPublisher,
     ClientLease,
     Consumer,
+    DropNotifier,
     Producer,
     ProducerSpec,
     PublishResult,
@@ -27,6 +28,7 @@ from mop.processor.backend import (
     SubscriptionSpec,
     Table,
 )
+from mop.processor.drops import DropLog
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,9 @@ class MessagingProcessor:
         self._batches: BatchPublisher | None = (
             cast("BatchPublisher", backend) if self.capabilities.publish_batch else None
         )
+        self.drop_log = DropLog()
+        if self.capabilities.drop_callbacks:
+            cast("DropNotifier", backend).on_dropped(self._backend_dropped)
 
     async def open_client(self, ctx: ClientContext) -> ClientLease:
         """Admit a client and take its id (fencing an older connection with the same id)."""
@@ -189,3 +194,9 @@ class MessagingProcessor:
     def record_dropped(self, messages: int = 1) -> None:
         """Count messages an adapter could not publish or deliver."""
         self.stats.messages_dropped += messages
+
+    def _backend_dropped(self, subscription: str, reason: str, count: int) -> None:
+        """Messages the backend dropped for a subscription: counted with the adapters' drops
+        (`$SYS/broker/messages/dropped`, metrics) and logged once per interval per subscription."""
+        self.stats.messages_dropped += count
+        self.drop_log.note(subscription, reason, count)

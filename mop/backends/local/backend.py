@@ -4,7 +4,7 @@ and storage. Waiting (receive, fencing, delayed redelivery) is done here, with t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -62,7 +62,7 @@ class LocalBackend:
 
     # `SubscriptionSpec.auto_ack_qos0` is done by the broker, as messages are taken.
     capabilities = BackendCapabilities(
-        publish_batch=True, auto_acks_qos0=True, fence_callbacks=True
+        publish_batch=True, auto_acks_qos0=True, fence_callbacks=True, drop_callbacks=True
     )
 
     def __init__(
@@ -298,6 +298,10 @@ class LocalBackend:
         self._check_running()
         await trio.lowlevel.checkpoint()
         return LocalRole(name)
+
+    def on_dropped(self, callback: Callable[[str, str, int], None]) -> None:
+        """See `DropNotifier`: the broker's `max_backlog` drops, as they happen."""
+        self.broker.on_dropped(callback)
 
     def stats(self) -> BrokerStats:
         """Counts for `$SYS` topics and metrics: topics, subscriptions, messages."""

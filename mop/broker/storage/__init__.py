@@ -11,11 +11,14 @@ from mop.broker.storage.api import (
 )
 from mop.broker.storage.durable import DurableStorage, open_durable_storage
 from mop.broker.storage.memory import MemoryStorage
+from mop.broker.storage.ranges import IdRanges, IdRangeSet
 
 __all__ = [
     "CursorKey",
     "CursorState",
     "DurableStorage",
+    "IdRangeSet",
+    "IdRanges",
     "MemoryStorage",
     "Storage",
     "StorageError",

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
+from mop.broker.storage.ranges import NO_IDS, IdRanges
 from mop.message import Message, MessageId
 
 __all__ = [
@@ -28,12 +29,13 @@ class CursorState:
     """Where a subscription stands on one topic.
 
     Every message with an id <= `mark_delete` is acknowledged (None: no message is); `acked`
-    holds the ids after `mark_delete` that are acknowledged one by one. Every other stored
-    message after `mark_delete` is still owed to the subscription.
+    holds the ids after `mark_delete` that are acknowledged one by one, as runs of consecutive
+    entries (so a long run costs what one id does). Every other stored message after
+    `mark_delete` is still owed to the subscription.
     """
 
     mark_delete: MessageId | None
-    acked: frozenset[MessageId] = frozenset()
+    acked: IdRanges = NO_IDS
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,11 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from itertools import chain
 from typing import TypeAlias
 
 from mop.broker.storage.api import CursorState
+from mop.broker.storage.ranges import IdRanges
 from mop.message import Message, MessageId
 
 __all__ = [
@@ -71,6 +73,9 @@ class Kind(IntEnum):
     TABLE_PUT = 7
     TABLE_DELETE = 8
     EPOCH = 9
+    # A cursor whose individually acknowledged ids are runs (`CURSOR` lists every id; it is
+    # still read, from logs written before runs, and no longer written).
+    CURSOR_RUNS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,17 +404,19 @@ def encode_topic_delete(name: str) -> bytes:
 
 
 def encode_cursor(topic: str, subscription: str, state: CursorState | None) -> bytes:
+    """A `CURSOR_RUNS` record: mark_delete, then u32 run count and per run u64 ledger, first
+    and last entry; its size grows with the runs, never with the ids they hold."""
     if state is None:
         return bytes((Kind.CURSOR_DELETE,)) + _str(topic) + _str(subscription)
-    acked = sorted(state.acked)
+    runs = state.acked.runs
     return b"".join(
         (
-            bytes((Kind.CURSOR,)),
+            bytes((Kind.CURSOR_RUNS,)),
             _str(topic),
             _str(subscription),
             _opt_id(state.mark_delete),
-            _U32.pack(len(acked)),
-            b"".join(_ID.pack(i.ledger, i.entry) for i in acked),
+            _U32.pack(len(runs)),
+            struct.pack(f"<{3 * len(runs)}Q", *chain.from_iterable(runs)),
         )
     )
 
@@ -441,9 +448,19 @@ def _decode_trim(reader: _Reader) -> Record:
 
 
 def _decode_cursor(reader: _Reader) -> Record:
+    """The record of logs written before `CURSOR_RUNS`: every acknowledged id listed."""
     topic, subscription = reader.str(), reader.str()
     mark_delete = reader.opt_id()
-    return CursorRecord(topic, subscription, CursorState(mark_delete, frozenset(reader.ids())))
+    return CursorRecord(topic, subscription, CursorState(mark_delete, IdRanges.of(reader.ids())))
+
+
+def _decode_cursor_runs(reader: _Reader) -> Record:
+    topic, subscription = reader.str(), reader.str()
+    mark_delete = reader.opt_id()
+    count = reader.u32()
+    values = struct.unpack(f"<{3 * count}Q", reader.take(24 * count))
+    runs = tuple(zip(values[0::3], values[1::3], values[2::3], strict=True))
+    return CursorRecord(topic, subscription, CursorState(mark_delete, IdRanges.checked(runs)))
 
 
 def _decode_topic_delete(reader: _Reader) -> Record:
@@ -472,6 +489,7 @@ _DECODERS: dict[Kind, Callable[[_Reader], Record]] = {
     Kind.TRIM: _decode_trim,
     Kind.TOPIC_DELETE: _decode_topic_delete,
     Kind.CURSOR: _decode_cursor,
+    Kind.CURSOR_RUNS: _decode_cursor_runs,
     Kind.CURSOR_DELETE: _decode_cursor_delete,
     Kind.TABLE_PUT: _decode_table_put,
     Kind.TABLE_DELETE: _decode_table_delete,

@@ -12,7 +12,7 @@ from mop.broker import (
     ConsumerBusy,
     SubscriptionMismatch,
 )
-from mop.broker.storage import MemoryStorage, StorageFull
+from mop.broker.storage import IdRanges, MemoryStorage, StorageFull
 from mop.message import Message, MessageId
 from mop.messaging import StartPosition, SubscriptionKind
 
@@ -257,6 +257,22 @@ async def test_max_backlog_drops_oldest_qos0_first() -> None:
     assert broker.stats().messages_dropped == 2
 
 
+async def test_a_stalled_subscription_saves_its_drops_as_one_run() -> None:
+    # One message in flight and never acknowledged; everything after the backlog is dropped
+    # and acknowledged one by one behind it: the saved cursor stays one run, not an id each.
+    storage = MemoryStorage()
+    broker = new_broker(storage)
+    att = await subscribe(broker, "c1", ["a"], capacity=1, max_backlog=10)
+    for n in range(5000):
+        await broker.publish(topic("a"), msg(str(n)))
+    assert len(broker.take(att, 1)) == 1
+    state = storage.load_cursors()[(topic("a"), "c1")]
+    assert state.mark_delete is None
+    assert len(state.acked) == 5000 - 1 - 10  # one with the consumer, ten in the backlog
+    assert len(state.acked.runs) == 1
+    assert broker.stats().messages_dropped == len(state.acked)
+
+
 async def test_expired_messages_are_dropped_at_dispatch() -> None:
     clock = Clock(now=1000.0)
     storage = MemoryStorage()
@@ -405,10 +421,10 @@ async def test_out_of_order_acks_are_saved_individually() -> None:
     broker.ack(att, [got[1]])
     state = storage.load_cursors()[(topic("a"), "c1")]
     assert state.mark_delete is None
-    assert state.acked == frozenset({got[1].message_id})
+    assert state.acked == IdRanges.of([got[1].message_id])
     broker.ack(att, [got[0]])
     state = storage.load_cursors()[(topic("a"), "c1")]
-    assert (state.mark_delete, state.acked) == (got[1].message_id, frozenset())
+    assert (state.mark_delete, state.acked) == (got[1].message_id, IdRanges())
 
 
 async def test_recover_rebuilds_durable_state_from_storage() -> None:

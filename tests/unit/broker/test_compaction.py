@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from mop.broker import Broker
 from mop.broker.compaction import CompactedTopics
-from mop.broker.storage import MemoryStorage
+from mop.broker.storage import IdRanges, MemoryStorage
 from mop.message import TOMBSTONE_PROPERTY, Delivery, Message, MessageId
 from mop.messaging import StartPosition
 
@@ -161,7 +161,7 @@ def scanned_last(model: dict[str, MessageId]) -> MessageId | None:
 
 def read_last(tables: CompactedTopics) -> MessageId | None:
     """The answer as a reader from the earliest position sees it: its last delivery."""
-    ids, entries = tables.backlog(TOPIC, None, [], frozenset())
+    ids, entries = tables.backlog(TOPIC, None, [], IdRanges())
     if not ids:
         return None
     batch = entries[-1].message.batch

@@ -5,6 +5,7 @@ itself for at-most-once subscriptions."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import AsyncIterator
 
 import pytest
@@ -21,6 +22,7 @@ from mop.processor import (
     PublishResult,
     SubscriptionSpec,
 )
+from mop.processor.drops import DropLog
 from mop.topic_names import mqtt_to_pulsar as T
 
 CTX = ClientContext(client_id="c", protocol="test")
@@ -99,3 +101,43 @@ async def test_processor_acknowledges_qos0_for_a_backend_that_does_not(
     await consumer.close()  # without acknowledging anything
     again = await processor.subscribe(CTX, spec)
     assert [d.message.payload for d in await again.receive(10)] == [b"q1"]
+
+
+async def test_messages_the_backend_drops_are_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with open_local_backend(MemoryStorage()) as local:
+        processor = MessagingProcessor(local)
+        processor.drop_log = DropLog(clock=lambda: 0.0)  # no time passes: one line
+        spec = SubscriptionSpec("slow", frozenset(["a"]), max_backlog=2)
+        consumer = await processor.subscribe(CTX, spec)
+        await consumer.close()
+        with caplog.at_level(logging.WARNING, logger="mop.processor"):
+            for n in range(50):
+                await local.publish(T("a"), message(str(n)))
+        assert processor.stats.messages_dropped == 48 == local.stats().messages_dropped
+        lines = [r.getMessage() for r in caplog.records if r.name == "mop.processor"]
+        assert lines == ["subscription 'slow': 1 message(s) dropped (queue full)"]
+
+
+def test_the_drop_log_sums_drops_per_subscription_and_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    log = DropLog(interval=10.0, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="mop.processor"):
+        for second in range(25):
+            now[0] = float(second)
+            for _ in range(100):
+                log.note("a", "queue full", 1)
+            log.note("b", "queue full", 2)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "subscription 'a': 1 message(s) dropped (queue full)",
+        "subscription 'b': 2 message(s) dropped (queue full)",
+        # At 10 s: a's first drop of that second is counted in, then b is logged by the sweep.
+        "subscription 'a': 1000 message(s) dropped in the last 10 s (queue full)",
+        "subscription 'b': 18 message(s) dropped in the last 10 s (queue full)",
+        "subscription 'a': 1000 message(s) dropped in the last 10 s (queue full)",
+        "subscription 'b': 20 message(s) dropped in the last 10 s (queue full)",
+    ]

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import trio
 
-from mop.broker.storage import CursorState, StorageError, StorageFull
+from mop.broker.storage import CursorState, IdRanges, StorageError, StorageFull
 from mop.broker.storage import durable as durable_module
 from mop.broker.storage import segments as segments_module
 from mop.broker.storage import upkeep as upkeep_module
@@ -107,7 +107,7 @@ async def test_delete_topic_forgets_messages_and_cursors(harness: Harness) -> No
 async def test_cursors_and_tables(harness: Harness) -> None:
     store = harness.store
     ids = store.append("t", _messages("a", "b", "c"))
-    state = CursorState(ids[0], frozenset({ids[2]}))
+    state = CursorState(ids[0], IdRanges.of([ids[2]]))
     store.save_cursors({("t", "s"): state, ("t", "s2"): CursorState(None)})
     store.save_cursors({("t", "s2"): None, ("t", "gone"): None})
     assert store.load_cursors() == {("t", "s"): state}
@@ -138,7 +138,7 @@ async def test_reopen_sees_everything(harness: Harness) -> None:
     ids = store.append("t", _messages("a", "b", "c"))
     store.trim("t", ids[0])
     store.append("u", [Message(b"x", properties=(("k", "v"), ("k", "w")), key="key", qos=2)])
-    store.save_cursors({("t", "s"): CursorState(ids[1], frozenset({ids[2]}))})
+    store.save_cursors({("t", "s"): CursorState(ids[1], IdRanges.of([ids[2]]))})
     store.table_put("retained", "a", b"1")
     await store.sync()
     store = await harness.reopen()
@@ -147,7 +147,7 @@ async def test_reopen_sees_everything(harness: Harness) -> None:
     [(_, message)] = await store.read("u", None, 10)
     assert message == Message(b"x", properties=(("k", "v"), ("k", "w")), key="key", qos=2)
     assert store.last_id("t") == ids[-1]
-    assert store.load_cursors() == {("t", "s"): CursorState(ids[1], frozenset({ids[2]}))}
+    assert store.load_cursors() == {("t", "s"): CursorState(ids[1], IdRanges.of([ids[2]]))}
     assert dict(store.table_items("retained")) == {"a": b"1"}
     assert store.append("t", _messages("d"))[0] > ids[-1]
 
@@ -186,7 +186,7 @@ def test_message_record_round_trip() -> None:
 
 
 def test_state_record_round_trip() -> None:
-    state = CursorState(MessageId(1, 2), frozenset({MessageId(1, 4), MessageId(2, 0)}))
+    state = CursorState(MessageId(1, 2), IdRanges.of([MessageId(1, 4), MessageId(2, 0)]))
     cases = [
         (
             encode_topic(TopicRecord("t", (1, 2), MessageId(2, 3), None)),

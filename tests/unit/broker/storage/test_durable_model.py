@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from mop.broker.storage import CursorKey, CursorState
+from mop.broker.storage import CursorKey, CursorState, IdRanges
 from mop.broker.storage.durable import DurableStorage, open_durable_storage
 from mop.message import Message, MessageId
 from mop.settings import StorageSettings
@@ -127,7 +127,9 @@ class DurableModel(RuleBasedStateMachine):
         handed_out = sorted(i for (t, i) in self.payloads if t == topic)
         if handed_out:
             ids = st.sampled_from(handed_out)
-            states = st.builds(CursorState, ids | st.none(), st.frozensets(ids, max_size=2))
+            states = st.builds(
+                CursorState, ids | st.none(), st.frozensets(ids, max_size=2).map(IdRanges.of)
+            )
         else:
             states = st.just(CursorState(None))
         state = data.draw(st.none() | states)

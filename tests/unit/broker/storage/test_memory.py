@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from mop.broker.storage import CursorState, MemoryStorage, Storage, StorageError, StorageFull
+from mop.broker.storage import (
+    CursorState,
+    IdRanges,
+    MemoryStorage,
+    Storage,
+    StorageError,
+    StorageFull,
+)
 from mop.message import Message, MessageId
 
 
@@ -52,7 +59,7 @@ async def test_trimming_many_compacts_the_log() -> None:
 
 async def test_cursors_and_tables() -> None:
     storage = MemoryStorage()
-    state = CursorState(MessageId(0, 3), frozenset({MessageId(0, 5)}))
+    state = CursorState(MessageId(0, 3), IdRanges.of([MessageId(0, 5)]))
     storage.save_cursors({("t", "s"): state, ("t", "s2"): CursorState(None)})
     storage.save_cursors({("t", "s2"): None})
     assert storage.load_cursors() == {("t", "s"): state}
