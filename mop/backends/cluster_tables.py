@@ -7,8 +7,8 @@ by the table key, whose payload is the value, or an empty payload with property 
 with a reader from its first message into a dict, so `get` and `items` answer from memory. A
 `put` waits for the broker's receipt and then updates the dict (read-your-writes); `catch_up`
 reads up to the topic's last message, for when another proxy's last write must be seen.
-Messages without a key are skipped; brokers that do not compact (pulsar-lite) work too, the
-reader then goes through every write.
+Messages without a key, and the markers `catch_up` writes, are no entries of the table; brokers
+that do not compact (pulsar-lite) work too, the reader then goes through every write.
 
 `SubscriptionRegistry` is such a table that the backend keeps for itself: for each durable
 subscription member, when each of its selectors was first subscribed.
@@ -44,6 +44,9 @@ log = logging.getLogger("mop.cluster")
 
 SYSTEM_NAMESPACE: Final = "__mop"
 REGISTRY_TABLE: Final = "mop.subscriptions"
+# The key of the markers `catch_up` writes: no table key can be it (U+0000 is in no MQTT string,
+# so in no client id or topic name). One key, so that compaction keeps one marker per table.
+CATCH_UP_KEY: Final = "\x00catch-up"
 
 
 def system_topic(tenant: str, namespace: str, kind: str, name: str) -> str:
@@ -67,6 +70,8 @@ class ClusterTable:
         self._reader: Any = None
         self.loaded = trio.Event()
         self._applied = trio.Event()
+        # The position of the last message the reader applied (keyed or not).
+        self._read_through: tuple[int, int] | None = None
         self._failed: BackendError | None = None
         self._watchers: list[Callable[[str, bytes | None], None]] = []
         # Keys with a write of this proxy in flight, and how many.
@@ -129,8 +134,10 @@ class ClusterTable:
         return changed
 
     def _apply(self, message: Any) -> None:
+        position = message.message_id()
+        self._read_through = (position.ledger_id(), position.entry_id())
         key = message.partition_key()
-        if key:
+        if key and key != CATCH_UP_KEY:
             value = None if message.properties().get(TOMBSTONE_PROPERTY) == "1" else message.data()
             changed = self._set(key, value, message_id_of(message.message_id()))
             if changed and self.loaded.is_set() and key not in self._own:
@@ -163,42 +170,9 @@ class ClusterTable:
             raise
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow)
-            await self._find_end()
             await self.catch_up()
             self.loaded.set()
             task_status.started()
-
-    async def _find_end(self) -> None:
-        """Make sure the broker can tell where the topic ends, which `catch_up` asks.
-
-        Apache Pulsar answers the last message id of an empty topic with "none yet"; some
-        Pulsar-protocol brokers (pulsar-lite 0.2) answer it with an error instead. The broker
-        said no (it did not fail to answer), so one keyless message is written, which readers
-        skip (`_apply`), and the broker is asked again: the topic is not empty any more.
-        """
-        bridge = self._backend.bridge
-        what = f"reading table {self._name!r}"
-        try:
-            await bridge.call(self._reader.has_message_available_async, what)
-            return
-        except BackendError as exc:
-            if exc.reason != "unspecified":
-                raise
-            log.info(
-                "table %r: no last message id for %s (%s); writing a marker",
-                self._name,
-                self.topic,
-                exc,
-            )
-        await self._backend.producers.send(self.topic, Message(payload=b""), batching=False)
-        try:
-            await bridge.call(self._reader.has_message_available_async, what)
-        except BackendError as exc:
-            raise BackendError(
-                f"table {self._name!r}: the broker does not tell where {self.topic} ends"
-                f" ({exc}); tables need brokers that answer GetLastMessageId",
-                reason=exc.reason,
-            ) from None
 
     async def _follow(self) -> None:
         bridge = self._backend.bridge
@@ -225,22 +199,25 @@ class ClusterTable:
 
     async def catch_up(self) -> None:
         """Return once every message the topic had when called is in the dict (or, with a
-        warning, after the backend's operation timeout)."""
+        warning, after the backend's operation timeout).
+
+        A marker goes to the topic, and the reader is waited for until it has read through
+        it: the topic's order puts every earlier write before it. (Asking the reader whether
+        more is available would not do: pulsar-client takes a message for read before the
+        callback that hands it over has run, and some brokers answer that question for an
+        empty topic with an error.)
+        """
         if self._reader is None:
             await self.loaded.wait()
-        bridge = self._backend.bridge
-        with trio.move_on_after(self._backend.operation_timeout) as scope:
-            while True:
-                applied = self._applied
-                available = await bridge.call(
-                    self._reader.has_message_available_async,
-                    f"reading table {self._name!r}",
-                )
-                if not available:
-                    return
-                await applied.wait()
+        timeout = self._backend.operation_timeout
+        with trio.move_on_after(timeout) as scope:
+            marker = Message(payload=b"", key=CATCH_UP_KEY)
+            result = await self._backend.producers.send(self.topic, marker, batching=False)
+            through = (result.message_id.ledger, result.message_id.entry)
+            while self._read_through is None or self._read_through < through:
+                await self._applied.wait()
         if scope.cancelled_caught:
-            log.warning("table %r: not caught up after %ss", self._name, scope.deadline)
+            log.warning("table %r: not caught up after %ss", self._name, timeout)
 
     async def aclose(self) -> None:
         reader, self._reader = self._reader, None
