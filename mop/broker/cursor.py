@@ -18,6 +18,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Cursor", "Entry"]
 
+# `ids` is compacted when an out-of-order acknowledgement finds it longer than this, or than
+# twice its length after the last compaction: amortized O(1) per id, and a stalled cursor
+# holds O(unacknowledged ids + runs of `acked` + this) ids however long it stalls.
+_COMPACT_FLOOR = 1024
+
 
 class Entry:
     """One message of one topic; created once per publish and shared by every subscription.
@@ -48,6 +53,7 @@ class Cursor:
         "attached",
         "backlog",
         "ids",
+        "ids_limit",
         "in_ready",
         "loading",
         "mark_delete",
@@ -63,11 +69,15 @@ class Cursor:
         self.sub = sub
         self.topic = topic
         self.mark_delete = mark_delete
-        # Every id after mark_delete routed to this cursor and not yet folded into it, in
+        # The ids after mark_delete routed to this cursor and not yet folded into it, in
         # order; `acked` holds those among them acknowledged out of order, as runs (a
         # subscription that stalls with one message in flight acknowledges what it drops one
         # by one behind it: that is one run, whose cost does not grow with its length).
+        # `compact` drops from `ids` the acknowledged ids that `settle` would only pass over,
+        # so `ids` does not grow with that run either: of each stretch of acknowledged ids it
+        # keeps the last (where mark_delete stops), and it always keeps the first id.
         self.ids: deque[MessageId] = deque()
+        self.ids_limit = _COMPACT_FLOOR
         self.acked = IdRangeSet()
         self.backlog: deque[Entry] = deque()
         self.redeliveries: dict[MessageId, int] = {}
@@ -97,6 +107,8 @@ class Cursor:
             self.settle()
         elif self.mark_delete is None or message_id > self.mark_delete:
             self.acked.add(message_id)
+            if len(ids) > self.ids_limit:
+                self.compact()
         self.sub.books.changed.add(self)
 
     def is_acked(self, message_id: MessageId) -> bool:
@@ -126,6 +138,38 @@ class Cursor:
             mark = ids.popleft()
         self.mark_delete = mark
         acked.discard_through(mark)
+
+    def compact(self) -> None:
+        """Drop from `ids` each acknowledged id, but the first, that an acknowledged id
+        follows in `ids`: `settle` then stops where it did (at the last acknowledged id before
+        the first one still owed), `ack` finds the same first id, and `is_acked` and `state` do
+        not read `ids`. O(len(ids)), and a search of `acked` for each run or gap met."""
+        ids = self.ids
+        acked = self.acked
+        if acked and len(ids) > 2:
+            rest = iter(ids)
+            kept = [next(rest)]
+            pending: MessageId | None = None  # the last of a stretch of acknowledged ids
+            # The span of `acked` (a run, or a gap) that answered for the last id looked up:
+            # routed ids are mostly consecutive, so most fall in the span of the one before.
+            held, ledger, first, last = False, -1, 0, -1
+            for message_id in rest:
+                entry = message_id.entry
+                if message_id.ledger != ledger or entry < first or entry > last:
+                    held, ledger, first, last = acked.span(message_id)
+                if held:
+                    pending = message_id
+                    continue
+                if pending is not None:
+                    kept.append(pending)
+                    pending = None
+                kept.append(message_id)
+            if pending is not None:
+                kept.append(pending)
+            if len(kept) < len(ids):
+                ids.clear()
+                ids.extend(kept)
+        self.ids_limit = max(2 * len(ids), _COMPACT_FLOOR)
 
     def state(self) -> CursorState:
         """The state to save: O(runs of `acked`), not O(ids acknowledged)."""

@@ -284,6 +284,7 @@ class Subscription:
             if message_id in acked:
                 cursor.acked.add(message_id)
         cursor.settle()
+        cursor.compact()  # a stalled subscription's acknowledged run is read back as ids
         arrived = list(cursor.backlog)
         cursor.backlog.clear()
         cursor.qos0 = 0

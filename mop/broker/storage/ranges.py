@@ -120,6 +120,28 @@ class IdRangeSet:
     def run_count(self) -> int:
         return len(self._runs)
 
+    def span(self, message_id: MessageId) -> tuple[bool, int, int, int]:
+        """(held, ledger, first, last): whether `message_id` is held, and the entries from
+        `first` to `last` of its ledger around it that are all held or all not (its run, or
+        the gap between two runs), so that a caller looking up ids in order can answer for
+        the ids that follow it without a search."""
+        ledger, entry = message_id.ledger, message_id.entry
+        runs = self._runs
+        index = _find(runs, ledger, entry)
+        first = -_TOP
+        if index >= 0:
+            run = runs[index]
+            if run[0] == ledger:
+                if entry <= run[2]:
+                    return True, ledger, run[1], run[2]
+                first = run[2] + 1
+        last = _TOP
+        if index + 1 < len(runs):
+            run = runs[index + 1]
+            if run[0] == ledger:
+                last = run[1] - 1
+        return False, ledger, first, last
+
     def add(self, message_id: MessageId) -> None:
         ledger, entry = message_id.ledger, message_id.entry
         runs = self._runs

@@ -152,3 +152,17 @@ def test_a_huge_contiguous_run_encodes_small() -> None:
     state = CursorState(None, ranges.freeze())
     assert len(state.acked) == 1_000_000
     assert len(encode_cursor("topic", "sub", state)) < 100
+
+
+@given(st.sets(IDS, max_size=60), IDS)
+def test_a_span_answers_for_every_id_in_it(ids: set[MessageId], probe: MessageId) -> None:
+    ranges = IdRangeSet(IdRanges.of(ids))
+    held, ledger, first, last = ranges.span(probe)
+    assert (held, ledger) == (probe in ids, probe.ledger)
+    assert first <= probe.entry <= last
+    for entry in range(max(first, -2), min(last, 43) + 1):
+        assert (MessageId(ledger, entry) in ids) == held
+    # A span reaches as far as it can: the entries just outside it answer otherwise.
+    for entry in (first - 1, last + 1):
+        if -2 <= entry <= 43:
+            assert (MessageId(ledger, entry) in ids) != held
