@@ -37,6 +37,7 @@ from mop.broker.storage.records import (
 from mop.broker.storage.recovery import Recovered, RecoveryReport, recover
 from mop.broker.storage.segments import DirectoryLock, SegmentFiles
 from mop.broker.storage.upkeep import Upkeep, UpkeepParts
+from mop.log_limit import LimitedLog
 from mop.message import Message, MessageId
 from mop.settings import StorageSettings
 
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
 __all__ = ["DurableStorage", "open_durable_storage"]
 
 logger = logging.getLogger("mop.storage")
+# While the disk is full every write fails the same way: one line per kind per interval.
+_failures = LimitedLog(logger)
 
 # Ledger ids are `epoch << 32 | n`: every opening of the store starts a new epoch, written and
 # fsynced before any id is handed out, so ids given out before a crash (even for messages the
@@ -377,7 +380,7 @@ class DurableStorage:
                     await self.flush(self._tail.end, fsync=policy != "never")
                     await self._upkeep.run_if_due()
                 except StorageError as exc:
-                    logger.warning("background write failed: %s", exc)
+                    _failures.warning(type(exc).__name__, "background write failed: %s", exc)
         finally:
             self._serving = False
 
