@@ -30,6 +30,7 @@ __all__ = [
     "TopicDeleteRecord",
     "TopicRecord",
     "TrimRecord",
+    "VoidRecord",
     "decode_message",
     "decode_record",
     "encode_cursor",
@@ -41,6 +42,7 @@ __all__ = [
     "encode_trim",
     "frame",
     "frame_messages",
+    "framed_void",
     "message_key",
 ]
 
@@ -71,6 +73,7 @@ class Kind(IntEnum):
     TABLE_PUT = 7
     TABLE_DELETE = 8
     EPOCH = 9
+    VOID = 10  # the place of messages whose write was refused: read past, never replayed
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,8 +374,20 @@ class EpochRecord:
     epoch: int
 
 
+@dataclass(frozen=True, slots=True)
+class VoidRecord:
+    """Filler that took the place of refused message records, so the records queued after
+    them keep their log positions."""
+
+
 Record: TypeAlias = (
-    TopicRecord | TrimRecord | TopicDeleteRecord | CursorRecord | TableRecord | EpochRecord
+    TopicRecord
+    | TrimRecord
+    | TopicDeleteRecord
+    | CursorRecord
+    | TableRecord
+    | EpochRecord
+    | VoidRecord
 )
 
 
@@ -424,6 +439,12 @@ def encode_epoch(epoch: int) -> bytes:
     return bytes((Kind.EPOCH,)) + struct.pack("<Q", epoch)
 
 
+def framed_void(size: int) -> bytes:
+    """A framed void record of exactly `size` bytes (at least `FRAME.size + 1`)."""
+    body = bytes((Kind.VOID,)) + bytes(size - FRAME.size - 1)
+    return FRAME.pack(len(body), zlib.crc32(body)) + body
+
+
 def _decode_topic(reader: _Reader) -> Record:
     name = reader.str()
     last_id, trimmed = reader.opt_id(), reader.opt_id()
@@ -467,6 +488,11 @@ def _decode_epoch(reader: _Reader) -> Record:
     return EpochRecord(epoch)
 
 
+def _decode_void(reader: _Reader) -> Record:
+    reader.offset = len(reader.data)  # filler: its bytes mean nothing
+    return VoidRecord()
+
+
 _DECODERS: dict[Kind, Callable[[_Reader], Record]] = {
     Kind.TOPIC: _decode_topic,
     Kind.TRIM: _decode_trim,
@@ -476,6 +502,7 @@ _DECODERS: dict[Kind, Callable[[_Reader], Record]] = {
     Kind.TABLE_PUT: _decode_table_put,
     Kind.TABLE_DELETE: _decode_table_delete,
     Kind.EPOCH: _decode_epoch,
+    Kind.VOID: _decode_void,
 }
 
 
