@@ -96,6 +96,7 @@ class Publisher:
     def __init__(self, port: int) -> None:
         self.answers: dict[int, int] = {}
         self._mids: dict[int, int] = {}
+        self._early: dict[int, int] = {}  # answers that came before `publish` noted the mid
         self._lock = threading.Lock()
         self._acked = threading.Condition(self._lock)
         self.client = client("disk-full-pub")
@@ -106,17 +107,26 @@ class Publisher:
         self.client.loop_start()
 
     def _on_publish(self, c: object, u: object, mid: int, reason: object, p: object) -> None:
+        code = int(getattr(reason, "value", 0))
         with self._acked:
             n = self._mids.pop(mid, None)
-            if n is not None:
-                self.answers[n] = int(getattr(reason, "value", 0))
+            if n is None:
+                self._early[mid] = code
+            else:
+                self.answers[n] = code
             self._acked.notify_all()
 
     def publish(self, n: int) -> None:
         with self._acked:
             self._acked.wait_for(lambda: len(self._mids) < WINDOW, timeout=10)
-            info = self.client.publish(TOPIC, payload(n), qos=1)
-            self._mids[info.mid] = n
+        # Not under our lock: paho's network thread takes its own lock, then ours.
+        info = self.client.publish(TOPIC, payload(n), qos=1)
+        with self._acked:
+            code = self._early.pop(info.mid, None)
+            if code is None:
+                self._mids[info.mid] = n
+            else:
+                self.answers[n] = code
 
     def wait_idle(self, timeout: float) -> None:
         with self._acked:
@@ -189,6 +199,8 @@ def test_a_full_disk_refuses_publishes_that_are_then_neither_delivered_nor_store
             time.sleep(0.05)
         assert publisher.answers.get(n - 1) == 0, "no publish accepted after space returned"
         time.sleep(SETTLE)
+        assert len(publisher.answers) == n, "publishes without an answer"
+        refused = publisher.refused()  # with those refused while space came back
         accepted = publisher.accepted()
         received = set(subscriber.received)
         publisher.close()

@@ -378,11 +378,11 @@ class DurableStorage:
         if (self._synced if fsync else tail.written) >= target:
             await trio.lowlevel.checkpoint()
             return
-        # The tasks that are ready run before the write, not after it: consumers that the
-        # records were just routed to deliver them without waiting for the disk (deliveries
-        # never waited for durability; acknowledgements do), and publishers that are ready
-        # add their records to this same write. Not a cancellation point, as the write never
-        # was: the caller's records are queued already.
+        # The tasks that are ready run before the write, not after it: publishers that are
+        # ready add their records to this same write, and consumers deliver what was routed
+        # at once (QoS 0). Messages that wait for `when_written` are released by the write,
+        # before its fsync. Not a cancellation point, as the write never was: the caller's
+        # records are queued already.
         await trio.lowlevel.cancel_shielded_checkpoint()
         while (self._synced if fsync else tail.written) < target:
             flight = self._flight
