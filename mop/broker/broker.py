@@ -5,6 +5,7 @@ over a `Storage`. It imports no trio: callers supply the time for delays and do 
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -103,6 +104,8 @@ class Broker:
         self._trie: SubscriptionTrie[str, Subscription] = SubscriptionTrie()
         self._delayed = DelayQueue()
         self._trim_dirty: set[Topic] = set()
+        # Topics with messages routed once the storage has written them, and how many calls.
+        self._held: dict[Topic, int] = {}
         self._grace = UnsubscribedGrace(unsubscribed_grace)
         self.compacted = CompactedTopics(storage, tenant=tenant)
         self._seq = itertools.count()
@@ -157,15 +160,9 @@ class Broker:
             saved = self.sequences.record(topic, sequence)
             if saved is not None:
                 self.storage.table_put(PRODUCERS_TABLE, *saved)
-        cursors = node.cursors
-        count = len(cursors)
+        count = len(node.cursors)
         if count:
-            entry = Entry(topic, message_id, message)
-            for cursor in cursors:
-                if node.persistent or cursor.sub.attachments:
-                    cursor.sub.offer(cursor, entry)
-            if self._books.changed:
-                self._flush()
+            self._route(node, [Entry(topic, message_id, message)], hold=bool(message.qos))
         else:
             self._trim_dirty.add(node)
         return Published(message_id, count)
@@ -197,19 +194,50 @@ class Broker:
             for _ in messages:
                 node.last_id = node.next_transient_id()
                 ids.append(node.last_id)
-        cursors = node.cursors
-        count = len(cursors)
+        count = len(node.cursors)
         if count:
-            for message_id, message in zip(ids, messages, strict=True):
-                entry = Entry(topic, message_id, message)
-                for cursor in cursors:
-                    if persistent or cursor.sub.attachments:
-                        cursor.sub.offer(cursor, entry)
-            if self._books.changed:
-                self._flush()
+            entries = [Entry(topic, i, m) for i, m in zip(ids, messages, strict=True)]
+            self._route(node, entries, hold=any(m.qos for m in messages))
         else:
             self._trim_dirty.add(node)
         return ids, count
+
+    def _route(self, node: Topic, entries: list[Entry], *, hold: bool) -> None:
+        """Offer new messages of `node` to its subscriptions, or with `hold` (messages of
+        QoS >= 1 of a persistent topic) once the storage has written them: a message whose
+        write fails is refused, its publisher is told so and sends it again, so it must not
+        have been delivered. QoS 0 messages go at once (at most once: if their write fails
+        they may have been delivered and are not stored), unless messages of their topic are
+        held, which they follow to keep the topic's order."""
+        if not node.persistent:
+            self._offer(node, entries)
+        elif hold or node in self._held:
+            self._held[node] = self._held.get(node, 0) + 1
+            self.storage.when_written(functools.partial(self._release, node, entries))
+        else:
+            self._offer(node, entries)
+
+    def _release(self, node: Topic, entries: list[Entry], written: bool) -> None:
+        held = self._held[node] - 1
+        if held:
+            self._held[node] = held
+        else:
+            del self._held[node]
+        if written:
+            self._offer(node, entries)
+
+    def _offer(self, node: Topic, entries: list[Entry]) -> None:
+        persistent = node.persistent
+        for cursor in node.cursors:
+            if not (persistent or cursor.sub.attachments):
+                continue
+            # A cursor made since the messages were held starts after them.
+            start = cursor.ids[-1] if cursor.ids else cursor.mark_delete
+            for entry in entries:
+                if start is None or entry.message_id > start:
+                    cursor.sub.offer(cursor, entry)
+        if self._books.changed:
+            self._flush()
 
     # -- topics ----------------------------------------------------------------------------
 

@@ -184,7 +184,6 @@ class LocalBackend:
         store_many = self.broker.store_many
         results: list[PublishResult | BackendError] = []
         durable: list[int] = []  # indexes of the results that wait for the sync
-        routed = False  # a message that waits for the sync went to a subscription
         delays = False
         start, end = 0, len(items)
         while start < end:
@@ -211,7 +210,6 @@ class LocalBackend:
                 if (message.qos or message.deliver_at) and isinstance(outcome, PublishResult):
                     if message.qos and persistent:
                         durable.append(len(results) + index)
-                        routed = routed or bool(outcome.subscriptions)
                     if message.deliver_at:
                         delays = True
             results += outcomes
@@ -219,12 +217,6 @@ class LocalBackend:
         if delays:
             self._delays_changed()
         if durable:
-            if routed:
-                # The consumers these messages woke deliver before the log write and this
-                # publisher's acks, not after them: trio runs the tasks of a pass in either
-                # order, and with this pass and the one the sync makes before its write, a
-                # woken consumer runs first either way. Cancellation stays with the sync.
-                await trio.lowlevel.cancel_shielded_checkpoint()
             try:
                 await self.storage.sync()
             except StorageError as exc:

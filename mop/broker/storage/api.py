@@ -4,7 +4,7 @@ and table entries, made durable in groups by `sync()`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
@@ -73,6 +73,14 @@ class Storage(Protocol):
 
     async def sync(self) -> None:
         """Return once every mutation made before this call is durable."""
+        ...
+
+    def when_written(self, callback: Callable[[bool], None]) -> None:
+        """Call `callback(True)` on the event loop once the messages appended so far are
+        written (they will be durable at the next `sync()`), or `callback(False)` if their
+        write failed: they are then refused, never stored, and `sync()` raises for them.
+        What is not delivered before `callback(True)` can never be delivered and then lost to a
+        failed write."""
         ...
 
     async def read(

@@ -4,10 +4,12 @@ segment files, with group commit, recovery after a crash, retention and space re
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +23,7 @@ from mop.broker.storage.api import (
     StorageStats,
 )
 from mop.broker.storage.index import LogIndex, Run, TopicIndex
-from mop.broker.storage.log import LogTail
+from mop.broker.storage.log import Batch, LogTail
 from mop.broker.storage.reads import LogReader
 from mop.broker.storage.records import (
     TopicRecord,
@@ -33,10 +35,12 @@ from mop.broker.storage.records import (
     encode_topic_delete,
     encode_trim,
     frame_messages,
+    framed_void,
 )
 from mop.broker.storage.recovery import Recovered, RecoveryReport, recover
 from mop.broker.storage.segments import DirectoryLock, SegmentFiles
 from mop.broker.storage.upkeep import Upkeep, UpkeepParts
+from mop.log_limit import LimitedLog
 from mop.message import Message, MessageId
 from mop.settings import StorageSettings
 
@@ -46,6 +50,8 @@ if TYPE_CHECKING:
 __all__ = ["DurableStorage", "open_durable_storage"]
 
 logger = logging.getLogger("mop.storage")
+# While the disk is full every write fails the same way: one line per kind per interval.
+_failures = LimitedLog(logger)
 
 # Ledger ids are `epoch << 32 | n`: every opening of the store starts a new epoch, written and
 # fsynced before any id is handed out, so ids given out before a crash (even for messages the
@@ -68,6 +74,22 @@ class _Flight:
         self.end = end
         self.done = trio.Event()
         self.error: StorageError | None = None
+
+
+class _Fresh:
+    """Messages of one `append` that are not written yet: where their records are, so that a
+    failed write can take them back."""
+
+    __slots__ = ("end", "first", "positions", "sizes", "topic")
+
+    def __init__(
+        self, topic: TopicIndex, first: int, positions: list[int], sizes: list[int], end: int
+    ) -> None:
+        self.topic = topic
+        self.first = first
+        self.positions = positions
+        self.sizes = sizes
+        self.end = end
 
 
 def _storage_error(exc: OSError) -> StorageError:
@@ -119,6 +141,9 @@ class DurableStorage:
         self._last_fsync = time.monotonic()
         self._flight: _Flight | None = None
         self._full_until = 0.0
+        # Appends and `when_written` callbacks waiting for their write, oldest first.
+        self._fresh: deque[_Fresh] = deque()
+        self._outcomes: deque[tuple[int, Callable[[bool], None]]] = deque()
         self._closed = False
         self._serving = False
         self._wakeup = trio.Event()
@@ -155,11 +180,16 @@ class DurableStorage:
         if tail.fits(len(data)):
             # The common case, all in the active segment: one append to the log and to the
             # index for the lot (the messages of one read from a client, say).
-            index.add_messages(entry_topic, run, tail.add_frames(data, sizes), sizes, seconds)
+            positions = tail.add_frames(data, sizes)
+            index.add_messages(entry_topic, run, positions, sizes, seconds)
         else:
+            positions = []
             for entry, message in enumerate(messages, first):
                 position, size = tail.add(encode_message(ledger, entry, millis, message))
                 index.add_message(entry_topic, run, position, size, seconds)
+                positions.append(position)
+        if positions:
+            self._fresh.append(_Fresh(entry_topic, first, positions, sizes, tail.end))
         ids = [MessageId(ledger, entry) for entry in range(first, first + len(sizes))]
         if ids:
             entry_topic.last_id = ids[-1]
@@ -239,6 +269,57 @@ class DurableStorage:
         position, size = self._tail.add(encode_table(table, key, value))
         self._index.set_state(("K", table, key), position, size)
 
+    def when_written(self, callback: Callable[[bool], None]) -> None:
+        """Call `callback(True)` once every record queued so far is written (to the operating
+        system, before any fsync), or `callback(False)` if the write holding the last of them
+        fails: its messages are then refused, never stored. Called on the event loop, in
+        the order of the calls to `when_written`."""
+        tail = self._tail
+        if tail.written >= tail.end:
+            callback(True)
+        else:
+            self._outcomes.append((tail.end, callback))
+
+    def _settle(self, through: int, ok: bool) -> int:
+        """Call the `when_written` callbacks covered by log position `through`."""
+        outcomes, settled = self._outcomes, 0
+        while outcomes and outcomes[0][0] <= through:
+            callback = outcomes.popleft()[1]
+            settled += 1
+            try:
+                callback(ok)
+            except Exception:
+                logger.exception("a write's outcome handler failed")
+        return settled
+
+    def _refuse(self, batch: Batch) -> None:
+        """Take back the messages of a batch that could not be written: their records become
+        void records of the same size (the other records in the batch, and those queued after
+        it, keep their positions and are written by the next write) and leave the index."""
+        fresh, index, data = self._fresh, self._index, batch.data
+        while fresh and fresh[0].end <= batch.end:
+            gone = fresh.popleft()
+            for position, size in zip(gone.positions, gone.sizes, strict=True):
+                offset = position - batch.start
+                data[offset : offset + size] = framed_void(size)
+            topic = gone.topic
+            if index.topics.get(topic.name) is not topic or topic.ledger is None:
+                continue  # deleted since
+            count = len(gone.positions)
+            for skip in range(count):  # retention may have trimmed the first ones already
+                found = index.find(topic.ledger, gone.first + skip)
+                if found is not None:
+                    run, i = found
+                    index.void_messages(topic, run, i, i + count - skip)
+                    break
+        self._settle(batch.end, False)
+
+    def _written(self, batch: Batch) -> int:
+        fresh = self._fresh
+        while fresh and fresh[0].end <= batch.end:
+            fresh.popleft()
+        return self._settle(batch.end, True)
+
     # -- queries -------------------------------------------------------------------------------
 
     def topics(self) -> list[str]:
@@ -297,11 +378,11 @@ class DurableStorage:
         if (self._synced if fsync else tail.written) >= target:
             await trio.lowlevel.checkpoint()
             return
-        # The tasks that are ready run before the write, not after it: consumers that the
-        # records were just routed to deliver them without waiting for the disk (deliveries
-        # never waited for durability; acknowledgements do), and publishers that are ready
-        # add their records to this same write. Not a cancellation point, as the write never
-        # was: the caller's records are queued already.
+        # The tasks that are ready run before the write, not after it: publishers that are
+        # ready add their records to this same write, and consumers deliver what was routed
+        # at once (QoS 0). Messages that wait for `when_written` are released by the write,
+        # before its fsync. Not a cancellation point, as the write never was: the caller's
+        # records are queued already.
         await trio.lowlevel.cancel_shielded_checkpoint()
         while (self._synced if fsync else tail.written) < target:
             flight = self._flight
@@ -320,6 +401,7 @@ class DurableStorage:
         if settings.fsync == "interval" and now - self._last_fsync >= settings.fsync_interval:
             fsync = True
         inline = False
+        settled = 0
         try:
             # A small write without fsync goes straight to the page cache: far cheaper than
             # the round trip to a worker thread, and it cannot block for long.
@@ -328,16 +410,26 @@ class DurableStorage:
                 and len(batch.data) <= _INLINE_BYTES
                 and self._files.write_now(batch.start, batch.data, batch.bases)
             )
-            if not inline:
+            if inline:
+                settled = self._written(batch)
+            else:
                 # Shielded: the batch has left the queue and the records after it have their
                 # positions, so a write given up because its caller was cancelled (a client
                 # that disconnects while its publish waits) would leave a hole that later
                 # writes step over, and recovery would cut the log there. It finishes.
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(
-                        self._files.write, batch.start, batch.data, batch.bases, fsync
+                        self._files.write,
+                        batch.start,
+                        batch.data,
+                        batch.bases,
+                        fsync,
+                        self._announcer(batch),
                     )
         except OSError as exc:
+            # One outcome for the whole batch: its publishers are told it failed, so none of
+            # its messages may be stored by a later write (the publishers send them again).
+            self._refuse(batch)
             tail.failed(batch)
             flight.error = _storage_error(exc)
             if isinstance(flight.error, StorageFull):
@@ -348,13 +440,31 @@ class DurableStorage:
             raise
         else:
             tail.done(batch)
+            self._written(batch)  # a worker thread's write: announced already, but for fresh
             self._full_until = 0.0
             if fsync:
                 self._synced = batch.end
                 self._last_fsync = now
+            if self._outcomes:
+                self._wakeup.set()  # records queued since wait for their outcome: write soon
         finally:
             self._flight = None
             flight.done.set()
+        if settled:
+            # Consumers of the messages this write released deliver them before the caller
+            # (a publisher) acknowledges its own. Not a cancellation point: it is written.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def _announcer(self, batch: Batch) -> Callable[[], None]:
+        """For a worker thread's write: once the bytes are written, and while the fsync runs,
+        settle the batch's `when_written` callbacks on the event loop."""
+        token = trio.lowlevel.current_trio_token()
+
+        def announce() -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(self._settle, batch.end, True)
+
+        return announce
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -377,7 +487,7 @@ class DurableStorage:
                     await self.flush(self._tail.end, fsync=policy != "never")
                     await self._upkeep.run_if_due()
                 except StorageError as exc:
-                    logger.warning("background write failed: %s", exc)
+                    _failures.warning(type(exc).__name__, "background write failed: %s", exc)
         finally:
             self._serving = False
 

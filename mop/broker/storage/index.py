@@ -321,6 +321,33 @@ class LogIndex:
         self.messages += len(positions)
         self.message_bytes += total
 
+    def void_messages(self, topic: TopicIndex, run: Run, lo: int, hi: int) -> None:
+        """Forget run entries [lo, hi): their records were never written. Their ids stay
+        used: the entries after them move to a run of their own (as after recovery, which
+        starts a new run at every gap), and the topic's newest run keeps its next entry."""
+        lo = max(lo, run.head)
+        if lo >= hi:
+            return
+        self.count_live(run, lo, hi, -1)
+        size = sum(run.sizes[lo:hi])
+        topic.count -= hi - lo
+        topic.bytes -= size
+        self.messages -= hi - lo
+        self.message_bytes -= size
+        runs = topic.runs
+        at = runs.index(run)
+        if hi < len(run.positions) or at == len(runs) - 1:
+            rest = Run(run.ledger, run.first + hi)
+            rest.positions = run.positions[hi:]
+            rest.sizes = run.sizes[hi:]
+            rest.times = run.times[hi:]
+            rest.monotonic = run.monotonic
+            runs.insert(at + 1, rest)
+        for column in (run.positions, run.sizes, run.times):
+            del column[lo:]
+        if not len(run):
+            runs.pop(at)
+
     def move_message(self, run: Run, i: int, position: int) -> None:
         """Record that a reclaim copied run entry `i` to `position` at the end of the log."""
         size = run.sizes[i]

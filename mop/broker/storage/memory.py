@@ -6,7 +6,7 @@ handed to a second broker to exercise recovery.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import trio
 
@@ -90,6 +90,9 @@ class MemoryStorage:
         log.bytes += size
         self._bytes += size
         return ids
+
+    def when_written(self, callback: Callable[[bool], None]) -> None:
+        callback(True)  # nothing to write
 
     async def sync(self) -> None:
         self._check_open()

@@ -8,7 +8,7 @@ import struct
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import IntEnum, unique
 from itertools import chain
 from typing import TypeAlias
 
@@ -32,6 +32,7 @@ __all__ = [
     "TopicDeleteRecord",
     "TopicRecord",
     "TrimRecord",
+    "VoidRecord",
     "decode_message",
     "decode_record",
     "encode_cursor",
@@ -43,6 +44,7 @@ __all__ = [
     "encode_trim",
     "frame",
     "frame_messages",
+    "framed_void",
     "message_key",
 ]
 
@@ -63,6 +65,7 @@ _HEADER = struct.Struct("<6sHQQI")
 HEADER_SIZE = _HEADER.size
 
 
+@unique  # two kinds with one number would decode as one another
 class Kind(IntEnum):
     MESSAGE = 1
     TOPIC = 2
@@ -76,6 +79,7 @@ class Kind(IntEnum):
     # A cursor whose individually acknowledged ids are runs (`CURSOR` lists every id; it is
     # still read, from logs written before runs, and no longer written).
     CURSOR_RUNS = 10
+    VOID = 11  # the place of messages whose write was refused: read past, never replayed
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,8 +380,20 @@ class EpochRecord:
     epoch: int
 
 
+@dataclass(frozen=True, slots=True)
+class VoidRecord:
+    """Filler that took the place of refused message records, so the records queued after
+    them keep their log positions."""
+
+
 Record: TypeAlias = (
-    TopicRecord | TrimRecord | TopicDeleteRecord | CursorRecord | TableRecord | EpochRecord
+    TopicRecord
+    | TrimRecord
+    | TopicDeleteRecord
+    | CursorRecord
+    | TableRecord
+    | EpochRecord
+    | VoidRecord
 )
 
 
@@ -429,6 +445,12 @@ def encode_table(table: str, key: str, value: bytes | None) -> bytes:
 
 def encode_epoch(epoch: int) -> bytes:
     return bytes((Kind.EPOCH,)) + struct.pack("<Q", epoch)
+
+
+def framed_void(size: int) -> bytes:
+    """A framed void record of exactly `size` bytes (at least `FRAME.size + 1`)."""
+    body = bytes((Kind.VOID,)) + bytes(size - FRAME.size - 1)
+    return FRAME.pack(len(body), zlib.crc32(body)) + body
 
 
 def _decode_topic(reader: _Reader) -> Record:
@@ -484,6 +506,11 @@ def _decode_epoch(reader: _Reader) -> Record:
     return EpochRecord(epoch)
 
 
+def _decode_void(reader: _Reader) -> Record:
+    reader.offset = len(reader.data)  # filler: its bytes mean nothing
+    return VoidRecord()
+
+
 _DECODERS: dict[Kind, Callable[[_Reader], Record]] = {
     Kind.TOPIC: _decode_topic,
     Kind.TRIM: _decode_trim,
@@ -494,6 +521,7 @@ _DECODERS: dict[Kind, Callable[[_Reader], Record]] = {
     Kind.TABLE_PUT: _decode_table_put,
     Kind.TABLE_DELETE: _decode_table_delete,
     Kind.EPOCH: _decode_epoch,
+    Kind.VOID: _decode_void,
 }
 
 

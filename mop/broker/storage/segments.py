@@ -10,7 +10,7 @@ import errno
 import fcntl
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 __all__ = [
@@ -128,10 +128,17 @@ class SegmentFiles:
         self._damaged: str | None = None
         self._closed = False
 
-    def write(self, start: int, data: bytes | bytearray, bases: Sequence[int], fsync: bool) -> None:
+    def write(
+        self,
+        start: int,
+        data: bytes | bytearray,
+        bases: Sequence[int],
+        fsync: bool,
+        written: Callable[[], None] | None = None,
+    ) -> None:
         """Write `data` at log position `start`; `bases` are the bases of the segments the run
         touches, in order (the first may begin before `start`). Fsync everything written so
-        far when `fsync`."""
+        far when `fsync`. `written` is called once the bytes are written, before any fsync."""
         with self._lock:
             if self._damaged is not None or self._closed:
                 raise OSError(errno.EIO, self._damaged or "the log is closed")
@@ -139,6 +146,8 @@ class SegmentFiles:
             try:
                 with memoryview(data) as view:
                     self._write_chunks(start, view, bases, undo)
+                if written is not None:
+                    written()
                 for base in bases[:-1]:
                     self._seal(base)
                 if fsync:

@@ -20,12 +20,14 @@ from mop.broker.storage.index import LogIndex, Segment, StateKey, TopicIndex
 from mop.broker.storage.log import LogTail
 from mop.broker.storage.records import Kind, Scanner, message_key
 from mop.broker.storage.segments import SegmentFiles, read_segment
+from mop.log_limit import LimitedLog
 from mop.message import MessageId
 from mop.settings import StorageSettings
 
 __all__ = ["LogWriter", "Upkeep", "UpkeepParts"]
 
 logger = logging.getLogger("mop.storage")
+_failures = LimitedLog(logger)
 
 # How many copied records between two checkpoints, so a reclaim never holds the loop long.
 _COPY_SLICE = 2000
@@ -91,7 +93,7 @@ class Upkeep:
                     self._reclaim_after = time.monotonic() + _RECLAIM_BACKOFF
                     break
         except StorageError as exc:
-            logger.warning("log upkeep failed: %s", exc)
+            _failures.warning(type(exc).__name__, "log upkeep failed: %s", exc)
         finally:
             self._running.set()
             self._running = None

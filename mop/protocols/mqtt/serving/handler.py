@@ -19,6 +19,7 @@ from typing import Any, cast
 import trio
 
 from mop.clock import now_ms
+from mop.log_limit import LimitedLog
 from mop.processor import (
     BackendError,
     ClientContext,
@@ -60,6 +61,8 @@ from mop.protocols.mqtt.session import SessionState
 from mop.transport import ConnectionInfo, OutboundBuffer, read_ready, receiver
 
 log = logging.getLogger("mop.mqtt")
+# One line per kind of refusal per interval: a full disk refuses every publish of every client.
+_refusals = LimitedLog(log)
 
 
 class _Close(Exception):
@@ -582,7 +585,13 @@ class ClientHandler:
         that the client sends it again later."""
         if isinstance(result, BackendError):
             self.server.processor.record_dropped()
-            log.warning("%s: publish to %r failed: %s", self.ctx.client_id, publish.topic, result)
+            _refusals.warning(
+                type(result).__name__,
+                "%s: publish to %r failed: %s",
+                self.ctx.client_id,
+                publish.topic,
+                result,
+            )
             if publish.qos == 0:
                 return None
             if not v5:

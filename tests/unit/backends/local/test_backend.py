@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import trio
@@ -11,6 +14,8 @@ import trio.testing
 
 from mop.backends.local import LocalBackend, open_local_backend
 from mop.broker.storage import MemoryStorage, StorageError
+from mop.broker.storage import durable as durable_module
+from mop.broker.storage.durable import open_durable_storage
 from mop.membership import Membership
 from mop.message import Message
 from mop.processor.backend import (
@@ -23,6 +28,7 @@ from mop.processor.backend import (
     SubscriptionKind,
     SubscriptionSpec,
 )
+from mop.settings import StorageSettings
 from mop.topic_names import mqtt_to_pulsar
 
 
@@ -318,3 +324,37 @@ async def test_auto_ack_qos0_is_never_delivered_again(
     with trio.move_on_after(0.2):
         got = [d.message.payload for d in await again.receive(10)]
     assert got == back
+
+
+@pytest.mark.parametrize("fsync", ["always", "never"])  # a worker thread's write, an inline one
+async def test_a_publish_refused_by_a_full_disk_is_neither_delivered_nor_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: str
+) -> None:
+    monkeypatch.setattr(durable_module, "_FULL_BACKOFF", 0.0)
+    settings = StorageSettings(fsync=fsync)  # type: ignore[arg-type]
+    storage = await open_durable_storage(tmp_path, settings)
+    topic = T("a")
+    async with open_local_backend(storage) as backend:
+        consumer = await backend.subscribe(spec("s", "a", max_backlog=100))
+        await backend.publish(topic, message("before"))
+        assert [d.message.payload for d in await consumer.receive(10)] == [b"before"]
+
+        def full(fd: int, data: memoryview, offset: int) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(os, "pwrite", full)
+        results = await backend.publish_batch([(topic, message("refused"))])
+        assert isinstance(results[0], QuotaExceeded)
+        with trio.move_on_after(0.2):
+            delivered = await consumer.receive(10)
+            pytest.fail(f"a refused publish was delivered: {delivered}")
+        monkeypatch.undo()
+        await backend.publish(topic, message("after"))
+        assert [d.message.payload for d in await consumer.receive(10)] == [b"after"]
+    await storage.aclose()
+    storage = await open_durable_storage(tmp_path, settings)
+    try:
+        kept = [m.payload for _, m in await storage.read(topic, None, 10)]
+        assert kept == [b"before", b"after"]
+    finally:
+        await storage.aclose()

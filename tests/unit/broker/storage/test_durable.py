@@ -476,7 +476,7 @@ def _failing_pwrite(code: int, partial: bool) -> object:
 
 @pytest.mark.parametrize("fsync", ["always", "never"])  # a worker thread's write, an inline one
 @pytest.mark.parametrize("partial", [False, True])
-async def test_disk_full_fails_the_batch_and_recovers(
+async def test_disk_full_refuses_the_batch_and_recovers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, partial: bool, fsync: str
 ) -> None:
     monkeypatch.setattr(durable_module, "_FULL_BACKOFF", 0.2)
@@ -485,7 +485,10 @@ async def test_disk_full_fails_the_batch_and_recovers(
     await store.sync()
     size = _log_bytes(tmp_path)
     monkeypatch.setattr(os, "pwrite", _failing_pwrite(errno.ENOSPC, partial))
-    store.append("t", _messages("queued"))
+    refused = store.append("t", _messages("refused", "with it"))
+    store.table_put("x", "k", b"queued with the refused messages")
+    outcomes: list[bool] = []
+    store.when_written(outcomes.append)
     failures = []
 
     async def waiter() -> None:
@@ -498,23 +501,70 @@ async def test_disk_full_fails_the_batch_and_recovers(
         for _ in range(5):
             nursery.start_soon(waiter)
     assert len(failures) == 5
+    assert outcomes == [False]
     assert _log_bytes(tmp_path) == size  # the failed write's partial bytes are gone
+    # Refused means refused: the messages are gone from the store at once...
+    assert _payloads(await store.read("t", None, 10)) == [b"durable"]
+    assert store.stats().messages == 1
     with pytest.raises(StorageFull):
         store.append("t", _messages("refused while full"))
     monkeypatch.undo()
     await trio.sleep(0.25)
     ids = store.append("t", _messages("after"))
+    store.when_written(outcomes.append)
     await store.sync()
+    assert outcomes == [False, True]
+    assert ids[0] > refused[-1]  # the refused ids are never given out again
     await store.aclose()
     store = await open_durable_storage(tmp_path, small_settings(fsync=fsync))
     assert store.recovery.truncated == 0
-    # The failed batch stayed queued and was written by the later sync.
-    assert _payloads(await store.read("t", None, 10)) == [b"durable", b"queued", b"after"]
+    # ...and the later write that stored what was queued with them did not store them.
+    assert _payloads(await store.read("t", None, 10)) == [b"durable", b"after"]
+    assert dict(store.table_items("x")) == {"k": b"queued with the refused messages"}
     assert store.last_id("t") == ids[0]
     await store.aclose()
 
 
-async def test_other_write_errors_are_storage_errors(
+async def test_messages_queued_during_a_refused_write_are_written_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(durable_module, "_FULL_BACKOFF", 0.0)
+    store = await open_durable_storage(tmp_path, small_settings(fsync="never"))  # inline write
+    outcomes: list[tuple[str, bool]] = []
+    kept: list[MessageId] = []
+    real = os.pwrite
+
+    def pwrite(fd: int, data: memoryview, offset: int) -> int:
+        # While the write is in flight a publisher queues more, in the same topic.
+        monkeypatch.setattr(os, "pwrite", real)
+        kept.extend(store.append("t", _messages("queued during the write")))
+        store.when_written(lambda ok: outcomes.append(("kept", ok)))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    store.append("t", _messages("refused"))
+    store.when_written(lambda ok: outcomes.append(("refused", ok)))
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    with pytest.raises(StorageFull):
+        await store.sync()
+    assert outcomes == [("refused", False)]
+    await store.sync()
+    assert outcomes == [("refused", False), ("kept", True)]
+    expected = [(kept[0], Message(b"queued during the write"))]
+    assert await store.read("t", None, 10) == expected
+    assert store.stats().messages == 1
+    # The topic's runs stay usable around the gap: trimming and appending go on.
+    store.trim("t", kept[0])
+    later = store.append("t", _messages("later"))
+    assert later[0] > kept[0]
+    assert await store.read("t", None, 10) == [(later[0], Message(b"later"))]
+    assert store.stats().messages == 1
+    await store.aclose()
+    store = await open_durable_storage(tmp_path, small_settings(fsync="never"))
+    assert await store.read("t", None, 10) == [(later[0], Message(b"later"))]
+    await store.aclose()
+
+
+async def test_other_write_errors_refuse_the_batch_too(
     durable: DurableStorage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(os, "pwrite", _failing_pwrite(errno.EIO, False))
@@ -523,8 +573,9 @@ async def test_other_write_errors_are_storage_errors(
         await durable.sync()
     assert not isinstance(caught.value, StorageFull)
     monkeypatch.undo()
+    durable.append("t", _messages("b"))
     await durable.sync()
-    assert _payloads(await durable.read("t", None, 10)) == [b"a"]
+    assert _payloads(await durable.read("t", None, 10)) == [b"b"]
 
 
 async def test_open_logs_a_summary(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
