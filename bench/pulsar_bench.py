@@ -68,10 +68,12 @@ class Sizes:
     timeout: float  # seconds a run may take at most
 
 
-FULL = Sizes(unbatched=100_000, batched=400_000, paced=10_000, paced_rate=1000, in_flight=1000,
-             timeout=180)
-QUICK = Sizes(unbatched=20_000, batched=80_000, paced=3_000, paced_rate=1000, in_flight=1000,
-              timeout=90)
+FULL = Sizes(
+    unbatched=100_000, batched=400_000, paced=10_000, paced_rate=1000, in_flight=1000, timeout=180
+)
+QUICK = Sizes(
+    unbatched=20_000, batched=80_000, paced=3_000, paced_rate=1000, in_flight=1000, timeout=90
+)
 SMOKE = Sizes(unbatched=500, batched=2000, paced=200, paced_rate=500, in_flight=100, timeout=60)
 MODES = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 
@@ -139,18 +141,30 @@ def pulsar_lite_binary(deps: Path) -> Path:
     find = "import pulsar_lite, pathlib; print(pathlib.Path(pulsar_lite.__file__).parent)"
     for attempt in range(2):
         if python.exists():
-            done = subprocess.run([str(python), "-c", find], capture_output=True, text=True,
-                                  check=False)
+            done = subprocess.run(
+                [str(python), "-c", find], capture_output=True, text=True, check=False
+            )
             binary = Path(done.stdout.strip()) / "bin" / "pulsar-lite"
             if done.returncode == 0 and binary.exists():
                 return binary
         if attempt:
             break
         log(f"installing pulsar-lite {PULSAR_LITE_VERSION} with pip into {python.parent.parent}")
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(python.parent.parent)],
-                       check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps",
-                        f"pulsar-lite=={PULSAR_LITE_VERSION}"], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "venv", "--clear", str(python.parent.parent)], check=True
+        )
+        subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                f"pulsar-lite=={PULSAR_LITE_VERSION}",
+            ],
+            check=True,
+        )
     raise BrokerError("pulsar-lite did not install a binary")
 
 
@@ -183,17 +197,33 @@ class Broker(brokers.Broker):
         config.write_text("[metrics]\nenabled = false\n")
         binary = pulsar_lite_binary(self.deps_dir)
         return [
-            str(binary), "--config", str(config), "--addr", f"127.0.0.1:{self.port}",
-            "--db-path", str(self.workdir / "data"), "--log-level", "warn",
+            str(binary),
+            "--config",
+            str(config),
+            "--addr",
+            f"127.0.0.1:{self.port}",
+            "--db-path",
+            str(self.workdir / "data"),
+            "--log-level",
+            "warn",
         ], env
 
 
 def version(spec: BrokerSpec, deps: Path) -> str:
     if spec.kind == "mop":
-        done = subprocess.run([sys.executable, "-m", "mop", "--version"], capture_output=True,
-                              text=True, cwd=REPO_DIR, check=False)
-        rev = subprocess.run(["git", "-C", str(REPO_DIR), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, check=False).stdout.strip()
+        done = subprocess.run(
+            [sys.executable, "-m", "mop", "--version"],
+            capture_output=True,
+            text=True,
+            cwd=REPO_DIR,
+            check=False,
+        )
+        rev = subprocess.run(
+            ["git", "-C", str(REPO_DIR), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
         return f"{done.stdout.strip()} (commit {rev or '?'})"
     return f"pulsar-lite {PULSAR_LITE_VERSION}"
 
@@ -204,12 +234,24 @@ def version(spec: BrokerSpec, deps: Path) -> str:
 def _client(url: str) -> Any:
     import pulsar
 
-    return pulsar.Client(url, operation_timeout_seconds=30, io_threads=1,
-                         logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    return pulsar.Client(
+        url,
+        operation_timeout_seconds=30,
+        io_threads=1,
+        logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
+    )
 
 
-def produce(url: str, count: int, batched: bool, in_flight: int, rate: float, deadline: float,
-            go: float, index: int) -> dict[str, Any]:
+def produce(
+    url: str,
+    count: int,
+    batched: bool,
+    in_flight: int,
+    rate: float,
+    deadline: float,
+    go: float,
+    index: int,
+) -> dict[str, Any]:
     """Send `count` messages (at `rate` per second when > 0) with at most `in_flight` unanswered;
     each starts with its send time in ns (CLOCK_MONOTONIC), the producer's `index` and its
     sequence number (8 + 4 + 4 bytes)."""
@@ -217,8 +259,11 @@ def produce(url: str, count: int, batched: bool, in_flight: int, rate: float, de
 
     client = _client(url)
     producer = client.create_producer(
-        TOPIC, batching_enabled=batched, batching_max_messages=1000,
-        batching_max_publish_delay_ms=1, max_pending_messages=max(in_flight, 1),
+        TOPIC,
+        batching_enabled=batched,
+        batching_max_messages=1000,
+        batching_max_publish_delay_ms=1,
+        max_pending_messages=max(in_flight, 1),
         block_if_queue_full=True,
     )
     window = threading.BoundedSemaphore(in_flight)
@@ -256,8 +301,9 @@ def consume(url: str, count: int, deadline: float, ready: Callable[[], None]) ->
     import pulsar
 
     client = _client(url)
-    consumer = client.subscribe(TOPIC, "bench", receiver_queue_size=5000,
-                                consumer_type=pulsar.ConsumerType.Exclusive)
+    consumer = client.subscribe(
+        TOPIC, "bench", receiver_queue_size=5000, consumer_type=pulsar.ConsumerType.Exclusive
+    )
     ready()
     latencies: list[float] = []
     seen: set[bytes] = set()
@@ -305,11 +351,20 @@ def worker(argv: list[str]) -> int:
     role, raw = argv
     job = json.loads(raw)
     if role == "consume":
-        result = consume(job["url"], job["count"], job["deadline"],
-                         lambda: print("ready", flush=True))
+        result = consume(
+            job["url"], job["count"], job["deadline"], lambda: print("ready", flush=True)
+        )
     else:
-        result = produce(job["url"], job["count"], job["batched"], job["in_flight"],
-                         job["rate"], job["deadline"], job["go"], job["index"])
+        result = produce(
+            job["url"],
+            job["count"],
+            job["batched"],
+            job["in_flight"],
+            job["rate"],
+            job["deadline"],
+            job["go"],
+            job["index"],
+        )
     print(json.dumps(result), flush=True)
     return 0
 
@@ -317,7 +372,10 @@ def worker(argv: list[str]) -> int:
 def _spawn(role: str, job: dict[str, Any]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, __file__, "--worker", role, json.dumps(job)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=BENCH_DIR,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=BENCH_DIR,
     )
 
 
@@ -361,11 +419,19 @@ def run_load(broker: Broker, sc: Scenario, sizes: Sizes, producers: int) -> dict
         shares = [count // writers + (1 if i < count % writers else 0) for i in range(writers)]
         go = time.monotonic() + 1.0
         procs = [
-            _spawn("produce", {
-                "url": broker.url, "count": share, "batched": sc.batched,
-                "in_flight": sizes.in_flight, "rate": sizes.paced_rate if sc.paced else 0,
-                "deadline": deadline, "go": go, "index": index,
-            })
+            _spawn(
+                "produce",
+                {
+                    "url": broker.url,
+                    "count": share,
+                    "batched": sc.batched,
+                    "in_flight": sizes.in_flight,
+                    "rate": sizes.paced_rate if sc.paced else 0,
+                    "deadline": deadline,
+                    "go": go,
+                    "index": index,
+                },
+            )
             for index, share in enumerate(shares)
         ]
         sent = [_result(proc, deadline - time.monotonic() + 5) for proc in procs]
@@ -484,17 +550,26 @@ def markdown(results: dict[str, Any], chart: str | None) -> str:
             lines.append(f"| {sc.title}: {name} | " + " | ".join(cells) + " |")
     if chart:
         lines += ["", f"![chart]({chart})"]
-    notes = [f"- {r.scenario} / {labels[r.broker]} / run {r.round + 1}: {'; '.join(r.notes)}"
-             for r in records if r.notes]
+    notes = [
+        f"- {r.scenario} / {labels[r.broker]} / run {r.round + 1}: {'; '.join(r.notes)}"
+        for r in records
+        if r.notes
+    ]
     if notes:
         lines += ["", "## Notes", "", *notes]
-    lines += ["", "## Every run", "", "| scenario | broker | run | msgs/s | p50 us | p99 us |"
-              " broker CPU |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "## Every run",
+        "",
+        "| scenario | broker | run | msgs/s | p50 us | p99 us | broker CPU |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in records:
         cpu = "-" if r.broker_cpu is None else f"{r.broker_cpu:.2f}"
         lines.append(
             f"| {r.scenario} | {labels[r.broker]} | {r.round + 1} | "
-            + " | ".join(_fmt(r.values[m]) for m, _, _ in METRICS) + f" | {cpu} |"
+            + " | ".join(_fmt(r.values[m]) for m, _, _ in METRICS)
+            + f" | {cpu} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -508,16 +583,22 @@ def chart(path: Path, results: dict[str, Any]) -> None:
     records = [RunRecord(**r) for r in results["runs"]]
     brokers: list[str] = results["brokers"]
     scenarios: list[str] = results["scenarios"]
-    fig, axes = plt.subplots(len(METRICS), len(scenarios), squeeze=False,
-                             figsize=(4 * len(scenarios), 3 * len(METRICS)))
+    fig, axes = plt.subplots(
+        len(METRICS), len(scenarios), squeeze=False, figsize=(4 * len(scenarios), 3 * len(METRICS))
+    )
     for row, (metric, name, higher) in enumerate(METRICS):
         for col, key in enumerate(scenarios):
             ax = axes[row][col]
             values = [_median(records, key, b, metric) or 0 for b in brokers]
-            ax.bar([BROKERS[b].label for b in brokers], values,
-                   color=["#4c72b0", "#55a868", "#c44e52"][: len(brokers)])
-            ax.set_title(f"{SCENARIOS[key].title}\n{name} ({'higher' if higher else 'lower'}"
-                         " is better)", fontsize=8)
+            ax.bar(
+                [BROKERS[b].label for b in brokers],
+                values,
+                color=["#4c72b0", "#55a868", "#c44e52"][: len(brokers)],
+            )
+            ax.set_title(
+                f"{SCENARIOS[key].title}\n{name} ({'higher' if higher else 'lower'} is better)",
+                fontsize=8,
+            )
             ax.tick_params(labelsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -542,17 +623,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="smaller sizes, one run per broker")
     size.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script")
-    parser.add_argument("--brokers", default=",".join(BROKERS),
-                        help="comma-separated, from: " + ", ".join(BROKERS))
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS),
-                        help="comma-separated, from: " + ", ".join(SCENARIOS))
-    parser.add_argument("--runs", type=int, help="runs per broker and scenario (default 3, "
-                        "quick 1)")
-    parser.add_argument("--producers", type=int, default=2,
-                        help="producer processes for the unbatched and batched loads")
+    parser.add_argument(
+        "--brokers", default=",".join(BROKERS), help="comma-separated, from: " + ", ".join(BROKERS)
+    )
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help="comma-separated, from: " + ", ".join(SCENARIOS),
+    )
+    parser.add_argument(
+        "--runs", type=int, help="runs per broker and scenario (default 3, quick 1)"
+    )
+    parser.add_argument(
+        "--producers",
+        type=int,
+        default=2,
+        help="producer processes for the unbatched and batched loads",
+    )
     parser.add_argument("--out", type=Path, help="output directory")
-    parser.add_argument("--deps-dir", type=Path, default=BENCH_DIR / ".deps",
-                        help="where pulsar-lite is installed")
+    parser.add_argument(
+        "--deps-dir", type=Path, default=BENCH_DIR / ".deps", help="where pulsar-lite is installed"
+    )
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
     return parser.parse_args(argv)
 
@@ -580,8 +671,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     import pulsar
 
-    log(f"{mode} bench: {len(scenarios)} scenarios x {len(brokers)} brokers x {runs} runs;"
-        f" output in {args.out}")
+    log(
+        f"{mode} bench: {len(scenarios)} scenarios x {len(brokers)} brokers x {runs} runs;"
+        f" output in {args.out}"
+    )
     records: list[RunRecord] = []
     t_start = time.monotonic()
     for key in scenarios:
@@ -590,8 +683,10 @@ def main(argv: list[str] | None = None) -> int:
                 rec = bench.run_one(SCENARIOS[key], BROKERS[name], rnd)
                 records.append(rec)
                 shown = ", ".join(f"{k}={_fmt(v)}" for k, v in rec.values.items())
-                log(f"  {key:9} {name:11} run {rnd + 1}: {shown}"
-                    + (f"  [{'; '.join(rec.notes)}]" if rec.notes else ""))
+                log(
+                    f"  {key:9} {name:11} run {rnd + 1}: {shown}"
+                    + (f"  [{'; '.join(rec.notes)}]" if rec.notes else "")
+                )
     results = {
         "command": " ".join(["python", "bench/pulsar_bench.py", *argv]),
         "mode": mode,

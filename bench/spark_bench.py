@@ -77,8 +77,12 @@ class Node:
         workdir.mkdir(parents=True, exist_ok=True)
         with open(workdir / "node.log", "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "mop", "run"], cwd=workdir, env=env,
-                stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                [sys.executable, "-m", "mop", "run"],
+                cwd=workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
             )
         deadline = time.monotonic() + 30
         while not _accepts(self.port):
@@ -137,17 +141,20 @@ def floor_source() -> type:
         for start in range(0, count, batch_rows):
             size = min(batch_rows, count - start)
             if full is None or size != batch_rows:
-                full = pa.RecordBatch.from_pydict({
-                    "topic": [TOPIC] * size,
-                    "pulsar_topic": ["persistent://public/default/bench%2Fspark"] * size,
-                    "partition": [-1] * size,
-                    "key": [None] * size,
-                    "payload": [payload] * size,
-                    "properties": [[] for _ in range(size)],
-                    "publish_time": [1_700_000_000_000_000] * size,
-                    "event_time": [None] * size,
-                    "message_id": [f"0:{i}" for i in range(size)],
-                }, schema=ARROW_SCHEMA)
+                full = pa.RecordBatch.from_pydict(
+                    {
+                        "topic": [TOPIC] * size,
+                        "pulsar_topic": ["persistent://public/default/bench%2Fspark"] * size,
+                        "partition": [-1] * size,
+                        "key": [None] * size,
+                        "payload": [payload] * size,
+                        "properties": [[] for _ in range(size)],
+                        "publish_time": [1_700_000_000_000_000] * size,
+                        "event_time": [None] * size,
+                        "message_id": [f"0:{i}" for i in range(size)],
+                    },
+                    schema=ARROW_SCHEMA,
+                )
             yield full
 
     class Half(InputPartition):
@@ -262,8 +269,10 @@ class Bench:
 
     def stream(self, df: Any, sink: str, name: str) -> None:
         query = (
-            df.writeStream.format(sink).option("checkpointLocation", str(self.work / name))
-            .trigger(availableNow=True).start()
+            df.writeStream.format(sink)
+            .option("checkpointLocation", str(self.work / name))
+            .trigger(availableNow=True)
+            .start()
         )
         if not query.awaitTermination(max(1.0, self.remaining() + 60)):
             query.stop()
@@ -280,7 +289,9 @@ def run(args: argparse.Namespace, work: Path) -> tuple[list[Result], list[str]]:
     node = Node(work / "node", args.fsync)
     log(f"node on {node.url} (fsync {args.fsync})")
     spark = mop.spark.local_session(
-        "mop-spark-bench", work_dir=work / "spark", driver_memory="2g",
+        "mop-spark-bench",
+        work_dir=work / "spark",
+        driver_memory="2g",
         conf={"spark.sql.execution.arrow.maxRecordsPerBatch": "10000"},
     )
     mop.spark.register(spark)
@@ -299,26 +310,34 @@ def run(args: argparse.Namespace, work: Path) -> tuple[list[Result], list[str]]:
         for name in ("warm", "data")
     ]
     try:
+
         def rows_df(count: int) -> Any:
             payload = F.lit(b"x" * 100).cast("binary")
             return spark.range(0, count, numPartitions=2).select(payload.alias("payload"))
 
         split = (
-            {} if args.entries_per_partition is None
+            {}
+            if args.entries_per_partition is None
             else {"max_records_per_partition": str(args.entries_per_partition)}
         )
 
         def mop_read(name: str) -> Any:
             return (
-                spark.read.format("mop").option("service_url", url)
-                .option("topics", f"{TOPIC}/{name}").options(**split).load()
+                spark.read.format("mop")
+                .option("service_url", url)
+                .option("topics", f"{TOPIC}/{name}")
+                .options(**split)
+                .load()
             )
 
         def mop_stream(name: str) -> Any:
             return (
-                spark.readStream.format("mop").option("service_url", url)
-                .option("topics", f"{TOPIC}/{name}").option("starting_offsets", "earliest")
-                .options(**split).load()
+                spark.readStream.format("mop")
+                .option("service_url", url)
+                .option("topics", f"{TOPIC}/{name}")
+                .option("starting_offsets", "earliest")
+                .options(**split)
+                .load()
             )
 
         def floor_read(count: int) -> Any:
@@ -328,9 +347,14 @@ def run(args: argparse.Namespace, work: Path) -> tuple[list[Result], list[str]]:
             return spark.readStream.format("floor").option("rows", str(count)).load()
 
         def write_mop(count: int, name: str) -> Callable[[], None]:
-            return lambda: rows_df(count).write.format("mop").option("service_url", url).option(
-                "topic", f"{TOPIC}/{name}"
-            ).mode("append").save()
+            return lambda: (
+                rows_df(count)
+                .write.format("mop")
+                .option("service_url", url)
+                .option("topic", f"{TOPIC}/{name}")
+                .mode("append")
+                .save()
+            )
 
         def write_floor(count: int) -> Callable[[], None]:
             return lambda: rows_df(count).write.format("floor").mode("append").save()
@@ -346,8 +370,11 @@ def run(args: argparse.Namespace, work: Path) -> tuple[list[Result], list[str]]:
             ("write", "mop", write_mop(WARM_UP, "warm")),
             ("batch read", "floor", noop(floor_read(WARM_UP))),
             ("batch read", "mop", noop(mop_read("warm"))),
-            ("streaming read", "floor",
-             lambda: warm.stream(floor_stream(WARM_UP), "noop", "warm-floor")),
+            (
+                "streaming read",
+                "floor",
+                lambda: warm.stream(floor_stream(WARM_UP), "noop", "warm-floor"),
+            ),
             ("streaming read", "mop", lambda: warm.stream(mop_stream("warm"), "noop", "warm-mop")),
         ]:
             warm.measure(path, source, WARM_UP, action)
@@ -356,10 +383,12 @@ def run(args: argparse.Namespace, work: Path) -> tuple[list[Result], list[str]]:
         bench.measure("write", "mop", n, write_mop(n, "data"))
         bench.measure("batch read", "floor", n, noop(floor_read(n)))
         bench.measure("batch read", "mop", n, noop(mop_read("data")))
-        bench.measure("streaming read", "floor", n,
-                      lambda: bench.stream(floor_stream(n), "noop", "floor"))
-        bench.measure("streaming read", "mop", n,
-                      lambda: bench.stream(mop_stream("data"), "noop", "mop"))
+        bench.measure(
+            "streaming read", "floor", n, lambda: bench.stream(floor_stream(n), "noop", "floor")
+        )
+        bench.measure(
+            "streaming read", "mop", n, lambda: bench.stream(mop_stream("data"), "noop", "mop")
+        )
         count = mop_read("data").count()
         if count != n:
             raise RuntimeError(f"the topic holds {count} rows, not {n}")
@@ -379,9 +408,14 @@ def client_write(client: Any, count: int) -> None:
     from mop.topic_names import mqtt_to_pulsar
 
     producer = client.create_producer(
-        mqtt_to_pulsar(f"{TOPIC}/client"), batching_enabled=True, batching_max_messages=1000,
-        batching_max_allowed_size_in_bytes=1 << 20, batching_max_publish_delay_ms=10,
-        max_pending_messages=10_000, block_if_queue_full=True, send_timeout_millis=0,
+        mqtt_to_pulsar(f"{TOPIC}/client"),
+        batching_enabled=True,
+        batching_max_messages=1000,
+        batching_max_allowed_size_in_bytes=1 << 20,
+        batching_max_publish_delay_ms=10,
+        max_pending_messages=10_000,
+        block_if_queue_full=True,
+        send_timeout_millis=0,
     )
     payload = b"x" * 100
     for _ in range(count):
@@ -408,8 +442,9 @@ def client_read(client: Any, count: int) -> None:
     reader.close()
 
 
-def report(results: list[Result], skipped: list[str], args: argparse.Namespace,
-           loads: tuple[str, str]) -> str:
+def report(
+    results: list[Result], skipped: list[str], args: argparse.Namespace, loads: tuple[str, str]
+) -> str:
     lines = [
         f"Spark data source `mop`, {args.messages:,} messages of 100 bytes, local[2], node fsync"
         f" {args.fsync}; {machine()}; load average before {loads[0]}, after {loads[1]}",
@@ -439,10 +474,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--fsync", default="never", choices=["never", "interval", "always"])
-    parser.add_argument("--budget", type=float, default=900,
-                        help="seconds after which no further measurement starts")
-    parser.add_argument("--entries-per-partition", type=int, default=None,
-                        help="max_records_per_partition of the reads (default: one partition)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=900,
+        help="seconds after which no further measurement starts",
+    )
+    parser.add_argument(
+        "--entries-per-partition",
+        type=int,
+        default=None,
+        help="max_records_per_partition of the reads (default: one partition)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="mop-spark-bench-"))

@@ -10,6 +10,13 @@ from mop.settings import Settings
 from mop.version import VERSION as __version__
 
 __all__ = [
-    "Delivery", "Message", "MessageId", "Node", "Settings", "StartupError", "__version__",
-    "open_node", "serve_node",
+    "Delivery",
+    "Message",
+    "MessageId",
+    "Node",
+    "Settings",
+    "StartupError",
+    "__version__",
+    "open_node",
+    "serve_node",
 ]

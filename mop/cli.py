@@ -131,5 +131,3 @@ async def _cancel_on_signal(
             logger.info("received %s, stopping", signal.Signals(signum).name)
             scope.cancel()
             return
-
-

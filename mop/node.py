@@ -141,7 +141,7 @@ async def _start_cluster_backend(
         )
     if "pulsar" in settings.protocols:
         raise StartupError(
-            'protocols: the Pulsar adapter runs on brokers, not on a separated proxy; set'
+            "protocols: the Pulsar adapter runs on brokers, not on a separated proxy; set"
             ' protocols = ["mqtt"] (Pulsar clients connect to the brokers directly)'
         )
     backend = ClusterBackend(

@@ -122,16 +122,18 @@ def start_pipeline(
         .select(
             F.concat(F.lit(topics.alerts_base), "device").alias("topic"),
             F.col("device").alias("key"),
-            F.to_json(F.struct(
-                "device",
-                F.date_format("window_start", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("window_start"),
-                "readings",
-                F.round("avg_temperature", 2).alias("avg_temperature"),
-                "max_temperature",
-            )).cast("binary").alias("payload"),
-            F.create_map(F.lit("mqtt.content_type"), F.lit("application/json")).alias(
-                "properties"
-            ),
+            F.to_json(
+                F.struct(
+                    "device",
+                    F.date_format("window_start", "yyyy-MM-dd'T'HH:mm:ss'Z'").alias("window_start"),
+                    "readings",
+                    F.round("avg_temperature", 2).alias("avg_temperature"),
+                    "max_temperature",
+                )
+            )
+            .cast("binary")
+            .alias("payload"),
+            F.create_map(F.lit("mqtt.content_type"), F.lit("application/json")).alias("properties"),
         )
     )
     to_alerts = (
@@ -176,9 +178,7 @@ def publish_readings(host: str, port: int, topics: Topics, batch: list[dict[str,
     """Publish readings at once (QoS 1), each to its device's topic."""
     client = mqtt_client(host, port, "pipeline-sensors")
     try:
-        sent = [
-            client.publish(topics.telemetry(r["device"]), json.dumps(r), qos=1) for r in batch
-        ]
+        sent = [client.publish(topics.telemetry(r["device"]), json.dumps(r), qos=1) for r in batch]
         for info in sent:
             info.wait_for_publish(timeout=10)
     finally:
@@ -186,9 +186,7 @@ def publish_readings(host: str, port: int, topics: Topics, batch: list[dict[str,
         client.loop_stop()
 
 
-def run_sensors(
-    host: str, port: int, topics: Topics, devices: int, stop: threading.Event
-) -> None:
+def run_sensors(host: str, port: int, topics: Topics, devices: int, stop: threading.Event) -> None:
     """Live sensors: every device publishes a reading a second until `stop` is set."""
     client = mqtt_client(host, port, "pipeline-sensors")
     start_ms = int(time.time() * 1000)
@@ -282,9 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         listener.close()
     if (args.work / "aggregates").exists():
         print("closed windows so far (Parquet files under", args.work / "aggregates", "):")
-        spark.read.parquet(str(args.work / "aggregates")).orderBy(
-            "window_start", "device"
-        ).show(50, truncate=False)
+        spark.read.parquet(str(args.work / "aggregates")).orderBy("window_start", "device").show(
+            50, truncate=False
+        )
     spark.stop()
     return 0
 

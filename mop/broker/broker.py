@@ -590,8 +590,11 @@ class Broker:
         updates: dict[CursorKey, CursorState | None] = {}
         for cursor in changed:
             self._trim_dirty.add(cursor.topic)
-            if cursor.sub.durable and cursor.attached and not cursor.loading and (
-                cursor.topic.persistent
+            if (
+                cursor.sub.durable
+                and cursor.attached
+                and not cursor.loading
+                and (cursor.topic.persistent)
             ):
                 updates[(cursor.topic.name, cursor.sub.name)] = cursor.state()
         changed.clear()

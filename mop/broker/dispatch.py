@@ -98,6 +98,7 @@ class Attachment:
     def withdraw(self, topic: str, through: MessageId | None = None) -> None:
         """Remove queued messages of `topic` (up to `through`), giving back their credit."""
         queue = self.queue
+
         def goes(entry: Entry) -> bool:
             return entry.topic == topic and (through is None or entry.message_id <= through)
 

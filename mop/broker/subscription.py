@@ -116,12 +116,14 @@ class Subscription:
 
     def record(self) -> bytes:
         """What recovery needs of a durable subscription (its cursors are saved apart)."""
-        return json.dumps({
-            "type": self.type.value,
-            "selectors": sorted(self.selectors),
-            "members": sorted(self.members),
-            "max_backlog": self.max_backlog,
-        }).encode()
+        return json.dumps(
+            {
+                "type": self.type.value,
+                "selectors": sorted(self.selectors),
+                "members": sorted(self.members),
+                "max_backlog": self.max_backlog,
+            }
+        ).encode()
 
     @classmethod
     def from_record(

@@ -30,11 +30,28 @@ from mop.messaging import (
 
 # The shared words of `mop.messaging` are part of this contract: importable from here too.
 __all__ = [
-    "Backend", "BackendCapabilities", "BackendError", "BatchPublisher", "ClientLease", "Consumer",
+    "Backend",
+    "BackendCapabilities",
+    "BackendError",
+    "BatchPublisher",
+    "ClientLease",
+    "Consumer",
     "ConsumerClosed",
-    "CursorPosition", "DropNotifier", "FenceNotifier", "Producer", "ProducerAccess", "ProducerBusy",
-    "ProducerFenced", "ProducerSpec", "PublishResult", "QuotaExceeded", "Role", "StartPosition",
-    "SubscriptionKind", "SubscriptionSpec", "Table",
+    "CursorPosition",
+    "DropNotifier",
+    "FenceNotifier",
+    "Producer",
+    "ProducerAccess",
+    "ProducerBusy",
+    "ProducerFenced",
+    "ProducerSpec",
+    "PublishResult",
+    "QuotaExceeded",
+    "Role",
+    "StartPosition",
+    "SubscriptionKind",
+    "SubscriptionSpec",
+    "Table",
 ]
 
 

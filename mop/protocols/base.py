@@ -71,6 +71,4 @@ def load_protocol(name: str) -> ProtocolHandler:
         handler: ProtocolHandler = handler_class()
         return handler
     known = sorted(e.name for e in entry_points(group=ENTRY_POINT_GROUP))
-    raise UnknownProtocol(
-        f"unknown protocol {name!r} (installed: {', '.join(known) or 'none'})"
-    )
+    raise UnknownProtocol(f"unknown protocol {name!r} (installed: {', '.join(known) or 'none'})")

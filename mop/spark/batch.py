@@ -42,9 +42,7 @@ class MopBatchReader(DataSourceReader):
         finally:
             client.close()
 
-    def _plan(
-        self, client: pulsar.Client, topic: str, last: MessageId | None
-    ) -> list[TopicRange]:
+    def _plan(self, client: pulsar.Client, topic: str, last: MessageId | None) -> list[TopicRange]:
         options = self.options
         if last is None:
             return []

@@ -111,11 +111,21 @@ class WriteOptions:
 
 _COMMON: Final = frozenset({"service_url", "tenant", "namespace", "timeout_ms"})
 _READ: Final = _COMMON | {
-    "topics", "topics_pattern", "path", "starting_offsets", "ending_offsets",
-    "max_records_per_trigger", "max_records_per_partition", "subscription",
+    "topics",
+    "topics_pattern",
+    "path",
+    "starting_offsets",
+    "ending_offsets",
+    "max_records_per_trigger",
+    "max_records_per_partition",
+    "subscription",
 }
 _WRITE: Final = _COMMON | {
-    "topic", "path", "producer_name", "batching_max_messages", "batching_max_publish_delay_ms",
+    "topic",
+    "path",
+    "producer_name",
+    "batching_max_messages",
+    "batching_max_publish_delay_ms",
 }
 # Spark adds these to a streaming sink's options on its own.
 _SPARK_WRITE: Final = frozenset({"checkpointlocation", "queryname"})
@@ -132,7 +142,9 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
     # Kafka's convention: a batch job reads what is there, a stream what comes next.
     starting = _start_spec(
         opts.get("starting_offsets", LATEST_NAME if streaming else EARLIEST_NAME),
-        "starting_offsets", tenant, namespace,
+        "starting_offsets",
+        tenant,
+        namespace,
     )
     ending = _start_spec(
         opts.get("ending_offsets", LATEST_NAME), "ending_offsets", tenant, namespace
@@ -241,8 +253,10 @@ def _selection(opts: Mapping[str, str]) -> Selection:
     entries = _topic_list(opts.get("topics") or opts.get("path") or "", "topics")
     pattern = opts.get("topics_pattern") or None
     if not entries and pattern is None:
-        raise OptionError("say what to read: the 'topics' option (names or MQTT filters) or"
-                          " 'topics_pattern' (a Pulsar regex)")
+        raise OptionError(
+            "say what to read: the 'topics' option (names or MQTT filters) or"
+            " 'topics_pattern' (a Pulsar regex)"
+        )
     if entries and pattern is not None:
         raise OptionError("'topics' and 'topics_pattern' exclude each other")
     if pattern is not None:

@@ -21,17 +21,19 @@ SCHEMA: Final = (
     " message_id STRING"
 )
 _TIME: Final = pa.timestamp("us", tz="UTC")
-ARROW_SCHEMA: Final = pa.schema([
-    ("topic", pa.string()),
-    ("pulsar_topic", pa.string()),
-    ("partition", pa.int32()),
-    ("key", pa.string()),
-    ("payload", pa.binary()),
-    ("properties", pa.map_(pa.string(), pa.string())),
-    ("publish_time", _TIME),
-    ("event_time", _TIME),
-    ("message_id", pa.string()),
-])
+ARROW_SCHEMA: Final = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("pulsar_topic", pa.string()),
+        ("partition", pa.int32()),
+        ("key", pa.string()),
+        ("payload", pa.binary()),
+        ("properties", pa.map_(pa.string(), pa.string())),
+        ("publish_time", _TIME),
+        ("event_time", _TIME),
+        ("message_id", pa.string()),
+    ]
+)
 ROWS_PER_BATCH: Final = 10_000
 
 

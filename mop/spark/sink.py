@@ -115,7 +115,9 @@ class MopStreamWriter(DataSourceStreamArrowWriter):
         done = [m for m in messages if isinstance(m, Published)]
         log.info(
             "batch %d: published %d rows (%d already stored)",
-            batchId, sum(m.rows for m in done), sum(m.duplicates for m in done),
+            batchId,
+            sum(m.rows for m in done),
+            sum(m.duplicates for m in done),
         )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -199,8 +201,12 @@ def publish(
                     callback = large.callback
                     large.expected += 1
                 producer.send_async(
-                    payload, callback, properties=properties, partition_key=key,
-                    sequence_id=sequence_id, event_timestamp=event_time,
+                    payload,
+                    callback,
+                    properties=properties,
+                    partition_key=key,
+                    sequence_id=sequence_id,
+                    event_timestamp=event_time,
                 )
                 sent += 1
         producers.flush(options.timeout_ms / 1000)

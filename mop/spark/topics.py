@@ -48,14 +48,18 @@ def listing_namespaces(selection: Selection, *, tenant: str, namespace: str) -> 
     return sorted(found)
 
 
-def named_topics(selection: Selection, *, tenant: str = "public", namespace: str = "default"
-                 ) -> list[str]:
+def named_topics(
+    selection: Selection, *, tenant: str = "public", namespace: str = "default"
+) -> list[str]:
     """The Pulsar names of the topics the selection names exactly, sorted."""
     return sorted({mqtt_to_pulsar(n, tenant=tenant, namespace=namespace) for n in selection.names})
 
 
 def matching(
-    selection: Selection, listed: Iterable[str], *, tenant: str = "public",
+    selection: Selection,
+    listed: Iterable[str],
+    *,
+    tenant: str = "public",
     namespace: str = "default",
 ) -> list[str]:
     """The listed topics (partitions named one by one) that match one of the selection's MQTT

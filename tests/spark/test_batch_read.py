@@ -17,8 +17,14 @@ from tests.spark.support import Sent, hold, produce, receive
 pytestmark = pytest.mark.spark
 
 COLUMNS = (
-    "topic", "pulsar_topic", "partition", "key", "payload", "properties",
-    "unix_millis(publish_time) AS publish_ms", "unix_millis(event_time) AS event_ms",
+    "topic",
+    "pulsar_topic",
+    "partition",
+    "key",
+    "payload",
+    "properties",
+    "unix_millis(publish_time) AS publish_ms",
+    "unix_millis(event_time) AS event_ms",
     "message_id",
 )
 
@@ -33,8 +39,17 @@ def rows(df: Any) -> list[tuple[Any, ...]]:
 
 def expected(topic: str, sent: list[Sent]) -> list[tuple[Any, ...]]:
     return [
-        (topic, mqtt_to_pulsar(topic), -1, s.key, s.payload, s.properties, s.publish_ms,
-         s.event_ms, s.message_id)
+        (
+            topic,
+            mqtt_to_pulsar(topic),
+            -1,
+            s.key,
+            s.payload,
+            s.properties,
+            s.publish_ms,
+            s.event_ms,
+            s.message_id,
+        )
         for s in sent
     ]
 
@@ -43,13 +58,22 @@ def test_batch_read_of_a_known_topic_gives_exactly_its_messages(
     spark: Any, service_url: str, client: pulsar.Client, node: RunningNode, topic: str
 ) -> None:
     keeper = hold(client, topic)
-    produce(client, topic, [b"p0"], properties={"site": "a"}, partition_key="dev-1",
-            event_timestamp=1_700_000_000_123)
+    produce(
+        client,
+        topic,
+        [b"p0"],
+        properties={"site": "a"},
+        partition_key="dev-1",
+        event_timestamp=1_700_000_000_123,
+    )
     produce(client, topic, [b"p1", b""])
     mqtt = Client(node.mqtt_port)
-    mqtt.publish(topic, b"from mqtt", qos=1, properties=props(
-        ContentType="text/plain", UserProperty=[("unit", "C")]
-    ))
+    mqtt.publish(
+        topic,
+        b"from mqtt",
+        qos=1,
+        properties=props(ContentType="text/plain", UserProperty=[("unit", "C")]),
+    )
     sent = receive(keeper, 4)
     assert sent[3].properties == {"mqtt.content_type": "text/plain", "unit": "C"}
 
@@ -61,7 +85,9 @@ def test_batched_messages_have_their_own_ids_and_a_range_may_end_inside_a_batch(
 ) -> None:
     keeper = hold(client, topic)
     producer = client.create_producer(
-        mqtt_to_pulsar(topic), batching_enabled=True, batching_max_messages=5,
+        mqtt_to_pulsar(topic),
+        batching_enabled=True,
+        batching_max_messages=5,
         batching_max_publish_delay_ms=60_000,
     )
     for i in range(5):
@@ -87,7 +113,9 @@ def test_positions_bound_a_batch_read(
     produce(client, topic, [f"m{i}".encode() for i in range(6)])
     sent = receive(keeper, 6)
     df = read(
-        spark, service_url, topics=topic,
+        spark,
+        service_url,
+        topics=topic,
         starting_offsets=f'{{"{topic}": "{sent[1].message_id}"}}',
         ending_offsets=f'{{"{topic}": "{sent[4].message_id}"}}',
     )

@@ -32,8 +32,13 @@ def pipeline() -> ModuleType:
 
 
 def test_example_pipeline_end_to_end(
-    spark: Any, service_url: str, node: RunningNode, client: pulsar.Client,
-    pipeline: ModuleType, topic: str, tmp_path: Path,
+    spark: Any,
+    service_url: str,
+    node: RunningNode,
+    client: pulsar.Client,
+    pipeline: ModuleType,
+    topic: str,
+    tmp_path: Path,
 ) -> None:
     topics = pipeline.Topics(prefix=f"{topic}/")
     # A mop node drops messages nobody holds after a few seconds; the pipeline's queries hold
@@ -51,20 +56,38 @@ def test_example_pipeline_end_to_end(
             assert query.exception() is None
 
         # The watermark (latest reading - 5 s) has closed the first two 10-second windows.
-        rows = spark.read.parquet(str(tmp_path / "aggregates")).selectExpr(
-            "device", "unix_millis(window_start) - 1700000000000 AS start",
-            "readings", "avg_temperature", "max_temperature",
-        ).orderBy("start", "device").collect()
+        rows = (
+            spark.read.parquet(str(tmp_path / "aggregates"))
+            .selectExpr(
+                "device",
+                "unix_millis(window_start) - 1700000000000 AS start",
+                "readings",
+                "avg_temperature",
+                "max_temperature",
+            )
+            .orderBy("start", "device")
+            .collect()
+        )
         assert [tuple(row) for row in rows] == [
-            ("d1", 0, 10, 22.0, 24.0), ("d2", 0, 10, 22.0, 24.0), ("d3", 0, 10, 24.5, 29.0),
-            ("d1", 10_000, 10, 22.0, 24.0), ("d2", 10_000, 10, 22.0, 24.0),
+            ("d1", 0, 10, 22.0, 24.0),
+            ("d2", 0, 10, 22.0, 24.0),
+            ("d3", 0, 10, 24.5, 29.0),
+            ("d1", 10_000, 10, 22.0, 24.0),
+            ("d2", 10_000, 10, 22.0, 24.0),
             ("d3", 10_000, 10, 34.5, 39.0),
         ]
         # Only the second window of d3 went above 35 degrees.
-        assert listener.take(2, timeout=10) == [(
-            f"{topic}/alerts/d3",
-            {"device": "d3", "window_start": "2023-11-14T22:13:30Z", "readings": 10,
-             "avg_temperature": 34.5, "max_temperature": 39.0},
-        )]
+        assert listener.take(2, timeout=10) == [
+            (
+                f"{topic}/alerts/d3",
+                {
+                    "device": "d3",
+                    "window_start": "2023-11-14T22:13:30Z",
+                    "readings": 10,
+                    "avg_temperature": 34.5,
+                    "max_temperature": 39.0,
+                },
+            )
+        ]
     finally:
         listener.close()

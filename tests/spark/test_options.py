@@ -69,9 +69,7 @@ def test_starting_offsets_per_topic() -> None:
 
 
 def test_option_names_are_case_insensitive() -> None:
-    options = parse_read_options(
-        {"TOPICS": "a", "Max_Records_Per_Trigger": "7"}, streaming=True
-    )
+    options = parse_read_options({"TOPICS": "a", "Max_Records_Per_Trigger": "7"}, streaming=True)
     assert options.max_records_per_trigger == 7
 
 

@@ -43,8 +43,15 @@ def test_parse_position_refuses(text: str) -> None:
 
 
 def test_a_whole_entry_sorts_after_each_of_its_batch_messages() -> None:
-    ordered = [EARLIEST, MessageId(0, 4), MessageId(0, 5, 0), MessageId(0, 5, 9),
-               MessageId(0, 5), MessageId(0, 6, 0), MessageId(1, 0)]
+    ordered = [
+        EARLIEST,
+        MessageId(0, 4),
+        MessageId(0, 5, 0),
+        MessageId(0, 5, 9),
+        MessageId(0, 5),
+        MessageId(0, 6, 0),
+        MessageId(1, 0),
+    ]
     assert sorted(reversed(ordered), key=order_key) == ordered
 
 
@@ -52,12 +59,12 @@ def test_offsets_json_is_canonical() -> None:
     one = offsets_to_json({"b": MessageId(0, 5), "a": EARLIEST, "c": MessageId(2, 1, 3)})
     two = offsets_to_json({"c": MessageId(2, 1, 3), "a": EARLIEST, "b": MessageId(0, 5)})
     # Spark compares offsets by their JSON text.
-    assert json.dumps(one) == json.dumps(two) == (
-        '{"a": "earliest", "b": "0:5", "c": "2:1:3"}'
+    assert json.dumps(one) == json.dumps(two) == ('{"a": "earliest", "b": "0:5", "c": "2:1:3"}')
+    assert (
+        offsets_from_json(json.dumps(one))
+        == offsets_from_json(one)
+        == {"a": EARLIEST, "b": MessageId(0, 5), "c": MessageId(2, 1, 3)}
     )
-    assert offsets_from_json(json.dumps(one)) == offsets_from_json(one) == {
-        "a": EARLIEST, "b": MessageId(0, 5), "c": MessageId(2, 1, 3)
-    }
     assert offsets_from_json(None) == {}
 
 

@@ -20,16 +20,22 @@ QUERY_TIMEOUT = 120
 
 def stream(spark: Any, service_url: str, **options: str) -> Any:
     return (
-        spark.readStream.format("mop").option("service_url", service_url)
-        .option("starting_offsets", "earliest").options(**options).load()
+        spark.readStream.format("mop")
+        .option("service_url", service_url)
+        .option("starting_offsets", "earliest")
+        .options(**options)
+        .load()
     )
 
 
 def run_to_parquet(df: Any, out: Path, checkpoint: str) -> None:
     """One availableNow run of `df` into Parquet files under `out`."""
     query = (
-        df.writeStream.format("parquet").option("path", str(out))
-        .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+        df.writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
     )
     assert query.awaitTermination(QUERY_TIMEOUT), "the query did not finish"
     assert query.exception() is None
@@ -38,7 +44,9 @@ def run_to_parquet(df: Any, out: Path, checkpoint: str) -> None:
 def subscribe(client: pulsar.Client, topic: str, name: str) -> Any:
     """A consumer on the subscription a query holds (Failover, as the query's own)."""
     return client.subscribe(
-        mqtt_to_pulsar(topic), name, consumer_type=pulsar.ConsumerType.Failover,
+        mqtt_to_pulsar(topic),
+        name,
+        consumer_type=pulsar.ConsumerType.Failover,
         initial_position=pulsar.InitialPosition.Earliest,
     )
 
@@ -49,7 +57,11 @@ def rows(spark: Any, out: Path) -> list[tuple[str, bytes]]:
 
 
 def test_available_now_resumes_from_its_checkpoint_without_duplicates_or_gaps(
-    spark: Any, service_url: str, client: pulsar.Client, topic: str, checkpoint: str,
+    spark: Any,
+    service_url: str,
+    client: pulsar.Client,
+    topic: str,
+    checkpoint: str,
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "out"
@@ -69,7 +81,11 @@ def test_available_now_resumes_from_its_checkpoint_without_duplicates_or_gaps(
     produce(client, first, [b"a3", b"a4"])
     run_to_parquet(df, out, checkpoint)
     assert rows(spark, out) == [
-        (first, b"a0"), (first, b"a1"), (first, b"a2"), (first, b"a3"), (first, b"a4"),
+        (first, b"a0"),
+        (first, b"a1"),
+        (first, b"a2"),
+        (first, b"a3"),
+        (first, b"a4"),
         (later, b"b0"),
     ]
 
@@ -86,8 +102,11 @@ def test_a_rate_limit_splits_a_backlog_into_micro_batches(
     produce(client, topic, [f"m{i}".encode() for i in range(10)])
     df = stream(spark, service_url, topics=topic, max_records_per_trigger="4")
     query = (
-        df.writeStream.format("memory").queryName("rate_limited")
-        .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+        df.writeStream.format("memory")
+        .queryName("rate_limited")
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
     )
     assert query.awaitTermination(QUERY_TIMEOUT)
     sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]

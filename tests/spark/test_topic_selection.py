@@ -43,12 +43,8 @@ def test_a_pattern_matches_the_name_without_partition() -> None:
 
 def test_named_topics_and_namespaces_to_list() -> None:
     selection = Selection(names=("a/b", "persistent://t/n/x"), filters=("s/#",))
-    assert named_topics(selection) == [
-        "persistent://public/default/a%2Fb", "persistent://t/n/x"
-    ]
-    assert listing_namespaces(selection, tenant="public", namespace="default") == [
-        "public/default"
-    ]
+    assert named_topics(selection) == ["persistent://public/default/a%2Fb", "persistent://t/n/x"]
+    assert listing_namespaces(selection, tenant="public", namespace="default") == ["public/default"]
     assert listing_namespaces(
         Selection(pattern="persistent://t/n/.*"), tenant="public", namespace="default"
     ) == ["t/n"]

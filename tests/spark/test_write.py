@@ -32,8 +32,12 @@ def test_rows_written_by_spark_reach_mqtt_subscribers(
     subscriber.subscribe(f"{topic}/#", qos=1)
     df = spark.createDataFrame(
         [
-            (f"{topic}/dev-1", "dev-1", bytearray(b'{"alert": 1}'),
-             {"mqtt.content_type": "application/json", "site": "north"}),
+            (
+                f"{topic}/dev-1",
+                "dev-1",
+                bytearray(b'{"alert": 1}'),
+                {"mqtt.content_type": "application/json", "site": "north"},
+            ),
             (f"{topic}/dev-2", None, bytearray(b"plain"), None),
         ],
         "topic STRING, key STRING, payload BINARY, properties MAP<STRING, STRING>",
@@ -41,7 +45,8 @@ def test_rows_written_by_spark_reach_mqtt_subscribers(
     write(df, service_url)
     received = sorted(subscriber.expect(2), key=lambda m: m.topic)
     assert [(m.topic, m.payload) for m in received] == [
-        (f"{topic}/dev-1", b'{"alert": 1}'), (f"{topic}/dev-2", b"plain")
+        (f"{topic}/dev-1", b'{"alert": 1}'),
+        (f"{topic}/dev-2", b"plain"),
     ]
     assert received[0].properties.ContentType == "application/json"
     assert received[0].properties.UserProperty == [("site", "north")]
@@ -65,17 +70,23 @@ def test_a_replayed_micro_batch_is_not_published_twice(
     hold(client, sink)
     produce(client, source, [b"m0", b"m1", b"m2"])
     df = (
-        spark.readStream.format("mop").option("service_url", service_url)
-        .option("topics", source).option("starting_offsets", "earliest").load()
+        spark.readStream.format("mop")
+        .option("service_url", service_url)
+        .option("topics", source)
+        .option("starting_offsets", "earliest")
+        .load()
         .select("key", "payload")
     )
 
     def run() -> list[int]:
         """Runs the query; the number of input rows of each batch it ran."""
         query = (
-            df.writeStream.format("mop").option("service_url", service_url)
-            .option("topic", sink).option("checkpointLocation", checkpoint)
-            .trigger(availableNow=True).start()
+            df.writeStream.format("mop")
+            .option("service_url", service_url)
+            .option("topic", sink)
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
         )
         assert query.awaitTermination(QUERY_TIMEOUT)
         assert query.exception() is None

@@ -55,6 +55,7 @@ DEFAULT_URL = "pulsar://127.0.0.1:6650"
 # Messages a permit-based consumer may hold unacknowledged before dispatch to it pauses.
 MAX_UNACKED_PER_CONSUMER = 50_000
 
+
 class LocalBackend:
     """The merged-mode backend. Run it with `await nursery.start(backend.serve)` (or use
     `open_local_backend`): `serve` recovers the broker from storage, then runs delayed

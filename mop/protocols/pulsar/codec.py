@@ -445,7 +445,22 @@ def _skip_field(buf: Buffer, pos: int, end: int, tag: int) -> int:
 
 
 __all__ = [
-    "BOOL", "BYTES", "INT32", "INT64", "STRING", "UINT32", "UINT64", "Buffer", "FieldSpec",
-    "Scalar", "decode_message", "encode_message", "is_message", "message", "message_bytes", "pb",
-    "read_varint", "write_varint",
+    "BOOL",
+    "BYTES",
+    "INT32",
+    "INT64",
+    "STRING",
+    "UINT32",
+    "UINT64",
+    "Buffer",
+    "FieldSpec",
+    "Scalar",
+    "decode_message",
+    "encode_message",
+    "is_message",
+    "message",
+    "message_bytes",
+    "pb",
+    "read_varint",
+    "write_varint",
 ]

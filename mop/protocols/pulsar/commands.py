@@ -505,35 +505,123 @@ class ActiveConsumerChange:
 
 
 Command = (
-    Connect | Connected | Ping | Pong | Success | Error | PartitionedMetadata
-    | PartitionedMetadataResponse | Lookup | LookupResponse | GetTopicsOfNamespace
-    | GetTopicsOfNamespaceResponse | Producer | ProducerSuccess | Send | SendReceipt | SendError
-    | CloseProducer | Subscribe | Flow | Message | Ack | AckResponse
-    | RedeliverUnacknowledgedMessages | Unsubscribe | Seek | CloseConsumer | ReachedEndOfTopic
-    | GetLastMessageId | GetLastMessageIdResponse | ActiveConsumerChange
+    Connect
+    | Connected
+    | Ping
+    | Pong
+    | Success
+    | Error
+    | PartitionedMetadata
+    | PartitionedMetadataResponse
+    | Lookup
+    | LookupResponse
+    | GetTopicsOfNamespace
+    | GetTopicsOfNamespaceResponse
+    | Producer
+    | ProducerSuccess
+    | Send
+    | SendReceipt
+    | SendError
+    | CloseProducer
+    | Subscribe
+    | Flow
+    | Message
+    | Ack
+    | AckResponse
+    | RedeliverUnacknowledgedMessages
+    | Unsubscribe
+    | Seek
+    | CloseConsumer
+    | ReachedEndOfTopic
+    | GetLastMessageId
+    | GetLastMessageIdResponse
+    | ActiveConsumerChange
 )
 
 # CommandType -> class, for every type this module knows.
 COMMAND_CLASSES: Final[dict[int, type[Command]]] = {
     cls.TYPE: cls
     for cls in (
-        Connect, Connected, Ping, Pong, Success, Error, PartitionedMetadata,
-        PartitionedMetadataResponse, Lookup, LookupResponse, GetTopicsOfNamespace,
-        GetTopicsOfNamespaceResponse, Producer, ProducerSuccess, Send, SendReceipt, SendError,
-        CloseProducer, Subscribe, Flow, Message, Ack, AckResponse,
-        RedeliverUnacknowledgedMessages, Unsubscribe, Seek, CloseConsumer, ReachedEndOfTopic,
-        GetLastMessageId, GetLastMessageIdResponse, ActiveConsumerChange,
+        Connect,
+        Connected,
+        Ping,
+        Pong,
+        Success,
+        Error,
+        PartitionedMetadata,
+        PartitionedMetadataResponse,
+        Lookup,
+        LookupResponse,
+        GetTopicsOfNamespace,
+        GetTopicsOfNamespaceResponse,
+        Producer,
+        ProducerSuccess,
+        Send,
+        SendReceipt,
+        SendError,
+        CloseProducer,
+        Subscribe,
+        Flow,
+        Message,
+        Ack,
+        AckResponse,
+        RedeliverUnacknowledgedMessages,
+        Unsubscribe,
+        Seek,
+        CloseConsumer,
+        ReachedEndOfTopic,
+        GetLastMessageId,
+        GetLastMessageIdResponse,
+        ActiveConsumerChange,
     )
 }
 
 __all__ = [
-    "COMMAND_CLASSES", "PROTOCOL_VERSION", "Ack", "AckResponse", "AckType", "ActiveConsumerChange",
-    "CloseConsumer", "CloseProducer", "Command", "CommandType", "Connect", "Connected", "Error",
-    "FeatureFlags", "Flow", "GetLastMessageId", "GetLastMessageIdResponse", "GetTopicsOfNamespace",
-    "GetTopicsOfNamespaceResponse", "InitialPosition", "IntRange", "KeySharedMeta",
-    "KeySharedMode", "Lookup", "LookupResponse", "LookupType", "Message", "MetadataResult",
-    "PartitionedMetadata", "PartitionedMetadataResponse", "Ping", "Pong", "Producer",
-    "ProducerAccessMode", "ProducerSuccess", "ReachedEndOfTopic",
-    "RedeliverUnacknowledgedMessages", "Schema", "SchemaType", "Seek", "Send", "SendError",
-    "SendReceipt", "Subscribe", "Success", "TopicsMode", "Unsubscribe",
+    "COMMAND_CLASSES",
+    "PROTOCOL_VERSION",
+    "Ack",
+    "AckResponse",
+    "AckType",
+    "ActiveConsumerChange",
+    "CloseConsumer",
+    "CloseProducer",
+    "Command",
+    "CommandType",
+    "Connect",
+    "Connected",
+    "Error",
+    "FeatureFlags",
+    "Flow",
+    "GetLastMessageId",
+    "GetLastMessageIdResponse",
+    "GetTopicsOfNamespace",
+    "GetTopicsOfNamespaceResponse",
+    "InitialPosition",
+    "IntRange",
+    "KeySharedMeta",
+    "KeySharedMode",
+    "Lookup",
+    "LookupResponse",
+    "LookupType",
+    "Message",
+    "MetadataResult",
+    "PartitionedMetadata",
+    "PartitionedMetadataResponse",
+    "Ping",
+    "Pong",
+    "Producer",
+    "ProducerAccessMode",
+    "ProducerSuccess",
+    "ReachedEndOfTopic",
+    "RedeliverUnacknowledgedMessages",
+    "Schema",
+    "SchemaType",
+    "Seek",
+    "Send",
+    "SendError",
+    "SendReceipt",
+    "Subscribe",
+    "Success",
+    "TopicsMode",
+    "Unsubscribe",
 ]

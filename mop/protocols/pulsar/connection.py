@@ -99,20 +99,64 @@ class ConnectionLimits:
 
 # What a client may send, i.e. the events `next_event` returns once connected.
 ClientEvent = (
-    Connect | Ping | Pong | PartitionedMetadata | Lookup | GetTopicsOfNamespace | Producer | Send
-    | CloseProducer | Subscribe | Flow | Ack | RedeliverUnacknowledgedMessages | Unsubscribe | Seek
-    | CloseConsumer | GetLastMessageId | ChecksumMismatch | UnknownCommand
+    Connect
+    | Ping
+    | Pong
+    | PartitionedMetadata
+    | Lookup
+    | GetTopicsOfNamespace
+    | Producer
+    | Send
+    | CloseProducer
+    | Subscribe
+    | Flow
+    | Ack
+    | RedeliverUnacknowledgedMessages
+    | Unsubscribe
+    | Seek
+    | CloseConsumer
+    | GetLastMessageId
+    | ChecksumMismatch
+    | UnknownCommand
 )
 
 _CLIENT_EVENTS: Final[tuple[type, ...]] = (
-    Ping, Pong, PartitionedMetadata, Lookup, GetTopicsOfNamespace, Producer, Send, CloseProducer,
-    Subscribe, Flow, Ack, RedeliverUnacknowledgedMessages, Unsubscribe, Seek, CloseConsumer,
-    GetLastMessageId, ChecksumMismatch, UnknownCommand,
+    Ping,
+    Pong,
+    PartitionedMetadata,
+    Lookup,
+    GetTopicsOfNamespace,
+    Producer,
+    Send,
+    CloseProducer,
+    Subscribe,
+    Flow,
+    Ack,
+    RedeliverUnacknowledgedMessages,
+    Unsubscribe,
+    Seek,
+    CloseConsumer,
+    GetLastMessageId,
+    ChecksumMismatch,
+    UnknownCommand,
 )
 _SERVER_COMMANDS: Final[tuple[type, ...]] = (
-    Ping, Pong, Success, Error, PartitionedMetadataResponse, LookupResponse,
-    GetTopicsOfNamespaceResponse, ProducerSuccess, SendReceipt, SendError, CloseProducer,
-    Message, CloseConsumer, ReachedEndOfTopic, GetLastMessageIdResponse, ActiveConsumerChange,
+    Ping,
+    Pong,
+    Success,
+    Error,
+    PartitionedMetadataResponse,
+    LookupResponse,
+    GetTopicsOfNamespaceResponse,
+    ProducerSuccess,
+    SendReceipt,
+    SendError,
+    CloseProducer,
+    Message,
+    CloseConsumer,
+    ReachedEndOfTopic,
+    GetLastMessageIdResponse,
+    ActiveConsumerChange,
     AckResponse,
 )
 
@@ -170,8 +214,10 @@ class ServerConnection:
         self.frames_received += 1
         next_state = _RECEIVE.get((self.state, type(event)))
         if next_state is None:
-            where = "before CONNECT" if self.state is ConnectionState.AWAITING_CONNECT else (
-                "from a client"
+            where = (
+                "before CONNECT"
+                if self.state is ConnectionState.AWAITING_CONNECT
+                else ("from a client")
             )
             self.state = ConnectionState.CLOSED
             raise ProtocolViolation(f"{_name(event)} is not allowed {where}")
@@ -197,21 +243,27 @@ class ServerConnection:
 
     def connected(self) -> bytes:
         """CONNECTED with the negotiated protocol version and the broker's limits."""
-        return self.send(Connected(
-            server_version=self.limits.server_version,
-            protocol_version=self.protocol_version,
-            max_message_size=self.limits.max_message_size,
-        ))
+        return self.send(
+            Connected(
+                server_version=self.limits.server_version,
+                protocol_version=self.protocol_version,
+                max_message_size=self.limits.max_message_size,
+            )
+        )
 
     def protocol_error(self, error: RemoteProtocolError) -> bytes:
         """The ERROR that answers a RemoteProtocolError before the connection is closed."""
         self.state = ConnectionState.CLOSED
-        return encode_command(Error(
-            request_id=NO_REQUEST_ID, error=error.server_error, message=error.message
-        ))
+        return encode_command(
+            Error(request_id=NO_REQUEST_ID, error=error.server_error, message=error.message)
+        )
 
     def send_receipt(
-        self, producer_id: int, sequence_id: int, ledger_id: int, entry_id: int,
+        self,
+        producer_id: int,
+        sequence_id: int,
+        ledger_id: int,
+        entry_id: int,
         highest_sequence_id: int = 0,
     ) -> bytes:
         """SEND_RECEIPT for a persisted message (fast path of `send(SendReceipt(...))`)."""
@@ -221,14 +273,26 @@ class ServerConnection:
         )
 
     def deliver(
-        self, consumer_id: int, ledger_id: int, entry_id: int, raw: bytes, checksum: int | None,
-        *, redelivery_count: int = 0, ack_set: Iterable[int] = (),
+        self,
+        consumer_id: int,
+        ledger_id: int,
+        entry_id: int,
+        raw: bytes,
+        checksum: int | None,
+        *,
+        redelivery_count: int = 0,
+        ack_set: Iterable[int] = (),
     ) -> bytes:
         """MESSAGE for a stored entry (`Payload.raw` and its CRC32C), the delivery fast path."""
         self._check_connected("MESSAGE")
         return encode_message_frame(
-            consumer_id, ledger_id, entry_id, raw, checksum,
-            redelivery_count=redelivery_count, ack_set=ack_set,
+            consumer_id,
+            ledger_id,
+            entry_id,
+            raw,
+            checksum,
+            redelivery_count=redelivery_count,
+            ack_set=ack_set,
         )
 
     def _check_connected(self, what: str) -> None:
@@ -252,7 +316,9 @@ def lookup_connect(
 ) -> LookupResponse:
     """This broker serves the topic: the client connects to `broker_url` (its pool key)."""
     return LookupResponse(
-        request_id=request_id, response=LookupType.Connect, broker_service_url=broker_url,
+        request_id=request_id,
+        response=LookupType.Connect,
+        broker_service_url=broker_url,
         authoritative=authoritative,
     )
 
@@ -260,7 +326,9 @@ def lookup_connect(
 def lookup_redirect(request_id: int, owner_url: str) -> LookupResponse:
     """Another broker owns the topic; authoritative, so the owner answers Connect, not Redirect."""
     return LookupResponse(
-        request_id=request_id, response=LookupType.Redirect, broker_service_url=owner_url,
+        request_id=request_id,
+        response=LookupType.Redirect,
+        broker_service_url=owner_url,
         authoritative=True,
     )
 
@@ -296,7 +364,15 @@ def message_id(ledger_id: int, entry_id: int, batch_index: int = -1) -> MessageI
 
 
 __all__ = [
-    "NO_REQUEST_ID", "ClientEvent", "ConnectionLimits", "ConnectionState", "ServerConnection",
-    "lookup_connect", "lookup_failed", "lookup_redirect", "message_id", "partitioned_metadata",
+    "NO_REQUEST_ID",
+    "ClientEvent",
+    "ConnectionLimits",
+    "ConnectionState",
+    "ServerConnection",
+    "lookup_connect",
+    "lookup_failed",
+    "lookup_redirect",
+    "message_id",
+    "partitioned_metadata",
     "partitioned_metadata_failed",
 ]

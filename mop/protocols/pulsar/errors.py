@@ -83,6 +83,11 @@ class LocalProtocolError(PulsarError):
 
 
 __all__ = [
-    "FrameTooLarge", "LocalProtocolError", "MalformedFrame", "ProtocolViolation", "PulsarError",
-    "RemoteProtocolError", "ServerError",
+    "FrameTooLarge",
+    "LocalProtocolError",
+    "MalformedFrame",
+    "ProtocolViolation",
+    "PulsarError",
+    "RemoteProtocolError",
+    "ServerError",
 ]

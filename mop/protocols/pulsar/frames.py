@@ -204,8 +204,10 @@ def _read_checksummed(
     buf: Buffer, pos: int, end: int, *, entry_metadata: bool
 ) -> tuple[bytes, int | None]:
     """Split `[0x0e02 block][0x0e01 crc] raw`; returns raw and the checksum received, if any."""
-    if entry_metadata and end - pos >= 6 and _U16.unpack_from(buf, pos)[0] == (
-        MAGIC_BROKER_ENTRY_METADATA
+    if (
+        entry_metadata
+        and end - pos >= 6
+        and _U16.unpack_from(buf, pos)[0] == (MAGIC_BROKER_ENTRY_METADATA)
     ):
         (size,) = _U32.unpack_from(buf, pos + 2)
         pos += 6 + size
@@ -263,12 +265,14 @@ def encode_command(command: Command) -> bytes:
 
 def _payload_frame(base: Buffer, raw: Buffer, checksum: int) -> bytes:
     size = len(base)
-    return b"".join((
-        _HEADER.pack(4 + size + 6 + len(raw), size),
-        base,
-        _CRC_BLOCK.pack(MAGIC_CRC32C, checksum),
-        raw,
-    ))
+    return b"".join(
+        (
+            _HEADER.pack(4 + size + 6 + len(raw), size),
+            base,
+            _CRC_BLOCK.pack(MAGIC_CRC32C, checksum),
+            raw,
+        )
+    )
 
 
 def make_payload(metadata: MessageMetadata, data: bytes) -> Payload:
@@ -408,9 +412,24 @@ def unacked_indexes(ack_set: Iterable[int], batch_size: int) -> list[int]:
 
 
 __all__ = [
-    "DEFAULT_MAX_MESSAGE_SIZE", "FRAME_SIZE_PADDING", "MAGIC_BROKER_ENTRY_METADATA",
-    "MAGIC_CRC32C", "NEED_DATA", "ChecksumMismatch", "Frame", "FrameDecoder", "NeedData",
-    "UnknownCommand", "ack_set_of", "crc32c_of", "decode_batch", "decode_frame", "encode_batch",
-    "encode_command", "encode_message_frame", "encode_send_receipt", "make_payload",
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "FRAME_SIZE_PADDING",
+    "MAGIC_BROKER_ENTRY_METADATA",
+    "MAGIC_CRC32C",
+    "NEED_DATA",
+    "ChecksumMismatch",
+    "Frame",
+    "FrameDecoder",
+    "NeedData",
+    "UnknownCommand",
+    "ack_set_of",
+    "crc32c_of",
+    "decode_batch",
+    "decode_frame",
+    "encode_batch",
+    "encode_command",
+    "encode_message_frame",
+    "encode_send_receipt",
+    "make_payload",
     "unacked_indexes",
 ]

@@ -114,19 +114,22 @@ def split_batch(data: bytes, count: int, producer: str, publish_time: int) -> tu
             stop = meta_end + meta.payload_size
             if meta.payload_size < 0 or stop > end:
                 return ()
-            members.append(Message(
-                payload=b"" if meta.null_value else data[meta_end:stop],
-                properties=_pairs(meta.properties),
-                key=(
-                    None if meta.null_partition_key
-                    else _key(meta.partition_key, meta.ordering_key)
-                ),
-                producer=producer,
-                publish_time=publish_time,
-                event_time=meta.event_time or 0,
-                wire_format=WIRE_FORMAT,
-                wire=data[pos + 4 : meta_end],
-            ))
+            members.append(
+                Message(
+                    payload=b"" if meta.null_value else data[meta_end:stop],
+                    properties=_pairs(meta.properties),
+                    key=(
+                        None
+                        if meta.null_partition_key
+                        else _key(meta.partition_key, meta.ordering_key)
+                    ),
+                    producer=producer,
+                    publish_time=publish_time,
+                    event_time=meta.event_time or 0,
+                    wire_format=WIRE_FORMAT,
+                    wire=data[pos + 4 : meta_end],
+                )
+            )
             pos = stop
     except (struct.error, PulsarError):
         return ()
@@ -166,17 +169,25 @@ def _batch_payload(members: tuple[Message, ...]) -> bytes:
         if member.wire_format == WIRE_FORMAT and member.wire:
             meta = member.wire
         else:
-            meta = message_bytes(SingleMessageMetadata(
-                properties=tuple(KeyValue(key=k, value=v) for k, v in member.properties),
-                partition_key=member.key,
-                payload_size=len(member.payload),
-                event_time=member.event_time or None,
-            ))
+            meta = message_bytes(
+                SingleMessageMetadata(
+                    properties=tuple(KeyValue(key=k, value=v) for k, v in member.properties),
+                    partition_key=member.key,
+                    payload_size=len(member.payload),
+                    event_time=member.event_time or None,
+                )
+            )
         parts += (_U32.pack(len(meta)), meta, member.payload)
     return b"".join(parts)
 
 
 __all__ = [
-    "EARLIEST", "LATEST", "WIRE_FORMAT", "entry_bytes", "from_id_data", "message_from_payload",
-    "split_batch", "to_id_data",
+    "EARLIEST",
+    "LATEST",
+    "WIRE_FORMAT",
+    "entry_bytes",
+    "from_id_data",
+    "message_from_payload",
+    "split_batch",
+    "to_id_data",
 ]

@@ -136,6 +136,14 @@ class BatchEntry:
 
 
 __all__ = [
-    "EARLIEST_ID", "LATEST_ID", "BatchEntry", "CompressionType", "KeyLongValue", "KeyValue",
-    "MessageIdData", "MessageMetadata", "Payload", "SingleMessageMetadata",
+    "EARLIEST_ID",
+    "LATEST_ID",
+    "BatchEntry",
+    "CompressionType",
+    "KeyLongValue",
+    "KeyValue",
+    "MessageIdData",
+    "MessageMetadata",
+    "Payload",
+    "SingleMessageMetadata",
 ]

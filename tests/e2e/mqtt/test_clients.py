@@ -82,7 +82,8 @@ async def _gmqtt_pub_sub(port: int, version: int, qos: int) -> None:
         # MQTT orders messages per topic; across two topics either order is correct.
         received = {m[0]: m for m in [await inbox.message(), await inbox.message()]}
         assert sorted((m[0], m[1], m[2]) for m in received.values()) == [
-            ("gm/hall/data", b"19.0", qos), ("gm/kitchen/data", b"21.5", qos)
+            ("gm/hall/data", b"19.0", qos),
+            ("gm/kitchen/data", b"21.5", qos),
         ]
         if version == MQTTv50:
             properties = received["gm/kitchen/data"][3]
@@ -140,7 +141,9 @@ class MosquittoSub:
         self._out: queue.Queue[str | None] = queue.Queue()
         self.process = subprocess.Popen(
             ["stdbuf", "-oL", "mosquitto_sub", "-p", str(port), "-h", "127.0.0.1", "-d", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         self._debug: list[str] = []
         self._lines: list[str] = []
@@ -221,21 +224,26 @@ def mosquitto_subs() -> Iterator[Any]:
 def mosquitto_pub(port: int, *args: str, stdin: str | None = None) -> None:
     result = subprocess.run(
         ["mosquitto_pub", "-p", str(port), "-h", "127.0.0.1", *args],
-        input=stdin, capture_output=True, text=True, timeout=TIMEOUT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
     )
     assert result.returncode == 0, (result.returncode, result.stderr)
 
 
 @needs_mosquitto
 @pytest.mark.parametrize("version", ["mqttv311", "mqttv5", "mqttv31"])
-def test_mosquitto_sub_receives_qos_0_1_2(node: RunningNode, mosquitto_subs: Any,
-                                          version: str) -> None:
+def test_mosquitto_sub_receives_qos_0_1_2(
+    node: RunningNode, mosquitto_subs: Any, version: str
+) -> None:
     port = node.mqtt_port
     sub = mosquitto_subs(port, "-V", version, "-t", "t/#", "-q", "2", "-C", "3", "-v")
     sub.wait_subscribed()
     for qos in (0, 1, 2):
-        mosquitto_pub(port, "-V", version, "-t", f"t/q{qos}", "-m", f"message {qos}",
-                      "-q", str(qos))
+        mosquitto_pub(
+            port, "-V", version, "-t", f"t/q{qos}", "-m", f"message {qos}", "-q", str(qos)
+        )
     # Three topics: any order between them is correct MQTT.
     assert sorted(sub.finish()) == ["t/q0 message 0", "t/q1 message 1", "t/q2 message 2"]
 
@@ -243,8 +251,9 @@ def test_mosquitto_sub_receives_qos_0_1_2(node: RunningNode, mosquitto_subs: Any
 @needs_mosquitto
 def test_mosquitto_delivery_qos_and_flags(node: RunningNode, mosquitto_subs: Any) -> None:
     port = node.mqtt_port
-    sub = mosquitto_subs(port, "-V", "mqttv5", "-t", "f/#", "-q", "1", "-C", "3",
-                         "-F", "%t|%q|%r|%p")
+    sub = mosquitto_subs(
+        port, "-V", "mqttv5", "-t", "f/#", "-q", "1", "-C", "3", "-F", "%t|%q|%r|%p"
+    )
     sub.wait_subscribed()
     for qos in (0, 1, 2):
         mosquitto_pub(port, "-t", "f/x", "-m", f"q{qos}", "-q", str(qos))
@@ -273,10 +282,31 @@ def test_mosquitto_pub_v5_user_property(node: RunningNode, mosquitto_subs: Any) 
     paho_sub.subscribe("up/#", 1)
     mosquitto = mosquitto_subs(port, "-V", "mqttv5", "-t", "up/#", "-C", "1", "-F", "%t|%P|%p")
     mosquitto.wait_subscribed()
-    mosquitto_pub(port, "-V", "mqttv5", "-t", "up/x", "-m", "with props", "-q", "1",
-                  "-D", "publish", "user-property", "k", "v",
-                  "-D", "publish", "user-property", "region", "eu",
-                  "-D", "publish", "content-type", "text/plain")
+    mosquitto_pub(
+        port,
+        "-V",
+        "mqttv5",
+        "-t",
+        "up/x",
+        "-m",
+        "with props",
+        "-q",
+        "1",
+        "-D",
+        "publish",
+        "user-property",
+        "k",
+        "v",
+        "-D",
+        "publish",
+        "user-property",
+        "region",
+        "eu",
+        "-D",
+        "publish",
+        "content-type",
+        "text/plain",
+    )
     [msg] = paho_sub.expect(1)
     assert msg.payload == b"with props"
     assert msg.properties.UserProperty == [("k", "v"), ("region", "eu")]
@@ -302,9 +332,19 @@ def test_mosquitto_pub_lines_in_order(node: RunningNode) -> None:
 def test_mosquitto_will_on_abnormal_exit(node: RunningNode, mosquitto_subs: Any) -> None:
     watcher = Client(node.mqtt_port, "watcher")
     watcher.subscribe("wills/#", 1)
-    holder = mosquitto_subs(node.mqtt_port, "-t", "nothing", "-i", "will-holder",
-                            "--will-topic", "wills/holder", "--will-payload", "gone",
-                            "--will-qos", "1")
+    holder = mosquitto_subs(
+        node.mqtt_port,
+        "-t",
+        "nothing",
+        "-i",
+        "will-holder",
+        "--will-topic",
+        "wills/holder",
+        "--will-payload",
+        "gone",
+        "--will-qos",
+        "1",
+    )
     holder.wait_subscribed()
     holder.process.kill()  # no DISCONNECT: the will is published
     holder.process.wait(5)
@@ -319,21 +359,44 @@ def test_mosquitto_will_on_abnormal_exit(node: RunningNode, mosquitto_subs: Any)
 @needs_mosquitto
 def test_mosquitto_over_mtls(certs: TestCertificates, mosquitto_subs: Any) -> None:
     tls = TlsSettings(
-        certfile=str(certs.server_cert), keyfile=str(certs.server_key),
-        cafile=str(certs.ca_cert), require_client_cert=True,
+        certfile=str(certs.server_cert),
+        keyfile=str(certs.server_key),
+        cafile=str(certs.ca_cert),
+        require_client_cert=True,
     )
     with running_node(node_settings(tls=tls, tls_port=0)) as node:
         port = node.port("tls")
-        options = ["--cafile", str(certs.ca_cert), "--cert", str(certs.client_cert),
-                   "--key", str(certs.client_key)]
+        options = [
+            "--cafile",
+            str(certs.ca_cert),
+            "--cert",
+            str(certs.client_cert),
+            "--key",
+            str(certs.client_key),
+        ]
         sub = mosquitto_subs(port, *options, "-t", "secure/#", "-C", "1", "-v")
         sub.wait_subscribed()
         mosquitto_pub(port, *options, "-t", "secure/x", "-m", "over mtls", "-q", "1")
         assert sub.finish() == ["secure/x over mtls"]
         # Without a client certificate, mosquitto_pub cannot publish.
         result = subprocess.run(
-            ["mosquitto_pub", "-p", str(port), "-h", "127.0.0.1", "--cafile", str(certs.ca_cert),
-             "-t", "secure/x", "-m", "no cert", "-q", "1"],
-            capture_output=True, text=True, timeout=TIMEOUT,
+            [
+                "mosquitto_pub",
+                "-p",
+                str(port),
+                "-h",
+                "127.0.0.1",
+                "--cafile",
+                str(certs.ca_cert),
+                "-t",
+                "secure/x",
+                "-m",
+                "no cert",
+                "-q",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
         )
         assert result.returncode != 0

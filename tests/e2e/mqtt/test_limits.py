@@ -171,8 +171,19 @@ def test_invalid_filters(node: RunningNode, raws: Callable[..., RawClient], leve
     raw = raws(node.mqtt_port, level)
     raw.connect("filters")
     invalid = 0x8F if level == 5 else 0x80
-    filters = ("a/#/b", "a+", "a/b#", "#/a", "+a/b", "a/+b", "ok/+/#", "$share/g", "$share//t",
-               "$share/g+/t", "$share/g/a/#/b")
+    filters = (
+        "a/#/b",
+        "a+",
+        "a/b#",
+        "#/a",
+        "+a/b",
+        "a/+b",
+        "ok/+/#",
+        "$share/g",
+        "$share//t",
+        "$share/g+/t",
+        "$share/g/a/#/b",
+    )
     expected = (invalid,) * 6 + (1,) + (invalid,) * 4
     assert subscribe(raw, 1, *filters, qos=1) == expected
     # The connection stays usable.
@@ -308,8 +319,14 @@ def test_slow_subscriber_does_not_stall_others(
             packet = slow.recv(2.0)
         except AssertionError:
             assert not sentinel_sent, "the message published after the flood never arrived"
-            publisher.send(Publish("flood/data", _flood_payload(FLOOD_MESSAGES), qos,
-                                   packet_id=next_id if qos else None))
+            publisher.send(
+                Publish(
+                    "flood/data",
+                    _flood_payload(FLOOD_MESSAGES),
+                    qos,
+                    packet_id=next_id if qos else None,
+                )
+            )
             sentinel_sent = True
             continue
         assert packet is not None, "the slow subscriber was disconnected"

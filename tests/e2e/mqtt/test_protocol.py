@@ -59,7 +59,10 @@ def mqtt_string(data: bytes) -> bytes:
 
 
 def connect_bytes(
-    name: bytes = b"MQTT", level: int = 4, client_id: bytes = b"raw", flags: int = 0x02,
+    name: bytes = b"MQTT",
+    level: int = 4,
+    client_id: bytes = b"raw",
+    flags: int = 0x02,
     keep_alive: int = 60,
 ) -> bytes:
     """A CONNECT built by hand, for protocol names and levels the codec refuses to encode."""
@@ -294,8 +297,9 @@ def test_many_hostile_connections_at_once() -> None:
     unless what they sent starts with a valid CONNECT."""
     rng = random.Random(11)
     with running_node(node_settings(connect_timeout=1)) as node, bystander(node.mqtt_port):
-        sockets = [socket.create_connection(("127.0.0.1", node.mqtt_port), timeout=10)
-                   for _ in range(40)]
+        sockets = [
+            socket.create_connection(("127.0.0.1", node.mqtt_port), timeout=10) for _ in range(40)
+        ]
         try:
             for index, sock in enumerate(sockets):
                 if index % 2:
@@ -448,7 +452,8 @@ def test_authentication_method_is_refused(
 
 def test_authentication_method_is_refused_paho(node: RunningNode) -> None:
     client = Client(
-        node.mqtt_port, "auth-paho",
+        node.mqtt_port,
+        "auth-paho",
         connect_properties=props(PacketTypes.CONNECT, AuthenticationMethod="SCRAM-SHA-1"),
     )
     assert client.connack is not None and client.connack.reason_code == 0x8C
@@ -457,7 +462,8 @@ def test_authentication_method_is_refused_paho(node: RunningNode) -> None:
 
 def test_request_response_information(node: RunningNode) -> None:
     asked = Client(
-        node.mqtt_port, "rr-yes",
+        node.mqtt_port,
+        "rr-yes",
         connect_properties=props(PacketTypes.CONNECT, RequestResponseInformation=1),
     )
     assert asked.connack is not None
@@ -471,7 +477,8 @@ def test_request_response_information(node: RunningNode) -> None:
     for name, value in (("rr-default", None), ("rr-no", 0)):
         connect_props = (
             props(PacketTypes.CONNECT, RequestResponseInformation=value)
-            if value is not None else None
+            if value is not None
+            else None
         )
         other = Client(node.mqtt_port, name, connect_properties=connect_props)
         assert other.connack is not None
@@ -528,9 +535,7 @@ def test_server_keep_alive_is_enforced(raws: Callable[..., RawClient], level: in
 
 
 @pytest.mark.parametrize("level", [4, 5])
-def test_keep_alive_timeout(
-    node: RunningNode, raws: Callable[..., RawClient], level: int
-) -> None:
+def test_keep_alive_timeout(node: RunningNode, raws: Callable[..., RawClient], level: int) -> None:
     silent = raws(node.mqtt_port, level)
     pinger = raws(node.mqtt_port, level)
     assert silent.connect("silent", keep_alive=1).reason_code == 0
@@ -587,7 +592,9 @@ def test_topic_alias_client_to_server(node: RunningNode) -> None:
     for m in got:
         by_topic.setdefault(m.topic, []).append(m.payload)
     assert by_topic == {
-        "alias/one": [b"a", b"b"], "alias/two": [b"c", b"d"], "alias/three": [b"e", b"f"]
+        "alias/one": [b"a", b"b"],
+        "alias/two": [b"c", b"d"],
+        "alias/three": [b"e", b"f"],
     }
     # The subscriber did not allow aliases: it never sees one.
     assert not any(hasattr(m.properties, "TopicAlias") for m in got)
@@ -731,10 +738,9 @@ def test_receive_maximum_exceeded_with_qos_2() -> None:
         raw = RawClient(node.mqtt_port)
         try:
             assert raw.connect("flood").properties.receive_maximum == 2
-            raw.send_bytes(b"".join(
-                encode(Publish("flood", b"x", 2, packet_id=pid), 5)
-                for pid in (1, 2, 3)
-            ))
+            raw.send_bytes(
+                b"".join(encode(Publish("flood", b"x", 2, packet_id=pid), 5) for pid in (1, 2, 3))
+            )
             packets = raw.recv_until_closed()
             assert [type(p) for p in packets] == [Pubrec, Pubrec, Disconnect], packets
             assert packets[-1].reason_code == 0x93  # type: ignore[union-attr]
@@ -776,9 +782,9 @@ def test_pipelined_qos_1_is_acknowledged_in_order(
     order they were sent (MQTT-4.6.0-2)."""
     raw = raws(node.mqtt_port)
     assert raw.connect("pipeline").properties.receive_maximum == 32
-    raw.send_bytes(b"".join(
-        encode(Publish("pipe", b"x", 1, packet_id=pid), 5) for pid in range(1, 31)
-    ))
+    raw.send_bytes(
+        b"".join(encode(Publish("pipe", b"x", 1, packet_id=pid), 5) for pid in range(1, 31))
+    )
     acks = [raw.recv() for _ in range(30)]
     assert all(isinstance(a, Puback) for a in acks), acks
     assert [a.packet_id for a in acks] == list(range(1, 31))  # type: ignore[union-attr]
@@ -806,7 +812,11 @@ def test_pipelined_qos_2_is_received_once_and_answered_in_order(
     raw.send_bytes(b"".join(encode(p, level) for p in burst))
     answers = [raw.recv() for _ in range(5)]
     assert [(type(a), a.packet_id) for a in answers] == [  # type: ignore[union-attr]
-        (Pubrec, 1), (Puback, 2), (Pubrec, 3), (Pubrec, 1), (Pubrec, 4)
+        (Pubrec, 1),
+        (Puback, 2),
+        (Pubrec, 3),
+        (Pubrec, 1),
+        (Pubrec, 4),
     ], answers
     assert all(a.reason_code < 0x80 for a in answers)  # type: ignore[union-attr]
     for pid in (1, 3, 4):
@@ -831,10 +841,18 @@ def test_payload_format_and_content_type_pass_through(node: RunningNode) -> None
     sub4 = Client(node.mqtt_port, "pf-4", version=4)
     sub4.subscribe("pf/#", 1)
     pub = Client(node.mqtt_port, "pf-pub")
-    pub.publish("pf/text", "grüße".encode(), 1,
-                properties=props(PayloadFormatIndicator=1, ContentType="text/plain; charset=utf-8"))
-    pub.publish("pf/bin", b"\xff\x00", 1,
-                properties=props(PayloadFormatIndicator=0, ContentType="application/octet-stream"))
+    pub.publish(
+        "pf/text",
+        "grüße".encode(),
+        1,
+        properties=props(PayloadFormatIndicator=1, ContentType="text/plain; charset=utf-8"),
+    )
+    pub.publish(
+        "pf/bin",
+        b"\xff\x00",
+        1,
+        properties=props(PayloadFormatIndicator=0, ContentType="application/octet-stream"),
+    )
     pub.publish("pf/none", b"plain", 1)
     received = {m.topic: m for m in sub5.expect(3)}
     text, binary, plain = received["pf/text"], received["pf/bin"], received["pf/none"]
@@ -858,8 +876,11 @@ def test_raw_properties_reach_subscriber(node: RunningNode, raws: Callable[..., 
     raw_pub = raws(node.mqtt_port)
     raw_pub.connect("props-pub")
     sent = Properties(
-        payload_format_indicator=1, content_type="text/plain", response_topic="rp/reply",
-        correlation_data=b"\x01\x02", user_properties=(("k", "v"), ("k", "w")),
+        payload_format_indicator=1,
+        content_type="text/plain",
+        response_topic="rp/reply",
+        correlation_data=b"\x01\x02",
+        user_properties=(("k", "v"), ("k", "w")),
     )
     raw_pub.send(Publish("rp", b"body", 1, packet_id=5, properties=sent))
     assert raw_pub.recv() == Puback(5)

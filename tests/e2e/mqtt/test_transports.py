@@ -130,8 +130,11 @@ def test_websocket_wrong_path_is_refused(ws_node: RunningNode) -> None:
 def http_upgrade(port: int, path: str, subprotocols: str | None) -> bytes:
     """The head of the server's answer to a WebSocket opening handshake."""
     lines = [
-        f"GET {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Upgrade: websocket",
-        "Connection: Upgrade", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+        f"GET {path} HTTP/1.1",
+        f"Host: 127.0.0.1:{port}",
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
         "Sec-WebSocket-Version: 13",
     ]
     if subprotocols is not None:
@@ -164,8 +167,9 @@ def test_websocket_handshake(
 ) -> None:
     head = http_upgrade(ws_node.port("ws"), path, offered)
     assert head.startswith(b"HTTP/1.1 " + status), head
-    protocol = [line for line in head.lower().split(b"\r\n")
-                if line.startswith(b"sec-websocket-protocol:")]
+    protocol = [
+        line for line in head.lower().split(b"\r\n") if line.startswith(b"sec-websocket-protocol:")
+    ]
     if chosen is None:
         assert protocol == [], head
     else:
@@ -194,8 +198,9 @@ def tls_settings(certs: TestCertificates, **kwargs: Any) -> TlsSettings:
     return TlsSettings(certfile=str(certs.server_cert), keyfile=str(certs.server_key), **kwargs)
 
 
-def tls_client_options(certs: TestCertificates, *, client_cert: Path | None = None,
-                       client_key: Path | None = None) -> dict[str, Any]:
+def tls_client_options(
+    certs: TestCertificates, *, client_cert: Path | None = None, client_key: Path | None = None
+) -> dict[str, Any]:
     options: dict[str, Any] = {"ca_certs": str(certs.ca_cert)}
     if client_cert is not None:
         options["certfile"] = str(client_cert)

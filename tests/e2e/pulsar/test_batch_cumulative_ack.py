@@ -55,7 +55,10 @@ def receive_rest(consumer: pulsar.Consumer) -> list[bytes]:
 
 
 def ack_and_resubscribe(
-    client: pulsar.Client, topic: str, consumer: pulsar.Consumer, last: pulsar.Message,
+    client: pulsar.Client,
+    topic: str,
+    consumer: pulsar.Consumer,
+    last: pulsar.Message,
     batch_index_ack: bool,
 ) -> list[bytes]:
     consumer.acknowledge_cumulative(last)
@@ -92,9 +95,7 @@ def test_an_ack_while_the_batch_is_on_its_way_back_keeps_the_rest(
 ) -> None:
     # The receiver queue holds exactly the batch, so after the redelivery request the broker
     # has no permits to send it again: the acknowledgement finds the entry back in the backlog.
-    consumer = client.subscribe(
-        topic, "s", batch_index_ack_enabled=True, receiver_queue_size=COUNT
-    )
+    consumer = client.subscribe(topic, "s", batch_index_ack_enabled=True, receiver_queue_size=COUNT)
     send_one_batch(client, topic)
     received = receive_first(consumer)
     consumer.redeliver_unacknowledged_messages()

@@ -206,8 +206,12 @@ def test_a_non_owner_refuses_producers_and_consumers_with_service_not_ready(
         answer = ask(raw, Producer(topic=topic, producer_id=0, request_id=2))
         assert isinstance(answer, Error), answer
         assert (answer.request_id, answer.error) == (2, ServerError.ServiceNotReady)
-        answer = ask(raw, Subscribe(topic=topic, subscription="s", sub_type=SubType.Shared,
-                                    consumer_id=0, request_id=3))
+        answer = ask(
+            raw,
+            Subscribe(
+                topic=topic, subscription="s", sub_type=SubType.Shared, consumer_id=0, request_id=3
+            ),
+        )
         assert isinstance(answer, Error), answer
         assert (answer.request_id, answer.error) == (3, ServerError.ServiceNotReady)
         # An authoritative lookup (the end of a redirect) is never redirected again.
@@ -240,9 +244,7 @@ def test_a_regex_subscription_sees_the_topics_of_every_member(cluster: Cluster) 
         client.close()
 
 
-def test_a_member_that_is_down_is_left_out_of_listings(
-    tmp_path: Path, cluster: Cluster
-) -> None:
+def test_a_member_that_is_down_is_left_out_of_listings(tmp_path: Path, cluster: Cluster) -> None:
     # Two members of their own, so that the shared cluster keeps all of its brokers.
     urls = [f"pulsar://127.0.0.1:{port}" for port in free_ports(2)]
     first = start_broker(tmp_path / "first", urls[0], urls)

@@ -90,8 +90,12 @@ def test_batched_writes_are_compacted_per_message(client: pulsar.Client) -> None
     producer.send_async(b"", None, partition_key="k0", properties=TOMBSTONE)
     producer.flush()
     reader = client.create_reader(topic, pulsar.MessageId.earliest, is_read_compacted=True)
-    assert sorted(read_table(reader)) == [("k1", "v16"), ("k2", "v17"), ("k3", "v18"),
-                                          ("k4", "v19")]
+    assert sorted(read_table(reader)) == [
+        ("k1", "v16"),
+        ("k2", "v17"),
+        ("k3", "v18"),
+        ("k4", "v19"),
+    ]
 
 
 def test_a_durable_subscription_from_the_earliest_gets_the_table(client: pulsar.Client) -> None:
@@ -99,9 +103,7 @@ def test_a_durable_subscription_from_the_earliest_gets_the_table(client: pulsar.
     producer = client.create_producer(topic, batching_enabled=False)
     for key, value in (("a", "1"), ("a", "2"), ("b", "1")):
         write(producer, key, value)
-    consumer = client.subscribe(
-        topic, "state", initial_position=pulsar.InitialPosition.Earliest
-    )
+    consumer = client.subscribe(topic, "state", initial_position=pulsar.InitialPosition.Earliest)
     got = [consumer.receive(timeout_millis=TIMEOUT_MS) for _ in range(2)]
     assert [(m.partition_key(), m.data()) for m in got] == [("a", b"2"), ("b", b"1")]
     for message in got:

@@ -51,9 +51,7 @@ def test_a_consumer_of_another_type_is_busy(client: pulsar.Client, topic: str) -
         client.subscribe(topic, "typed", consumer_type=pulsar.ConsumerType.Failover)
 
 
-def test_unacked_messages_come_back_to_the_next_consumer(
-    client: pulsar.Client, topic: str
-) -> None:
+def test_unacked_messages_come_back_to_the_next_consumer(client: pulsar.Client, topic: str) -> None:
     consumer = client.subscribe(topic, "s")
     send(client, topic, *payloads(3))
     first = receive_all(consumer, 3)
@@ -82,7 +80,9 @@ def test_cumulative_ack(client: pulsar.Client, topic: str) -> None:
 
 def test_nack_redelivers_with_a_growing_count(client: pulsar.Client, topic: str) -> None:
     consumer = client.subscribe(
-        topic, "s", consumer_type=pulsar.ConsumerType.Shared,
+        topic,
+        "s",
+        consumer_type=pulsar.ConsumerType.Shared,
         negative_ack_redelivery_delay_ms=100,
     )
     send(client, topic, b"flaky")
@@ -206,7 +206,9 @@ def test_batch_members_acked_apart_come_back_without_the_acked_ones(
 ) -> None:
     consumer = client.subscribe(topic, "s", batch_index_ack_enabled=True)
     producer = client.create_producer(
-        topic, batching_enabled=True, batching_max_messages=10,
+        topic,
+        batching_enabled=True,
+        batching_max_messages=10,
         batching_max_publish_delay_ms=1000,
     )
     for i in range(10):
@@ -265,7 +267,9 @@ def test_dead_letter_policy_moves_a_message_after_its_redeliveries(
     dlq = topic + "-dlq"
     dead = client.subscribe(dlq, "dead")
     consumer = client.subscribe(
-        topic, "s", consumer_type=pulsar.ConsumerType.Shared,
+        topic,
+        "s",
+        consumer_type=pulsar.ConsumerType.Shared,
         negative_ack_redelivery_delay_ms=100,
         dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(
             max_redeliver_count=2, dead_letter_topic=dlq

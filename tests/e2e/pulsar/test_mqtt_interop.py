@@ -90,7 +90,9 @@ def test_a_pulsar_batch_reaches_mqtt_as_separate_messages(
     subscriber = Client(node.mqtt_port, "batch-subscriber")
     subscriber.subscribe("p2m/batch", 1)
     producer = client.create_producer(
-        pulsar_topic("p2m/batch"), batching_enabled=True, batching_max_messages=5,
+        pulsar_topic("p2m/batch"),
+        batching_enabled=True,
+        batching_max_messages=5,
         batching_max_publish_delay_ms=1000,
     )
     for i in range(5):

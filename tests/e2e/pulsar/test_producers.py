@@ -41,7 +41,9 @@ def test_properties_keys_times_and_producer_name_pass_through(
     consumer = client.subscribe(topic, "s")
     producer = client.create_producer(topic, producer_name="meta-producer")
     producer.send(
-        b"payload \x00\xff", properties={"colour": "blue", "empty": ""}, partition_key="k1",
+        b"payload \x00\xff",
+        properties={"colour": "blue", "empty": ""},
+        partition_key="k1",
         event_timestamp=1234,
     )
     producer.send(b"", properties={"kind": "empty"})
@@ -59,7 +61,9 @@ def test_properties_keys_times_and_producer_name_pass_through(
 def test_a_batch_is_one_entry_with_its_messages(client: pulsar.Client, topic: str) -> None:
     consumer = client.subscribe(topic, "s")
     producer = client.create_producer(
-        topic, batching_enabled=True, batching_max_messages=10,
+        topic,
+        batching_enabled=True,
+        batching_max_messages=10,
         batching_max_publish_delay_ms=1000,
     )
     receipts: list[pulsar.MessageId] = []
@@ -200,7 +204,10 @@ def test_compressed_batches_pass_through(
 ) -> None:
     consumer = client.subscribe(topic, "s")
     producer = client.create_producer(
-        topic, compression_type=compression, batching_enabled=True, batching_max_messages=10,
+        topic,
+        compression_type=compression,
+        batching_enabled=True,
+        batching_max_messages=10,
         batching_max_publish_delay_ms=1000,
     )
     for i in range(10):

@@ -113,7 +113,8 @@ def test_topics_of_a_namespace_by_mode(node: RunningNode, raw: RawPulsar) -> Non
         both = raw.recv()
         assert isinstance(both, GetTopicsOfNamespaceResponse)
         assert set(both.topics) == {
-            "persistent://public/listing/p", "non-persistent://public/listing/n"
+            "persistent://public/listing/p",
+            "non-persistent://public/listing/n",
         }
     raw.send(GetTopicsOfNamespace(request_id=3, namespace="elsewhere/ns"))
     error = raw.recv()

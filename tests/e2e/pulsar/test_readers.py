@@ -99,7 +99,9 @@ def test_seek_a_subscription_to_a_message_id(client: pulsar.Client, topic: str) 
     assert [m.data() for m in receive_all(consumer, 3)] == [b"m2", b"m3", b"m4"]
     expect_nothing(consumer)
     inclusive = client.subscribe(
-        topic, "inclusive", initial_position=pulsar.InitialPosition.Earliest,
+        topic,
+        "inclusive",
+        initial_position=pulsar.InitialPosition.Earliest,
         start_message_id_inclusive=True,
     )
     receive_all(inclusive, 5)

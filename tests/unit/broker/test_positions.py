@@ -100,9 +100,7 @@ async def test_topics_of_a_namespace() -> None:
     await broker.publish(T, msg("x"))
     await broker.publish("persistent://public/other/y", msg("y"))
     await subscribe(broker, "np", ["non-persistent://public/default/z"], durable=False)
-    assert sorted(broker.topics("public/default")) == [
-        "non-persistent://public/default/z", T
-    ]
+    assert sorted(broker.topics("public/default")) == ["non-persistent://public/default/z", T]
     assert broker.topics("public/other") == ["persistent://public/other/y"]
 
 

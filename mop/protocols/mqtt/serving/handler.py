@@ -316,9 +316,7 @@ class ClientHandler:
             assert self.lease is not None
             await self.server.processor.close_client(self.ctx, self.lease)
             self.lease = None
-            return ConnectRefusal(
-                backend_reason_code(exc), f"the session cannot be stored: {exc}"
-            )
+            return ConnectRefusal(backend_reason_code(exc), f"the session cannot be stored: {exc}")
         return None
 
     def _outflow(self) -> Outflow:

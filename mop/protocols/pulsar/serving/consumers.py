@@ -95,8 +95,13 @@ class ConnectionConsumers:
         """The consumer, or None after answering ERROR ConsumerNotFound."""
         state = self._states.get(consumer_id)
         if state is None:
-            self._link.send(Error(request_id=request_id, error=ServerError.ConsumerNotFound,
-                                  message=f"no consumer {consumer_id} on this connection"))
+            self._link.send(
+                Error(
+                    request_id=request_id,
+                    error=ServerError.ConsumerNotFound,
+                    message=f"no consumer {consumer_id} on this connection",
+                )
+            )
         return state
 
     # -- SUBSCRIBE -------------------------------------------------------------------------
@@ -114,8 +119,13 @@ class ConnectionConsumers:
             return
         if (owner := await link.server.owner(topic)) is not None:
             # The client looks the topic up again and goes to the owner.
-            link.send(Error(request_id=rid, error=ServerError.ServiceNotReady,
-                            message=f"topic {topic} is served by {owner}"))
+            link.send(
+                Error(
+                    request_id=rid,
+                    error=ServerError.ServiceNotReady,
+                    message=f"topic {topic} is served by {owner}",
+                )
+            )
             return
         kind = _KINDS[cmd.sub_type]
         durable = cmd.durable and topic.startswith("persistent://")
@@ -173,16 +183,20 @@ class ConnectionConsumers:
                 ack_set: tuple[int, ...] = ()
                 if delivery.acked and batch:
                     ack_set = ack_set_of(i for i in range(len(batch)) if i not in delivery.acked)
-                frames.append(conn.deliver(
-                    cid, mid.ledger & _MASK64, mid.entry & _MASK64,
-                    entry_bytes(delivery.message, mid), None,
-                    redelivery_count=delivery.redelivery_count, ack_set=ack_set,
-                ))
+                frames.append(
+                    conn.deliver(
+                        cid,
+                        mid.ledger & _MASK64,
+                        mid.entry & _MASK64,
+                        entry_bytes(delivery.message, mid),
+                        None,
+                        redelivery_count=delivery.redelivery_count,
+                        ack_set=ack_set,
+                    )
+                )
             data = b"".join(frames)
             link.write(data)
-            link.server.processor.record_sent(
-                sum(d.message.count for d in deliveries), len(data)
-            )
+            link.server.processor.record_sent(sum(d.message.count for d in deliveries), len(data))
 
     async def _watch_active(self, state: _ConsumerState) -> None:
         while True:
@@ -219,11 +233,15 @@ class ConnectionConsumers:
         batch = delivery.message.batch
         if data.ack_set and batch:
             unacked = set(unacked_indexes(data.ack_set, len(batch)))
-            state.consumer.ack([
-                dataclasses.replace(delivery, message_id=MessageId(whole.ledger, whole.entry, i))
-                for i in range(len(batch))
-                if i not in unacked and i not in delivery.acked
-            ])
+            state.consumer.ack(
+                [
+                    dataclasses.replace(
+                        delivery, message_id=MessageId(whole.ledger, whole.entry, i)
+                    )
+                    for i in range(len(batch))
+                    if i not in unacked and i not in delivery.acked
+                ]
+            )
             if unacked:
                 return
         else:
@@ -318,8 +336,9 @@ class ConnectionConsumers:
         try:
             await state.consumer.unsubscribe()
         except BackendError as exc:
-            self._link.send(Error(request_id=cmd.request_id, error=server_error(exc),
-                                  message=str(exc)))
+            self._link.send(
+                Error(request_id=cmd.request_id, error=server_error(exc), message=str(exc))
+            )
             return
         self._link.send(Success(request_id=cmd.request_id))
 
@@ -336,18 +355,23 @@ class ConnectionConsumers:
         try:
             position = await state.consumer.position(state.topic)
         except (BackendError, ConsumerClosed) as exc:
-            self._link.send(Error(request_id=cmd.request_id, error=ServerError.ServiceNotReady,
-                                  message=str(exc)))
+            self._link.send(
+                Error(
+                    request_id=cmd.request_id, error=ServerError.ServiceNotReady, message=str(exc)
+                )
+            )
             return
         last, mark = position.last, position.mark_delete
         mark_index = None
         if last is not None and mark is not None and mark.whole == last.whole:
             mark_index = last.batch_index  # the whole last entry is acknowledged
-        self._link.send(GetLastMessageIdResponse(
-            request_id=cmd.request_id,
-            last_message_id=to_id_data(last),
-            consumer_mark_delete_position=to_id_data(mark, mark_index),
-        ))
+        self._link.send(
+            GetLastMessageIdResponse(
+                request_id=cmd.request_id,
+                last_message_id=to_id_data(last),
+                consumer_mark_delete_position=to_id_data(mark, mark_index),
+            )
+        )
 
     # -- the end ---------------------------------------------------------------------------
 

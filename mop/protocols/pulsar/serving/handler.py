@@ -72,9 +72,7 @@ class _Closed(Exception):
 
 
 class PulsarConnection:
-    def __init__(
-        self, server: PulsarServer, stream: trio.abc.Stream, info: ConnectionInfo
-    ) -> None:
+    def __init__(self, server: PulsarServer, stream: trio.abc.Stream, info: ConnectionInfo) -> None:
         self.server = server
         self.stream = stream
         self.info = info
@@ -157,13 +155,23 @@ class PulsarConnection:
             try:
                 lease = await self.server.processor.open_client(self.ctx)
             except ConnectionLimitReached as exc:
-                await self._send_now(self.conn.send(Error(
-                    request_id=NO_REQUEST_ID, error=ServerError.ServiceNotReady, message=str(exc)
-                )))
+                await self._send_now(
+                    self.conn.send(
+                        Error(
+                            request_id=NO_REQUEST_ID,
+                            error=ServerError.ServiceNotReady,
+                            message=str(exc),
+                        )
+                    )
+                )
                 return None
             self.out.write(self.conn.connected())
-            log.debug("%s: connected (%s, protocol %d)", self.ctx.peer,
-                      connect.client_version, self.conn.protocol_version)
+            log.debug(
+                "%s: connected (%s, protocol %d)",
+                self.ctx.peer,
+                connect.client_version,
+                self.conn.protocol_version,
+            )
             return lease
         log.info("%s: no CONNECT within %ss", self.ctx.peer, self.server.timers.connect_timeout)
         return None
@@ -180,8 +188,9 @@ class PulsarConnection:
             self.conn.receive_data(data)
 
     async def _send_now(self, data: bytes) -> None:
-        with trio.move_on_after(2), contextlib.suppress(
-            trio.BrokenResourceError, trio.ClosedResourceError
+        with (
+            trio.move_on_after(2),
+            contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
         ):
             await self.stream.send_all(data)
 
@@ -196,8 +205,7 @@ class PulsarConnection:
                 seen = self.conn.frames_received
                 pinged = False
             elif pinged:
-                log.info("%s: silent for %gs, dropping the connection", self.ctx.peer,
-                         2 * interval)
+                log.info("%s: silent for %gs, dropping the connection", self.ctx.peer, 2 * interval)
                 scope.cancel()
                 return
             else:
@@ -277,14 +285,17 @@ class PulsarConnection:
         if self.server.peers and not is_peer(self.conn.client_version):
             topics |= await self.server.peers.topics(cmd.namespace, cmd.mode)
         domains = _DOMAINS[cmd.mode]
-        self.send(GetTopicsOfNamespaceResponse(
-            request_id=cmd.request_id,
-            topics=tuple(sorted(t for t in topics if t.startswith(domains))),
-        ))
+        self.send(
+            GetTopicsOfNamespaceResponse(
+                request_id=cmd.request_id,
+                topics=tuple(sorted(t for t in topics if t.startswith(domains))),
+            )
+        )
 
     async def _on_checksum_mismatch(self, event: ChecksumMismatch) -> None:
-        log.info("%s: checksum mismatch (%08x != %08x)", self.ctx.peer, event.received,
-                 event.computed)
+        log.info(
+            "%s: checksum mismatch (%08x != %08x)", self.ctx.peer, event.received, event.computed
+        )
         if isinstance(event.command, Send):
             await self.producers.on_checksum_error(event.command)
 

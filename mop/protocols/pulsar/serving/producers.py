@@ -83,8 +83,13 @@ class ConnectionProducers:
             if existing.ready:
                 link.write(self._success(rid, existing.producer, ready=True))
             else:
-                link.send(Error(request_id=rid, error=ServerError.ServiceNotReady,
-                                message="the producer is still being created"))
+                link.send(
+                    Error(
+                        request_id=rid,
+                        error=ServerError.ServiceNotReady,
+                        message="the producer is still being created",
+                    )
+                )
             return
         try:
             topic = link.server.topic(cmd.topic)
@@ -93,8 +98,13 @@ class ConnectionProducers:
             return
         if (owner := await link.server.owner(topic)) is not None:
             # The client looks the topic up again and goes to the owner.
-            link.send(Error(request_id=rid, error=ServerError.ServiceNotReady,
-                            message=f"topic {topic} is served by {owner}"))
+            link.send(
+                Error(
+                    request_id=rid,
+                    error=ServerError.ServiceNotReady,
+                    message=f"topic {topic} is served by {owner}",
+                )
+            )
             return
         named = bool(cmd.producer_name) and cmd.user_provided_producer_name
         spec = ProducerSpec(
@@ -122,13 +132,15 @@ class ConnectionProducers:
 
     def _success(self, rid: int, producer: Producer, *, ready: bool) -> bytes:
         exclusive = producer.spec.access is not ProducerAccess.SHARED
-        return self._link.conn.send(ProducerSuccess(
-            request_id=rid,
-            producer_name=producer.spec.name,
-            last_sequence_id=producer.last_sequence_id,
-            topic_epoch=producer.topic_epoch if exclusive and ready else None,
-            producer_ready=ready,
-        ))
+        return self._link.conn.send(
+            ProducerSuccess(
+                request_id=rid,
+                producer_name=producer.spec.name,
+                last_sequence_id=producer.last_sequence_id,
+                topic_epoch=producer.topic_epoch if exclusive and ready else None,
+                producer_ready=ready,
+            )
+        )
 
     async def _serve(self, state: _ProducerState, rid: int) -> None:
         with state.scope:
@@ -179,18 +191,29 @@ class ConnectionProducers:
         conn = self._link.conn
         if item.error is not None:
             error, message = item.error
-            return conn.send(SendError(
-                producer_id=pid, sequence_id=item.sequence_id, error=error, message=message
-            ))
+            return conn.send(
+                SendError(
+                    producer_id=pid, sequence_id=item.sequence_id, error=error, message=message
+                )
+            )
         assert item.stored is not None
         try:
             result = await item.stored
         except BackendError as exc:
-            return conn.send(SendError(producer_id=pid, sequence_id=item.sequence_id,
-                                       error=ServerError.PersistenceError, message=str(exc)))
+            return conn.send(
+                SendError(
+                    producer_id=pid,
+                    sequence_id=item.sequence_id,
+                    error=ServerError.PersistenceError,
+                    message=str(exc),
+                )
+            )
         mid = result.message_id
         return conn.send_receipt(
-            pid, item.sequence_id, mid.ledger & _MASK64, mid.entry & _MASK64,
+            pid,
+            item.sequence_id,
+            mid.ledger & _MASK64,
+            mid.entry & _MASK64,
             item.highest_sequence_id,
         )
 
@@ -207,9 +230,14 @@ class ConnectionProducers:
         state = self._states.get(cmd.producer_id)
         if state is None or not state.ready or cmd.payload is None:
             # The client has no receipt to wait for from a producer it does not have here.
-            self._link.send(SendError(producer_id=cmd.producer_id, sequence_id=cmd.sequence_id,
-                                      error=ServerError.NotAllowedError,
-                                      message="no such producer on this connection"))
+            self._link.send(
+                SendError(
+                    producer_id=cmd.producer_id,
+                    sequence_id=cmd.sequence_id,
+                    error=ServerError.NotAllowedError,
+                    message="no such producer on this connection",
+                )
+            )
             return
         message = message_from_payload(cmd.payload)
         first = cmd.sequence_id
@@ -249,8 +277,14 @@ class ConnectionProducers:
         state = self._states.get(cmd.producer_id)
         item = _Pending(cmd.sequence_id, error=(ServerError.ChecksumError, "checksum mismatch"))
         if state is None or not state.ready:
-            self._link.send(SendError(producer_id=cmd.producer_id, sequence_id=cmd.sequence_id,
-                                      error=ServerError.ChecksumError, message="checksum mismatch"))
+            self._link.send(
+                SendError(
+                    producer_id=cmd.producer_id,
+                    sequence_id=cmd.sequence_id,
+                    error=ServerError.ChecksumError,
+                    message="checksum mismatch",
+                )
+            )
             return
         await self._queue(state, item)
 

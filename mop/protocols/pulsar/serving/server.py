@@ -148,4 +148,3 @@ class PulsarServer:
                 ServerError.TopicNotFound,
                 f"namespace {namespace!r} does not exist (this node serves {self.tenant}/*)",
             )
-

@@ -98,8 +98,9 @@ async def test_recently_written_records_are_read_from_memory(
 
 
 async def test_kept_bytes_stay_within_their_bound(tmp_path: Path) -> None:
-    store = await open_durable_storage(tmp_path, small_settings(segment_bytes=1 << 16),
-                                       cache_bytes=2048)
+    store = await open_durable_storage(
+        tmp_path, small_settings(segment_bytes=1 << 16), cache_bytes=2048
+    )
     try:
         first = store.append("t", [Message(b"x" * 500)])[0]
         for _ in range(10):

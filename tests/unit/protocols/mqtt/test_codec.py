@@ -73,64 +73,140 @@ def decode_one(data: bytes, level: int) -> Packet:
 # --- known vectors -------------------------------------------------------------------------------
 
 VECTORS: list[tuple[str, int, Packet, bytes]] = [
-    ("connect 3.1", 3, Connect("abc", "MQIsdp", 3),
-     h("10 11 00 06 'MQIsdp' 03 02 00 3C 00 03 'abc'")),
-    ("connect 3.1.1", 4, Connect("abc"),
-     h("10 0F 00 04 'MQTT' 04 02 00 3C 00 03 'abc'")),
-    ("connect 3.1.1 will user password", 4,
-     Connect("c", keep_alive=10, username="u", password=b"p", clean_start=False,
-             will=Will("w/t", b"bye", qos=1, retain=True)),
-     h("10 1D 00 04 'MQTT' 04 EC 00 0A 00 01 'c' 00 03 'w/t' 00 03 'bye' 00 01 'u' 00 01 'p'")),
-    ("connect bridge", 4, Connect("b", bridge=True, keep_alive=0),
-     h("10 0D 00 04 'MQTT' 84 02 00 00 00 01 'b'")),
-    ("connect 5 properties", 5,
-     Connect("abc", protocol_level=5, username="u", password=b"p",
-             properties=Properties(session_expiry_interval=10, receive_maximum=20)),
-     h("10 1E 00 04 'MQTT' 05 C2 00 3C 08 11 00 00 00 0A 21 00 14 00 03 'abc'"
-       " 00 01 'u' 00 01 'p'")),
-    ("connect 5 will properties", 5,
-     Connect("", protocol_level=5,
-             will=Will("t", b"", properties=Properties(will_delay_interval=5))),
-     h("10 18 00 04 'MQTT' 05 06 00 3C 00 00 00 05 18 00 00 00 05 00 01 't' 00 00")),
+    (
+        "connect 3.1",
+        3,
+        Connect("abc", "MQIsdp", 3),
+        h("10 11 00 06 'MQIsdp' 03 02 00 3C 00 03 'abc'"),
+    ),
+    ("connect 3.1.1", 4, Connect("abc"), h("10 0F 00 04 'MQTT' 04 02 00 3C 00 03 'abc'")),
+    (
+        "connect 3.1.1 will user password",
+        4,
+        Connect(
+            "c",
+            keep_alive=10,
+            username="u",
+            password=b"p",
+            clean_start=False,
+            will=Will("w/t", b"bye", qos=1, retain=True),
+        ),
+        h("10 1D 00 04 'MQTT' 04 EC 00 0A 00 01 'c' 00 03 'w/t' 00 03 'bye' 00 01 'u' 00 01 'p'"),
+    ),
+    (
+        "connect bridge",
+        4,
+        Connect("b", bridge=True, keep_alive=0),
+        h("10 0D 00 04 'MQTT' 84 02 00 00 00 01 'b'"),
+    ),
+    (
+        "connect 5 properties",
+        5,
+        Connect(
+            "abc",
+            protocol_level=5,
+            username="u",
+            password=b"p",
+            properties=Properties(session_expiry_interval=10, receive_maximum=20),
+        ),
+        h(
+            "10 1E 00 04 'MQTT' 05 C2 00 3C 08 11 00 00 00 0A 21 00 14 00 03 'abc'"
+            " 00 01 'u' 00 01 'p'"
+        ),
+    ),
+    (
+        "connect 5 will properties",
+        5,
+        Connect(
+            "", protocol_level=5, will=Will("t", b"", properties=Properties(will_delay_interval=5))
+        ),
+        h("10 18 00 04 'MQTT' 05 06 00 3C 00 00 00 05 18 00 00 00 05 00 01 't' 00 00"),
+    ),
     ("connack 3.1.1", 4, Connack(session_present=True), h("20 02 01 00")),
     ("connack 3.1.1 refused", 4, Connack(reason_code=5), h("20 02 00 05")),
     ("connack 5", 5, Connack(), h("20 03 00 00 00")),
-    ("connack 5 properties", 5,
-     Connack(properties=Properties(assigned_client_identifier="id", maximum_qos=1,
-                                   topic_alias_maximum=10)),
-     h("20 0D 00 00 0A 12 00 02 'id' 22 00 0A 24 01")),
+    (
+        "connack 5 properties",
+        5,
+        Connack(
+            properties=Properties(
+                assigned_client_identifier="id", maximum_qos=1, topic_alias_maximum=10
+            )
+        ),
+        h("20 0D 00 00 0A 12 00 02 'id' 22 00 0A 24 01"),
+    ),
     ("publish qos 0", 4, Publish("a/b", b"hi"), h("30 07 00 03 'a/b' 'hi'")),
-    ("publish qos 1", 4, Publish("a/b", b"hi", qos=1, packet_id=10),
-     h("32 09 00 03 'a/b' 00 0A 'hi'")),
-    ("publish qos 2 dup retain 3.1", 3,
-     Publish("a", b"", qos=2, retain=True, dup=True, packet_id=0xFFFF),
-     h("3D 05 00 01 'a' FF FF")),
-    ("publish 5 qos 1", 5, Publish("a/b", b"hi", qos=1, packet_id=10),
-     h("32 0A 00 03 'a/b' 00 0A 00 'hi'")),
-    ("publish 5 alias", 5, Publish("", b"x", retain=True, properties=Properties(topic_alias=5)),
-     h("31 07 00 00 03 23 00 05 'x'")),
-    ("publish 5 user properties and subscription ids", 5,
-     Publish("t", b"", properties=Properties(
-         subscription_identifiers=(1, 200), user_properties=(("k", "v"), ("k", "w")))),
-     h("30 17 00 01 't' 13 0B 01 0B C8 01 26 00 01 'k' 00 01 'v' 26 00 01 'k' 00 01 'w'")),
+    (
+        "publish qos 1",
+        4,
+        Publish("a/b", b"hi", qos=1, packet_id=10),
+        h("32 09 00 03 'a/b' 00 0A 'hi'"),
+    ),
+    (
+        "publish qos 2 dup retain 3.1",
+        3,
+        Publish("a", b"", qos=2, retain=True, dup=True, packet_id=0xFFFF),
+        h("3D 05 00 01 'a' FF FF"),
+    ),
+    (
+        "publish 5 qos 1",
+        5,
+        Publish("a/b", b"hi", qos=1, packet_id=10),
+        h("32 0A 00 03 'a/b' 00 0A 00 'hi'"),
+    ),
+    (
+        "publish 5 alias",
+        5,
+        Publish("", b"x", retain=True, properties=Properties(topic_alias=5)),
+        h("31 07 00 00 03 23 00 05 'x'"),
+    ),
+    (
+        "publish 5 user properties and subscription ids",
+        5,
+        Publish(
+            "t",
+            b"",
+            properties=Properties(
+                subscription_identifiers=(1, 200), user_properties=(("k", "v"), ("k", "w"))
+            ),
+        ),
+        h("30 17 00 01 't' 13 0B 01 0B C8 01 26 00 01 'k' 00 01 'v' 26 00 01 'k' 00 01 'w'"),
+    ),
     ("puback", 4, Puback(10), h("40 02 00 0A")),
     ("puback 5 short", 5, Puback(10), h("40 02 00 0A")),
     ("puback 5 reason", 5, Puback(10, 0x10), h("40 03 00 0A 10")),
-    ("puback 5 reason string", 5, Puback(10, 0, Properties(reason_string="x")),
-     h("40 08 00 0A 00 04 1F 00 01 'x'")),
+    (
+        "puback 5 reason string",
+        5,
+        Puback(10, 0, Properties(reason_string="x")),
+        h("40 08 00 0A 00 04 1F 00 01 'x'"),
+    ),
     ("pubrec", 4, Pubrec(1), h("50 02 00 01")),
     ("pubrel", 4, Pubrel(1), h("62 02 00 01")),
     ("pubrel 5 not found", 5, Pubrel(1, 0x92), h("62 03 00 01 92")),
     ("pubcomp", 3, Pubcomp(1), h("70 02 00 01")),
-    ("subscribe", 4, Subscribe(1, (SubscriptionRequest("a/#", 1),)),
-     h("82 08 00 01 00 03 'a/#' 01")),
-    ("subscribe two filters", 3,
-     Subscribe(2, (SubscriptionRequest("a", 0), SubscriptionRequest("+/b", 2))),
-     h("82 0C 00 02 00 01 'a' 00 00 03 '+/b' 02")),
-    ("subscribe 5 options", 5,
-     Subscribe(1, (SubscriptionRequest("a/#", 2, True, True, 2),),
-               Properties(subscription_identifiers=(7,))),
-     h("82 0B 00 01 02 0B 07 00 03 'a/#' 2E")),
+    (
+        "subscribe",
+        4,
+        Subscribe(1, (SubscriptionRequest("a/#", 1),)),
+        h("82 08 00 01 00 03 'a/#' 01"),
+    ),
+    (
+        "subscribe two filters",
+        3,
+        Subscribe(2, (SubscriptionRequest("a", 0), SubscriptionRequest("+/b", 2))),
+        h("82 0C 00 02 00 01 'a' 00 00 03 '+/b' 02"),
+    ),
+    (
+        "subscribe 5 options",
+        5,
+        Subscribe(
+            1,
+            (SubscriptionRequest("a/#", 2, True, True, 2),),
+            Properties(subscription_identifiers=(7,)),
+        ),
+        h("82 0B 00 01 02 0B 07 00 03 'a/#' 2E"),
+    ),
     ("suback", 4, Suback(1, (0, 0x80)), h("90 04 00 01 00 80")),
     ("suback 5", 5, Suback(1, (1, 0x8F)), h("90 05 00 01 00 01 8F")),
     ("unsubscribe", 4, Unsubscribe(2, ("a",)), h("A2 05 00 02 00 01 'a'")),
@@ -142,34 +218,49 @@ VECTORS: list[tuple[str, int, Packet, bytes]] = [
     ("disconnect", 4, Disconnect(), h("E0 00")),
     ("disconnect 5 short", 5, Disconnect(), h("E0 00")),
     ("disconnect 5 with will", 5, Disconnect(0x04), h("E0 01 04")),
-    ("disconnect 5 properties", 5, Disconnect(0x8B, Properties(server_reference="s")),
-     h("E0 06 8B 04 1C 00 01 's'")),
+    (
+        "disconnect 5 properties",
+        5,
+        Disconnect(0x8B, Properties(server_reference="s")),
+        h("E0 06 8B 04 1C 00 01 's'"),
+    ),
     ("auth 5 short", 5, Auth(), h("F0 00")),
-    ("auth 5 continue", 5, Auth(0x18, Properties(authentication_method="m")),
-     h("F0 06 18 04 15 00 01 'm'")),
+    (
+        "auth 5 continue",
+        5,
+        Auth(0x18, Properties(authentication_method="m")),
+        h("F0 06 18 04 15 00 01 'm'"),
+    ),
 ]
 
 
-@pytest.mark.parametrize(("level", "packet", "data"), [v[1:] for v in VECTORS],
-                         ids=[v[0] for v in VECTORS])
+@pytest.mark.parametrize(
+    ("level", "packet", "data"), [v[1:] for v in VECTORS], ids=[v[0] for v in VECTORS]
+)
 def test_known_vectors(level: int, packet: Packet, data: bytes) -> None:
     assert encode(packet, level) == data
     assert decode_one(data, level) == packet
 
 
-@pytest.mark.parametrize(("level", "data", "packet"), [
-    (5, h("40 03 00 0A 00"), Puback(10)),
-    (5, h("50 03 00 0A 10"), Pubrec(10, 0x10)),
-    (5, h("40 04 00 0A 10 00"), Puback(10, 0x10)),
-    (5, h("E0 01 00"), Disconnect()),
-    (5, h("E0 02 00 00"), Disconnect()),
-    (5, h("F0 01 19"), Auth(0x19)),
-    (4, h("38 04 00 01 'a' 'x'"), Publish("a", b"x", dup=True)),  # tolerated before MQTT 5
-    (5, h("10 11 00 04 'MQTT' 05 42 00 3C 00 00 01 'c' 00 01 'p'"),
-     Connect("c", protocol_level=5, password=b"p")),
-    (5, h("30 04 00 01 't' 00"), Publish("t", b"")),
-    (5, h("30 05 00 01 't' 80 00"), Publish("t", b"")),  # non-minimal varint property length
-])
+@pytest.mark.parametrize(
+    ("level", "data", "packet"),
+    [
+        (5, h("40 03 00 0A 00"), Puback(10)),
+        (5, h("50 03 00 0A 10"), Pubrec(10, 0x10)),
+        (5, h("40 04 00 0A 10 00"), Puback(10, 0x10)),
+        (5, h("E0 01 00"), Disconnect()),
+        (5, h("E0 02 00 00"), Disconnect()),
+        (5, h("F0 01 19"), Auth(0x19)),
+        (4, h("38 04 00 01 'a' 'x'"), Publish("a", b"x", dup=True)),  # tolerated before MQTT 5
+        (
+            5,
+            h("10 11 00 04 'MQTT' 05 42 00 3C 00 00 01 'c' 00 01 'p'"),
+            Connect("c", protocol_level=5, password=b"p"),
+        ),
+        (5, h("30 04 00 01 't' 00"), Publish("t", b"")),
+        (5, h("30 05 00 01 't' 80 00"), Publish("t", b"")),  # non-minimal varint property length
+    ],
+)
 def test_accepted_forms(level: int, data: bytes, packet: Packet) -> None:
     assert decode_one(data, level) == packet
 
@@ -184,8 +275,9 @@ def test_level_3_4_drop_what_they_cannot_express() -> None:
     assert encode(Connack(reason_code=0x84), 3) == h("20 02 00 01")
     aliased = Publish("t", b"", properties=Properties(topic_alias=3))
     assert encode(aliased, 4) == h("30 03 00 01 't'")
-    sub = Subscribe(1, (SubscriptionRequest("t", 1, True, True, 2),), Properties(
-        subscription_identifiers=(3,)))
+    sub = Subscribe(
+        1, (SubscriptionRequest("t", 1, True, True, 2),), Properties(subscription_identifiers=(3,))
+    )
     assert encode(sub, 4) == h("82 06 00 01 00 01 't' 01")
 
 
@@ -194,7 +286,13 @@ def test_encode_publish_matches_encode() -> None:
     packet = Publish("x/y", b"payload", qos=2, retain=True, packet_id=7, properties=props)
     for level in (3, 4, 5):
         assert encode_publish(
-            "x/y", b"payload", qos=2, retain=True, dup=False, packet_id=7, properties=props,
+            "x/y",
+            b"payload",
+            qos=2,
+            retain=True,
+            dup=False,
+            packet_id=7,
+            properties=props,
             protocol_level=level,
         ) == encode(packet, level)
 
@@ -205,9 +303,16 @@ def test_connect_is_encoded_at_its_own_level() -> None:
 
 
 def test_varint_helpers() -> None:
-    for value, data in [(0, "00"), (127, "7F"), (128, "80 01"), (16383, "FF 7F"),
-                        (16384, "80 80 01"), (2097151, "FF FF 7F"), (2097152, "80 80 80 01"),
-                        (268435455, "FF FF FF 7F")]:
+    for value, data in [
+        (0, "00"),
+        (127, "7F"),
+        (128, "80 01"),
+        (16383, "FF 7F"),
+        (16384, "80 80 01"),
+        (2097151, "FF FF 7F"),
+        (2097152, "80 80 80 01"),
+        (268435455, "FF FF FF 7F"),
+    ]:
         assert encode_varint(value) == h(data)
         assert read_varint(memoryview(h(data)), 0) == (value, len(h(data)))
     with pytest.raises(LocalProtocolError):
@@ -256,10 +361,20 @@ REJECTED: list[tuple[str, int, bytes, type[RemoteProtocolError], int]] = [
     ("topic invalid utf-8", 4, h("30 04 00 02 C3 28"), MalformedPacket, 0x81),
     ("topic with surrogate", 4, h("30 05 00 03 ED A0 80"), MalformedPacket, 0x81),
     ("topic with U+0000", 4, h("30 04 00 02 'a' 00"), MalformedPacket, 0x81),
-    ("client id with U+0000", 4, h(f"10 0E {CONNECT_HEAD} 02 00 3C 00 02 'a' 00"),
-     MalformedPacket, 0x81),
-    ("user property invalid utf-8", 5, h("30 0B 00 01 't' 07 26 00 01 FF 00 01 'v'"),
-     MalformedPacket, 0x81),
+    (
+        "client id with U+0000",
+        4,
+        h(f"10 0E {CONNECT_HEAD} 02 00 3C 00 02 'a' 00"),
+        MalformedPacket,
+        0x81,
+    ),
+    (
+        "user property invalid utf-8",
+        5,
+        h("30 0B 00 01 't' 07 26 00 01 FF 00 01 'v'"),
+        MalformedPacket,
+        0x81,
+    ),
     ("topic longer than packet", 4, h("30 03 00 05 'a'"), MalformedPacket, 0x81),
     ("publish qos 1 without packet id", 4, h("32 03 00 01 'a'"), MalformedPacket, 0x81),
     ("puback trailing byte", 4, h("40 03 00 01 00"), MalformedPacket, 0x81),
@@ -267,8 +382,13 @@ REJECTED: list[tuple[str, int, bytes, type[RemoteProtocolError], int]] = [
     ("pingreq trailing byte", 4, h("C0 01 00"), MalformedPacket, 0x81),
     ("unsuback 3.1.1 payload", 4, h("B0 03 00 01 00"), MalformedPacket, 0x81),
     ("disconnect 3.1.1 payload", 4, h("E0 01 00"), MalformedPacket, 0x81),
-    ("connect trailing byte", 4, h(f"10 0E {CONNECT_HEAD} 02 00 3C 00 01 'a' 00"),
-     MalformedPacket, 0x81),
+    (
+        "connect trailing byte",
+        4,
+        h(f"10 0E {CONNECT_HEAD} 02 00 3C 00 01 'a' 00"),
+        MalformedPacket,
+        0x81,
+    ),
     ("connack 3.1.1 trailing byte", 4, h("20 03 00 00 00"), MalformedPacket, 0x81),
     ("connack reserved flags", 4, h("20 02 02 00"), MalformedPacket, 0x81),
     ("connack 3.1.1 return code 6", 4, h("20 02 00 06"), ProtocolViolation, 0x82),
@@ -276,14 +396,28 @@ REJECTED: list[tuple[str, int, bytes, type[RemoteProtocolError], int]] = [
     ("publish qos 1 packet id 0", 4, h("32 05 00 01 'a' 00 00"), ProtocolViolation, 0x82),
     ("subscribe packet id 0", 4, h("82 06 00 00 00 01 'a' 00"), ProtocolViolation, 0x82),
     ("duplicate property", 5, h("30 08 00 01 't' 04 01 01 01 01"), ProtocolViolation, 0x82),
-    ("duplicate topic alias", 5, h("30 0A 00 01 't' 06 23 00 01 23 00 02"),
-     ProtocolViolation, 0x82),
-    ("two subscription ids in subscribe", 5, h("82 0B 00 01 04 0B 01 0B 02 00 01 'a' 00"),
-     ProtocolViolation, 0x82),
-    ("property not allowed in publish", 5, h("30 09 00 01 't' 05 11 00 00 00 01"),
-     MalformedPacket, 0x81),
-    ("will delay outside will", 5, h("30 09 00 01 't' 05 18 00 00 00 01"),
-     MalformedPacket, 0x81),
+    (
+        "duplicate topic alias",
+        5,
+        h("30 0A 00 01 't' 06 23 00 01 23 00 02"),
+        ProtocolViolation,
+        0x82,
+    ),
+    (
+        "two subscription ids in subscribe",
+        5,
+        h("82 0B 00 01 04 0B 01 0B 02 00 01 'a' 00"),
+        ProtocolViolation,
+        0x82,
+    ),
+    (
+        "property not allowed in publish",
+        5,
+        h("30 09 00 01 't' 05 11 00 00 00 01"),
+        MalformedPacket,
+        0x81,
+    ),
+    ("will delay outside will", 5, h("30 09 00 01 't' 05 18 00 00 00 01"), MalformedPacket, 0x81),
     ("property not allowed in puback", 5, h("40 07 00 01 00 03 23 00 01"), MalformedPacket, 0x81),
     ("unknown property id", 5, h("30 06 00 01 't' 02 7F 00"), MalformedPacket, 0x81),
     ("property length past end", 5, h("30 05 00 01 't' 05 01"), MalformedPacket, 0x81),
@@ -296,10 +430,20 @@ REJECTED: list[tuple[str, int, bytes, type[RemoteProtocolError], int]] = [
     ("subscribe without filters", 4, h("82 02 00 01"), ProtocolViolation, 0x82),
     ("subscribe 5 without filters", 5, h("82 03 00 01 00"), ProtocolViolation, 0x82),
     ("unsubscribe without filters", 4, h("A2 02 00 01"), ProtocolViolation, 0x82),
-    ("subscription option reserved bit 3.1.1", 4, h("82 06 00 01 00 01 'a' 04"),
-     MalformedPacket, 0x81),
-    ("subscription option reserved bit 5", 5, h("82 07 00 01 00 00 01 'a' 40"),
-     MalformedPacket, 0x81),
+    (
+        "subscription option reserved bit 3.1.1",
+        4,
+        h("82 06 00 01 00 01 'a' 04"),
+        MalformedPacket,
+        0x81,
+    ),
+    (
+        "subscription option reserved bit 5",
+        5,
+        h("82 07 00 01 00 00 01 'a' 40"),
+        MalformedPacket,
+        0x81,
+    ),
     ("subscription qos 3", 4, h("82 06 00 01 00 01 'a' 03"), MalformedPacket, 0x81),
     ("subscription filter missing options", 4, h("82 05 00 01 00 01 'a'"), MalformedPacket, 0x81),
     ("retain handling 3", 5, h("82 07 00 01 00 00 01 'a' 30"), ProtocolViolation, 0x82),
@@ -313,26 +457,62 @@ REJECTED: list[tuple[str, int, bytes, type[RemoteProtocolError], int]] = [
     ("auth reason not allowed", 5, h("F0 01 80"), ProtocolViolation, 0x82),
     ("connack 5 reason not allowed", 5, h("20 03 00 10 00"), ProtocolViolation, 0x82),
     ("connack 5 without properties", 5, h("20 02 00 00"), MalformedPacket, 0x81),
-    ("connect reserved flag", 4, h(f"10 0D {CONNECT_HEAD} 03 00 3C 00 01 'a'"),
-     MalformedPacket, 0x81),
-    ("will qos without will flag", 4, h(f"10 0D {CONNECT_HEAD} 0A 00 3C 00 01 'a'"),
-     MalformedPacket, 0x81),
-    ("will retain without will flag", 4, h(f"10 0D {CONNECT_HEAD} 22 00 3C 00 01 'a'"),
-     MalformedPacket, 0x81),
-    ("will qos 3", 4, h(f"10 12 {CONNECT_HEAD} 1E 00 3C 00 01 'a' 00 01 't' 00 00"),
-     MalformedPacket, 0x81),
-    ("will flag without will", 4, h(f"10 0D {CONNECT_HEAD} 06 00 3C 00 01 'a'"),
-     MalformedPacket, 0x81),
-    ("password without user name 3.1.1", 4,
-     h(f"10 10 {CONNECT_HEAD} 42 00 3C 00 01 'a' 00 01 'p'"), MalformedPacket, 0x81),
-    ("user name flag without user name", 4, h(f"10 0D {CONNECT_HEAD} 82 00 3C 00 01 'a'"),
-     MalformedPacket, 0x81),
+    (
+        "connect reserved flag",
+        4,
+        h(f"10 0D {CONNECT_HEAD} 03 00 3C 00 01 'a'"),
+        MalformedPacket,
+        0x81,
+    ),
+    (
+        "will qos without will flag",
+        4,
+        h(f"10 0D {CONNECT_HEAD} 0A 00 3C 00 01 'a'"),
+        MalformedPacket,
+        0x81,
+    ),
+    (
+        "will retain without will flag",
+        4,
+        h(f"10 0D {CONNECT_HEAD} 22 00 3C 00 01 'a'"),
+        MalformedPacket,
+        0x81,
+    ),
+    (
+        "will qos 3",
+        4,
+        h(f"10 12 {CONNECT_HEAD} 1E 00 3C 00 01 'a' 00 01 't' 00 00"),
+        MalformedPacket,
+        0x81,
+    ),
+    (
+        "will flag without will",
+        4,
+        h(f"10 0D {CONNECT_HEAD} 06 00 3C 00 01 'a'"),
+        MalformedPacket,
+        0x81,
+    ),
+    (
+        "password without user name 3.1.1",
+        4,
+        h(f"10 10 {CONNECT_HEAD} 42 00 3C 00 01 'a' 00 01 'p'"),
+        MalformedPacket,
+        0x81,
+    ),
+    (
+        "user name flag without user name",
+        4,
+        h(f"10 0D {CONNECT_HEAD} 82 00 3C 00 01 'a'"),
+        MalformedPacket,
+        0x81,
+    ),
     ("connect truncated before flags", 4, h(f"10 07 {CONNECT_HEAD}"), MalformedPacket, 0x81),
 ]
 
 
-@pytest.mark.parametrize(("level", "data", "error", "reason"), [r[1:] for r in REJECTED],
-                         ids=[r[0] for r in REJECTED])
+@pytest.mark.parametrize(
+    ("level", "data", "error", "reason"), [r[1:] for r in REJECTED], ids=[r[0] for r in REJECTED]
+)
 def test_rejected(level: int, data: bytes, error: type[RemoteProtocolError], reason: int) -> None:
     decoder = PacketDecoder(protocol_level=level)
     decoder.feed(data)
@@ -343,14 +523,17 @@ def test_rejected(level: int, data: bytes, error: type[RemoteProtocolError], rea
     assert not info.value.message.startswith("undecodable")
 
 
-@pytest.mark.parametrize(("data", "seen_level"), [
-    (h("10 0F 00 04 'MQTX' 04 02 00 3C 00 03 'abc'"), 4),
-    (h("10 0F 00 04 'MQTT' 06 02 00 3C 00 03 'abc'"), 6),
-    (h("10 0F 00 04 'MQTT' 03 02 00 3C 00 03 'abc'"), 3),
-    (h("10 11 00 06 'MQIsdp' 04 02 00 3C 00 03 'abc'"), 4),
-    (h("10 11 00 06 'MQIsdp' 05 02 00 3C 00 03 'abc'"), 5),
-    (h("10 0F 00 04 'MQTT' 82 02 00 3C 00 03 'abc'"), 2),
-])
+@pytest.mark.parametrize(
+    ("data", "seen_level"),
+    [
+        (h("10 0F 00 04 'MQTX' 04 02 00 3C 00 03 'abc'"), 4),
+        (h("10 0F 00 04 'MQTT' 06 02 00 3C 00 03 'abc'"), 6),
+        (h("10 0F 00 04 'MQTT' 03 02 00 3C 00 03 'abc'"), 3),
+        (h("10 11 00 06 'MQIsdp' 04 02 00 3C 00 03 'abc'"), 4),
+        (h("10 11 00 06 'MQIsdp' 05 02 00 3C 00 03 'abc'"), 5),
+        (h("10 0F 00 04 'MQTT' 82 02 00 3C 00 03 'abc'"), 2),
+    ],
+)
 def test_unsupported_protocol(data: bytes, seen_level: int) -> None:
     decoder = PacketDecoder(protocol_level=5)
     decoder.feed(data)
@@ -426,17 +609,26 @@ LOCAL_ERRORS: list[tuple[str, Packet, int]] = [
     ("publish topic with surrogate", Publish("\ud800", b""), 4),
     ("publish topic too long", Publish("a" * 65536, b""), 4),
     ("publish topic alias 0", Publish("t", b"", properties=Properties(topic_alias=0)), 5),
-    ("publish property not allowed", Publish("t", b"", properties=Properties(
-        session_expiry_interval=1)), 5),
+    (
+        "publish property not allowed",
+        Publish("t", b"", properties=Properties(session_expiry_interval=1)),
+        5,
+    ),
     ("puback packet id 0", Puback(0), 4),
     ("puback reason not allowed", Puback(1, 0x81), 5),
     ("puback property not allowed", Puback(1, properties=Properties(topic_alias=1)), 5),
     ("subscribe empty", Subscribe(1, ()), 4),
     ("subscribe qos 3", Subscribe(1, (SubscriptionRequest("a", 3),)), 4),
-    ("subscribe retain handling 3", Subscribe(1, (SubscriptionRequest("a", 0, False, False, 3),)),
-     5),
-    ("subscribe two subscription ids", Subscribe(1, (SubscriptionRequest("a"),), Properties(
-        subscription_identifiers=(1, 2))), 5),
+    (
+        "subscribe retain handling 3",
+        Subscribe(1, (SubscriptionRequest("a", 0, False, False, 3),)),
+        5,
+    ),
+    (
+        "subscribe two subscription ids",
+        Subscribe(1, (SubscriptionRequest("a"),), Properties(subscription_identifiers=(1, 2))),
+        5,
+    ),
     ("suback empty", Suback(1, ()), 4),
     ("suback invalid code", Suback(1, (3,)), 4),
     ("unsubscribe empty", Unsubscribe(1, ()), 4),
@@ -455,8 +647,9 @@ LOCAL_ERRORS: list[tuple[str, Packet, int]] = [
 ]
 
 
-@pytest.mark.parametrize(("packet", "level"), [e[1:] for e in LOCAL_ERRORS],
-                         ids=[e[0] for e in LOCAL_ERRORS])
+@pytest.mark.parametrize(
+    ("packet", "level"), [e[1:] for e in LOCAL_ERRORS], ids=[e[0] for e in LOCAL_ERRORS]
+)
 def test_local_errors(packet: Packet, level: int) -> None:
     with pytest.raises(LocalProtocolError):
         encode(packet, level)
@@ -469,28 +662,39 @@ def test_encode_rejects_non_packets() -> None:
 
 def test_encode_publish_rejects_bad_level() -> None:
     with pytest.raises(LocalProtocolError):
-        encode_publish("t", b"", qos=0, retain=False, dup=False, packet_id=None,
-                       properties=NO_PROPERTIES, protocol_level=2)
+        encode_publish(
+            "t",
+            b"",
+            qos=0,
+            retain=False,
+            dup=False,
+            packet_id=None,
+            properties=NO_PROPERTIES,
+            protocol_level=2,
+        )
 
 
 # --- reason codes --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("reason", "code"), [
-    (0x00, ConnectReturnCode.ACCEPTED),
-    (0x84, ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION),
-    (0x85, ConnectReturnCode.IDENTIFIER_REJECTED),
-    (0x86, ConnectReturnCode.BAD_USER_NAME_OR_PASSWORD),
-    (0x87, ConnectReturnCode.NOT_AUTHORIZED),
-    (0x8A, ConnectReturnCode.NOT_AUTHORIZED),
-    (0x8C, ConnectReturnCode.NOT_AUTHORIZED),
-    (0x88, ConnectReturnCode.SERVER_UNAVAILABLE),
-    (0x89, ConnectReturnCode.SERVER_UNAVAILABLE),
-    (0x9F, ConnectReturnCode.SERVER_UNAVAILABLE),
-    (0x80, ConnectReturnCode.SERVER_UNAVAILABLE),
-    (0x9B, ConnectReturnCode.SERVER_UNAVAILABLE),
-    (4, 4),
-])
+@pytest.mark.parametrize(
+    ("reason", "code"),
+    [
+        (0x00, ConnectReturnCode.ACCEPTED),
+        (0x84, ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION),
+        (0x85, ConnectReturnCode.IDENTIFIER_REJECTED),
+        (0x86, ConnectReturnCode.BAD_USER_NAME_OR_PASSWORD),
+        (0x87, ConnectReturnCode.NOT_AUTHORIZED),
+        (0x8A, ConnectReturnCode.NOT_AUTHORIZED),
+        (0x8C, ConnectReturnCode.NOT_AUTHORIZED),
+        (0x88, ConnectReturnCode.SERVER_UNAVAILABLE),
+        (0x89, ConnectReturnCode.SERVER_UNAVAILABLE),
+        (0x9F, ConnectReturnCode.SERVER_UNAVAILABLE),
+        (0x80, ConnectReturnCode.SERVER_UNAVAILABLE),
+        (0x9B, ConnectReturnCode.SERVER_UNAVAILABLE),
+        (4, 4),
+    ],
+)
 def test_v3_connack_code(reason: int, code: int) -> None:
     assert v3_connack_code(reason) == code
 

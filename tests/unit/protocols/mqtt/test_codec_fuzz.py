@@ -89,13 +89,25 @@ def reasons(level: int, packet_type: PacketType) -> st.SearchStrategy[int]:
 def connects(draw: st.DrawFn, level: int) -> Connect:
     will = None
     if draw(st.booleans()):
-        will = Will(draw(texts), draw(blobs), draw(st.integers(0, 2)), draw(st.booleans()),
-                    draw(props_for(level, WILL)))
+        will = Will(
+            draw(texts),
+            draw(blobs),
+            draw(st.integers(0, 2)),
+            draw(st.booleans()),
+            draw(props_for(level, WILL)),
+        )
     username = draw(st.none() | texts)
     password = draw(st.none() | blobs) if username is not None or level == 5 else None
     return Connect(
-        draw(texts), PROTOCOL_NAMES[level], level, draw(st.booleans()),
-        draw(st.integers(0, 0xFFFF)), username, password, will, draw(st.booleans()),
+        draw(texts),
+        PROTOCOL_NAMES[level],
+        level,
+        draw(st.booleans()),
+        draw(st.integers(0, 0xFFFF)),
+        username,
+        password,
+        will,
+        draw(st.booleans()),
         draw(props_for(level, PacketType.CONNECT)),
     )
 
@@ -104,16 +116,27 @@ def connects(draw: st.DrawFn, level: int) -> Connect:
 def publishes(draw: st.DrawFn, level: int) -> Publish:
     qos = draw(st.integers(0, 2))
     return Publish(
-        draw(texts), draw(blobs), qos, draw(st.booleans()), qos > 0 and draw(st.booleans()),
-        draw(packet_ids) if qos else None, draw(props_for(level, PacketType.PUBLISH)),
+        draw(texts),
+        draw(blobs),
+        qos,
+        draw(st.booleans()),
+        qos > 0 and draw(st.booleans()),
+        draw(packet_ids) if qos else None,
+        draw(props_for(level, PacketType.PUBLISH)),
     )
 
 
 def subscription_requests(level: int) -> st.SearchStrategy[SubscriptionRequest]:
     if level < 5:
         return st.builds(SubscriptionRequest, texts, st.integers(0, 2))
-    return st.builds(SubscriptionRequest, texts, st.integers(0, 2), st.booleans(), st.booleans(),
-                     st.integers(0, 2))
+    return st.builds(
+        SubscriptionRequest,
+        texts,
+        st.integers(0, 2),
+        st.booleans(),
+        st.booleans(),
+        st.integers(0, 2),
+    )
 
 
 def packets(level: int) -> st.SearchStrategy[Packet]:
@@ -121,35 +144,57 @@ def packets(level: int) -> st.SearchStrategy[Packet]:
     t = PacketType
     acks: list[st.SearchStrategy[Packet]] = [
         st.builds(cls, packet_ids, reasons(level, ptype), props_for(level, ptype))
-        for cls, ptype in ((Puback, t.PUBACK), (Pubrec, t.PUBREC), (Pubrel, t.PUBREL),
-                           (Pubcomp, t.PUBCOMP))
+        for cls, ptype in (
+            (Puback, t.PUBACK),
+            (Pubrec, t.PUBREC),
+            (Pubrel, t.PUBREL),
+            (Pubcomp, t.PUBCOMP),
+        )
     ]
-    suback_codes = (st.sampled_from(sorted(V3_SUBACK_CODES)) if level < 5
-                    else reasons(level, t.SUBACK))
+    suback_codes = (
+        st.sampled_from(sorted(V3_SUBACK_CODES)) if level < 5 else reasons(level, t.SUBACK)
+    )
     choices: list[st.SearchStrategy[Packet]] = [
         connects(level),
-        st.builds(Connack, st.booleans(),
-                  reasons(level, t.CONNACK) if level == 5 else st.integers(0, 5),
-                  props_for(level, t.CONNACK)),
+        st.builds(
+            Connack,
+            st.booleans(),
+            reasons(level, t.CONNACK) if level == 5 else st.integers(0, 5),
+            props_for(level, t.CONNACK),
+        ),
         publishes(level),
         *acks,
-        st.builds(Subscribe, packet_ids,
-                  st.lists(subscription_requests(level), min_size=1, max_size=4).map(tuple),
-                  props_for(level, t.SUBSCRIBE)),
-        st.builds(Suback, packet_ids, st.lists(suback_codes, min_size=1, max_size=4).map(tuple),
-                  props_for(level, t.SUBACK)),
-        st.builds(Unsubscribe, packet_ids, st.lists(texts, min_size=1, max_size=4).map(tuple),
-                  props_for(level, t.UNSUBSCRIBE)),
+        st.builds(
+            Subscribe,
+            packet_ids,
+            st.lists(subscription_requests(level), min_size=1, max_size=4).map(tuple),
+            props_for(level, t.SUBSCRIBE),
+        ),
+        st.builds(
+            Suback,
+            packet_ids,
+            st.lists(suback_codes, min_size=1, max_size=4).map(tuple),
+            props_for(level, t.SUBACK),
+        ),
+        st.builds(
+            Unsubscribe,
+            packet_ids,
+            st.lists(texts, min_size=1, max_size=4).map(tuple),
+            props_for(level, t.UNSUBSCRIBE),
+        ),
         st.builds(Pingreq),
         st.builds(Pingresp),
         st.builds(Disconnect, reasons(level, t.DISCONNECT), props_for(level, t.DISCONNECT)),
     ]
     if level == 5:
-        choices.append(st.builds(
-            Unsuback, packet_ids,
-            st.lists(reasons(level, t.UNSUBACK), min_size=1, max_size=4).map(tuple),
-            properties(t.UNSUBACK),
-        ))
+        choices.append(
+            st.builds(
+                Unsuback,
+                packet_ids,
+                st.lists(reasons(level, t.UNSUBACK), min_size=1, max_size=4).map(tuple),
+                properties(t.UNSUBACK),
+            )
+        )
         choices.append(st.builds(Auth, reasons(level, t.AUTH), properties(t.AUTH)))
     else:
         choices.append(st.builds(Unsuback, packet_ids))
@@ -157,13 +202,15 @@ def packets(level: int) -> st.SearchStrategy[Packet]:
 
 
 PACKETS = {level: packets(level) for level in (3, 4, 5)}
-levelled_packets = st.one_of([
-    st.tuples(st.just(level), strategy) for level, strategy in PACKETS.items()
-])
-levelled_streams = st.one_of([
-    st.tuples(st.just(level), st.lists(strategy, max_size=12))
-    for level, strategy in PACKETS.items()
-])
+levelled_packets = st.one_of(
+    [st.tuples(st.just(level), strategy) for level, strategy in PACKETS.items()]
+)
+levelled_streams = st.one_of(
+    [
+        st.tuples(st.just(level), st.lists(strategy, max_size=12))
+        for level, strategy in PACKETS.items()
+    ]
+)
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -216,7 +263,7 @@ def test_byte_at_a_time(case: tuple[int, Packet]) -> None:
     data = encode(packet, level)
     decoder = PacketDecoder(protocol_level=level)
     for i in range(len(data) - 1):
-        decoder.feed(data[i:i + 1])
+        decoder.feed(data[i : i + 1])
         assert decoder.next_packet() is NEED_DATA
     decoder.feed(data[-1:])
     assert decoder.next_packet() == packet
@@ -257,8 +304,11 @@ def test_random_bytes_after_connect(connect: Connect, junk: bytes) -> None:
     drain_or_reject(decoder)
 
 
-@given(st.sampled_from([0x10, 0x20, 0x30, 0x32, 0x40, 0x62, 0x82, 0x90, 0xA2, 0xB0, 0xE0, 0xF0]),
-       st.binary(max_size=200), st.sampled_from([3, 4, 5]))
+@given(
+    st.sampled_from([0x10, 0x20, 0x30, 0x32, 0x40, 0x62, 0x82, 0x90, 0xA2, 0xB0, 0xE0, 0xF0]),
+    st.binary(max_size=200),
+    st.sampled_from([3, 4, 5]),
+)
 @settings(max_examples=1000)
 def test_random_bodies_behind_valid_headers(first: int, body: bytes, level: int) -> None:
     # Random first bytes rarely pass the fixed header check; this reaches every body decoder.

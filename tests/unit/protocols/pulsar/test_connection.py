@@ -156,8 +156,11 @@ def test_send_receipt_and_delivery_fast_paths() -> None:
             producer_id=0, sequence_id=5, message_id=MessageIdData(ledger_id=1, entry_id=7)
         ),
         Message(
-            consumer_id=3, message_id=MessageIdData(ledger_id=1, entry_id=7), redelivery_count=2,
-            ack_set=(1018,), payload=payload,
+            consumer_id=3,
+            message_id=MessageIdData(ledger_id=1, entry_id=7),
+            redelivery_count=2,
+            ack_set=(1018,),
+            payload=payload,
         ),
     ]
 
@@ -230,17 +233,19 @@ def test_connected_comes_first() -> None:
 def test_client_only_commands_cannot_be_sent() -> None:
     conn = connected()
     with pytest.raises(LocalProtocolError, match="Subscribe"):
-        conn.send(Subscribe(
-            topic="t", subscription="s", sub_type=SubType.Shared, consumer_id=0, request_id=0
-        ))
+        conn.send(
+            Subscribe(
+                topic="t", subscription="s", sub_type=SubType.Shared, consumer_id=0, request_id=0
+            )
+        )
 
 
 def test_refused_handshake() -> None:
     conn = ServerConnection()
     receive(conn, CONNECT)
-    out = conn.send(Error(
-        request_id=NO_REQUEST_ID, error=ServerError.AuthenticationError, message="bad token"
-    ))
+    out = conn.send(
+        Error(request_id=NO_REQUEST_ID, error=ServerError.AuthenticationError, message="bad token")
+    )
     assert isinstance(frames(out)[0], Error)
     assert conn.state is ConnectionState.CLOSED
 
@@ -248,9 +253,9 @@ def test_refused_handshake() -> None:
 def test_request_errors_keep_the_connection() -> None:
     conn = connected()
     conn.send(Error(request_id=4, error=ServerError.ConsumerBusy, message="exclusive"))
-    conn.send(SendError(
-        producer_id=0, sequence_id=1, error=ServerError.ChecksumError, message="crc"
-    ))
+    conn.send(
+        SendError(producer_id=0, sequence_id=1, error=ServerError.ChecksumError, message="crc")
+    )
     assert conn.state is ConnectionState.CONNECTED
 
 
@@ -275,7 +280,7 @@ def test_frame_limit_before_and_after_connect() -> None:
 def test_garbage_closes_only_with_a_protocol_error() -> None:
     conn = connected()
     with pytest.raises(MalformedFrame):
-        receive(conn, bytes.fromhex("00000006" "00000002" "ffff"))
+        receive(conn, bytes.fromhex("0000000600000002ffff"))
     assert conn.state is ConnectionState.CLOSED
     [error] = frames(conn.protocol_error(MalformedFrame("garbage")))
     assert isinstance(error, Error)
@@ -287,7 +292,7 @@ def test_checksum_mismatch_and_unknown_commands_are_events() -> None:
     payload = make_payload(MessageMetadata(producer_name="p", sequence_id=0, publish_time=0), b"a")
     corrupt = bytearray(encode_command(Send(producer_id=1, sequence_id=2, payload=payload)))
     corrupt[-1] ^= 0xFF
-    unknown = bytes.fromhex("00000009" "00000005" "0832" "920300")  # type 50, empty body
+    unknown = bytes.fromhex("00000009000000050832920300")  # type 50, empty body
     [mismatch, other, ack] = receive(
         conn, bytes(corrupt), unknown, Ack(consumer_id=0, ack_type=AckType.Individual)
     )
@@ -300,11 +305,15 @@ def test_checksum_mismatch_and_unknown_commands_are_events() -> None:
 
 def test_answer_builders() -> None:
     assert lookup_redirect(3, "pulsar://owner:6650") == LookupResponse(
-        request_id=3, response=LookupType.Redirect, broker_service_url="pulsar://owner:6650",
+        request_id=3,
+        response=LookupType.Redirect,
+        broker_service_url="pulsar://owner:6650",
         authoritative=True,
     )
     assert lookup_failed(3, ServerError.TopicNotFound, "no such namespace") == LookupResponse(
-        request_id=3, response=LookupType.Failed, error=ServerError.TopicNotFound,
+        request_id=3,
+        response=LookupType.Failed,
+        error=ServerError.TopicNotFound,
         message="no such namespace",
     )
     assert partitioned_metadata_failed(1, ServerError.TopicNotFound, "x").response is (

@@ -48,7 +48,9 @@ from mop.protocols.pulsar.metadata import (
 )
 
 META = MessageMetadata(
-    producer_name="p", sequence_id=1, publish_time=1_700_000_000_000,
+    producer_name="p",
+    sequence_id=1,
+    publish_time=1_700_000_000_000,
     properties=(KeyValue(key="k", value="v"),),
 )
 
@@ -68,35 +70,38 @@ def test_crc32c_check_value() -> None:
 
 def test_ping_vector() -> None:
     # type=18 (field 1), then field 18 (tag 0x92 0x01) holding an empty CommandPing.
-    frame = bytes.fromhex("00000009" "00000005" "0812" "9201" "00")
+    frame = bytes.fromhex("00000009000000050812920100")
     assert encode_command(Ping()) == frame
     assert decode_all(frame) == [Ping()]
 
 
 def test_ping_without_its_empty_sub_message_decodes() -> None:
-    assert decode_all(bytes.fromhex("00000006" "00000002" "0812")) == [Ping()]
+    assert decode_all(bytes.fromhex("00000006000000020812")) == [Ping()]
 
 
 def test_flow_vector() -> None:
     # FLOW = 11: field 11 has tag 0x5a; consumer_id 0, permits 1000 (0xe8 0x07).
-    frame = bytes.fromhex("0000000d" "00000009" "080b" "5a05" "0800" "10e807")
+    frame = bytes.fromhex("0000000d00000009080b5a05080010e807")
     assert encode_command(Flow(consumer_id=0, message_permits=1000)) == frame
     assert decode_all(frame) == [Flow(consumer_id=0, message_permits=1000)]
 
 
 def test_connected_vector() -> None:
     connected = Connected(server_version="mop", protocol_version=20, max_message_size=5242880)
-    body = "0803" "1a0c" "0a03" + b"mop".hex() + "1014" "188080c002"
+    body = "08031a0c0a03" + b"mop".hex() + "1014188080c002"
     assert encode_command(connected).hex() == f"{len(body) // 2 + 4:08x}{len(body) // 2:08x}{body}"
 
 
 def test_send_vector_with_checksum() -> None:
-    metadata = bytes.fromhex("0a0170" "1001" "1802")  # producer_name "p", sequence 1, time 2
+    metadata = bytes.fromhex("0a017010011802")  # producer_name "p", sequence 1, time 2
     raw = struct.pack(">I", len(metadata)) + metadata + b"hi"
-    command = bytes.fromhex("0806" "3204" "0801" "1001")  # SEND {producer_id 1, sequence_id 1}
+    command = bytes.fromhex("0806320408011001")  # SEND {producer_id 1, sequence_id 1}
     frame = (
-        struct.pack(">II", 4 + len(command) + 6 + len(raw), len(command)) + command
-        + b"\x0e\x01" + struct.pack(">I", crc32c_of(raw)) + raw
+        struct.pack(">II", 4 + len(command) + 6 + len(raw), len(command))
+        + command
+        + b"\x0e\x01"
+        + struct.pack(">I", crc32c_of(raw))
+        + raw
     )
     [send] = decode_all(frame)
     assert isinstance(send, Send)
@@ -114,7 +119,7 @@ def test_send_vector_with_checksum() -> None:
 def test_payload_without_checksum_is_accepted() -> None:
     # Clients below protocol v6 send no magic/crc block: metaSize follows the command directly.
     payload = make_payload(META, b"data")
-    command = bytes.fromhex("0806" "3204" "0801" "1001")
+    command = bytes.fromhex("0806320408011001")
     frame = struct.pack(">II", 4 + len(command) + len(payload.raw), len(command))
     [send] = decode_all(frame + command + payload.raw)
     assert isinstance(send, Send)
@@ -122,9 +127,9 @@ def test_payload_without_checksum_is_accepted() -> None:
 
 
 def test_checksum_mismatch_is_reported_and_the_stream_goes_on() -> None:
-    frame = bytearray(encode_command(Send(producer_id=4, sequence_id=9, payload=make_payload(
-        META, b"payload"
-    ))))
+    frame = bytearray(
+        encode_command(Send(producer_id=4, sequence_id=9, payload=make_payload(META, b"payload")))
+    )
     frame[-1] ^= 0x01  # one flipped payload bit
     decoder = FrameDecoder()
     [mismatch, ping] = decode_all(bytes(frame) + encode_command(Ping()), decoder)
@@ -161,27 +166,36 @@ def test_message_with_broker_entry_metadata() -> None:
 def test_fast_paths_match_the_generic_encoder() -> None:
     payload = make_payload(META, b"body")
     for redelivery, ack_set in [(0, ()), (3, (1018,)), (1, (-1, 5))]:
-        generic = encode_command(Message(
-            consumer_id=7, message_id=MessageIdData(ledger_id=1 << 40, entry_id=300),
-            redelivery_count=redelivery, ack_set=ack_set, payload=payload,
-        ))
+        generic = encode_command(
+            Message(
+                consumer_id=7,
+                message_id=MessageIdData(ledger_id=1 << 40, entry_id=300),
+                redelivery_count=redelivery,
+                ack_set=ack_set,
+                payload=payload,
+            )
+        )
         fast = encode_message_frame(
             7, 1 << 40, 300, payload.raw, redelivery_count=redelivery, ack_set=ack_set
         )
         assert fast == generic
     receipt = SendReceipt(
-        producer_id=1, sequence_id=2, message_id=MessageIdData(ledger_id=3, entry_id=4),
+        producer_id=1,
+        sequence_id=2,
+        message_id=MessageIdData(ledger_id=3, entry_id=4),
         highest_sequence_id=9,
     )
     assert encode_send_receipt(1, 2, 3, 4, 9) == encode_command(receipt)
 
 
 def test_every_strict_prefix_needs_more_data() -> None:
-    stream = b"".join([
-        encode_command(Ping()),
-        encode_command(Send(producer_id=1, sequence_id=2, payload=make_payload(META, b"abc"))),
-        encode_command(Success(request_id=5)),
-    ])
+    stream = b"".join(
+        [
+            encode_command(Ping()),
+            encode_command(Send(producer_id=1, sequence_id=2, payload=make_payload(META, b"abc"))),
+            encode_command(Success(request_id=5)),
+        ]
+    )
     expected = decode_all(stream)
     assert len(expected) == 3
     for cut in range(len(stream)):
@@ -226,14 +240,14 @@ def test_oversize_frame_is_refused_from_its_length() -> None:
 @pytest.mark.parametrize(
     ("frame", "match"),
     [
-        ("00000002" "0000", "no command size"),
-        ("00000006" "00000009" "0812", "overruns its frame"),
-        ("00000007" "00000003" "920100", "without a type"),
-        ("0000000a" "00000005" "0812" "920100" "ff", "after a PING"),
-        ("00000008" "00000004" "0806" "3200", "without metadata"),
-        ("0000000e" "00000004" "0806" "3200" "0e01" "00000000", "without a metadata size"),
-        ("00000008" "00000004" "0812" "0b00", "wire type 3"),
-        ("00000008" "00000004" "0d01" "0812", "wire type 5"),
+        ("000000020000", "no command size"),
+        ("00000006000000090812", "overruns its frame"),
+        ("0000000700000003920100", "without a type"),
+        ("0000000a000000050812920100ff", "after a PING"),
+        ("000000080000000408063200", "without metadata"),
+        ("0000000e00000004080632000e0100000000", "without a metadata size"),
+        ("000000080000000408120b00", "wire type 3"),
+        ("00000008000000040d010812", "wire type 5"),
     ],
 )
 def test_malformed_frames(frame: str, match: str) -> None:
@@ -245,14 +259,12 @@ def test_malformed_frames(frame: str, match: str) -> None:
 
 def test_required_field_missing_in_a_command() -> None:
     with pytest.raises(MalformedFrame, match="message_permits"):
-        decode_all(bytes.fromhex("0000000a" "00000006" "080b" "5a02" "0800"))
+        decode_all(bytes.fromhex("0000000a00000006080b5a020800"))
 
 
 def test_unknown_command_type_is_an_event() -> None:
     # Type 50 (a transaction command) with some body: framed fine, just not implemented.
-    assert decode_all(bytes.fromhex("0000000b" "00000007" "0832" "9203" "020801")) == [
-        UnknownCommand(50)
-    ]
+    assert decode_all(bytes.fromhex("0000000b0000000708329203020801")) == [UnknownCommand(50)]
 
 
 def test_send_without_payload_is_our_mistake() -> None:
@@ -262,9 +274,12 @@ def test_send_without_payload_is_our_mistake() -> None:
 
 def test_batch_round_trip() -> None:
     entries = [
-        BatchEntry(SingleMessageMetadata(payload_size=len(data), sequence_id=i, properties=(
-            KeyValue(key="i", value=str(i)),
-        )), data)
+        BatchEntry(
+            SingleMessageMetadata(
+                payload_size=len(data), sequence_id=i, properties=(KeyValue(key="i", value=str(i)),)
+            ),
+            data,
+        )
         for i, data in enumerate([b"a", b"", b"ccc" * 100])
     ]
     data = encode_batch(entries)

@@ -76,10 +76,12 @@ def commands() -> st.SearchStrategy[Command]:
             lambda pair: dataclasses.replace(pair[0], payload=pair[1])
         )
 
-    return st.one_of([
-        with_payload(cls) if cls is Send or cls is Message else messages(cls)
-        for cls in COMMAND_CLASSES.values()
-    ])
+    return st.one_of(
+        [
+            with_payload(cls) if cls is Send or cls is Message else messages(cls)
+            for cls in COMMAND_CLASSES.values()
+        ]
+    )
 
 
 def drain(decoder: FrameDecoder) -> list[Frame]:
@@ -168,17 +170,30 @@ def test_random_batches_raise_only_protocol_errors(data: bytes, count: int) -> N
 
 
 @given(
-    st.integers(0, (1 << 64) - 1), st.integers(0, (1 << 64) - 1), st.integers(0, (1 << 64) - 1),
-    st.integers(0, (1 << 32) - 1), st.lists(_SCALARS[Scalar.INT64], max_size=3), payloads,
+    st.integers(0, (1 << 64) - 1),
+    st.integers(0, (1 << 64) - 1),
+    st.integers(0, (1 << 64) - 1),
+    st.integers(0, (1 << 32) - 1),
+    st.lists(_SCALARS[Scalar.INT64], max_size=3),
+    payloads,
 )
 def test_message_fast_path_is_the_generic_encoding(
-    consumer_id: int, ledger: int, entry: int, redelivery: int, ack_set: list[int],
+    consumer_id: int,
+    ledger: int,
+    entry: int,
+    redelivery: int,
+    ack_set: list[int],
     payload: Payload,
 ) -> None:
-    generic = encode_command(Message(
-        consumer_id=consumer_id, message_id=MessageIdData(ledger_id=ledger, entry_id=entry),
-        redelivery_count=redelivery, ack_set=tuple(ack_set), payload=payload,
-    ))
+    generic = encode_command(
+        Message(
+            consumer_id=consumer_id,
+            message_id=MessageIdData(ledger_id=ledger, entry_id=entry),
+            redelivery_count=redelivery,
+            ack_set=tuple(ack_set),
+            payload=payload,
+        )
+    )
     fast = encode_message_frame(
         consumer_id, ledger, entry, payload.raw, redelivery_count=redelivery, ack_set=ack_set
     )
@@ -190,7 +205,9 @@ def test_receipt_fast_path_is_the_generic_encoding(
     producer_id: int, sequence_id: int, ledger: int, entry: int, highest: int
 ) -> None:
     receipt = SendReceipt(
-        producer_id=producer_id, sequence_id=sequence_id, highest_sequence_id=highest,
+        producer_id=producer_id,
+        sequence_id=sequence_id,
+        highest_sequence_id=highest,
         message_id=MessageIdData(ledger_id=ledger, entry_id=entry),
     )
     assert encode_send_receipt(producer_id, sequence_id, ledger, entry, highest) == (

@@ -47,7 +47,9 @@ def _raw_metadata(raw: bytes) -> MessageMetadata:
 def test_a_single_message_keeps_its_fields_and_its_bytes() -> None:
     meta = _metadata(
         properties=(KeyValue(key="a", value="1"), KeyValue(key="a", value="2")),
-        partition_key="k", event_time=5, deliver_at_time=2000,
+        partition_key="k",
+        event_time=5,
+        deliver_at_time=2000,
     )
     payload = make_payload(meta, b"data")
     message = message_from_payload(payload)
@@ -71,10 +73,15 @@ def test_a_null_value_has_no_payload_for_other_protocols() -> None:
 
 def test_a_batch_splits_into_messages_and_goes_back_whole() -> None:
     entries = [
-        BatchEntry(SingleMessageMetadata(
-            payload_size=len(data), properties=(KeyValue(key="i", value=str(i)),),
-            partition_key=f"k{i}", sequence_id=i,
-        ), data)
+        BatchEntry(
+            SingleMessageMetadata(
+                payload_size=len(data),
+                properties=(KeyValue(key="i", value=str(i)),),
+                partition_key=f"k{i}",
+                sequence_id=i,
+            ),
+            data,
+        )
         for i, data in enumerate([b"zero", b"", b"two"])
     ]
     payload = make_payload(_metadata(num_messages_in_batch=3), encode_batch(entries))
@@ -97,8 +104,9 @@ def test_a_compressed_batch_stays_whole() -> None:
 
 
 def test_messages_of_other_protocols_get_metadata() -> None:
-    message = Message(b"hi", (("colour", "red"),), key="k", producer="mqtt-client",
-                      publish_time=99, event_time=3)
+    message = Message(
+        b"hi", (("colour", "red"),), key="k", producer="mqtt-client", publish_time=99, event_time=3
+    )
     raw = entry_bytes(message, MessageId(4, 5))
     meta = _raw_metadata(raw)
     assert (meta.producer_name, meta.publish_time, meta.partition_key) == ("mqtt-client", 99, "k")

@@ -87,7 +87,10 @@ class Broker:
             self.errors.append(exc)
 
     def _answer(
-        self, conn: ServerConnection, event: object, permits: dict[int, int],
+        self,
+        conn: ServerConnection,
+        event: object,
+        permits: dict[int, int],
         next_entry: dict[int, int],
     ) -> bytes:
         match event:
@@ -197,7 +200,9 @@ TOPIC = "persistent://public/default/interop"
 def test_handshake_lookup_producer_send_receipt(broker: Broker, client: pulsar.Client) -> None:
     producer = client.create_producer(TOPIC)
     msg_id = producer.send(
-        b"hello \x00 world", properties={"colour": "blue", "empty": ""}, partition_key="k1",
+        b"hello \x00 world",
+        properties={"colour": "blue", "empty": ""},
+        partition_key="k1",
         event_timestamp=1234,
     )
     assert producer.producer_name() == "mop-test-0"
@@ -261,9 +266,7 @@ def test_consumer_receives_forwarded_entries(broker: Broker, client: pulsar.Clie
         producer.send(f"p{i}".encode(), properties={"n": str(i)})
     producer.close()
 
-    consumer = client.subscribe(
-        TOPIC, "sub", initial_position=pulsar.InitialPosition.Earliest
-    )
+    consumer = client.subscribe(TOPIC, "sub", initial_position=pulsar.InitialPosition.Earliest)
     received = [consumer.receive(timeout_millis=5000) for _ in range(3)]
     assert [m.data() for m in received] == [b"p0", b"p1", b"p2"]
     assert [m.properties() for m in received] == [{"n": "0"}, {"n": "1"}, {"n": "2"}]
@@ -294,7 +297,8 @@ def test_reader_from_earliest_and_last_message_id(broker: Broker, client: pulsar
     assert subscribe.start_message_id is not None
     earliest = (1 << 64) - 1
     assert (subscribe.start_message_id.ledger_id, subscribe.start_message_id.entry_id) == (
-        earliest, earliest
+        earliest,
+        earliest,
     )
 
 

@@ -182,10 +182,15 @@ async def _produce(peer: Peer, *payloads: bytes) -> list[SendReceipt]:
 
 
 async def _subscribe(peer: Peer, consumer_id: int, sub_type: SubType = SubType.Exclusive) -> None:
-    await peer.send(Subscribe(
-        topic=TOPIC, subscription="s", sub_type=sub_type, consumer_id=consumer_id,
-        request_id=200 + consumer_id,
-    ))
+    await peer.send(
+        Subscribe(
+            topic=TOPIC,
+            subscription="s",
+            sub_type=sub_type,
+            consumer_id=consumer_id,
+            request_id=200 + consumer_id,
+        )
+    )
     assert await peer.recv() == Success(request_id=200 + consumer_id)
 
 
@@ -251,18 +256,21 @@ async def test_ack_receipts_and_last_message_id() -> None:
         assert all(isinstance(m, Message) for m in delivered)
         last = receipts[-1].message_id
         assert last is not None
-        await peer.send(Ack(consumer_id=1, ack_type=AckType.Cumulative, message_id=(last,),
-                            request_id=7))
+        await peer.send(
+            Ack(consumer_id=1, ack_type=AckType.Cumulative, message_id=(last,), request_id=7)
+        )
         assert await peer.recv() == AckResponse(consumer_id=1, request_id=7)
         await peer.send(GetLastMessageId(consumer_id=1, request_id=8))
         answer = await peer.recv()
         assert isinstance(answer, GetLastMessageIdResponse)
         assert (answer.last_message_id.ledger_id, answer.last_message_id.entry_id) == (
-            last.ledger_id, last.entry_id
+            last.ledger_id,
+            last.entry_id,
         )
         mark = answer.consumer_mark_delete_position
         assert mark is not None and (mark.ledger_id, mark.entry_id) == (
-            last.ledger_id, last.entry_id
+            last.ledger_id,
+            last.entry_id,
         )
 
 
@@ -283,14 +291,26 @@ async def test_wait_for_exclusive_is_queued_then_ready() -> None:
     async with pulsar_server() as (server, nursery):
         holder = open_peer(server, nursery)
         await holder.connect()
-        await holder.send(Producer(topic=TOPIC, producer_id=1, request_id=1,
-                                   producer_access_mode=ProducerAccessMode.Exclusive))
+        await holder.send(
+            Producer(
+                topic=TOPIC,
+                producer_id=1,
+                request_id=1,
+                producer_access_mode=ProducerAccessMode.Exclusive,
+            )
+        )
         held = await holder.recv()
         assert isinstance(held, ProducerSuccess) and held.topic_epoch is not None
         waiter = open_peer(server, nursery)
         await waiter.connect()
-        await waiter.send(Producer(topic=TOPIC, producer_id=1, request_id=2,
-                                   producer_access_mode=ProducerAccessMode.WaitForExclusive))
+        await waiter.send(
+            Producer(
+                topic=TOPIC,
+                producer_id=1,
+                request_id=2,
+                producer_access_mode=ProducerAccessMode.WaitForExclusive,
+            )
+        )
         queued = await waiter.recv()
         assert isinstance(queued, ProducerSuccess) and not queued.producer_ready
         await holder.send(CloseProducer(producer_id=1, request_id=3))
@@ -305,10 +325,16 @@ async def test_failover_consumers_hear_which_one_is_active() -> None:
         peer = open_peer(server, nursery)
         await peer.connect()
         for consumer_id, name in ((1, "b"), (2, "a")):
-            await peer.send(Subscribe(
-                topic=TOPIC, subscription="f", sub_type=SubType.Failover,
-                consumer_id=consumer_id, request_id=consumer_id, consumer_name=name,
-            ))
+            await peer.send(
+                Subscribe(
+                    topic=TOPIC,
+                    subscription="f",
+                    sub_type=SubType.Failover,
+                    consumer_id=consumer_id,
+                    request_id=consumer_id,
+                    consumer_name=name,
+                )
+            )
         frames = [await peer.recv() for _ in range(5)]
         assert frames[0] == Success(request_id=1)
         assert ActiveConsumerChange(consumer_id=1, is_active=True) in frames

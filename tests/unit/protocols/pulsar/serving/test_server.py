@@ -52,18 +52,17 @@ async def two_members() -> AsyncIterator[tuple[Member, Member, trio.Nursery]]:
         urls = ["pulsar://127.0.0.1:1", f"pulsar://127.0.0.1:{port}"]
         members = []
         views = [Membership(urls, url) for url in urls]
-        async with open_local_backend(MemoryStorage(), membership=views[0]) as a, (
-            open_local_backend(MemoryStorage(), membership=views[1])
-        ) as b:
+        async with (
+            open_local_backend(MemoryStorage(), membership=views[0]) as a,
+            open_local_backend(MemoryStorage(), membership=views[1]) as b,
+        ):
             for url, backend, membership in zip(urls, (a, b), views, strict=True):
                 settings = Settings(
                     protocols=("pulsar",),
                     pulsar=PulsarSettings(port=int(url.rsplit(":", 1)[1])),
                     cluster=ClusterSettings(brokers=tuple(urls), advertised_url=url),
                 )
-                server = PulsarServer(
-                    settings, MessagingProcessor(backend), membership=membership
-                )
+                server = PulsarServer(settings, MessagingProcessor(backend), membership=membership)
                 await nursery.start(server.serve)
                 members.append(Member(url, server))
 
@@ -102,7 +101,9 @@ async def test_lookups_redirect_to_the_owner_which_answers_connect() -> None:
         answer = await peer.recv()
         assert isinstance(answer, LookupResponse)
         assert (answer.response, answer.broker_service_url, answer.authoritative) == (
-            LookupType.Redirect, b.url, True
+            LookupType.Redirect,
+            b.url,
+            True,
         )
         # The client repeats the lookup at the owner, authoritative: that one connects.
         at_owner = await connected(b, nursery)
@@ -118,8 +119,15 @@ async def test_a_non_owner_refuses_producers_and_consumers() -> None:
         await peer.send(Producer(topic=theirs, producer_id=1, request_id=1))
         refused = await peer.recv()
         assert isinstance(refused, Error) and refused.error is ServerError.ServiceNotReady
-        await peer.send(Subscribe(topic=theirs, subscription="s", sub_type=SubType.Exclusive,
-                                  consumer_id=1, request_id=2))
+        await peer.send(
+            Subscribe(
+                topic=theirs,
+                subscription="s",
+                sub_type=SubType.Exclusive,
+                consumer_id=1,
+                request_id=2,
+            )
+        )
         refused = await peer.recv()
         assert isinstance(refused, Error) and refused.error is ServerError.ServiceNotReady
         await peer.send(Producer(topic=mine, producer_id=2, request_id=3))
