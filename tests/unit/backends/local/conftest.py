@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,14 @@ def storage() -> MemoryStorage:
 
 
 @pytest.fixture
-async def backend(storage: MemoryStorage) -> AsyncIterator[Backend]:
-    async with open_local_backend(storage, fence_timeout=5.0, trim_interval=0.5) as running:
+def backend_options() -> dict[str, Any]:
+    """Options of `open_local_backend` for the `backend` fixture; a module may override it."""
+    return {"fence_timeout": 5.0, "trim_interval": 0.5}
+
+
+@pytest.fixture
+async def backend(
+    storage: MemoryStorage, backend_options: dict[str, Any]
+) -> AsyncIterator[Backend]:
+    async with open_local_backend(storage, **backend_options) as running:
         yield running

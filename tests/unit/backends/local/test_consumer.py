@@ -4,33 +4,24 @@ activity, deliver_at, start ids."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import trio
 
-from mop.backends.local import open_local_backend
-from mop.broker.storage import MemoryStorage
 from mop.message import Message, MessageId
 from mop.processor.backend import (
     Backend,
     ProducerSpec,
     StartPosition,
     SubscriptionKind,
-    SubscriptionSpec,
 )
-
-T = "persistent://public/default/t"
-
-
-def spec(name: str = "s", **fields: object) -> SubscriptionSpec:
-    return SubscriptionSpec(name=name, selectors=frozenset([T]), **fields)  # type: ignore[arg-type]
+from tests.unit.backends.local.support import T, spec
 
 
 @pytest.fixture
-async def backend() -> AsyncIterator[Backend]:
-    async with open_local_backend(MemoryStorage()) as running:
-        yield running
+def backend_options() -> dict[str, Any]:
+    return {}  # the backend's own defaults
 
 
 async def test_permits_seek_and_position(backend: Backend) -> None:

@@ -3,13 +3,11 @@ unawaited sends, access modes and fencing."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import trio
 
-from mop.backends.local import open_local_backend
-from mop.broker.storage import MemoryStorage
 from mop.message import Message
 from mop.processor.backend import (
     Backend,
@@ -17,20 +15,13 @@ from mop.processor.backend import (
     ProducerBusy,
     ProducerFenced,
     ProducerSpec,
-    SubscriptionSpec,
 )
-
-T = "persistent://public/default/t"
-
-
-def spec(name: str = "s", **fields: object) -> SubscriptionSpec:
-    return SubscriptionSpec(name=name, selectors=frozenset([T]), **fields)  # type: ignore[arg-type]
+from tests.unit.backends.local.support import T, spec
 
 
 @pytest.fixture
-async def backend() -> AsyncIterator[Backend]:
-    async with open_local_backend(MemoryStorage()) as running:
-        yield running
+def backend_options() -> dict[str, Any]:
+    return {}  # the backend's own defaults
 
 
 async def test_sends_are_stored_in_call_order_and_awaited_for_durability(
