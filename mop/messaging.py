@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
 
 from mop.message import MessageId
 
 __all__ = [
+    "QUEUE_FULL",
     "BackendError",
     "ProducerAccess",
     "ProducerBusy",
@@ -20,6 +22,9 @@ __all__ = [
     "SubscriptionKind",
     "SubscriptionSpec",
 ]
+
+# Why a backend drops a message for a subscription (`DropNotifier`): its bounded queue was full.
+QUEUE_FULL: Final = "queue full"
 
 
 class SubscriptionKind(StrEnum):

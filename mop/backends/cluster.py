@@ -26,7 +26,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -105,7 +105,7 @@ class ClusterBackend:
     reports readiness and runs background work until `aclose()`."""
 
     # Its leases are watched by a task (`wait_fenced`), and the processor does at most once.
-    capabilities = BackendCapabilities(publish_batch=True)
+    capabilities = BackendCapabilities(publish_batch=True, drop_callbacks=True)
 
     def __init__(
         self,
@@ -147,6 +147,8 @@ class ClusterBackend:
         self._leases: dict[str, ClusterLease] = {}
         self._roles = ClusterRoles(self)
         self._consumers: set[ClusterConsumer] = set()
+        # Told of each message a fan-out consumer drops (`DropNotifier`), once set.
+        self.dropped_callback: Callable[[str, str, int], None] | None = None
         self._fanout: FanOut | None = None  # made on first use (it needs the bridge)
         self.registry: SubscriptionRegistry
         self._stop = trio.Event()
@@ -253,6 +255,11 @@ class ClusterBackend:
             raise BackendError("backend is closed", reason="closed")
         if self._client is None:
             raise BackendError("backend is not running: start serve() first", reason="closed")
+
+    def on_dropped(self, callback: Callable[[str, str, int], None]) -> None:
+        """See `DropNotifier`: what fan-out consumers (clean sessions) drop for a full queue;
+        the brokers keep the backlog of durable subscriptions, which drop nothing here."""
+        self.dropped_callback = callback
 
     async def aclose(self) -> None:
         """Close consumers (a waiting `receive` raises ConsumerClosed), fence leases, stop

@@ -49,6 +49,7 @@ from mop.backends.cluster_patterns import SelectorPlan
 from mop.backends.cluster_producers import message_id_of
 from mop.clock import now_ms
 from mop.message import Delivery
+from mop.messaging import QUEUE_FULL
 from mop.processor.backend import (
     BackendError,
     StartPosition,
@@ -137,6 +138,14 @@ class FanOut:
 
     def key(self) -> int:
         return next(self._keys)
+
+    def count_dropped(self, subscription: str) -> None:
+        """A consumer's queue was full: one message dropped for `subscription` (counted, and
+        reported to the processor, which logs it)."""
+        self.dropped += 1
+        report = self._backend.dropped_callback
+        if report is not None:
+            report(subscription, QUEUE_FULL, 1)
 
     def _mqtt(self, topic: str) -> str | None:
         mqtt = pulsar_to_mqtt(topic, tenant=self._backend.tenant, namespace=self._backend.namespace)

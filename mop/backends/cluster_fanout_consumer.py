@@ -11,7 +11,6 @@ never holds back the others of its topics.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Final
@@ -34,12 +33,9 @@ if TYPE_CHECKING:
 
 __all__ = ["FANOUT_BACKLOG", "FanOutConsumer"]
 
-log = logging.getLogger("mop.cluster")
 
 # A consumer's backlog when its spec sets none (messages buffered or not yet acknowledged).
 FANOUT_BACKLOG: Final = 10_000
-# A consumer that drops qos >= 1 messages logs the first one, then one in this many.
-_LOG_EVERY: Final = 1000
 
 
 class FanOutConsumer:
@@ -127,21 +123,13 @@ class FanOutConsumer:
         """The backlog is full: drop the oldest buffered qos-0 message, else refuse
         `delivery` (False). Either way one message is lost for this consumer."""
         self._dropped += 1
-        self._hub.dropped += 1
+        self._hub.count_dropped(self._spec.name)
         if self._qos0:
             for index, held in enumerate(self._buffer):
                 if held.message.qos == 0:
                     del self._buffer[index]
                     self._qos0 -= 1
                     return True
-        if delivery.message.qos > 0 and self._dropped % _LOG_EVERY == 1:
-            log.warning(
-                "subscription %r: backlog of %d full, qos %d messages dropped (%d so far)",
-                self._spec.name,
-                self._backlog,
-                delivery.message.qos,
-                self._dropped,
-            )
         return False
 
     def deliver_local(self, delivery: Delivery) -> None:

@@ -16,13 +16,9 @@ from mop.broker.errors import ConsumerBusy, SubscriptionMismatch
 from mop.broker.storage.ranges import IdRanges
 from mop.broker.topic import Topic
 from mop.message import Delivery, MessageId
-from mop.messaging import SubscriptionKind
+from mop.messaging import QUEUE_FULL, SubscriptionKind
 
 __all__ = ["Bookkeeping", "Subscription"]
-
-
-# Why `Bookkeeping.on_dropped` is called: the subscription's backlog was at `max_backlog`.
-QUEUE_FULL = "queue full"
 
 
 class Bookkeeping:

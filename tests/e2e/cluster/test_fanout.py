@@ -17,6 +17,7 @@ import trio.testing
 
 from mop.backends.cluster_fanout_consumer import FanOutConsumer
 from mop.message import Message
+from mop.messaging import QUEUE_FULL
 from mop.processor.backend import ConsumerClosed
 from mop.testing.cluster import open_cluster_backend, proxy_settings
 from mop.testing.node import running_node
@@ -155,6 +156,8 @@ def test_clean_sessions_survive_a_broker_restart(tmp_path: Path, prefix: str) ->
 async def test_a_slow_consumer_keeps_to_its_backlog(broker: NodeProcess, prefix: str) -> None:
     topic = mqtt_to_pulsar(f"{prefix}/t")
     async with open_cluster_backend(broker.service_url) as backend:
+        reported: list[tuple[str, str, int]] = []
+        backend.on_dropped(lambda *report: reported.append(report))
         slow = await backend.subscribe(spec("slow", f"{prefix}/t", durable=False, max_backlog=10))
         fast = await backend.subscribe(spec("fast", f"{prefix}/t", durable=False, max_backlog=1000))
         got: list[bytes] = []
@@ -179,6 +182,8 @@ async def test_a_slow_consumer_keeps_to_its_backlog(broker: NodeProcess, prefix:
         assert [d.message.payload for d in deliveries] == [b"%d" % n for n in range(50, 60)]
         assert isinstance(slow, FanOutConsumer)
         assert slow.dropped == 50
+        # Each drop is reported, for the processor to count and log (`DropNotifier`).
+        assert reported == [("slow", QUEUE_FULL, 1)] * 50
 
 
 async def test_closing_the_backend_wakes_a_waiting_receive(
