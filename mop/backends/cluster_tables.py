@@ -70,8 +70,10 @@ class ClusterTable:
         self._reader: Any = None
         self.loaded = trio.Event()
         self._applied = trio.Event()
-        # The position of the last message the reader applied (keyed or not).
+        # The position of the last message the reader applied (keyed or not), and whether
+        # the reader still follows the topic (not once the table stops).
         self._read_through: tuple[int, int] | None = None
+        self._following = False
         self._failed: BackendError | None = None
         self._watchers: list[Callable[[str, bytes | None], None]] = []
         # Keys with a write of this proxy in flight, and how many.
@@ -169,6 +171,7 @@ class ClusterTable:
             self._failed = exc
             raise
         async with trio.open_nursery() as nursery:
+            self._following = True
             nursery.start_soon(self._follow)
             await self.catch_up()
             self.loaded.set()
@@ -179,23 +182,26 @@ class ClusterTable:
 
         def read(done: Callable[..., None]) -> None:
             def applied_first(result: Any, message: Any = None) -> None:
-                # Applied in callback order, not when this task next runs: a `catch_up`
-                # whose "nothing more" answer completes after the message arrived must
-                # find it applied (the two tasks wake in any order).
+                # Applied in callback order, not when this task next runs.
                 if result == _pulsar.Result.Ok and message is not None:
                     bridge.soon(self._apply, message)
                 done(result, message)
 
             self._reader.read_next_async(applied_first)
 
-        while True:
-            try:
-                await bridge.call(read, f"reading table {self._name!r}")
-            except BackendError as exc:
-                if exc.reason == "closed":
-                    return
-                log.warning("%s; retrying", exc)
-                await trio.sleep(1)
+        try:
+            while True:
+                try:
+                    await bridge.call(read, f"reading table {self._name!r}")
+                except BackendError as exc:
+                    if exc.reason == "closed":
+                        return
+                    log.warning("%s; retrying", exc)
+                    await trio.sleep(1)
+        finally:
+            # A `catch_up` waiting for the reader cannot be served any more: wake it.
+            self._following = False
+            self._applied.set()
 
     async def catch_up(self) -> None:
         """Return once every message the topic had when called is in the dict (or, with a
@@ -215,6 +221,9 @@ class ClusterTable:
             result = await self._backend.producers.send(self.topic, marker, batching=False)
             through = (result.message_id.ledger, result.message_id.entry)
             while self._read_through is None or self._read_through < through:
+                if not self._following:
+                    log.debug("table %r: stopped before it caught up", self._name)
+                    return
                 await self._applied.wait()
         if scope.cancelled_caught:
             log.warning("table %r: not caught up after %ss", self._name, timeout)

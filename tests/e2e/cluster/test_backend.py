@@ -188,6 +188,20 @@ async def test_tables_are_shared_between_backends(
     assert changes == [("k3", b"v3"), ("k2", None)]  # another proxy's writes, in order
 
 
+async def test_catching_up_with_a_table_that_stopped_reading_returns_at_once(
+    backend: ClusterBackend, prefix: str
+) -> None:
+    # As at shutdown: connections that end after the tables stopped reading still ask for
+    # their state; nothing more can arrive, so the answer is what the table has.
+    table = backend.table(f"{prefix}-stopped")
+    with trio.fail_after(DEADLINE):
+        await table.put("k", b"v")
+    await table.aclose()
+    with trio.fail_after(1):  # well under the operation timeout it would wait for otherwise
+        await table.catch_up()
+    assert table.get("k") == b"v"
+
+
 async def test_a_table_still_loading_refuses_reads(backend: ClusterBackend, prefix: str) -> None:
     table = backend.table(f"{prefix}-lazy")
     if not table.loaded.is_set():
