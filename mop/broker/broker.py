@@ -106,6 +106,10 @@ class Broker:
         self._trim_dirty: set[Topic] = set()
         # Topics with messages routed once the storage has written them, and how many calls.
         self._held: dict[Topic, int] = {}
+        # Told when messages with a `deliver_at` were offered after their write, so that the
+        # caller's clock for scheduled messages looks again (it was told at the publish, before
+        # they were offered).
+        self.on_scheduled: Callable[[], None] | None = None
         self._grace = UnsubscribedGrace(unsubscribed_grace)
         self.compacted = CompactedTopics(storage, tenant=tenant)
         self._seq = itertools.count()
@@ -225,6 +229,8 @@ class Broker:
             del self._held[node]
         if written:
             self._offer(node, entries)
+            if self.on_scheduled is not None and any(e.message.deliver_at for e in entries):
+                self.on_scheduled()
 
     def _offer(self, node: Topic, entries: list[Entry]) -> None:
         persistent = node.persistent

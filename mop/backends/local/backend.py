@@ -82,6 +82,7 @@ class LocalBackend:
         self.broker = Broker(
             storage, tenant=tenant, namespace=namespace, unsubscribed_grace=unsubscribed_grace
         )
+        self.broker.on_scheduled = self._delays_changed
         # This broker's URL, and the members of its cluster (none or one: it owns every topic).
         self.membership = membership or Membership((), DEFAULT_URL)
         self.receiver_queue = receiver_queue
