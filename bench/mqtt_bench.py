@@ -139,6 +139,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="only profile mop (fsync never) with py-spy under qos0 and fanout",
     )
     parser.add_argument(
+        "--profile-broker",
+        default="mop-never",
+        help="the mop deployment to profile (mop-never, or mop-sep-1x1 / mop-sep-2x2: every "
+        "proxy and broker node is profiled apart)",
+    )
+    parser.add_argument(
         "--report-from",
         type=Path,
         metavar="RESULTS_JSON",
@@ -462,22 +468,32 @@ def run_profile(args: argparse.Namespace) -> int:
     bench = Bench(args, FULL)
     seconds = args.profile_seconds
     sizes = dataclasses.replace(FULL, duration=seconds, count=100_000_000, timeout=seconds + 30)
-    spec = BROKERS["mop-never"]
+    spec = BROKERS[args.profile_broker]
     parts = [f"# mop profile ({version(spec, bench.deps)}), {started:%Y-%m-%d %H:%M} UTC", ""]
     for key in _names(args.profile_scenarios, SCENARIOS, "scenarios"):
         sc = SCENARIOS[key]
         broker = bench._start(spec, out / f"broker-{key}")
-        assert isinstance(broker, Broker)  # mop-never: one process
-        raw = out / f"{key}.collapsed.txt"
+        # One sampler per process: a separated deployment's proxies and nodes apart.
+        members = (
+            [(m.name, m.pid) for m in broker.members]
+            if isinstance(broker, SeparatedBroker)
+            else [("mop", broker.pid)]
+        )
+        raws = {name: out / f"{key}-{name}.collapsed.txt" for name, _pid in members}
         try:
-            sampler = record(broker.pid, seconds, raw, RATE)
+            samplers = [record(pid, seconds, raws[name], RATE) for name, pid in members]
             time.sleep(0.3)
             result = sc.run(RunContext(broker, bench.loadgen, sizes, f"prof{key}"))
-            sampler.wait(seconds + 30)
+            for sampler in samplers:
+                sampler.wait(seconds + 30)
         finally:
             broker.stop()
         shown = ", ".join(f"{k} = {v:,.0f}" for k, v in result.values.items() if v is not None)
-        parts += [f"## {sc.title} ({shown} while sampled)", "", summarize(raw, seconds, RATE)]
+        parts += [f"## {sc.title} ({shown} while sampled)", ""]
+        for name, raw in raws.items():
+            if len(raws) > 1:
+                parts += [f"### {name}", ""]
+            parts += [summarize(raw, seconds, RATE)]
         log(f"  profiled {key}: {shown}")
     (out / "profile.md").write_text("\n".join(parts))
     log(f"profile: {out / 'profile.md'}")

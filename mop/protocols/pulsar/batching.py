@@ -1,0 +1,223 @@
+"""Batch payloads on the fast path: what a client sends and reads per message, without a
+dataclass per field.
+
+A producer that batches writes one `SingleMessageMetadata` header per message (`single_header`)
+and, once per batch, one SEND frame (`send_frame`). A consumer splits a MESSAGE's batch into its
+members with `read_members`. Both give the same bytes and values as the table-driven codec
+(`mop.protocols.pulsar.codec`, `frames.encode_batch` / `frames.decode_batch`), which stays the
+reference and handles every field; these functions know only the fields a message carries.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Final, NamedTuple
+
+from crc32c import crc32c
+
+from mop.protocols.pulsar.codec import Buffer, read_varint, write_varint
+from mop.protocols.pulsar.errors import MalformedFrame
+
+__all__ = ["Member", "read_members", "send_frame", "single_header"]
+
+_U32: Final = struct.Struct(">I")
+_HEADER: Final = struct.Struct(">II")  # totalSize, commandSize
+_CRC_BLOCK: Final = struct.Struct(">HI")
+_MAGIC_CRC32C: Final = 0x0E01
+_M64: Final = (1 << 64) - 1
+
+
+def _string(out: bytearray, tag: int, value: str) -> None:
+    data = value.encode()
+    out.append(tag)
+    write_varint(out, len(data))
+    out += data
+
+
+def single_header(
+    properties: Sequence[tuple[str, str]],
+    partition_key: str | None,
+    payload_size: int,
+    event_time: int,
+) -> bytes:
+    """`metaSize | SingleMessageMetadata` of one batch member (fields 1, 2, 3 and 5)."""
+    out = bytearray()
+    for name, value in properties:
+        pair = bytearray()
+        _string(pair, 0x0A, name)
+        _string(pair, 0x12, value)
+        out.append(0x0A)
+        write_varint(out, len(pair))
+        out += pair
+    if partition_key is not None:
+        _string(out, 0x12, partition_key)
+    out.append(0x18)
+    write_varint(out, payload_size)
+    if event_time:
+        out.append(0x28)
+        write_varint(out, event_time)
+    return _U32.pack(len(out)) + out
+
+
+def send_frame(
+    producer_id: int,
+    sequence_id: int,
+    producer_name: str,
+    publish_time: int,
+    parts: Sequence[bytes],
+    count: int,
+) -> bytes:
+    """The SEND frame of a batch of `count` messages: `parts` are the `single_header` and the
+    payload of each, in order; their sequence ids run from `sequence_id` to
+    `sequence_id + count - 1`."""
+    highest = sequence_id + count - 1
+    meta = bytearray()
+    _string(meta, 0x0A, producer_name)
+    meta.append(0x10)
+    write_varint(meta, sequence_id)
+    meta.append(0x18)
+    write_varint(meta, publish_time)
+    meta.append(0x58)  # num_messages_in_batch (11)
+    write_varint(meta, count)
+    if count > 1:
+        meta += b"\xc0\x01"  # highest_sequence_id (24)
+        write_varint(meta, highest)
+    raw = b"".join((_U32.pack(len(meta)), meta, *parts))
+    body = bytearray(b"\x08")
+    write_varint(body, producer_id)
+    body.append(0x10)
+    write_varint(body, sequence_id)
+    body.append(0x18)
+    write_varint(body, count)
+    if count > 1:
+        body.append(0x30)
+        write_varint(body, highest)
+    base = bytearray(b"\x08\x06\x32")  # type SEND, then field 6 (length-delimited)
+    write_varint(base, len(body))
+    base += body
+    return b"".join(
+        (
+            _HEADER.pack(4 + len(base) + 6 + len(raw), len(base)),
+            base,
+            _CRC_BLOCK.pack(_MAGIC_CRC32C, crc32c(raw)),
+            raw,
+        )
+    )
+
+
+class Member(NamedTuple):
+    """One message of a batch as a consumer needs it."""
+
+    payload: bytes
+    properties: tuple[tuple[str, str], ...]
+    partition_key: str | None
+    event_time: int
+    null_value: bool
+
+
+def _text(buf: Buffer, pos: int, end: int) -> tuple[str, int]:
+    length, pos = read_varint(buf, pos, end)
+    stop = pos + length
+    if stop > end:
+        raise MalformedFrame("string overruns its message")
+    try:
+        return bytes(buf[pos:stop]).decode(), stop
+    except UnicodeDecodeError:
+        raise MalformedFrame("string is not UTF-8") from None
+
+
+def _pair(buf: Buffer, pos: int, end: int) -> tuple[str, str]:
+    key = value = ""
+    while pos < end:
+        tag, pos = read_varint(buf, pos, end)
+        if tag == 0x0A:
+            key, pos = _text(buf, pos, end)
+        elif tag == 0x12:
+            value, pos = _text(buf, pos, end)
+        else:
+            pos = _skip(buf, pos, end, tag)
+    return key, value
+
+
+def _skip(buf: Buffer, pos: int, end: int, tag: int) -> int:
+    wire = tag & 7
+    if wire == 0:
+        return read_varint(buf, pos, end)[1]
+    if wire == 2:
+        length, pos = read_varint(buf, pos, end)
+        pos += length
+    elif wire == 1:
+        pos += 8
+    elif wire == 5:
+        pos += 4
+    else:
+        raise MalformedFrame(f"wire type {wire} in a batch header")
+    if pos > end:
+        raise MalformedFrame("field overruns a batch header")
+    return pos
+
+
+def read_members(data: Buffer, count: int) -> list[Member]:
+    """The `count` messages of an uncompressed batch payload; MalformedFrame when it does not
+    parse as exactly that many."""
+    members = []
+    pos = 0
+    end = len(data)
+    try:
+        for _ in range(count):
+            (size,) = _U32.unpack_from(data, pos)
+            pos += 4
+            stop = pos + size
+            if stop > end:
+                raise MalformedFrame("batch entry metadata overruns the payload")
+            properties: list[tuple[str, str]] = []
+            key: str | None = None
+            ordering: str | None = None
+            payload_size = -1
+            event_time = 0
+            null_value = null_key = False
+            while pos < stop:
+                tag, pos = read_varint(data, pos, stop)
+                if tag == 0x0A:
+                    length, pos = read_varint(data, pos, stop)
+                    properties.append(_pair(data, pos, pos + length))
+                    pos += length
+                elif tag == 0x12:
+                    key, pos = _text(data, pos, stop)
+                elif tag == 0x18:
+                    payload_size, pos = read_varint(data, pos, stop)
+                elif tag == 0x28:
+                    event_time, pos = read_varint(data, pos, stop)
+                elif tag == 0x3A:
+                    length, pos = read_varint(data, pos, stop)
+                    ordering = bytes(data[pos : pos + length]).decode("utf-8", "surrogateescape")
+                    pos += length
+                elif tag == 0x48:
+                    flag, pos = read_varint(data, pos, stop)
+                    null_value = bool(flag)
+                elif tag == 0x50:
+                    flag, pos = read_varint(data, pos, stop)
+                    null_key = bool(flag)
+                else:
+                    pos = _skip(data, pos, stop, tag)
+            if pos != stop:
+                raise MalformedFrame("batch entry metadata overruns its size")
+            if payload_size < 0 or pos + payload_size > end:
+                raise MalformedFrame("batch entry payload overruns the payload")
+            payload = bytes(data[pos : pos + payload_size])
+            pos += payload_size
+            members.append(
+                Member(
+                    b"" if null_value else payload,
+                    tuple(properties),
+                    None if null_key else (ordering if ordering is not None else key),
+                    event_time & _M64,
+                    null_value,
+                )
+            )
+    except struct.error:
+        raise MalformedFrame("batch payload ends inside an entry header") from None
+    if pos != end:
+        raise MalformedFrame(f"{end - pos} bytes after the {count} entries of a batch")
+    return members

@@ -1,0 +1,244 @@
+"""`PulsarClient`: mop's own Pulsar client, on trio and mop's codec, for the separated proxy.
+
+It keeps one connection per broker (`BrokerConnection`), shared by every producer and consumer
+it has there, finds a topic's broker with LOOKUP (following Redirect answers, retrying while
+brokers answer ServiceNotReady or cannot be reached, until the operation timeout), and runs the
+reconnection of its producers and consumers in its own nursery: when a broker goes away or
+gives a topic up, they look the topic up again and carry on.
+
+Everything runs on the trio thread that called `serve`: no thread, no callback from elsewhere.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar
+
+import trio
+
+from mop.protocols.pulsar.client import service_addresses
+from mop.protocols.pulsar.commands import Lookup, LookupResponse, LookupType
+from mop.protocols.pulsar.driver.connection import BrokerConnection
+from mop.protocols.pulsar.driver.errors import (
+    ClientClosed,
+    ConnectionLost,
+    DriverError,
+    ServerRefused,
+    Unavailable,
+)
+from mop.protocols.pulsar.errors import RemoteProtocolError, ServerError
+
+__all__ = ["ClientOptions", "PulsarClient", "retryable"]
+
+log = logging.getLogger("mop.pulsar.driver")
+
+MAX_REDIRECTS: Final = 8
+# Answers after which the same operation is tried again (after a pause), until its timeout.
+_RETRYABLE: Final = frozenset(
+    {ServerError.ServiceNotReady, ServerError.TooManyRequests, ServerError.MetadataError}
+)
+_T = TypeVar("_T")
+
+
+def retryable(exc: BaseException) -> bool:
+    """Whether an operation that failed with `exc` may succeed if tried again soon."""
+    if isinstance(exc, ConnectionLost | Unavailable):
+        return True
+    return isinstance(exc, ServerRefused) and exc.error in _RETRYABLE
+
+
+class ClientOptions:
+    """How a `PulsarClient` talks to the brokers."""
+
+    __slots__ = (
+        "auth_data",
+        "auth_method",
+        "client_version",
+        "connect_timeout",
+        "operation_timeout",
+    )
+
+    def __init__(
+        self,
+        client_version: str,
+        *,
+        operation_timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        auth_method: str | None = None,
+        auth_data: bytes | None = None,
+    ) -> None:
+        self.client_version = client_version
+        self.operation_timeout = operation_timeout
+        self.connect_timeout = connect_timeout
+        self.auth_method = auth_method
+        self.auth_data = auth_data
+
+
+class PulsarClient:
+    """See the module docstring. Run it with `await nursery.start(client.serve)`; `aclose()`
+    closes its connections (producers and consumers should be closed first)."""
+
+    def __init__(self, service_url: str, options: ClientOptions) -> None:
+        self.service_url = service_url
+        # ValueError for a URL that is not pulsar:// or pulsar+ssl://
+        self._addresses, self._tls = service_addresses(service_url)
+        self.options = options
+        self._connections: dict[str, BrokerConnection] = {}
+        self._connecting: dict[str, trio.Event] = {}
+        self._next_address = itertools.cycle(range(len(self._addresses)))
+        self._nursery: trio.Nursery | None = None
+        self._closed = False
+        self._stop = trio.Event()
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        """Where the client runs connections and reconnections."""
+        if self._nursery is None or self._closed:
+            raise ClientClosed("the client is not running")
+        return self._nursery
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await self._stop.wait()
+            nursery.cancel_scope.cancel()
+
+    async def aclose(self) -> None:
+        """Close every connection and stop `serve`."""
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        for connection in list(self._connections.values()):
+            connection.close()
+        self._connections.clear()
+        self._stop.set()
+        await trio.lowlevel.checkpoint()
+
+    # -- connections -----------------------------------------------------------------------
+
+    async def connection(self, url: str) -> BrokerConnection:
+        """The connection to the broker at `url` (`pulsar://host:port`), opened on first use."""
+        while True:
+            if self._closed:
+                raise ClientClosed("the client is closed")
+            existing = self._connections.get(url)
+            if existing is not None and not existing.closed:
+                await trio.lowlevel.checkpoint()
+                return existing
+            opening = self._connecting.get(url)
+            if opening is None:
+                break
+            await opening.wait()
+        opening = self._connecting[url] = trio.Event()
+        try:
+            connection = await self._open(url)
+            self._connections[url] = connection
+            return connection
+        finally:
+            del self._connecting[url]
+            opening.set()
+
+    async def _open(self, url: str) -> BrokerConnection:
+        try:
+            addresses, _tls = service_addresses(url)
+        except ValueError as exc:
+            raise Unavailable(f"broker URL {url!r}: {exc}") from None
+        host, port = addresses[0]
+        tls = url.startswith("pulsar+ssl://")
+        options = self.options
+        try:
+            with trio.fail_after(options.connect_timeout):
+                if tls:
+                    stream: trio.abc.Stream = await trio.open_ssl_over_tcp_stream(
+                        host, port, ssl_context=ssl.create_default_context()
+                    )
+                else:
+                    stream = await trio.open_tcp_stream(host, port)
+                connection = BrokerConnection(stream, url)
+                try:
+                    await connection.handshake(
+                        options.client_version,
+                        auth_method=options.auth_method,
+                        auth_data=options.auth_data,
+                    )
+                except BaseException:
+                    with trio.CancelScope(shield=True):
+                        await stream.aclose()
+                    raise
+        except (OSError, trio.TooSlowError, ConnectionLost, RemoteProtocolError) as exc:
+            raise Unavailable(f"{url}: {exc or type(exc).__name__}") from None
+        await self.nursery.start(connection.serve)
+        return connection
+
+    async def _service_connection(self) -> BrokerConnection:
+        """A connection to one of the service URL's brokers (the next that answers)."""
+        failures = []
+        for _ in self._addresses:
+            host, port = self._addresses[next(self._next_address)]
+            url = f"{'pulsar+ssl' if self._tls else 'pulsar'}://{host}:{port}"
+            try:
+                return await self.connection(url)
+            except Unavailable as exc:
+                failures.append(str(exc))
+        raise Unavailable(f"no broker of {self.service_url} answers: {'; '.join(failures)}")
+
+    # -- lookups ---------------------------------------------------------------------------
+
+    async def lookup(self, topic: str) -> BrokerConnection:
+        """The connection to the broker that owns `topic` now, retried until the operation
+        timeout while brokers cannot be reached or are not ready."""
+        return await self.retrying(f"lookup of {topic}", lambda: self._lookup_once(topic))
+
+    async def _lookup_once(self, topic: str) -> BrokerConnection:
+        connection = await self._service_connection()
+        authoritative = False
+        for _ in range(MAX_REDIRECTS):
+            answer = await connection.request(
+                Lookup(topic=topic, request_id=connection.next_id(), authoritative=authoritative),
+                self.options.operation_timeout,
+            )
+            if not isinstance(answer, LookupResponse):
+                raise Unavailable(f"lookup of {topic}: unexpected answer {answer!r:.200}")
+            if answer.response is LookupType.Failed or answer.response is None:
+                raise ServerRefused(
+                    answer.error or ServerError.ServiceNotReady,
+                    f"lookup of {topic}: {answer.message or 'failed'}",
+                )
+            url = answer.broker_service_url_tls if self._tls else answer.broker_service_url
+            url = url or answer.broker_service_url
+            if not url:
+                raise Unavailable(f"lookup of {topic}: no broker URL in the answer")
+            if answer.response is LookupType.Connect:
+                return await self.connection(url)
+            connection = await self.connection(url)
+            authoritative = answer.authoritative
+        raise Unavailable(f"lookup of {topic}: more than {MAX_REDIRECTS} redirects")
+
+    async def retrying(self, what: str, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        """`attempt()` until it succeeds, fails for good, or the operation timeout passes
+        (then the last retryable error is raised, as Unavailable)."""
+        deadline = trio.current_time() + self.options.operation_timeout
+        pause = 0.05
+        while True:
+            try:
+                with trio.fail_after(max(0.0, deadline - trio.current_time())):
+                    return await attempt()
+            except trio.TooSlowError:
+                raise Unavailable(f"{what}: no answer within the operation timeout") from None
+            except DriverError as exc:
+                if not retryable(exc) or self._closed:
+                    raise
+                if trio.current_time() + pause >= deadline:
+                    raise Unavailable(f"{what}: {exc}") from None
+                log.debug("%s: %s; trying again", what, exc)
+            await trio.sleep(pause)
+            pause = min(1.0, pause * 2)

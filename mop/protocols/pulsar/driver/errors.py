@@ -1,0 +1,34 @@
+"""What goes wrong for a `PulsarClient`: a connection lost, a broker's refusal (with its
+`ServerError`), a broker that cannot be found or reached, an operation on something closed."""
+
+from __future__ import annotations
+
+from mop.protocols.pulsar.errors import ServerError
+
+__all__ = ["ClientClosed", "ConnectionLost", "DriverError", "ServerRefused", "Unavailable"]
+
+
+class DriverError(Exception):
+    """Base of the client's errors."""
+
+
+class ConnectionLost(DriverError):
+    """The connection to a broker ended before the answer came."""
+
+
+class Unavailable(DriverError):
+    """No broker could be reached, or none owns the topic now (after retrying until the
+    operation timeout)."""
+
+
+class ClientClosed(DriverError):
+    """The producer, consumer or client was closed."""
+
+
+class ServerRefused(DriverError):
+    """The broker answered ERROR (or SEND_ERROR): `error` says why."""
+
+    def __init__(self, error: ServerError, message: str) -> None:
+        super().__init__(f"{error.name}: {message}")
+        self.error = error
+        self.message = message
