@@ -111,9 +111,10 @@ class Member(NamedTuple):
 
     payload: bytes
     properties: tuple[tuple[str, str], ...]
-    partition_key: str | None
+    partition_key: str | None  # the ordering key when there is one (Key_Shared hashes it)
     event_time: int
     null_value: bool
+    header: bytes  # its SingleMessageMetadata as sent (what a broker forwards)
 
 
 def _text(buf: Buffer, pos: int, end: int) -> tuple[str, int]:
@@ -168,6 +169,7 @@ def read_members(data: Buffer, count: int) -> list[Member]:
         for _ in range(count):
             (size,) = _U32.unpack_from(data, pos)
             pos += 4
+            start = pos
             stop = pos + size
             if stop > end:
                 raise MalformedFrame("batch entry metadata overruns the payload")
@@ -214,6 +216,7 @@ def read_members(data: Buffer, count: int) -> list[Member]:
                     None if null_key else (ordering if ordering is not None else key),
                     event_time & _M64,
                     null_value,
+                    bytes(data[start:stop]),
                 )
             )
     except struct.error:

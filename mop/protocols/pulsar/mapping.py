@@ -12,7 +12,8 @@ import struct
 from typing import Final
 
 from mop.message import Message, MessageId
-from mop.protocols.pulsar.codec import decode_message, message_bytes
+from mop.protocols.pulsar.batching import read_members
+from mop.protocols.pulsar.codec import message_bytes
 from mop.protocols.pulsar.errors import PulsarError
 from mop.protocols.pulsar.metadata import (
     EARLIEST_ID,
@@ -101,39 +102,23 @@ def message_from_payload(payload: Payload) -> Message:
 def split_batch(data: bytes, count: int, producer: str, publish_time: int) -> tuple[Message, ...]:
     """The messages of an uncompressed batch payload, each keeping its metadata bytes; () when
     the payload does not parse as `count` entries (e.g. it is encrypted)."""
-    members = []
-    pos = 0
-    end = len(data)
     try:
-        for _ in range(count):
-            (size,) = _U32.unpack_from(data, pos)
-            meta_end = pos + 4 + size
-            if meta_end > end:
-                return ()
-            meta = decode_message(SingleMessageMetadata, data, pos + 4, meta_end)
-            stop = meta_end + meta.payload_size
-            if meta.payload_size < 0 or stop > end:
-                return ()
-            members.append(
-                Message(
-                    payload=b"" if meta.null_value else data[meta_end:stop],
-                    properties=_pairs(meta.properties),
-                    key=(
-                        None
-                        if meta.null_partition_key
-                        else _key(meta.partition_key, meta.ordering_key)
-                    ),
-                    producer=producer,
-                    publish_time=publish_time,
-                    event_time=meta.event_time or 0,
-                    wire_format=WIRE_FORMAT,
-                    wire=data[pos + 4 : meta_end],
-                )
-            )
-            pos = stop
-    except (struct.error, PulsarError):
+        members = read_members(data, count)
+    except PulsarError:
         return ()
-    return tuple(members) if pos == end and members else ()
+    return tuple(
+        Message(
+            payload=member.payload,
+            properties=member.properties,
+            key=member.partition_key,
+            producer=producer,
+            publish_time=publish_time,
+            event_time=member.event_time,
+            wire_format=WIRE_FORMAT,
+            wire=member.header,
+        )
+        for member in members
+    )
 
 
 # --- Message -> MESSAGE --------------------------------------------------------------------------
