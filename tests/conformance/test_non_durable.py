@@ -1,7 +1,8 @@
 """Non-durable exclusive subscriptions side by side (MQTT clean sessions): each gets every message
 published after it subscribed, a slow one loses messages past its backlog without holding the
 others back, one that leaves does not disturb the rest, and wildcards follow topics created
-later. (Separated mode serves these from one reader per topic per proxy, `cluster_fanout`.)"""
+later. (Separated mode serves these from one reader per topic per proxy,
+`mop.backends.cluster.fanout`.)"""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
 """The import-linter contracts of `.importlinter` (DESIGN.md section 2): they name modules that
-exist, they cover every module of a protocol's pure core, and a broken rule fails the check."""
+exist, they cover every module of a protocol's pure core and every part of the cluster backend,
+and a broken rule fails the check."""
 
 from __future__ import annotations
 
+import ast
 import configparser
 import fnmatch
 import pkgutil
@@ -70,6 +72,40 @@ def test_every_module_of_a_protocol_core_is_held_to_the_pure_rule() -> None:
         assert name in pure, f"{name} is in a protocol's pure core but not in the pure-core rule"
 
 
+CLUSTER = "mop.backends.cluster"
+CLUSTER_BACKEND = f"{CLUSTER}.backend"
+
+
+def cluster_parts() -> list[str]:
+    """The modules of the cluster backend's package but its `__init__` and `backend`."""
+    return sorted(
+        name for name in modules() if name.startswith(f"{CLUSTER}.") and name != CLUSTER_BACKEND
+    )
+
+
+def test_every_part_of_the_cluster_backend_is_kept_from_the_backend_module() -> None:
+    parts = set(listed(contracts()["importlinter:contract:cluster-parts"], "source_modules"))
+    for name in cluster_parts():
+        assert name in parts, f"{name} is a part of the cluster backend but not in its rule"
+
+
+def test_no_part_of_the_cluster_backend_imports_it_even_for_type_checkers() -> None:
+    # The contracts leave out imports made only for type checkers; this rule has no exception.
+    for name in cluster_parts():
+        path = ROOT / Path(*name.split(".")).with_suffix(".py")
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                imported = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module is not None:
+                imported = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for module in imported:
+                assert module != CLUSTER, f"{name} imports {CLUSTER} (its __init__ is the backend)"
+                below = module == CLUSTER_BACKEND or module.startswith(f"{CLUSTER_BACKEND}.")
+                assert not below, f"{name} imports {module}"
+
+
 @pytest.fixture
 def tree_copy(tmp_path: Path) -> Path:
     """A copy of the package and its contracts, to break."""
@@ -118,3 +154,11 @@ def test_a_rule_that_names_a_module_that_is_gone_fails(tree_copy: Path) -> None:
     result = lint_imports(tree_copy)
     assert result.returncode != 0
     assert "mop.broker.grace" in result.stdout + result.stderr
+
+
+def test_a_cluster_part_that_imports_the_backend_breaks_its_rule(tree_copy: Path) -> None:
+    part = tree_copy / "mop" / "backends" / "cluster" / "fanout_consumer.py"
+    part.write_text(part.read_text() + "\nimport mop.backends.cluster.backend  # noqa\n")
+    result = lint_imports(tree_copy)
+    assert result.returncode != 0
+    assert "The parts of the cluster backend do not import the backend" in result.stdout

@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from mop.backends.cluster_fanout_consumer import FanOutConsumer
+from mop.backends.cluster import FanOutConsumer
 from mop.message import Message
 from mop.messaging import QUEUE_FULL
 from mop.processor.backend import ConsumerClosed

@@ -22,8 +22,7 @@ import pulsar
 import pytest
 import trio
 
-from mop.backends.cluster import ClusterBackend
-from mop.backends.cluster_leases import ClusterLease
+from mop.backends.cluster import ClusterBackend, ClusterLease
 from mop.message import Message
 from mop.processor.backend import BackendError, SubscriptionKind
 from mop.testing.cluster import open_cluster_backend

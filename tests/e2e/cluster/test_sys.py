@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import trio
 
-from mop.backends.cluster_admin import get_topics
+from mop.backends.cluster import get_topics
 from mop.testing.cluster import proxy_settings
 from mop.testing.node import RunningNode, running_node
 from tests.e2e.clients import Client, Received

@@ -5,8 +5,8 @@ connected to, in merged mode and through a separated proxy alike. So the values 
 this node only (`RetainedStore.keep_local`, never the shared retained table, where proxies would
 overwrite each other's), and published through the processor, whose backend keeps `$SYS` topics
 on the node: the merged node's broker is the node, and a proxy's `ClusterBackend` delivers them
-in memory to its own consumers without sending them to the brokers (`mop.backends.cluster_local`
-says why this beats node-specific Pulsar topics).
+in memory to its own consumers without sending them to the brokers
+(`mop.backends.cluster.local_topics` says why this beats node-specific Pulsar topics).
 
 Only changed values are republished, so an idle node does not churn anything.
 """

@@ -33,7 +33,7 @@ log = logging.getLogger("mop.cluster")
 
 
 class Lister(Protocol):
-    """Lists the persistent topics of a namespace (`cluster_admin.TopicLister`)."""
+    """Lists the persistent topics of a namespace (`admin.TopicLister`)."""
 
     async def topics(self, namespace: str) -> list[str]: ...
 

@@ -2,19 +2,22 @@
 
 One pulsar-client `Client` per process does lookups, keeps one connection per broker for every
 producer and consumer, batches and reconnects; this module bridges it into trio (see
-`mop.backends.cluster_bridge`) and maps the processor contract onto Pulsar:
+`mop.backends.cluster.bridge`) and maps the processor contract onto Pulsar, through the other
+modules of `mop.backends.cluster`:
 
-- publish: a cached producer per topic (`cluster_producers`), message fields as in
-  `cluster_messages`;
-- subscribe: a pulsar-client consumer per topic (`cluster_patterns`, `cluster_consumers`), the
-  topics of MQTT filters found by one poller per namespace (`cluster_discovery`); non-durable
-  exclusive subscriptions share one reader per topic per proxy instead (`cluster_fanout`);
+- publish: a cached producer per topic (`producers`), message fields as in `messages`;
+- subscribe: a pulsar-client consumer per topic (`patterns`, `consumers`), the topics of MQTT
+  filters found by one poller per namespace (`discovery`); non-durable exclusive subscriptions
+  share one reader per topic per proxy instead (`fanout`);
 - `$SYS` topics: this proxy's own, kept in memory and never sent to the brokers
-  (`cluster_local`);
-- tables: compacted topics in `{tenant}/__mop`, read into memory (`cluster_tables`);
-- client ids: fencing lease topics (`cluster_leases`);
-- roles held by one proxy at a time: an exclusive subscription per role topic (`cluster_roles`);
-- topic lists and owners: short binary-protocol calls (`cluster_admin`).
+  (`local_topics`);
+- tables: compacted topics in `{tenant}/__mop`, read into memory (`tables`);
+- client ids: fencing lease topics (`leases`);
+- roles held by one proxy at a time: an exclusive subscription per role topic (`roles`);
+- topic lists and owners: short binary-protocol calls (`admin`).
+
+Those parts never see the backend: they are given the `ClusterContext` that `serve` makes
+(`context`) and the callbacks they need.
 
 What a proxy cannot do: bound a durable subscription's backlog (`SubscriptionSpec.max_backlog`:
 the broker keeps it), register producers of the Pulsar adapter (`open_producer`), tell a failover
@@ -33,19 +36,21 @@ from typing import TYPE_CHECKING, Any
 import _pulsar
 import trio
 
-from mop.backends import cluster_admin
-from mop.backends.cluster_bridge import Bridge
-from mop.backends.cluster_consumers import ClusterConsumer, ConsumerOptions
-from mop.backends.cluster_discovery import NamespaceDiscovery
-from mop.backends.cluster_fanout import FanOut, fans_out
-from mop.backends.cluster_fanout_consumer import FanOutConsumer
-from mop.backends.cluster_leases import ClusterLease
-from mop.backends.cluster_local import LocalTopics
-from mop.backends.cluster_patterns import matching_selectors
-from mop.backends.cluster_producers import NO_ID, ProducerCache, ProducerOptions, Receipt
-from mop.backends.cluster_roles import ClusterRole, ClusterRoles
-from mop.backends.cluster_tables import REGISTRY_TABLE, ClusterTable, SubscriptionRegistry
-from mop.backends.cluster_timing import Delays
+from mop.backends.cluster import admin
+from mop.backends.cluster.bridge import Bridge
+from mop.backends.cluster.consumers import ClusterConsumer
+from mop.backends.cluster.context import ClusterContext
+from mop.backends.cluster.discovery import NamespaceDiscovery
+from mop.backends.cluster.fanout import FanOut, fans_out
+from mop.backends.cluster.fanout_consumer import FanOutConsumer
+from mop.backends.cluster.leases import ClusterLease
+from mop.backends.cluster.local_topics import LocalTopics
+from mop.backends.cluster.options import ConsumerOptions, ProducerOptions
+from mop.backends.cluster.patterns import matching_selectors
+from mop.backends.cluster.producers import NO_ID, ProducerCache, Receipt
+from mop.backends.cluster.roles import ClusterRole, ClusterRoles
+from mop.backends.cluster.tables import REGISTRY_TABLE, ClusterTable, SubscriptionRegistry
+from mop.backends.cluster.timing import Delays
 from mop.clock import now_ms
 from mop.exception_groups import leaves
 from mop.message import Message
@@ -69,7 +74,7 @@ if TYPE_CHECKING:
         Table,
     )
 
-__all__ = ["ClusterBackend", "ConsumerOptions", "ProducerOptions", "open_cluster_backend"]
+__all__ = ["ClusterBackend", "open_cluster_backend"]
 
 log = logging.getLogger("mop.cluster")
 client_log = logging.getLogger("mop.cluster.client")
@@ -140,33 +145,35 @@ class ClusterBackend:
         self.delays = Delays()
         self.local = LocalTopics(tenant=tenant, namespace=namespace)
         self.discovery = NamespaceDiscovery(
-            lambda: cluster_admin.TopicLister(service_url, seconds=operation_timeout),
+            lambda: admin.TopicLister(service_url, seconds=operation_timeout),
             self.consumer_options.pattern_discovery,
         )
         self._tables: dict[str, ClusterTable] = {}
         self._leases: dict[str, ClusterLease] = {}
-        self._roles = ClusterRoles(self)
+        self._roles: ClusterRoles | None = None  # made by `serve` (it needs the context)
         self._consumers: set[ClusterConsumer] = set()
         # Told of each message a fan-out consumer drops (`DropNotifier`), once set.
         self.dropped_callback: Callable[[str, str, int], None] | None = None
-        self._fanout: FanOut | None = None  # made on first use (it needs the bridge)
+        self._fanout: FanOut | None = None  # made on first use
+        self._context: ClusterContext | None = None  # made by `serve`
         self.registry: SubscriptionRegistry
         self._stop = trio.Event()
         self._running = False
         self._closed = False
 
-    # -- parts the other cluster modules use -----------------------------------------------
+    # -- what the parts are given ----------------------------------------------------------
 
     @property
-    def client(self) -> Any:
+    def context(self) -> ClusterContext:
+        """What the parts share (see `ClusterContext`), once `serve` runs."""
+        if self._context is None:
+            raise BackendError("backend is not running: start serve() first", reason="closed")
+        return self._context
+
+    def _current_client(self) -> Any:
         if self._client is None:
             raise BackendError("backend is not running: start serve() first", reason="closed")
         return self._client
-
-    @property
-    def bridge(self) -> Bridge:
-        assert self._bridge is not None, "serve() has started"
-        return self._bridge
 
     @property
     def producers(self) -> ProducerCache:
@@ -174,17 +181,27 @@ class ClusterBackend:
             raise BackendError("backend is not running: start serve() first", reason="closed")
         return self._producers
 
-    @property
-    def nursery(self) -> trio.Nursery:
-        assert self._nursery is not None, "serve() is running"
-        return self._nursery
+    def _consumer(self, spec: SubscriptionSpec, since: dict[str, int]) -> ClusterConsumer:
+        return ClusterConsumer(
+            self.context,
+            spec,
+            since,
+            registry=self.registry,
+            gone=self._consumer_gone,
+            leave_topics=self.leave_topics,
+        )
 
-    def consumer_gone(self, consumer: ClusterConsumer) -> None:
+    def _consumer_gone(self, consumer: ClusterConsumer) -> None:
         self._consumers.discard(consumer)
 
-    def lease_gone(self, lease: ClusterLease) -> None:
+    def _lease_gone(self, lease: ClusterLease) -> None:
         if self._leases.get(lease.client_id) is lease:
             del self._leases[lease.client_id]
+
+    def _report_dropped(self, subscription: str, reason: str, count: int) -> None:
+        report = self.dropped_callback
+        if report is not None:
+            report(subscription, reason, count)
 
     async def catch_up_tables(self) -> None:
         """Read every loaded table up to its topic's end (after a takeover, say)."""
@@ -197,7 +214,7 @@ class ClusterBackend:
 
     def make_client(self) -> Any:
         """A new pulsar-client Client with this backend's settings: the backend's own, or
-        one for a connection of its own (`cluster_roles`)."""
+        one for a connection of its own (`ClusterContext.new_client`, for `roles`)."""
         conf = _pulsar.ClientConfiguration()
         conf.operation_timeout_seconds(max(1, round(self.operation_timeout)))
         conf.connection_timeout(max(1, int(self.connect_timeout * 1000)))
@@ -217,19 +234,35 @@ class ClusterBackend:
         if self._running or self._closed:
             raise RuntimeError("ClusterBackend.serve() may run only once")
         self._running = True
-        self._bridge = Bridge(trio.lowlevel.current_trio_token())
+        bridge = self._bridge = Bridge(trio.lowlevel.current_trio_token())
         self._client = self.make_client()
-        self._producers = ProducerCache(self._bridge, self._client, self.producer_options)
+        producers = self._producers = ProducerCache(bridge, self._client, self.producer_options)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._producers.serve_idle_closer)
+                context = self._context = ClusterContext(
+                    tenant=self.tenant,
+                    namespace=self.namespace,
+                    operation_timeout=self.operation_timeout,
+                    fence_timeout=self.fence_timeout,
+                    consumer_options=self.consumer_options,
+                    client=self._current_client,
+                    new_client=self.make_client,
+                    bridge=bridge,
+                    nursery=nursery,
+                    delays=self.delays,
+                    producers=producers,
+                    local=self.local,
+                    discovery=self.discovery,
+                )
+                self._roles = ClusterRoles(context, catch_up=self.catch_up_tables)
+                nursery.start_soon(producers.serve_idle_closer)
                 nursery.start_soon(self.delays.serve)
                 await nursery.start(self.discovery.serve)
                 with trio.fail_after(self.operation_timeout + self.connect_timeout):
                     # The backend's own, those asked for, and any `table()` made before now.
                     for name in dict.fromkeys([*self._preload, *self._tables]):
-                        await nursery.start(self._table(name).serve)
+                        await nursery.start(self._table(name).serve, context)
                 self.registry = SubscriptionRegistry(self._tables[REGISTRY_TABLE])
                 task_status.started()
                 await self._stop.wait()
@@ -279,7 +312,8 @@ class ClusterBackend:
                 consumer.abort()
             for lease in list(self._leases.values()):
                 lease.abort()
-            await self._roles.aclose()
+            if self._roles is not None:
+                await self._roles.aclose()
             if self._fanout is not None:
                 await self._fanout.aclose(self.operation_timeout)
             self._stop.set()
@@ -295,7 +329,8 @@ class ClusterBackend:
             await table.aclose()
         with trio.move_on_after(self.operation_timeout) as scope:
             try:
-                await self.bridge.call(client.close_async, "closing the client")
+                assert self._bridge is not None  # made with the client
+                await self._bridge.call(client.close_async, "closing the client")
             except BackendError as exc:
                 log.debug("%s", exc)
         if scope.cancelled_caught:
@@ -313,7 +348,9 @@ class ClusterBackend:
     async def open_client(self, client_id: str) -> ClusterLease:
         self._check_running()
         previous = self._leases.get(client_id)
-        lease = self._leases[client_id] = ClusterLease(self, client_id)
+        lease = self._leases[client_id] = ClusterLease(
+            self.context, client_id, catch_up=self.catch_up_tables, gone=self._lease_gone
+        )
         try:
             await lease.acquire(previous)
         except BaseException:
@@ -370,7 +407,7 @@ class ClusterBackend:
         if self.consumer_options.fanout and fans_out(spec):
             # Non-durable exclusive: one reader per topic for the whole proxy.
             if self._fanout is None:
-                self._fanout = FanOut(self)
+                self._fanout = FanOut(self.context, report_dropped=self._report_dropped)
             return await self._fanout.subscribe(spec)
         if spec.whole_batches:
             raise BackendError(
@@ -385,7 +422,7 @@ class ClusterBackend:
         start = 0 if spec.start is StartPosition.EARLIEST else now_ms()
         since = {selector: since.get(selector, start) for selector in spec.selectors}
         await self.registry.record(spec, since)
-        consumer = ClusterConsumer(self, spec, since)
+        consumer = self._consumer(spec, since)
         await consumer.open()
         if self._closed:
             consumer.abort()
@@ -402,9 +439,7 @@ class ClusterBackend:
 
     async def topics(self, namespace: str) -> list[str]:
         self._check_running()
-        return await cluster_admin.get_topics(
-            self.service_url, namespace, seconds=self.operation_timeout
-        )
+        return await admin.get_topics(self.service_url, namespace, seconds=self.operation_timeout)
 
     async def delete_subscription(self, name: str, member: str = "") -> None:
         """Delete a subscription no consumer is attached to (an expired session): forget the
@@ -426,7 +461,7 @@ class ClusterBackend:
         except ValueError:
             kind = SubscriptionKind.EXCLUSIVE
         spec = SubscriptionSpec(name=name, selectors=selectors, kind=kind, member=member)
-        consumer = ClusterConsumer(self, spec, {})
+        consumer = self._consumer(spec, {})
         await consumer.open()
         await consumer.delete()
 
@@ -446,7 +481,7 @@ class ClusterBackend:
         ]
         for topic in gone:
             single = SubscriptionSpec(name=spec.name, selectors=frozenset([topic]), kind=spec.kind)
-            consumer = ClusterConsumer(self, single, {})
+            consumer = self._consumer(single, {})
             try:
                 await consumer.open()
                 await consumer.delete()
@@ -466,7 +501,9 @@ class ClusterBackend:
     def _table(self, name: str) -> ClusterTable:
         table = self._tables.get(name)
         if table is None:
-            table = self._tables[name] = ClusterTable(self, name)
+            table = self._tables[name] = ClusterTable(
+                name, tenant=self.tenant, namespace=self.namespace
+            )
         return table
 
     def table(self, name: str) -> ClusterTable:
@@ -480,19 +517,21 @@ class ClusterBackend:
 
     async def _load(self, table: ClusterTable) -> None:
         try:
-            await table.serve()
+            await table.serve(self.context)
         except BackendError as exc:
             log.error("table %r: %s", table.name, exc)
 
     async def lookup(self, topic: str) -> str:
         self._check_running()
-        return await cluster_admin.lookup(self.service_url, topic, seconds=self.operation_timeout)
+        return await admin.lookup(self.service_url, topic, seconds=self.operation_timeout)
 
     async def hold_role(self, name: str) -> ClusterRole:
         """Enter this proxy for role `name`; it is granted in the background (see
-        `cluster_roles`)."""
+        `mop.backends.cluster.roles`)."""
         self._check_running()
-        return await self._roles.hold(name)
+        roles = self._roles
+        assert roles is not None, "serve() is running"
+        return await roles.hold(name)
 
 
 @asynccontextmanager

@@ -4,7 +4,7 @@
 The protocol is spoken by `mop.protocols.pulsar.client`; this module gives its answers and
 failures the terms of a backend. Each call opens a short link of its own to the first broker of
 the service URL that answers; a `TopicLister`, which lists one namespace again and again (the topic
-poller of `cluster_discovery`), keeps its link between calls instead.
+poller of `discovery`), keeps its link between calls instead.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The local consumers of the proxy's fan-out (`cluster_fanout`): a non-durable exclusive
+"""The local consumers of the proxy's fan-out (`fanout`): a non-durable exclusive
 subscription's consumer, fed in memory by the proxy's shared topic readers.
 
 Its backlog is bounded (`SubscriptionSpec.max_backlog`, else `FANOUT_BACKLOG`): messages
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
-from mop.backends.cluster_patterns import SelectorPlan, plan
+from mop.backends.cluster.patterns import SelectorPlan, plan
 from mop.clock import now_ms
 from mop.message import Delivery, MessageId
 from mop.processor.backend import (
@@ -28,7 +28,7 @@ from mop.processor.backend import (
 )
 
 if TYPE_CHECKING:
-    from mop.backends.cluster_fanout import FanOut
+    from mop.backends.cluster.fanout import FanOut
     from mop.processor.backend import Consumer
 
 __all__ = ["FANOUT_BACKLOG", "FanOutConsumer"]
@@ -50,7 +50,7 @@ class FanOutConsumer:
 
     def __init__(self, hub: FanOut, spec: SubscriptionSpec) -> None:
         self._hub = hub
-        self._backend = hub.backend
+        self._context = hub.context
         self._spec = spec
         self.key = hub.key()
         self._plans: dict[str, SelectorPlan] = {}  # selector -> its own plan
@@ -77,7 +77,7 @@ class FanOutConsumer:
         return self._dropped
 
     def _plan(self, selectors: Iterable[str]) -> SelectorPlan:
-        return plan(selectors, tenant=self._backend.tenant, namespace=self._backend.namespace)
+        return plan(selectors, tenant=self._context.tenant, namespace=self._context.namespace)
 
     async def open(self) -> None:
         """Start receiving what the spec's selectors match (called once, by the hub)."""
@@ -103,7 +103,7 @@ class FanOutConsumer:
 
     def _follow_local(self) -> None:
         local = frozenset(s for p in self._plans.values() for s in p.local)
-        self._backend.local.follow(self, self._spec.name, local)
+        self._context.local.follow(self, self._spec.name, local)
 
     # -- what the hub hands over -----------------------------------------------------------
 
@@ -133,7 +133,7 @@ class FanOutConsumer:
         return False
 
     def deliver_local(self, delivery: Delivery) -> None:
-        """A message of a node-local topic (`cluster_local`)."""
+        """A message of a node-local topic (`local_topics`)."""
         self.offer(delivery)
 
     # -- Consumer --------------------------------------------------------------------------
@@ -188,7 +188,7 @@ class FanOutConsumer:
         if delay <= 0:
             self._redeliver(again)
         else:
-            self._backend.delays.call_later(delay, lambda: self._redeliver(again))
+            self._context.delays.call_later(delay, lambda: self._redeliver(again))
 
     def _redeliver(self, deliveries: list[Delivery]) -> None:
         # Still counted in the backlog (as unacknowledged) until taken again.
@@ -264,7 +264,7 @@ class FanOutConsumer:
         self._qos0 = sum(1 for d in self._buffer if d.message.qos == 0)
 
     def _covers(self, selector_plan: SelectorPlan, topic: str) -> bool:
-        if topic in selector_plan.exact or self._backend.local.owns(topic):
+        if topic in selector_plan.exact or self._context.local.owns(topic):
             return True
         return any(self._hub.matches_topic(f, topic) for f in selector_plan.filters)
 
@@ -274,7 +274,7 @@ class FanOutConsumer:
         self._closed = True
         self._buffer.clear()
         self._unacked.clear()
-        self._backend.local.follow(self, self._spec.name, ())
+        self._context.local.follow(self, self._spec.name, ())
         self._hub.consumer_gone(self)
         if self._wakeup is not None:
             self._wakeup.set()

@@ -2,9 +2,9 @@
 
 A consumer follows each topic its selectors cover with a plain pulsar-client consumer (a leg),
 all under the subscription's name: the topics of exact selectors at once, the topics MQTT
-filters match as the proxy's topic poller reports them (`cluster_discovery`: one listing per
+filters match as the proxy's topic poller reports them (`discovery`: one listing per
 namespace and period for every consumer of the proxy), and node-local `$SYS` topics from this
-process (`cluster_local`). pulsar-client's listener threads append messages to an inbox and wake
+process (`local_topics`). pulsar-client's listener threads append messages to an inbox and wake
 the trio thread, which turns them into deliveries in a bounded buffer; past the bound the
 listeners are paused, so a slow reader holds at most the buffer plus the client's receiver
 queues in memory.
@@ -22,16 +22,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 import _pulsar
 import trio
 
-from mop.backends.cluster_bridge import ignore_result
-from mop.backends.cluster_discovery import Watch
-from mop.backends.cluster_legs import (
+from mop.backends.cluster.bridge import ignore_result
+from mop.backends.cluster.discovery import Watch
+from mop.backends.cluster.legs import (
     Leg,
     close_leg_soon,
     close_legs,
@@ -39,13 +38,13 @@ from mop.backends.cluster_legs import (
     subscribe_leg,
     unsubscribe_legs,
 )
-from mop.backends.cluster_messages import incoming
-from mop.backends.cluster_patterns import (
+from mop.backends.cluster.messages import incoming
+from mop.backends.cluster.patterns import (
     SelectorPlan,
     matching_selectors,
     plan,
 )
-from mop.backends.cluster_producers import message_id_of
+from mop.backends.cluster.producers import message_id_of
 from mop.clock import now_ms
 from mop.message import Delivery, MessageId
 from mop.processor.backend import (
@@ -59,9 +58,10 @@ from mop.processor.backend import (
 from mop.topic_names import is_exact_selector
 
 if TYPE_CHECKING:
-    from mop.backends.cluster import ClusterBackend
+    from mop.backends.cluster.context import ClusterContext
+    from mop.backends.cluster.tables import SubscriptionRegistry
 
-__all__ = ["ClusterConsumer", "ConsumerOptions"]
+__all__ = ["ClusterConsumer"]
 
 log = logging.getLogger("mop.cluster")
 
@@ -79,21 +79,6 @@ NACK_DELAY: Final = 0.1
 _LATE_ACKS: Final = 10_000
 
 
-@dataclass(frozen=True, slots=True)
-class ConsumerOptions:
-    # Messages taken from pulsar-client and not yet received before the listener pauses.
-    buffer: int = 1000
-    # pulsar-client's prefetch per topic.
-    receiver_queue: int = 500
-    # Seconds between the listings of a namespace that find topics for wildcard selectors.
-    pattern_discovery: float = 1.0
-    # How long a subscribe retries while the subscription is held by a consumer that is going.
-    busy_timeout: float = 10.0
-    # Non-durable exclusive subscriptions share one reader per topic per proxy
-    # (`cluster_fanout`) instead of a pulsar-client consumer per subscription and topic.
-    fanout: bool = True
-
-
 # (pulsar consumer, pulsar message id, leg) of a delivery handed out and not yet acknowledged.
 _Held = tuple[Any, Any, Leg]
 
@@ -102,11 +87,24 @@ class ClusterConsumer:
     """A subscription's consumer; one task at a time may wait in `receive`."""
 
     def __init__(
-        self, backend: ClusterBackend, spec: SubscriptionSpec, since: dict[str, int]
+        self,
+        context: ClusterContext,
+        spec: SubscriptionSpec,
+        since: dict[str, int],
+        *,
+        registry: SubscriptionRegistry,
+        gone: Callable[[ClusterConsumer], None],
+        leave_topics: Callable[[SubscriptionSpec, str, frozenset[str]], Awaitable[None]],
     ) -> None:
-        self._backend = backend
-        self._bridge = backend.bridge
-        self._options = backend.consumer_options
+        """`since` is when each selector was first subscribed (see `SubscriptionRegistry`);
+        the consumer records its selectors in `registry`, tells `gone` when it closes, and
+        calls `leave_topics` when a removed selector's topics are to be left."""
+        self._context = context
+        self._registry = registry
+        self._gone = gone
+        self._leave_topics = leave_topics
+        self._bridge = context.bridge
+        self._options = context.consumer_options
         self._spec = spec
         self._since = since
         self._legs: dict[str, Leg] = {}  # topic -> its leg
@@ -138,7 +136,7 @@ class ClusterConsumer:
         return self._closed
 
     def _plan(self, selectors: Iterable[str]) -> SelectorPlan:
-        return plan(selectors, tenant=self._backend.tenant, namespace=self._backend.namespace)
+        return plan(selectors, tenant=self._context.tenant, namespace=self._context.namespace)
 
     async def open(self) -> None:
         """Attach to the subscription (called once, by the backend)."""
@@ -152,16 +150,16 @@ class ClusterConsumer:
     async def _follow(self, selector_plan: SelectorPlan) -> None:
         """Follow what `selector_plan` covers: node-local topics, the filters' watch, and a
         leg for every covered topic that has none yet (legs no longer covered stay)."""
-        backend = self._backend
-        backend.local.follow(self, self._spec.name, selector_plan.local)
+        context = self._context
+        context.local.follow(self, self._spec.name, selector_plan.local)
         known: list[str] = []
         if not selector_plan.filters:
             self._close_watch()
         elif self._watch is not None:
             known = self._watch.update(selector_plan.filters)
         else:
-            watch, known = await backend.discovery.watch(
-                backend.tenant, backend.namespace, selector_plan.filters, self
+            watch, known = await context.discovery.watch(
+                context.tenant, context.namespace, selector_plan.filters, self
             )
             if self._closed:
                 watch.close()
@@ -183,8 +181,8 @@ class ClusterConsumer:
             matching_selectors(
                 topic,
                 self._spec.selectors,
-                tenant=self._backend.tenant,
-                namespace=self._backend.namespace,
+                tenant=self._context.tenant,
+                namespace=self._context.namespace,
             )
         )
 
@@ -220,8 +218,8 @@ class ClusterConsumer:
         found = matching_selectors(
             topic,
             self._spec.selectors,
-            tenant=self._backend.tenant,
-            namespace=self._backend.namespace,
+            tenant=self._context.tenant,
+            namespace=self._context.namespace,
         )
         return not all(is_exact_selector(selector) for selector in found)
 
@@ -229,7 +227,7 @@ class ClusterConsumer:
         """Open a leg for each of `topics`; the ones that failed."""
         opened: list[Leg] = []
         failures: list[tuple[str, BackendError]] = []
-        client = self._backend.client
+        client = self._context.client()
         name = self._spec.name
 
         async def open_one(topic: str) -> None:
@@ -274,7 +272,7 @@ class ClusterConsumer:
             self._pending[topic] = present
         if not self._syncing:
             self._syncing = True
-            self._backend.nursery.start_soon(self._sync)
+            self._context.nursery.start_soon(self._sync)
 
     async def _sync(self) -> None:
         """Open legs for topics that appeared, close those of topics that went (but not the
@@ -307,7 +305,7 @@ class ClusterConsumer:
             len(topics),
             error,
         )
-        self._backend.delays.call_later(
+        self._context.delays.call_later(
             self._options.pattern_discovery, lambda: self.topics_found(topics)
         )
 
@@ -379,8 +377,8 @@ class ClusterConsumer:
         found = matching_selectors(
             topic,
             self._spec.selectors,
-            tenant=self._backend.tenant,
-            namespace=self._backend.namespace,
+            tenant=self._context.tenant,
+            namespace=self._context.namespace,
         )
         threshold = min((self._since.get(s, 0) for s in found), default=None)
         self._thresholds[topic] = threshold
@@ -446,7 +444,7 @@ class ClusterConsumer:
             if delay <= NACK_DELAY:
                 consumer.negative_acknowledge(pulsar_id)
             else:
-                self._backend.delays.call_later(
+                self._context.delays.call_later(
                     delay - NACK_DELAY, _later_nack(consumer, pulsar_id, leg)
                 )
 
@@ -538,7 +536,7 @@ class ClusterConsumer:
         selectors = self._spec.selectors | {selector}
         selector_plan = self._plan(selectors)
         self._since[selector] = 0 if self._spec.start is StartPosition.EARLIEST else now_ms()
-        await self._backend.registry.record(self._spec, self._since)
+        await self._registry.record(self._spec, self._since)
         async with self._lock:
             self._check_open()
             before = self._spec.selectors
@@ -566,14 +564,14 @@ class ClusterConsumer:
         selectors = self._spec.selectors - {selector}
         selector_plan = self._plan(selectors) if selectors else SelectorPlan()
         self._since.pop(selector, None)
-        await self._backend.registry.record(self._spec, self._since)
+        await self._registry.record(self._spec, self._since)
         async with self._lock:
             self._check_open()
             self._set_selectors(selectors)
             try:
                 await self._close_legs(self._uncovered())
                 await self._follow(selector_plan)
-                await self._backend.leave_topics(self._spec, selector, selectors)
+                await self._leave_topics(self._spec, selector, selectors)
             except BaseException:
                 self.abort()
                 raise
@@ -597,10 +595,10 @@ class ClusterConsumer:
             leg.closed = True
         self._close_watch()
         self._pending.clear()
-        self._backend.local.follow(self, self._spec.name, ())
+        self._context.local.follow(self, self._spec.name, ())
         self._buffer.clear()
         self._held.clear()
-        self._backend.consumer_gone(self)
+        self._gone(self)
         if self._wakeup is not None:
             self._wakeup.set()
         return legs
@@ -620,7 +618,7 @@ class ClusterConsumer:
             return
         legs = self._shutdown()
         with trio.CancelScope(shield=True):
-            others = await self._backend.registry.leave(self._spec)
+            others = await self._registry.leave(self._spec)
             if others:
                 await self._close_legs(legs)  # the other members keep the subscription
             else:

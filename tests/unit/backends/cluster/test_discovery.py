@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.lowlevel
 
-from mop.backends.cluster_discovery import NamespaceDiscovery
+from mop.backends.cluster.discovery import NamespaceDiscovery
 from mop.processor.backend import BackendError
 from mop.topic_names import mqtt_to_pulsar
 

@@ -14,19 +14,20 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import _pulsar
 import trio
 
-from mop.backends.cluster_bridge import ignore_result
-from mop.backends.cluster_producers import message_id_of
-from mop.backends.cluster_tables import system_topic
+from mop.backends.cluster.bridge import ignore_result
+from mop.backends.cluster.producers import message_id_of
+from mop.backends.cluster.tables import system_topic
 from mop.message import MessageId
 from mop.processor.backend import BackendError, ProducerFenced
 
 if TYPE_CHECKING:
-    from mop.backends.cluster import ClusterBackend
+    from mop.backends.cluster.context import ClusterContext
 
 __all__ = ["HOLDER", "ClusterLease"]
 
@@ -39,10 +40,21 @@ TAKEOVER: Final = "takeover"
 class ClusterLease:
     """Ownership of one client id, fenced when another connection (on any proxy) takes it."""
 
-    def __init__(self, backend: ClusterBackend, client_id: str) -> None:
-        self._backend = backend
+    def __init__(
+        self,
+        context: ClusterContext,
+        client_id: str,
+        *,
+        catch_up: Callable[[], Awaitable[None]],
+        gone: Callable[[ClusterLease], None],
+    ) -> None:
+        """`catch_up` reads the tables up to their end (step 4); `gone` is told when the
+        lease is released."""
+        self._context = context
+        self._catch_up = catch_up
+        self._gone = gone
         self._client_id = client_id
-        self.topic = system_topic(backend.tenant, backend.namespace, "client", client_id)
+        self.topic = system_topic(context.tenant, context.namespace, "client", client_id)
         self.token = uuid.uuid4().hex
         self._own: MessageId | None = None
         self._holder: Any = None
@@ -79,7 +91,7 @@ class ClusterLease:
             # Someone took the id over between our producer and our message: they win.
             self._fenced.set()
             return
-        timeout = self._backend.fence_timeout
+        timeout = self._context.fence_timeout
         if previous is not None:
             previous.fence()
             with trio.move_on_after(timeout):
@@ -92,18 +104,18 @@ class ClusterLease:
                 self._client_id,
                 timeout,
             )
-            self._backend.nursery.start_soon(self._hold_later)
-        await self._backend.catch_up_tables()
+            self._context.nursery.start_soon(self._hold_later)
+        await self._catch_up()
 
     async def _announce(self) -> MessageId:
-        backend = self._backend
-        bridge = backend.bridge
+        context = self._context
+        bridge = context.bridge
         conf = _pulsar.ProducerConfiguration()
         conf.access_mode(_pulsar.ProducerAccessMode.ExclusiveWithFencing)
         conf.batching_enabled(False)
-        conf.send_timeout_millis(int(backend.operation_timeout * 1000))
+        conf.send_timeout_millis(int(context.operation_timeout * 1000))
         producer = await bridge.call(
-            lambda done: backend.client.create_producer_async(self.topic, conf, done),
+            lambda done: context.client().create_producer_async(self.topic, conf, done),
             f"taking client id {self._client_id!r}",
             cleanup=lambda handle: handle.close_async(ignore_result),
         )
@@ -122,19 +134,19 @@ class ClusterLease:
 
     async def _hold(self) -> None:
         """Subscribe "holder", retrying while the previous holder still has it."""
-        backend = self._backend
+        context = self._context
         conf = _pulsar.ConsumerConfiguration()
         conf.consumer_type(_pulsar.ConsumerType.Exclusive)
         conf.receiver_queue_size(10)
         conf.subscription_initial_position(_pulsar.InitialPosition.Earliest)
         conf.message_listener(
-            lambda consumer, message: backend.bridge.soon(self._on_message, consumer, message)
+            lambda consumer, message: context.bridge.soon(self._on_message, consumer, message)
         )
         delay = 0.02
         while self._holder is None and not self._released.is_set() and not self._fenced.is_set():
             try:
-                holder = await backend.bridge.call(
-                    lambda done: backend.client.subscribe_async(self.topic, HOLDER, conf, done),
+                holder = await context.bridge.call(
+                    lambda done: context.client().subscribe_async(self.topic, HOLDER, conf, done),
                     f"holding client id {self._client_id!r}",
                     cleanup=lambda handle: handle.close_async(ignore_result),
                 )
@@ -169,13 +181,13 @@ class ClusterLease:
             await trio.lowlevel.checkpoint()
             return
         self._released.set()
-        self._backend.lease_gone(self)
+        self._gone(self)
         holder, self._holder = self._holder, None
         if holder is None:
             await trio.lowlevel.checkpoint()
             return
-        bridge = self._backend.bridge
-        with trio.CancelScope(shield=True), trio.move_on_after(self._backend.fence_timeout):
+        bridge = self._context.bridge
+        with trio.CancelScope(shield=True), trio.move_on_after(self._context.fence_timeout):
             try:
                 # Deleting the subscription leaves nothing behind per client id on the broker.
                 await bridge.call(holder.unsubscribe_async, "releasing a client id")

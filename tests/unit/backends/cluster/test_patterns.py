@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mop.backends.cluster_patterns import (
+from mop.backends.cluster.patterns import (
     UnsupportedSelector,
     is_local,
     matching_selectors,

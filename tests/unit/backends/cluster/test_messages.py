@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mop.backends.cluster_messages import (
+from mop.backends.cluster.messages import (
     EXPIRES_AT,
     PRODUCER,
     PROPERTIES,

@@ -2,8 +2,8 @@
 
 A consumer subscribes to every topic it follows with a plain pulsar-client consumer: the topic
 of each exact selector, and the topics of the namespace that an MQTT filter matches, found by
-the proxy's one topic poller per namespace (`cluster_discovery`). Topics whose first MQTT level
-is `$SYS` are node-local: each proxy serves its own (`cluster_local`), none goes to the
+the proxy's one topic poller per namespace (`discovery`). Topics whose first MQTT level
+is `$SYS` are node-local: each proxy serves its own (`local_topics`), none goes to the
 brokers. Matching follows the rules of merged mode (`mop.topics.matches` on the MQTT name).
 """
 

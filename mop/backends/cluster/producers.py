@@ -17,21 +17,20 @@ qos-0 send in `_MAX_SILENT + 1` has a callback, and so has every qos >= 1 send.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import _pulsar
 import trio
 
-from mop.backends.cluster_bridge import Bridge, error_for
-from mop.backends.cluster_messages import outgoing
+from mop.backends.cluster.bridge import Bridge, error_for
+from mop.backends.cluster.messages import outgoing
+from mop.backends.cluster.options import ProducerOptions
 from mop.message import Message, MessageId
 from mop.processor.backend import BackendError, PublishResult
 
 __all__ = [
     "NO_ID",
     "ProducerCache",
-    "ProducerOptions",
     "Receipt",
     "message_id_of",
     "pulsar_message",
@@ -48,22 +47,12 @@ NO_ID = MessageId(-1, -1)
 _MAX_SILENT = 64
 
 
-@dataclass(frozen=True, slots=True)
-class ProducerOptions:
-    send_timeout: float = 30.0
-    # Messages sent within this delay share one batch (one broker write); 0 turns batching off.
-    batching_delay: float = 0.001
-    batching_max_messages: int = 1000
-    max_pending: int = 1000
-    idle_timeout: float = 60.0
-
-
 def message_id_of(pulsar_id: Any) -> MessageId:
     return MessageId(pulsar_id.ledger_id(), pulsar_id.entry_id(), pulsar_id.batch_index())
 
 
 def pulsar_message(message: Message, *, extra: dict[str, str] | None = None) -> Any:
-    """The pulsar-client message for `message` (see `mop.backends.cluster_messages`)."""
+    """The pulsar-client message for `message` (see `mop.backends.cluster.messages`)."""
     out = outgoing(message)
     builder = _pulsar.MessageBuilder()
     builder.content(out.payload)

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any, Final
 import _pulsar
 import trio
 
-from mop.backends.cluster_producers import message_id_of
+from mop.backends.cluster.producers import message_id_of
 from mop.message import TOMBSTONE_PROPERTY, Message, MessageId
 from mop.processor.backend import BackendError, SubscriptionKind, SubscriptionSpec
 from mop.topic_names import mqtt_to_pulsar
 
 if TYPE_CHECKING:
-    from mop.backends.cluster import ClusterBackend
+    from mop.backends.cluster.context import ClusterContext
 
 __all__ = [
     "REGISTRY_TABLE",
@@ -57,12 +57,16 @@ def system_topic(tenant: str, namespace: str, kind: str, name: str) -> str:
 
 
 class ClusterTable:
-    """One table: an in-memory dict kept up to date from its topic by `serve`."""
+    """One table: an in-memory dict kept up to date from its topic by `serve`.
 
-    def __init__(self, backend: ClusterBackend, name: str) -> None:
-        self._backend = backend
+    A table may be made before the backend runs (`ClusterBackend.table`); it reaches the
+    brokers through the context `serve` is given.
+    """
+
+    def __init__(self, name: str, *, tenant: str, namespace: str) -> None:
+        self._context: ClusterContext | None = None  # set by `serve`
         self._name = name
-        self.topic = system_topic(backend.tenant, backend.namespace, "table", name)
+        self.topic = system_topic(tenant, namespace, "table", name)
         self._items: dict[str, bytes] = {}
         # The id of the write each key's value comes from, so that the reader never undoes a
         # newer `put` with an older message it reaches later.
@@ -82,6 +86,11 @@ class ClusterTable:
     @property
     def name(self) -> str:
         return self._name
+
+    @property
+    def _running(self) -> ClusterContext:
+        assert self._context is not None, "serve() has started"
+        return self._context
 
     def _ready(self) -> None:
         if self._failed is not None:
@@ -108,7 +117,7 @@ class ClusterTable:
         # flight, changes of the key are this proxy's own and are not reported to watchers.
         self._own[key] = self._own.get(key, 0) + 1
         try:
-            result = await self._backend.producers.send(
+            result = await self._running.producers.send(
                 self.topic, Message(payload=value or b"", key=key), batching=False, extra=extra
             )
         finally:
@@ -153,15 +162,21 @@ class ClusterTable:
 
     # -- reading ---------------------------------------------------------------------------
 
-    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(
+        self,
+        context: ClusterContext,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Open the reader, load the table, report readiness, then follow the topic."""
-        bridge = self._backend.bridge
+        self._context = context
+        bridge = context.bridge
         conf = _pulsar.ReaderConfiguration()
         conf.read_compacted(True)
         conf.receiver_queue_size(1000)
         try:
             self._reader = await bridge.call(
-                lambda done: self._backend.client.create_reader_async(
+                lambda done: context.client().create_reader_async(
                     self.topic, _pulsar.MessageId.earliest, conf, done
                 ),
                 f"opening table {self._name!r}",
@@ -178,7 +193,7 @@ class ClusterTable:
             task_status.started()
 
     async def _follow(self) -> None:
-        bridge = self._backend.bridge
+        bridge = self._running.bridge
 
         def read(done: Callable[..., None]) -> None:
             def applied_first(result: Any, message: Any = None) -> None:
@@ -215,10 +230,10 @@ class ClusterTable:
         """
         if self._reader is None:
             await self.loaded.wait()
-        timeout = self._backend.operation_timeout
+        timeout = self._running.operation_timeout
         with trio.move_on_after(timeout) as scope:
             marker = Message(payload=b"", key=CATCH_UP_KEY)
-            result = await self._backend.producers.send(self.topic, marker, batching=False)
+            result = await self._running.producers.send(self.topic, marker, batching=False)
             through = (result.message_id.ledger, result.message_id.entry)
             while self._read_through is None or self._read_through < through:
                 if not self._following:
@@ -233,7 +248,7 @@ class ClusterTable:
         if reader is not None:
             with trio.move_on_after(5):
                 try:
-                    await self._backend.bridge.call(reader.close_async, "closing a table")
+                    await self._running.bridge.call(reader.close_async, "closing a table")
                 except BackendError as exc:
                     log.debug("%s", exc)
 

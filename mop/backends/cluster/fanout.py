@@ -1,7 +1,7 @@
 """Fan-out inside a separated-mode proxy for non-durable exclusive subscriptions.
 
 A durable subscription needs its own cursor at the broker, so it gets its own pulsar-client
-consumers (`cluster_consumers`). A non-durable exclusive one (an MQTT clean session) keeps
+consumers (`consumers`). A non-durable exclusive one (an MQTT clean session) keeps
 nothing at the broker, so the proxy follows each topic once, for all of them: one pulsar-client
 reader per topic per proxy (a non-durable broker subscription whose name starts with the
 proxy's own `mop-proxy-<random>` prefix), opened when the first local consumer needs the topic
@@ -12,13 +12,13 @@ it to the proxy once, not once per subscriber.
 Which consumers a message goes to is decided when it arrives (a trie of the consumers' filters
 and a table of their exact topics), so a consumer gets the messages of a topic from the moment
 it subscribes, whether or not the topic poller has reported the topic yet. Each consumer skips
-what was published before it subscribed (by publish time, as `cluster_consumers` does: the
+what was published before it subscribed (by publish time, as `consumers` does: the
 proxies' clocks must agree), since a reader shared with earlier consumers may hold older
 messages. A reader of a topic that a filter matches starts at the topic's earliest message, so
 that a topic found by the poller after its first messages loses nothing; one of a topic that
 only exact selectors name starts at its end, and is open before the subscribe call returns.
 
-Each consumer has a bounded backlog (`cluster_fanout_consumer`). A full consumer does not slow
+Each consumer has a bounded backlog (`fanout_consumer`). A full consumer does not slow
 the reader down, which would stall every other consumer of the topic; it loses messages
 instead, with the rule of merged mode (counted in `FanOut.dropped`). A consumer that keeps up
 loses nothing. Each reader is read by a task on the trio thread, one message after another;
@@ -35,18 +35,18 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 import _pulsar
 import trio
 
-from mop.backends.cluster_discovery import Watch
-from mop.backends.cluster_fanout_consumer import FanOutConsumer
-from mop.backends.cluster_legs import close_quietly, in_parallel, one_error_for_callers
-from mop.backends.cluster_messages import incoming
-from mop.backends.cluster_patterns import SelectorPlan
-from mop.backends.cluster_producers import message_id_of
+from mop.backends.cluster.discovery import Watch
+from mop.backends.cluster.fanout_consumer import FanOutConsumer
+from mop.backends.cluster.legs import close_quietly, in_parallel, one_error_for_callers
+from mop.backends.cluster.messages import incoming
+from mop.backends.cluster.patterns import SelectorPlan
+from mop.backends.cluster.producers import message_id_of
 from mop.clock import now_ms
 from mop.message import Delivery
 from mop.messaging import QUEUE_FULL
@@ -60,7 +60,7 @@ from mop.topic_names import pulsar_to_mqtt
 from mop.topics import SubscriptionTrie, matches
 
 if TYPE_CHECKING:
-    from mop.backends.cluster import ClusterBackend
+    from mop.backends.cluster.context import ClusterContext
 
 __all__ = ["FanOut", "fans_out"]
 
@@ -112,9 +112,14 @@ _Entry = tuple["FanOutConsumer", int]  # a consumer and the subscribe time of on
 class FanOut:
     """The proxy's topic readers and the local consumers they feed (one per backend)."""
 
-    def __init__(self, backend: ClusterBackend) -> None:
-        self.backend = self._backend = backend
-        self._bridge = backend.bridge
+    def __init__(
+        self, context: ClusterContext, *, report_dropped: Callable[[str, str, int], None]
+    ) -> None:
+        """`report_dropped(subscription, reason, count)` hears of each message a consumer's
+        full queue drops."""
+        self.context = self._context = context
+        self._report_dropped = report_dropped
+        self._bridge = context.bridge
         self.subscription_prefix = f"mop-proxy-{secrets.token_hex(6)}"
         self._followers: dict[str, _Follower] = {}
         self._trie: SubscriptionTrie[int, _Entry] = SubscriptionTrie()
@@ -143,12 +148,10 @@ class FanOut:
         """A consumer's queue was full: one message dropped for `subscription` (counted, and
         reported to the processor, which logs it)."""
         self.dropped += 1
-        report = self._backend.dropped_callback
-        if report is not None:
-            report(subscription, QUEUE_FULL, 1)
+        self._report_dropped(subscription, QUEUE_FULL, 1)
 
     def _mqtt(self, topic: str) -> str | None:
-        mqtt = pulsar_to_mqtt(topic, tenant=self._backend.tenant, namespace=self._backend.namespace)
+        mqtt = pulsar_to_mqtt(topic, tenant=self._context.tenant, namespace=self._context.namespace)
         return None if mqtt.startswith(("persistent://", "non-persistent://")) else mqtt
 
     # -- consumers' selectors --------------------------------------------------------------
@@ -256,7 +259,7 @@ class FanOut:
 
     async def _update_watch(self) -> Watch | None:
         """Point the poller's watch at the filters held now (None: no filter is held)."""
-        backend = self._backend
+        context = self._context
         async with self._watch_lock:
             filters = frozenset(self._filters)
             if not filters:
@@ -269,8 +272,8 @@ class FanOut:
                 self._watch.follow(filters)
                 await trio.lowlevel.checkpoint()
                 return self._watch
-            watch, _known = await backend.discovery.watch(
-                backend.tenant, backend.namespace, filters, self
+            watch, _known = await context.discovery.watch(
+                context.tenant, context.namespace, filters, self
             )
             if self._closed:
                 watch.close()
@@ -285,7 +288,7 @@ class FanOut:
         if self._closed:
             return
         self._discovered.update(topics)
-        self._backend.nursery.start_soon(self._ensure_found, topics)
+        self._context.nursery.start_soon(self._ensure_found, topics)
 
     def topics_gone(self, topics: list[str]) -> None:
         for topic in topics:
@@ -315,8 +318,8 @@ class FanOut:
             )
             # A new topic may be refused for a moment (its broker is starting, say); the
             # poller reports it only once, so it is tried again here.
-            self._backend.delays.call_later(
-                self._backend.consumer_options.pattern_discovery,
+            self._context.delays.call_later(
+                self._context.consumer_options.pattern_discovery,
                 lambda: self.topics_found([t for t in failed if t in self._discovered]),
             )
 
@@ -332,7 +335,7 @@ class FanOut:
             follower = self._followers[topic] = _Follower(topic, self._mqtt(topic))
             # Opened by the backend's nursery: a subscriber that gives up waiting must not
             # leave a half-made reader to the others.
-            self._backend.nursery.start_soon(self._open, follower)
+            self._context.nursery.start_soon(self._open, follower)
         await follower.opened.wait()
         if follower.error is not None:
             raise follower.error
@@ -347,7 +350,7 @@ class FanOut:
         conf.subscription_role_prefix(self.subscription_prefix)
 
         start = _pulsar.MessageId.earliest if self._earliest(follower) else _pulsar.MessageId.latest
-        client = self._backend.client
+        client = self._context.client()
         try:
             follower.reader = await self._bridge.call(
                 lambda done: client.create_reader_async(follower.topic, start, conf, done),
@@ -366,7 +369,7 @@ class FanOut:
         if self._closed or follower.closed:
             _close_follower(follower)
             return
-        self._backend.nursery.start_soon(self._pull, follower, follower.reader)
+        self._context.nursery.start_soon(self._pull, follower, follower.reader)
         if not self._needed(follower.topic):
             self._release_later(follower.topic)
 
@@ -413,7 +416,7 @@ class FanOut:
     def _release_later(self, topic: str) -> None:
         if self._closed or self._needed(topic):
             return
-        self._backend.delays.call_later(GRACE, lambda: self._close_if_unneeded(topic))
+        self._context.delays.call_later(GRACE, lambda: self._close_if_unneeded(topic))
 
     def _close_if_unneeded(self, topic: str) -> None:
         follower = self._followers.get(topic)
@@ -486,7 +489,7 @@ class FanOut:
 
 
 def _close_follower(follower: _Follower) -> None:
-    # The handle is dropped on the trio thread (see `cluster_legs.close_leg_soon`).
+    # The handle is dropped on the trio thread (see `legs.close_leg_soon`).
     follower.closed = True
     reader, follower.reader = follower.reader, None
     if reader is not None:
@@ -494,7 +497,7 @@ def _close_follower(follower: _Follower) -> None:
 
 
 if TYPE_CHECKING:
-    from mop.backends.cluster_discovery import TopicWatcher
+    from mop.backends.cluster.discovery import TopicWatcher
 
     def _conforms(hub: FanOut) -> TopicWatcher:
         return hub

@@ -9,7 +9,7 @@ this mechanism:
   subscription, so proxies that start together cannot both get the role;
 - it frees the subscription as soon as the holder's connection closes (a proxy that stops or
   dies), and the next proxy to ask gets it: no lease to expire, no clock to trust;
-- it is a standard subscription type, and the one client leases use too (`cluster_leases`).
+- it is a standard subscription type, and the one client leases use too (`leases`).
 A producer with access mode WaitForExclusive would hand the role on without the retries, but
 pulsar-client (C++ 3.x) gives up waiting after its operation timeout, and some Pulsar-protocol
 brokers (pulsar-lite 0.2) admit every producer whatever its access mode, which would let every
@@ -45,17 +45,18 @@ role passes on within `RETRY_INTERVAL` plus a subscribe and the tables' catch-up
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import _pulsar
 import trio
 
-from mop.backends.cluster_bridge import ignore_result
-from mop.backends.cluster_tables import system_topic
+from mop.backends.cluster.bridge import ignore_result
+from mop.backends.cluster.tables import system_topic
 from mop.processor.backend import BackendError
 
 if TYPE_CHECKING:
-    from mop.backends.cluster import ClusterBackend
+    from mop.backends.cluster.context import ClusterContext
     from mop.processor.backend import Role
 
 __all__ = ["CHECK_INTERVAL", "HOLDER", "RETRY_INTERVAL", "ClusterRole", "ClusterRoles"]
@@ -72,8 +73,10 @@ RETRY_INTERVAL: Final = 0.5
 class ClusterRoles:
     """The roles this proxy takes part in, and the client they ask with (made on first use)."""
 
-    def __init__(self, backend: ClusterBackend) -> None:
-        self._backend = backend
+    def __init__(self, context: ClusterContext, *, catch_up: Callable[[], Awaitable[None]]) -> None:
+        """`catch_up` reads the tables up to their end (before a gain is reported)."""
+        self._context = context
+        self._catch_up = catch_up
         self._client: Any = None
         self._roles: set[ClusterRole] = set()
         self._closed = False
@@ -83,14 +86,14 @@ class ClusterRoles:
         if self._closed:
             raise BackendError("backend is closed", reason="closed")
         if self._client is None:
-            self._client = self._backend.make_client()
+            self._client = self._context.new_client()
         return self._client
 
     async def hold(self, name: str) -> ClusterRole:
         """Enter this proxy for role `name`; it is asked for in the background."""
-        role = ClusterRole(self._backend, self, name)
+        role = ClusterRole(self._context, self, name, catch_up=self._catch_up)
         self._roles.add(role)
-        self._backend.nursery.start_soon(role.serve)
+        self._context.nursery.start_soon(role.serve)
         await trio.lowlevel.checkpoint()
         return role
 
@@ -105,9 +108,9 @@ class ClusterRoles:
         client, self._client = self._client, None
         if client is None:
             return
-        with trio.move_on_after(self._backend.operation_timeout) as scope:
+        with trio.move_on_after(self._context.operation_timeout) as scope:
             try:
-                await self._backend.bridge.call(client.close_async, "closing the roles' client")
+                await self._context.bridge.call(client.close_async, "closing the roles' client")
             except BackendError as exc:
                 log.debug("%s", exc)
         if scope.cancelled_caught:
@@ -120,11 +123,19 @@ class ClusterRole:
 
     permanent = False
 
-    def __init__(self, backend: ClusterBackend, roles: ClusterRoles, name: str) -> None:
-        self._backend = backend
+    def __init__(
+        self,
+        context: ClusterContext,
+        roles: ClusterRoles,
+        name: str,
+        *,
+        catch_up: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._context = context
         self._roles = roles
+        self._catch_up = catch_up
         self._name = name
-        self.topic = system_topic(backend.tenant, backend.namespace, "role", name)
+        self.topic = system_topic(context.tenant, context.namespace, "role", name)
         self._consumer: Any = None  # the consumer of the exclusive subscription, while granted
         self._granted = False
         self._reported = False  # what `changed` last returned
@@ -181,7 +192,7 @@ class ClusterRole:
         conf = _pulsar.ConsumerConfiguration()
         conf.consumer_type(_pulsar.ConsumerType.Exclusive)
         conf.receiver_queue_size(1)  # nothing is ever published on a role topic
-        return await self._backend.bridge.call(
+        return await self._context.bridge.call(
             lambda done: client.subscribe_async(self.topic, HOLDER, conf, done),
             f"role {self._name!r}",
             cleanup=lambda handle: handle.close_async(ignore_result),
@@ -192,7 +203,7 @@ class ClusterRole:
         try:
             caught_up = False
             try:
-                await self._backend.catch_up_tables()
+                await self._catch_up()
                 caught_up = True
             except* BackendError as group:
                 log.debug("role %r: %s", self._name, group.exceptions)

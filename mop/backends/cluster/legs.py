@@ -14,7 +14,7 @@ from typing import Any, Final, TypeVar
 
 import trio
 
-from mop.backends.cluster_bridge import Bridge, ignore_result
+from mop.backends.cluster.bridge import Bridge, ignore_result
 from mop.processor.backend import BackendError
 
 __all__ = [

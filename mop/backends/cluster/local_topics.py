@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Protocol
 
-from mop.backends.cluster_patterns import LOCAL_ROOT
+from mop.backends.cluster.patterns import LOCAL_ROOT
 from mop.message import Delivery, Message, MessageId
 from mop.processor.backend import PublishResult
 from mop.topic_names import mqtt_to_pulsar, pulsar_to_mqtt

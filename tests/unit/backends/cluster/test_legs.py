@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from mop.backends.cluster_legs import in_parallel, one_error_for_callers
+from mop.backends.cluster.legs import in_parallel, one_error_for_callers
 from mop.processor.backend import BackendError
 
 

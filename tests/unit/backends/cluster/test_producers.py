@@ -10,8 +10,9 @@ import _pulsar
 import trio
 import trio.testing
 
-from mop.backends.cluster_bridge import Bridge
-from mop.backends.cluster_producers import NO_ID, ProducerCache, ProducerOptions
+from mop.backends.cluster.bridge import Bridge
+from mop.backends.cluster.options import ProducerOptions
+from mop.backends.cluster.producers import NO_ID, ProducerCache
 from mop.message import Message, MessageId
 
 TOPIC = "persistent://public/default/t"

@@ -1,0 +1,2 @@
+"""Unit tests of the cluster (separated-mode) backend, one file per module of
+mop.backends.cluster."""
