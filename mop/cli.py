@@ -10,7 +10,6 @@ import dataclasses
 import gc
 import json
 import logging
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -102,17 +101,7 @@ def _run(settings: Settings, args: argparse.Namespace) -> int:
         pass
     for failure in failures:
         _fail(failure, EXIT_STARTUP_FAILED)
-    code = EXIT_STARTUP_FAILED if failures else EXIT_OK
-    if settings.mode == "separated":
-        # Everything is closed by now, but pulsar-client's threads may still be tearing down
-        # handles, and interpreter finalization destroying its objects under them aborts the
-        # process ("terminate called without an active exception", exit -6, seen at SIGTERM).
-        # Leave without finalization, once the output is out.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    return EXIT_STARTUP_FAILED if failures else EXIT_OK
 
 
 async def _serve(settings: Settings) -> None:

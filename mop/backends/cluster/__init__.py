@@ -1,4 +1,4 @@
-"""The backend of separated mode: remote brokers (mop or Apache Pulsar) through pulsar-client.
+"""The backend of separated mode: remote brokers (mop or Apache Pulsar) through the Pulsar protocol.
 
 `backend` is the `ClusterBackend`; the other modules are its parts, which share a
 `ClusterContext` (`context`) and never import `backend`.

@@ -1,12 +1,13 @@
-"""`ClusterBackend`: the `Backend` of separated mode, over remote brokers through pulsar-client.
+"""`ClusterBackend`: the `Backend` of separated mode, over remote brokers through the Pulsar
+protocol.
 
-One pulsar-client `Client` per process does lookups, keeps one connection per broker for every
-producer and consumer, batches and reconnects; this module bridges it into trio (see
-`mop.backends.cluster.bridge`) and maps the processor contract onto Pulsar, through the other
-modules of `mop.backends.cluster`:
+One `PulsarClient` per process (mop's own, on trio: `mop.protocols.pulsar.driver`) does lookups,
+keeps one connection per broker for every producer and consumer, batches and reconnects; this
+module maps the processor contract onto Pulsar, through the other modules of
+`mop.backends.cluster`:
 
 - publish: a cached producer per topic (`producers`), message fields as in `messages`;
-- subscribe: a pulsar-client consumer per topic (`patterns`, `consumers`), the topics of MQTT
+- subscribe: a consumer per topic (`patterns`, `consumers`), the topics of MQTT
   filters found by one poller per namespace (`discovery`); non-durable exclusive subscriptions
   share one reader per topic per proxy instead (`fanout`);
 - `$SYS` topics: this proxy's own, kept in memory and never sent to the brokers
@@ -26,18 +27,14 @@ consumer whether it is active, reposition one topic of a pattern consumer.
 
 from __future__ import annotations
 
-import gc
 import logging
-import os
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-import _pulsar
 import trio
 
 from mop.backends.cluster import admin
-from mop.backends.cluster.bridge import Bridge
 from mop.backends.cluster.consumers import ClusterConsumer
 from mop.backends.cluster.context import ClusterContext
 from mop.backends.cluster.discovery import NamespaceDiscovery
@@ -63,6 +60,8 @@ from mop.processor.backend import (
     SubscriptionKind,
     SubscriptionSpec,
 )
+from mop.protocols.pulsar.driver import ClientOptions, PulsarClient
+from mop.version import VERSION
 
 if TYPE_CHECKING:
     from mop.processor.backend import (
@@ -77,31 +76,6 @@ if TYPE_CHECKING:
 __all__ = ["ClusterBackend", "open_cluster_backend"]
 
 log = logging.getLogger("mop.cluster")
-client_log = logging.getLogger("mop.cluster.client")
-
-
-def _client_logger(level: Any, message: str) -> None:
-    # Everything pulsar-client says is detail (every producer it makes, every retry of a busy
-    # subscription, every reconnect); what matters reaches this backend as a failed operation.
-    try:
-        client_log.debug("%s: %s", level, message)
-    except BaseException:
-        # An exception out of this callback (a logging module torn down at exit, say) makes
-        # pulsar-client print the line on its own console logger, straight to stdout.
-        return
-
-
-def _set_client_logger(conf: Any) -> None:
-    """Where pulsar-client's own messages go. The Python callback is asked for every level
-    (the client cannot learn the logger's level), and whenever it cannot take a line (it
-    raises, or the interpreter is shutting down) the client prints that line, DEBUG included,
-    on stdout. So the callback is installed only when the node logs the client at DEBUG;
-    otherwise the client keeps its errors alone, and writes them nowhere: everything it says
-    is logged at DEBUG anyway (see `_client_logger`), and no DEBUG line is even made."""
-    if client_log.isEnabledFor(logging.DEBUG):
-        conf.set_logger(_client_logger)
-    else:
-        conf.set_file_logger(_pulsar.LoggerLevel.Error, os.devnull)
 
 
 class ClusterBackend:
@@ -122,8 +96,6 @@ class ClusterBackend:
         operation_timeout: float = 30.0,
         connect_timeout: float = 10.0,
         fence_timeout: float = 10.0,
-        io_threads: int = 1,
-        listener_threads: int = 1,
         producers: ProducerOptions | None = None,
         consumers: ConsumerOptions | None = None,
     ) -> None:
@@ -133,13 +105,10 @@ class ClusterBackend:
         self.operation_timeout = operation_timeout
         self.connect_timeout = connect_timeout
         self.fence_timeout = fence_timeout
-        self.io_threads = io_threads
-        self.listener_threads = listener_threads
         self.producer_options = producers or ProducerOptions()
         self.consumer_options = consumers or ConsumerOptions()
         self._preload = [REGISTRY_TABLE, *dict.fromkeys(tables)]
-        self._client: Any = None
-        self._bridge: Bridge | None = None
+        self._client: PulsarClient | None = None
         self._producers: ProducerCache | None = None
         self._nursery: trio.Nursery | None = None
         self.delays = Delays()
@@ -170,7 +139,7 @@ class ClusterBackend:
             raise BackendError("backend is not running: start serve() first", reason="closed")
         return self._context
 
-    def _current_client(self) -> Any:
+    def _current_client(self) -> PulsarClient:
         if self._client is None:
             raise BackendError("backend is not running: start serve() first", reason="closed")
         return self._client
@@ -212,20 +181,20 @@ class ClusterBackend:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def make_client(self) -> Any:
-        """A new pulsar-client Client with this backend's settings: the backend's own, or
-        one for a connection of its own (`ClusterContext.new_client`, for `roles`)."""
-        conf = _pulsar.ClientConfiguration()
-        conf.operation_timeout_seconds(max(1, round(self.operation_timeout)))
-        conf.connection_timeout(max(1, int(self.connect_timeout * 1000)))
-        conf.io_threads(self.io_threads)
-        conf.message_listener_threads(self.listener_threads)
-        conf.stats_interval_in_seconds(0)
-        _set_client_logger(conf)
+    def make_client(self) -> PulsarClient:
+        """A new Pulsar client with this backend's settings, not yet running: the backend's own,
+        or one for connections of its own (`ClusterContext.new_client`, for `roles`)."""
         try:
-            return _pulsar.Client(self.service_url, conf)
-        except (_pulsar.PulsarException, ValueError, RuntimeError) as exc:
-            raise BackendError(f"{self.service_url}: {exc}", reason="invalid_url") from exc
+            return PulsarClient(
+                self.service_url,
+                ClientOptions(
+                    f"mop-proxy/{VERSION}",
+                    operation_timeout=self.operation_timeout,
+                    connect_timeout=self.connect_timeout,
+                ),
+            )
+        except ValueError as exc:
+            raise BackendError(f"{self.service_url}: {exc}", reason="invalid_url") from None
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Create the client, load the tables, report readiness, and run background work
@@ -234,12 +203,12 @@ class ClusterBackend:
         if self._running or self._closed:
             raise RuntimeError("ClusterBackend.serve() may run only once")
         self._running = True
-        bridge = self._bridge = Bridge(trio.lowlevel.current_trio_token())
-        self._client = self.make_client()
-        producers = self._producers = ProducerCache(bridge, self._client, self.producer_options)
+        client = self._client = self.make_client()
+        producers = self._producers = ProducerCache(client, self.producer_options)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                await nursery.start(client.serve)
                 context = self._context = ClusterContext(
                     tenant=self.tenant,
                     namespace=self.namespace,
@@ -248,7 +217,6 @@ class ClusterBackend:
                     consumer_options=self.consumer_options,
                     client=self._current_client,
                     new_client=self.make_client,
-                    bridge=bridge,
                     nursery=nursery,
                     delays=self.delays,
                     producers=producers,
@@ -302,9 +270,7 @@ class ClusterBackend:
             return
         self._closed = True
         with trio.CancelScope(shield=True):
-            # Consumers are closed, and their handles dropped, here on the trio thread while
-            # the client still runs: a consumer object that outlived the client would be
-            # destroyed on one of the client's own threads, which aborts the process.
+            # Consumers detach from their subscriptions while the client still runs.
             with trio.move_on_after(self.operation_timeout):
                 for consumer in list(self._consumers):
                     await consumer.close_for_shutdown()
@@ -316,8 +282,9 @@ class ClusterBackend:
                 await self._roles.aclose()
             if self._fanout is not None:
                 await self._fanout.aclose(self.operation_timeout)
-            self._stop.set()
+            # The client first (producers flush over its connections), then `serve`.
             await self._shutdown_client()
+            self._stop.set()
 
     async def _shutdown_client(self) -> None:
         client, self._client = self._client, None
@@ -327,21 +294,7 @@ class ClusterBackend:
             await self._producers.aclose()
         for table in self._tables.values():
             await table.aclose()
-        with trio.move_on_after(self.operation_timeout) as scope:
-            try:
-                assert self._bridge is not None  # made with the client
-                await self._bridge.call(client.close_async, "closing the client")
-            except BackendError as exc:
-                log.debug("%s", exc)
-        if scope.cancelled_caught:
-            # Threads still busy: take them down without waiting (off the trio thread).
-            await trio.to_thread.run_sync(client.shutdown)
-        # Pulsar objects reachable only from cyclic garbage (a failed start's traceback
-        # frames, say) are destroyed by whichever thread next collects; when that is one of
-        # the client's own threads, running a callback, the destructor joins that very thread
-        # and the process aborts. Collect now, here on the trio thread, once the client is done.
-        del client
-        gc.collect()
+        await client.aclose()
 
     # -- Backend ---------------------------------------------------------------------------
 
@@ -547,8 +500,7 @@ async def open_cluster_backend(service_url: str, **options: Any) -> AsyncIterato
             finally:
                 await backend.aclose()  # inside the nursery: it is what ends `serve`
     finally:
-        # Also when `serve` fails to start: the client it made is running threads, and a
-        # client left to the interpreter's exit aborts the process.
+        # Also when `serve` fails to start: what it opened is closed.
         with trio.CancelScope(shield=True):
             await backend.aclose()
 

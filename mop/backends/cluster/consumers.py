@@ -1,13 +1,14 @@
-"""Consumers in separated mode: a processor `Consumer` over pulsar-client consumers.
+"""Consumers in separated mode: a processor `Consumer` over consumers of the proxy's Pulsar
+client.
 
-A consumer follows each topic its selectors cover with a plain pulsar-client consumer (a leg),
+A consumer follows each topic its selectors cover with a plain Pulsar consumer (a leg),
 all under the subscription's name: the topics of exact selectors at once, the topics MQTT
 filters match as the proxy's topic poller reports them (`discovery`: one listing per
 namespace and period for every consumer of the proxy), and node-local `$SYS` topics from this
-process (`local_topics`). pulsar-client's listener threads append messages to an inbox and wake
-the trio thread, which turns them into deliveries in a bounded buffer; past the bound the
-listeners are paused, so a slow reader holds at most the buffer plus the client's receiver
-queues in memory.
+process (`local_topics`). Each leg hands what arrives, a frame at a time on the trio thread,
+to the consumer, which turns it into deliveries in a bounded buffer; past the bound the legs
+are paused (no more permits), so a slow reader holds at most the buffer plus what the brokers
+were already allowed to send.
 
 A leg of a topic a filter matches starts a new subscription at the earliest message, so that a
 topic created after the subscription (found by the next poll) loses nothing; messages published
@@ -23,13 +24,12 @@ import dataclasses
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
-import _pulsar
 import trio
 
-from mop.backends.cluster.bridge import ignore_result
 from mop.backends.cluster.discovery import Watch
+from mop.backends.cluster.errors import error_for
 from mop.backends.cluster.legs import (
     Leg,
     close_leg_soon,
@@ -44,7 +44,6 @@ from mop.backends.cluster.patterns import (
     matching_selectors,
     plan,
 )
-from mop.backends.cluster.producers import message_id_of
 from mop.clock import now_ms
 from mop.message import Delivery, MessageId
 from mop.processor.backend import (
@@ -55,6 +54,8 @@ from mop.processor.backend import (
     SubscriptionKind,
     SubscriptionSpec,
 )
+from mop.protocols.pulsar.commands import InitialPosition, SubType
+from mop.protocols.pulsar.driver import ClientConsumer, ConsumerConfig, DriverError, Received
 from mop.topic_names import is_exact_selector
 
 if TYPE_CHECKING:
@@ -66,21 +67,21 @@ __all__ = ["ClusterConsumer"]
 log = logging.getLogger("mop.cluster")
 
 _TYPES: Final = {
-    SubscriptionKind.EXCLUSIVE: _pulsar.ConsumerType.Exclusive,
-    SubscriptionKind.SHARED: _pulsar.ConsumerType.Shared,
-    SubscriptionKind.FAILOVER: _pulsar.ConsumerType.Failover,
-    SubscriptionKind.KEY_SHARED: _pulsar.ConsumerType.KeyShared,
+    SubscriptionKind.EXCLUSIVE: SubType.Exclusive,
+    SubscriptionKind.SHARED: SubType.Shared,
+    SubscriptionKind.FAILOVER: SubType.Failover,
+    SubscriptionKind.KEY_SHARED: SubType.Key_Shared,
 }
-# pulsar-client redelivers a negative acknowledgement after at least this long; a longer delay
-# is waited out here before the nack is handed to the client.
+# A negative acknowledgement is redelivered after at least this long (as pulsar-client does),
+# so that a consumer that nacks everything at once does not spin.
 NACK_DELAY: Final = 0.1
 # Acknowledgements that arrived after their pulsar consumer closed (its topic left the listing
 # for a while, say), kept to acknowledge the redelivery: at most this many.
 _LATE_ACKS: Final = 10_000
 
 
-# (pulsar consumer, pulsar message id, leg) of a delivery handed out and not yet acknowledged.
-_Held = tuple[Any, Any, Leg]
+# (consumer, message id, leg) of a delivery handed out and not yet acknowledged.
+_Held = tuple[ClientConsumer, MessageId, Leg]
 
 
 class ClusterConsumer:
@@ -103,7 +104,6 @@ class ClusterConsumer:
         self._registry = registry
         self._gone = gone
         self._leave_topics = leave_topics
-        self._bridge = context.bridge
         self._options = context.consumer_options
         self._spec = spec
         self._since = since
@@ -114,8 +114,6 @@ class ClusterConsumer:
         # Topics the poller reported and not yet taken (True) or dropped (False).
         self._pending: dict[str, bool] = {}
         self._syncing = False
-        self._inbox: deque[tuple[Leg, Any, Any, int]] = deque()
-        self._drain_scheduled = False
         self._buffer: deque[Delivery] = deque()
         self._held: dict[tuple[str, MessageId], _Held] = {}
         self._late_acks: OrderedDict[tuple[str, MessageId], None] = OrderedDict()
@@ -186,28 +184,34 @@ class ClusterConsumer:
             )
         )
 
-    def _config(self, leg: Leg, *, earliest: bool) -> Any:
-        options = self._options
+    def _config(self, *, earliest: bool) -> ConsumerConfig:
         spec = self._spec
-        conf = _pulsar.ConsumerConfiguration()
-        conf.consumer_type(_TYPES[spec.kind])
-        conf.receiver_queue_size(options.receiver_queue)
-        conf.negative_ack_redelivery_delay_ms(int(NACK_DELAY * 1000))
-        conf.subscription_initial_position(
-            _pulsar.InitialPosition.Earliest if earliest else _pulsar.InitialPosition.Latest
+        return ConsumerConfig(
+            sub_type=_TYPES[spec.kind],
+            receiver_queue=self._options.receiver_queue,
+            initial_position=InitialPosition.Earliest if earliest else InitialPosition.Latest,
+            name=spec.consumer_name or None,
         )
-        if spec.consumer_name:
-            conf.consumer_name(spec.consumer_name)
 
-        def listener(consumer: Any, message: Any) -> None:
-            # On a pulsar-client listener thread: hand over, wake the trio thread once.
-            self._inbox.append((leg, consumer, message, leg.epoch))
-            if not self._drain_scheduled:
-                self._drain_scheduled = True
-                self._bridge.soon(self._drain)
+    def _sink(self, leg: Leg) -> Callable[[ClientConsumer, list[Received]], None]:
+        epoch = leg.epoch
 
-        conf.message_listener(listener)
-        return conf
+        def sink(consumer: ClientConsumer, items: list[Received]) -> None:
+            if self._closed or leg.closed or epoch != leg.epoch:
+                return  # not acknowledged: it goes back to the subscription
+            took = False
+            for item in items:
+                took = self._take(consumer, item, leg) or took
+            if len(self._buffer) >= self._options.buffer:
+                # Every time: it costs little, and no leg is missed whatever opened meanwhile.
+                self._paused = True
+                for other in self._legs.values():
+                    if other.consumer is not None:
+                        other.consumer.pause()
+            if took and self._wakeup is not None:
+                self._wakeup.set()
+
+        return sink
 
     def _earliest(self, topic: str) -> bool:
         # A leg of a topic only exact selectors name subscribes before anything can be
@@ -232,10 +236,10 @@ class ClusterConsumer:
 
         async def open_one(topic: str) -> None:
             leg = Leg(topic)
-            conf = self._config(leg, earliest=self._earliest(topic))
+            config = self._config(earliest=self._earliest(topic))
             try:
                 await subscribe_leg(
-                    self._bridge, client, leg, name, conf, self._options.busy_timeout
+                    client, leg, name, config, self._sink(leg), self._options.busy_timeout
                 )
             except BackendError as exc:
                 failures.append((topic, exc))
@@ -253,8 +257,8 @@ class ClusterConsumer:
                 close_leg_soon(leg)
                 continue
             self._legs[leg.topic] = leg
-            if self._paused:
-                leg.consumer.pause_message_listener()
+            if self._paused and leg.consumer is not None:
+                leg.consumer.pause()
         return failures
 
     # -- what the topic poller and the node-local topics report ---------------------------
@@ -318,55 +322,37 @@ class ClusterConsumer:
         if self._wakeup is not None:
             self._wakeup.set()
 
-    # -- the listener's side ---------------------------------------------------------------
+    # -- what the legs hand over -----------------------------------------------------------
 
-    def _drain(self) -> None:
-        self._drain_scheduled = False
-        inbox = self._inbox
-        took = False
-        while inbox:
-            leg, consumer, message, epoch = inbox.popleft()
-            if self._closed or leg.closed or epoch != leg.epoch:
-                continue  # not acknowledged: it goes back to the subscription
-            took = self._take(consumer, message, leg) or took
-        if len(self._buffer) >= self._options.buffer:
-            # Every time: it costs little, and no leg is missed whatever opened meanwhile.
-            self._paused = True
-            for leg in self._legs.values():
-                if leg.consumer is not None:
-                    leg.consumer.pause_message_listener()
-        if took and self._wakeup is not None:
-            self._wakeup.set()
-
-    def _take(self, consumer: Any, message: Any, leg: Leg) -> bool:
-        topic = message.topic_name()
-        pulsar_id = message.message_id()
-        key = (topic, message_id_of(pulsar_id))
+    def _take(self, consumer: ClientConsumer, item: Received, leg: Leg) -> bool:
+        topic = leg.topic
+        message_id = item.message_id
+        key = (topic, message_id)
         if key in self._held:
             # A redelivery of a message still held (after a reconnect or a reopened leg): keep
             # the one handed out, acknowledge through the consumer that has it now.
-            self._held[key] = (consumer, pulsar_id, leg)
+            self._held[key] = (consumer, message_id, leg)
             return False
         if key in self._late_acks:
             del self._late_acks[key]
-            consumer.acknowledge_async(pulsar_id, ignore_result)
+            consumer.ack(message_id)
             return False
         decoded = incoming(
-            message.data(),
-            message.properties(),
-            partition_key=message.partition_key(),
-            publish_time=message.publish_timestamp(),
-            event_time=message.event_timestamp(),
-            producer_name=message.producer_name(),
+            item.payload,
+            dict(item.properties),
+            partition_key=item.key,
+            publish_time=item.publish_time,
+            event_time=item.event_time,
+            producer_name=item.producer_name,
         )
         threshold = self._threshold(topic)
         expired = decoded.expires_at and decoded.expires_at <= now_ms()
         if threshold is None or decoded.publish_time < threshold or expired:
-            consumer.acknowledge_async(pulsar_id, ignore_result)
+            consumer.ack(message_id)
             return False
-        self._held[key] = (consumer, pulsar_id, leg)
+        self._held[key] = (consumer, message_id, leg)
         self._buffer.append(
-            Delivery(topic, key[1], decoded, redelivery_count=message.redelivery_count())
+            Delivery(topic, message_id, decoded, redelivery_count=item.redelivery_count)
         )
         return True
 
@@ -417,7 +403,7 @@ class ClusterConsumer:
             self._paused = False
             for leg in self._legs.values():
                 if leg.consumer is not None and not leg.closed:
-                    leg.consumer.resume_message_listener()
+                    leg.consumer.resume()
 
     def ack(self, deliveries: Iterable[Delivery]) -> None:
         for delivery in deliveries:
@@ -425,28 +411,25 @@ class ClusterConsumer:
             held = self._held.pop(key, None)
             if held is None:
                 continue
-            consumer, pulsar_id, leg = held
+            consumer, message_id, leg = held
             if leg.closed and not self._closed:
                 self._late_acks[key] = None
                 if len(self._late_acks) > _LATE_ACKS:
                     self._late_acks.popitem(last=False)
             elif not leg.closed:
-                consumer.acknowledge_async(pulsar_id, ignore_result)
+                consumer.ack(message_id)
 
     def nack(self, deliveries: Iterable[Delivery], delay: float = 0.0) -> None:
         for delivery in deliveries:
             held = self._held.pop((delivery.topic, delivery.message_id), None)
             if held is None:
                 continue
-            consumer, pulsar_id, leg = held
+            consumer, message_id, leg = held
             if leg.closed:
                 continue  # its consumer's close handed it back already
-            if delay <= NACK_DELAY:
-                consumer.negative_acknowledge(pulsar_id)
-            else:
-                self._context.delays.call_later(
-                    delay - NACK_DELAY, _later_nack(consumer, pulsar_id, leg)
-                )
+            self._context.delays.call_later(
+                max(delay, NACK_DELAY), _later_nack(consumer, message_id, leg)
+            )
 
     def ack_through(self, topic: str, message_id: MessageId) -> None:
         held = self._held.get((topic, message_id))
@@ -456,9 +439,9 @@ class ClusterConsumer:
                 " separated mode",
                 reason="not_supported",
             )
-        consumer, pulsar_id, leg = held
+        consumer, held_id, leg = held
         if not leg.closed:
-            consumer.acknowledge_cumulative_async(pulsar_id, ignore_result)
+            consumer.ack_cumulative(held_id)
         for key in [k for k in self._held if k[0] == topic and k[1] <= message_id]:
             del self._held[key]
 
@@ -472,24 +455,22 @@ class ClusterConsumer:
     ) -> None:
         self._check_open()
         leg = self._single_leg(topic, "seek")
-        target: Any
-        if publish_time is not None:
-            target = publish_time
-        elif message_id is not None:
-            target = _pulsar.MessageId(
-                -1, message_id.ledger, message_id.entry, message_id.batch_index
-            )
-        else:
-            target = _pulsar.MessageId.earliest
+        consumer = leg.consumer
+        assert consumer is not None  # a leg that is not closed has its consumer
         self._forget_topic(topic)
         leg.epoch += 1
         try:
-            await self._bridge.call(
-                lambda done: leg.consumer.seek_async(target, done), f"seeking on {topic}"
-            )
+            if publish_time is not None:
+                await consumer.seek(publish_time=publish_time)
+            else:
+                await consumer.seek(message_id or MessageId(-1, -1))
+        except DriverError as exc:
+            raise error_for(exc, f"seeking on {topic}") from None
         finally:
             leg.epoch += 1  # what arrived while the seek was on its way is from before it
             self._forget_topic(topic)
+        # The leg's sink belongs to the epoch it was made in: give it the current one.
+        consumer.set_sink(self._sink(leg))
 
     def _forget_topic(self, topic: str) -> None:
         self._buffer = deque(d for d in self._buffer if d.topic != topic)
@@ -510,15 +491,14 @@ class ClusterConsumer:
         self._check_open()
         raise BackendError(
             "the position of a subscription is not available in separated mode"
-            " (pulsar-client does not expose the mark-delete position)",
+            " (the protocol does not tell a consumer its mark-delete position)",
             reason="not_supported",
         )
 
     @property
     def active(self) -> bool:
         raise BackendError(
-            "failover activity is not available in separated mode"
-            " (pulsar-client for Python has no consumer event listener)",
+            "failover activity is not available in separated mode",
             reason="not_supported",
         )
 
@@ -631,13 +611,13 @@ class ClusterConsumer:
             await self._unsubscribe_legs(self._shutdown())
 
     async def _unsubscribe_legs(self, legs: list[Leg]) -> None:
-        await unsubscribe_legs(self._bridge, legs, self._spec.name)
+        await unsubscribe_legs(legs, self._spec.name)
 
     async def _close_legs(self, legs: list[Leg]) -> None:
-        await close_legs(self._bridge, legs, self._options.busy_timeout)
+        await close_legs(legs, self._options.busy_timeout)
 
     async def close_for_shutdown(self) -> None:
-        """The backend stops: close now, waiting for pulsar-client (no unsubscribing)."""
+        """The backend stops: close now, waiting for the brokers' answers (no unsubscribing)."""
         await self._close_legs(self._shutdown())
 
     def abort(self) -> None:
@@ -646,9 +626,9 @@ class ClusterConsumer:
             close_leg_soon(leg)
 
 
-def _later_nack(consumer: Any, pulsar_id: Any, leg: Leg) -> Callable[[], None]:
+def _later_nack(consumer: ClientConsumer, message_id: MessageId, leg: Leg) -> Callable[[], None]:
     def nack() -> None:
         if not leg.closed:
-            consumer.negative_acknowledge(pulsar_id)
+            consumer.redeliver([message_id])
 
     return nack

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 
-from mop.backends.cluster.bridge import Bridge
 from mop.backends.cluster.discovery import NamespaceDiscovery
 from mop.backends.cluster.local_topics import LocalTopics
 from mop.backends.cluster.options import ConsumerOptions
 from mop.backends.cluster.producers import ProducerCache
 from mop.backends.cluster.timing import Delays
+from mop.protocols.pulsar.driver import PulsarClient
 
 __all__ = ["ClusterContext"]
 
@@ -31,16 +30,16 @@ class ClusterContext:
     # per namespace (`mop.backends.cluster.tables.system_topic`).
     tenant: str
     namespace: str
-    # How long a pulsar-client operation may take, and a takeover may wait for the previous
+    # How long a request to the brokers may take, and a takeover may wait for the previous
     # holder of a client id.
     operation_timeout: float
     fence_timeout: float
     consumer_options: ConsumerOptions
-    # The backend's pulsar-client Client; raises BackendError once the backend has closed it.
-    client: Callable[[], Any]
-    # A new Client with the backend's settings, for a connection of its own (roles).
-    new_client: Callable[[], Any]
-    bridge: Bridge
+    # The backend's Pulsar client; raises BackendError once the backend has closed it.
+    client: Callable[[], PulsarClient]
+    # A new client with the backend's settings, for connections of its own (roles): run it
+    # with `await nursery.start(client.serve)` and close it with `aclose()`.
+    new_client: Callable[[], PulsarClient]
     # The backend's nursery, for background work of the parts (it runs until `aclose`).
     nursery: trio.Nursery
     delays: Delays

@@ -1,11 +1,11 @@
 """Fan-out inside a separated-mode proxy for non-durable exclusive subscriptions.
 
-A durable subscription needs its own cursor at the broker, so it gets its own pulsar-client
-consumers (`consumers`). A non-durable exclusive one (an MQTT clean session) keeps
-nothing at the broker, so the proxy follows each topic once, for all of them: one pulsar-client
-reader per topic per proxy (a non-durable broker subscription whose name starts with the
-proxy's own `mop-proxy-<random>` prefix), opened when the first local consumer needs the topic
-and closed a grace period after the last one left. Each message is decoded once and handed, in
+A durable subscription needs its own cursor at the broker, so it gets its own consumers
+(`consumers`). A non-durable exclusive one (an MQTT clean session) keeps nothing at the
+broker, so the proxy follows each topic once, for all of them: one reader per topic per proxy
+(a non-durable broker subscription whose name starts with the proxy's own `mop-proxy-<random>`
+prefix), opened when the first local consumer needs the topic and closed a grace period after
+the last one left. Each message is decoded once and handed, in
 memory and in topic order, to every local consumer whose selectors match it; the broker sends
 it to the proxy once, not once per subscriber.
 
@@ -21,13 +21,10 @@ only exact selectors name starts at its end, and is open before the subscribe ca
 Each consumer has a bounded backlog (`fanout_consumer`). A full consumer does not slow
 the reader down, which would stall every other consumer of the topic; it loses messages
 instead, with the rule of merged mode (counted in `FanOut.dropped`). A consumer that keeps up
-loses nothing. Each reader is read by a task on the trio thread, one message after another;
-when the proxy as a whole falls behind, the readers' prefetch queues fill and the broker stops
-sending: that is the only back-pressure, and it is shared.
-
-The readers are read with `read_next_async`, not through a reader listener: pulsar-client
-(3.x) keeps a reader with a listener, and with it the whole client (its threads and six
-descriptors), alive after both are closed.
+loses nothing. A reader hands each frame it receives to the routing here, on the trio thread,
+and gives the broker its permits back as it does; when the proxy as a whole falls behind, its
+connections' reads slow down and the brokers stop sending: that is the only back-pressure,
+and it is shared.
 """
 
 from __future__ import annotations
@@ -36,25 +33,31 @@ import itertools
 import logging
 import secrets
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
-import _pulsar
 import trio
 
 from mop.backends.cluster.discovery import Watch
+from mop.backends.cluster.errors import error_for
 from mop.backends.cluster.fanout_consumer import FanOutConsumer
-from mop.backends.cluster.legs import close_quietly, in_parallel, one_error_for_callers
+from mop.backends.cluster.legs import in_parallel, one_error_for_callers
 from mop.backends.cluster.messages import incoming
 from mop.backends.cluster.patterns import SelectorPlan
-from mop.backends.cluster.producers import message_id_of
 from mop.clock import now_ms
-from mop.message import Delivery
+from mop.message import Delivery, MessageId
 from mop.messaging import QUEUE_FULL
 from mop.processor.backend import (
     BackendError,
     StartPosition,
     SubscriptionKind,
     SubscriptionSpec,
+)
+from mop.protocols.pulsar.driver import (
+    ClientConsumer,
+    ConsumerConfig,
+    DriverError,
+    Received,
+    subscribe,
 )
 from mop.topic_names import pulsar_to_mqtt
 from mop.topics import SubscriptionTrie, matches
@@ -70,10 +73,12 @@ log = logging.getLogger("mop.cluster")
 GRACE: Final = 5.0
 # Messages each reader prefetches.
 _RECEIVER_QUEUE: Final = 1000
-# Messages one reader hands over before the others get their turn.
-_BURST: Final = 256
-# Reads a reader takes at most, after finding its queue empty, before it looks again.
-_MAX_SKIP: Final = 64
+
+
+# Where a reader starts: the topic's first message, or its end (pulsar-client's
+# MessageId.earliest and MessageId.latest).
+_EARLIEST: Final = MessageId(-1, -1)
+_LATEST: Final = MessageId((1 << 63) - 1, (1 << 63) - 1)
 
 
 def fans_out(spec: SubscriptionSpec) -> bool:
@@ -96,7 +101,7 @@ class _Follower:
     def __init__(self, topic: str, mqtt: str | None) -> None:
         self.topic = topic
         self.mqtt = mqtt  # the MQTT name, None outside the backend's namespace
-        self.reader: Any = None
+        self.reader: ClientConsumer | None = None
         self.opened = trio.Event()
         self.error: BackendError | None = None
         self.closed = False
@@ -119,7 +124,6 @@ class FanOut:
         full queue drops."""
         self.context = self._context = context
         self._report_dropped = report_dropped
-        self._bridge = context.bridge
         self.subscription_prefix = f"mop-proxy-{secrets.token_hex(6)}"
         self._followers: dict[str, _Follower] = {}
         self._trie: SubscriptionTrie[int, _Entry] = SubscriptionTrie()
@@ -345,73 +349,38 @@ class FanOut:
         return follower.mqtt is not None and bool(self._trie.match(follower.mqtt))
 
     async def _open(self, follower: _Follower) -> None:
-        conf = _pulsar.ReaderConfiguration()
-        conf.receiver_queue_size(_RECEIVER_QUEUE)
-        conf.subscription_role_prefix(self.subscription_prefix)
-
-        start = _pulsar.MessageId.earliest if self._earliest(follower) else _pulsar.MessageId.latest
-        client = self._context.client()
+        config = ConsumerConfig(
+            durable=False,
+            auto_ack=True,
+            receiver_queue=_RECEIVER_QUEUE,
+            start_message_id=_EARLIEST if self._earliest(follower) else _LATEST,
+        )
+        name = f"{self.subscription_prefix}-{secrets.token_hex(5)}"
         try:
-            follower.reader = await self._bridge.call(
-                lambda done: client.create_reader_async(follower.topic, start, conf, done),
-                f"reading {follower.topic}",
-                cleanup=close_quietly,
+            follower.reader = await subscribe(
+                self._context.client(),
+                follower.topic,
+                name,
+                lambda _reader, items: self._deliver(follower, items),
+                config,
             )
+        except DriverError as exc:
+            follower.error = error_for(exc, f"reading {follower.topic}")
         except BackendError as exc:
             follower.error = exc
-            follower.closed = True
-            if self._followers.get(follower.topic) is follower:
-                del self._followers[follower.topic]
         finally:
+            if follower.reader is None:
+                follower.closed = True
+                if self._followers.get(follower.topic) is follower:
+                    del self._followers[follower.topic]
             follower.opened.set()
         if follower.reader is None:
             return
         if self._closed or follower.closed:
             _close_follower(follower)
             return
-        self._context.nursery.start_soon(self._pull, follower, follower.reader)
         if not self._needed(follower.topic):
             self._release_later(follower.topic)
-
-    async def _pull(self, follower: _Follower, reader: Any) -> None:
-        """Read `follower`'s topic until its reader closes, routing each message."""
-        what = f"reading {follower.topic}"
-        skip = backoff = 0  # reads to take before the queue is looked at again, and the next gap
-        while not follower.closed and not self._closed:
-            try:
-                message = await self._bridge.call(reader.read_next_async, what)
-            except BackendError as exc:
-                if follower.closed or self._closed or exc.reason == "closed":
-                    return
-                log.debug("fan-out: %s; retrying", exc)
-                await trio.sleep(1)
-                continue
-            if follower.closed:
-                return
-            now = now_ms()
-            self._deliver(follower, message, now)
-            if skip:
-                skip -= 1
-                continue
-            # More may be queued: taken at once, one trip through the scheduler per burst
-            # instead of per message (a queued message costs ~5 us this way). Finding the queue
-            # empty costs ~80 us, so after an empty look the next waits longer (up to
-            # _MAX_SKIP reads): a topic that trickles does not pay for it.
-            taken = 0
-            for _ in range(_BURST - 1):
-                try:
-                    message = reader.read_next(0)
-                except _pulsar.PulsarException:
-                    break  # nothing queued (Timeout), or closing: the wait above tells which
-                if follower.closed:
-                    return
-                self._deliver(follower, message, now)
-                taken += 1
-            if taken:
-                backoff = 0
-            else:
-                backoff = min(_MAX_SKIP, backoff * 2 or 1)
-                skip = backoff
 
     def _release_later(self, topic: str) -> None:
         if self._closed or self._needed(topic):
@@ -440,10 +409,7 @@ class FanOut:
             follower.closed = True
             reader, follower.reader = follower.reader, None
             if reader is not None:
-                try:
-                    await self._bridge.call(reader.close_async, "closing a reader")
-                except BackendError as exc:
-                    log.debug("%s", exc)
+                await reader.close(seconds)
 
         with trio.CancelScope(shield=True), trio.move_on_after(seconds):
             await in_parallel(followers, close)
@@ -467,33 +433,37 @@ class FanOut:
         follower.route_key = route_key
         return follower.route
 
-    def _deliver(self, follower: _Follower, message: Any, now: int) -> None:
+    def _deliver(self, follower: _Follower, items: list[Received]) -> None:
+        if follower.closed:
+            return
         route = self._route(follower)
         if not route:
             return
-        decoded = incoming(
-            message.data(),
-            message.properties(),
-            partition_key=message.partition_key(),
-            publish_time=message.publish_timestamp(),
-            event_time=message.event_timestamp(),
-            producer_name=message.producer_name(),
-        )
-        if decoded.expires_at and decoded.expires_at <= now:
-            return
-        delivery = Delivery(follower.topic, message_id_of(message.message_id()), decoded)
-        published = decoded.publish_time
-        for consumer, since in route:
-            if published >= since:
-                consumer.offer(delivery)
+        now = now_ms()
+        topic = follower.topic
+        for item in items:
+            decoded = incoming(
+                item.payload,
+                dict(item.properties),
+                partition_key=item.key,
+                publish_time=item.publish_time,
+                event_time=item.event_time,
+                producer_name=item.producer_name,
+            )
+            if decoded.expires_at and decoded.expires_at <= now:
+                continue
+            delivery = Delivery(topic, item.message_id, decoded)
+            published = decoded.publish_time
+            for consumer, since in route:
+                if published >= since:
+                    consumer.offer(delivery)
 
 
 def _close_follower(follower: _Follower) -> None:
-    # The handle is dropped on the trio thread (see `legs.close_leg_soon`).
     follower.closed = True
     reader, follower.reader = follower.reader, None
     if reader is not None:
-        close_quietly(reader)
+        reader.abort()
 
 
 if TYPE_CHECKING:

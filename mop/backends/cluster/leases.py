@@ -7,7 +7,8 @@ lease subscribes to the topic's exclusive subscription "holder", which the previ
 keeps until it lets go (the broker frees it at once when that proxy closes it or dies), and
 (4) the session tables are caught up so the previous holder's last writes are visible. A holder
 learns of a takeover from the messages its "holder" consumer receives: one with another token,
-sent after its own, fences it.
+sent after its own, fences it; so does losing "holder" to another consumer (the holder's
+consumer, subscribing again after its connection ended, is refused).
 """
 
 from __future__ import annotations
@@ -15,16 +16,24 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
-import _pulsar
 import trio
 
-from mop.backends.cluster.bridge import ignore_result
-from mop.backends.cluster.producers import message_id_of
+from mop.backends.cluster.errors import error_for
 from mop.backends.cluster.tables import system_topic
 from mop.message import MessageId
 from mop.processor.backend import BackendError, ProducerFenced
+from mop.protocols.pulsar.commands import InitialPosition, ProducerAccessMode, SubType
+from mop.protocols.pulsar.driver import (
+    ClientConsumer,
+    ConsumerConfig,
+    DriverError,
+    ProducerConfig,
+    Received,
+    create_producer,
+    subscribe,
+)
 
 if TYPE_CHECKING:
     from mop.backends.cluster.context import ClusterContext
@@ -57,7 +66,7 @@ class ClusterLease:
         self.topic = system_topic(context.tenant, context.namespace, "client", client_id)
         self.token = uuid.uuid4().hex
         self._own: MessageId | None = None
-        self._holder: Any = None
+        self._holder: ClientConsumer | None = None
         self._fenced = trio.Event()
         self._released = trio.Event()
 
@@ -109,55 +118,57 @@ class ClusterLease:
 
     async def _announce(self) -> MessageId:
         context = self._context
-        bridge = context.bridge
-        conf = _pulsar.ProducerConfiguration()
-        conf.access_mode(_pulsar.ProducerAccessMode.ExclusiveWithFencing)
-        conf.batching_enabled(False)
-        conf.send_timeout_millis(int(context.operation_timeout * 1000))
-        producer = await bridge.call(
-            lambda done: context.client().create_producer_async(self.topic, conf, done),
-            f"taking client id {self._client_id!r}",
-            cleanup=lambda handle: handle.close_async(ignore_result),
+        what = f"taking client id {self._client_id!r}"
+        config = ProducerConfig(
+            access_mode=ProducerAccessMode.ExclusiveWithFencing,
+            batching=False,
+            send_timeout=context.operation_timeout,
         )
         try:
-            builder = _pulsar.MessageBuilder()
-            builder.content(self.token.encode())
+            producer = await create_producer(context.client(), self.topic, config)
+        except DriverError as exc:
+            raise error_for(exc, what) from None
+        try:
             # Brokers keep the latest message per key of a system topic: the last takeover.
-            builder.partition_key(TAKEOVER)
-            pulsar_id = await bridge.call(
-                lambda done: producer.send_async(builder.build(), done),
-                f"taking client id {self._client_id!r}",
-            )
+            ticket = await producer.send(self.token.encode(), (), key=TAKEOVER)
+            assert ticket is not None
+            return await ticket.wait()
+        except DriverError as exc:
+            raise error_for(exc, what) from None
         finally:
-            producer.close_async(ignore_result)
-        return message_id_of(pulsar_id)
+            producer.abort()  # its message is stored (or failed): nothing left to wait for
 
     async def _hold(self) -> None:
         """Subscribe "holder", retrying while the previous holder still has it."""
         context = self._context
-        conf = _pulsar.ConsumerConfiguration()
-        conf.consumer_type(_pulsar.ConsumerType.Exclusive)
-        conf.receiver_queue_size(10)
-        conf.subscription_initial_position(_pulsar.InitialPosition.Earliest)
-        conf.message_listener(
-            lambda consumer, message: context.bridge.soon(self._on_message, consumer, message)
+        config = ConsumerConfig(
+            sub_type=SubType.Exclusive,
+            receiver_queue=10,
+            initial_position=InitialPosition.Earliest,
         )
         delay = 0.02
         while self._holder is None and not self._released.is_set() and not self._fenced.is_set():
             try:
-                holder = await context.bridge.call(
-                    lambda done: context.client().subscribe_async(self.topic, HOLDER, conf, done),
-                    f"holding client id {self._client_id!r}",
-                    cleanup=lambda handle: handle.close_async(ignore_result),
-                )
-            except BackendError as exc:
-                if exc.reason not in ("consumer_busy", "unavailable"):
-                    raise
+                # Shielded (the client's operation timeout bounds it): a subscribe cut short
+                # might still be granted by the broker, to a consumer nobody would close.
+                with trio.CancelScope(shield=True):
+                    holder = await subscribe(
+                        context.client(),
+                        self.topic,
+                        HOLDER,
+                        self._on_messages,
+                        config,
+                        on_lost=self._on_lost,
+                    )
+            except DriverError as exc:
+                error = error_for(exc, f"holding client id {self._client_id!r}")
+                if error.reason not in ("consumer_busy", "unavailable"):
+                    raise error from None
                 await trio.sleep(delay)
                 delay = min(delay * 2, 0.25)
                 continue
             if self._released.is_set():
-                holder.close_async(ignore_result)
+                holder.abort()
                 return
             self._holder = holder
 
@@ -167,12 +178,24 @@ class ClusterLease:
         except BackendError as exc:
             log.warning("client %r: %s", self._client_id, exc)
 
-    def _on_message(self, consumer: Any, message: Any) -> None:
-        consumer.acknowledge_async(message.message_id(), ignore_result)
-        own = self._own
-        newer = own is not None and message_id_of(message.message_id()) > own
-        if newer and message.data() != self.token.encode():
-            self._fenced.set()
+    def _on_messages(self, consumer: ClientConsumer, items: list[Received]) -> None:
+        """The "holder" consumer's sink: a takeover after this lease's own fences it."""
+        token = self.token.encode()
+        for item in items:
+            consumer.ack(item.message_id)
+            own = self._own
+            newer = own is not None and item.message_id > own
+            if newer and item.payload != token:
+                self._fenced.set()
+
+    def _on_lost(self, exc: DriverError) -> None:
+        """The "holder" consumer could not subscribe again (another consumer has it: the id
+        was taken over): this lease no longer learns of takeovers, so it counts as fenced."""
+        if self._released.is_set():
+            return
+        log.warning("client %r: %s", self._client_id, error_for(exc, "holding the client id"))
+        self._holder = None
+        self._fenced.set()
 
     # -- letting go ------------------------------------------------------------------------
 
@@ -186,14 +209,13 @@ class ClusterLease:
         if holder is None:
             await trio.lowlevel.checkpoint()
             return
-        bridge = self._context.bridge
         with trio.CancelScope(shield=True), trio.move_on_after(self._context.fence_timeout):
             try:
                 # Deleting the subscription leaves nothing behind per client id on the broker.
-                await bridge.call(holder.unsubscribe_async, "releasing a client id")
-            except BackendError as exc:
-                log.debug("%s", exc)
-                holder.close_async(ignore_result)
+                await holder.unsubscribe()
+            except DriverError as exc:
+                log.debug("%s", error_for(exc, "releasing a client id"))
+        holder.abort()  # if it is still open (the unsubscribe failed or took too long)
 
     def abort(self) -> None:
         """The backend stops: fence and let go without waiting."""
@@ -201,4 +223,4 @@ class ClusterLease:
         self._released.set()
         holder, self._holder = self._holder, None
         if holder is not None:
-            holder.close_async(ignore_result)
+            holder.abort()

@@ -1,7 +1,8 @@
-"""The legs of a separated-mode consumer: one pulsar-client consumer per topic it follows.
+"""The legs of a separated-mode consumer: one consumer of the proxy's Pulsar client per topic
+it follows.
 
 A consumer may follow thousands of topics (a `#` filter), so legs are subscribed, closed and
-unsubscribed a few at a time in parallel, each within pulsar-client's own timeouts, rather
+unsubscribed a few at a time in parallel, each within the client's operation timeout, rather
 than one after the other.
 """
 
@@ -10,18 +11,27 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
 import trio
 
-from mop.backends.cluster.bridge import Bridge, ignore_result
+from mop.backends.cluster.errors import error_for
 from mop.processor.backend import BackendError
+from mop.protocols.pulsar.driver import (
+    ClientConsumer,
+    ConsumerConfig,
+    DriverError,
+    PulsarClient,
+    ServerRefused,
+    subscribe,
+)
+from mop.protocols.pulsar.driver.consumer import Sink
+from mop.protocols.pulsar.errors import ServerError
 
 __all__ = [
     "Leg",
     "close_leg_soon",
     "close_legs",
-    "close_quietly",
     "in_parallel",
     "subscribe_leg",
     "unsubscribe_legs",
@@ -29,19 +39,19 @@ __all__ = [
 
 log = logging.getLogger("mop.cluster")
 
-# pulsar-client calls one consumer has in flight at once.
+# Subscribes (closes, unsubscribes) one consumer has in flight at once.
 PARALLEL: Final = 16
 
 T = TypeVar("T")
 
 
 class Leg:
-    """One pulsar-client consumer of a ClusterConsumer: the one of `topic`."""
+    """One consumer of a ClusterConsumer: the one of `topic`."""
 
     __slots__ = ("closed", "consumer", "epoch", "topic")
 
     def __init__(self, topic: str) -> None:
-        self.consumer: Any = None
+        self.consumer: ClientConsumer | None = None
         self.closed = False
         self.topic = topic
         # Bumped by a seek: messages the listener tagged with an older epoch are dropped.
@@ -82,44 +92,44 @@ async def one_error_for_callers() -> AsyncIterator[None]:
 
 
 async def subscribe_leg(
-    bridge: Bridge, client: Any, leg: Leg, name: str, conf: Any, busy_timeout: float
+    client: PulsarClient,
+    leg: Leg,
+    name: str,
+    config: ConsumerConfig,
+    sink: Sink,
+    busy_timeout: float,
 ) -> None:
     """Subscribe `leg` to its topic under subscription `name`, retrying for `busy_timeout`
     seconds while another consumer still holds the subscription."""
     delay = 0.05
+    what = f"subscribing {name!r} to {leg.topic}"
     with trio.move_on_after(busy_timeout) as scope:
         while True:
             try:
-                leg.consumer = await bridge.call(
-                    lambda done: client.subscribe_async(leg.topic, name, conf, done),
-                    f"subscribing {name!r} to {leg.topic}",
-                    cleanup=close_quietly,
-                )
+                leg.consumer = await subscribe(client, leg.topic, name, sink, config)
                 return
-            except BackendError as exc:
-                if exc.reason != "consumer_busy":
-                    raise
+            except ServerRefused as exc:
+                if exc.error is not ServerError.ConsumerBusy:
+                    raise error_for(exc, what) from None
                 # Still held by a consumer that is closing (e.g. a session taken over).
                 await trio.sleep(delay)
                 delay = min(delay * 2, 0.5)
+            except DriverError as exc:
+                raise error_for(exc, what) from None
     assert scope.cancelled_caught
     raise BackendError(f"subscription {name!r} on {leg.topic} stays busy", reason="consumer_busy")
 
 
-async def close_legs(bridge: Bridge, legs: list[Leg], seconds: float) -> None:
+async def close_legs(legs: list[Leg], seconds: float) -> None:
     """Close the legs' consumers, waiting up to `seconds`; the ones still closing then are
-    left to close on their own."""
+    dropped without waiting."""
     for leg in legs:
         leg.closed = True
 
     async def close(leg: Leg) -> None:
         consumer, leg.consumer = leg.consumer, None
-        if consumer is None:
-            return
-        try:
-            await bridge.call(consumer.close_async, "closing a consumer")
-        except BackendError as exc:
-            log.debug("%s", exc)
+        if consumer is not None:
+            await consumer.close(seconds)
 
     with trio.CancelScope(shield=True), trio.move_on_after(seconds):
         await in_parallel(legs, close)
@@ -127,32 +137,26 @@ async def close_legs(bridge: Bridge, legs: list[Leg], seconds: float) -> None:
         close_leg_soon(leg)  # those the timeout cut off
 
 
-async def unsubscribe_legs(bridge: Bridge, legs: list[Leg], name: str) -> None:
+async def unsubscribe_legs(legs: list[Leg], name: str) -> None:
     """Delete subscription `name` on each leg's topic (closing the leg)."""
 
     async def unsubscribe(leg: Leg) -> None:
         leg.closed = True
-        consumer, leg.consumer = leg.consumer, None  # see close_leg_soon
+        consumer, leg.consumer = leg.consumer, None
         if consumer is None:
             return
         try:
-            await bridge.call(consumer.unsubscribe_async, f"unsubscribing {name!r}")
-        except BackendError as exc:
-            log.warning("%s", exc)
-            close_quietly(consumer)
+            await consumer.unsubscribe()
+        except DriverError as exc:
+            log.warning("%s", error_for(exc, f"unsubscribing {name!r} from {leg.topic}"))
+            consumer.abort()
 
     await in_parallel(legs, unsubscribe)
 
 
 def close_leg_soon(leg: Leg) -> None:
-    """Close without waiting. Dropping the handle matters: pulsar-client keeps the listener,
-    which refers to the leg, so a leg that kept its consumer would keep the client's threads
-    alive forever."""
+    """Close without waiting."""
     leg.closed = True
     consumer, leg.consumer = leg.consumer, None
     if consumer is not None:
-        close_quietly(consumer)
-
-
-def close_quietly(handle: Any) -> None:
-    handle.close_async(ignore_result)
+        consumer.abort()

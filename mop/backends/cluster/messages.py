@@ -1,10 +1,10 @@
-"""`Message` <-> the fields of a pulsar-client message, for separated mode.
+"""`Message` <-> the fields of a Pulsar message, for separated mode.
 
-pulsar-client carries payload, properties (a map), partition key, event time and deliver-at
+A Pulsar message carries payload, properties (a map), partition key, event time and deliver-at
 time; mop's other fields travel as reserved properties and are taken off again on receipt:
 
 - `mop.qos` (when not 1), `mop.expires_at` (ms since the epoch, when set) and `mop.producer`
-  (the client that published, e.g. an MQTT client id; pulsar-client names its own producers,
+  (the client that published, e.g. an MQTT client id; Pulsar names its own producers,
   so a message without it shows the Pulsar producer's name).
 - `mop.properties`: the client keeps properties in a sorted map, which loses their order and
   all but one value of a repeated name. When the list is not already sorted by unique names
@@ -40,7 +40,7 @@ PROPERTIES = "mop.properties"
 
 @dataclass(frozen=True, slots=True)
 class Outgoing:
-    """What to hand pulsar-client's message builder."""
+    """What a Pulsar producer sends."""
 
     payload: bytes
     properties: dict[str, str]
@@ -60,9 +60,9 @@ def _map_is_exact(pairs: tuple[tuple[str, str], ...]) -> bool:
 
 
 def outgoing(message: Message) -> Outgoing:
-    """The pulsar-client form of a message (a batch entry cannot be sent: send its members)."""
+    """The Pulsar form of a message (a batch entry cannot be sent: send its members)."""
     if message.batch:
-        raise ValueError("a batch entry cannot be published through pulsar-client")
+        raise ValueError("a batch entry cannot be published through a proxy")
     pairs = message.properties
     # A user property under a reserved name travels only inside `mop.properties`: as a map
     # entry it would be read back as ours (a user's "mop.qos" as the message's QoS).
@@ -116,7 +116,7 @@ def incoming(
     event_time: int,
     producer_name: str,
 ) -> Message:
-    """The message a pulsar-client message carries (also one a plain Pulsar client sent)."""
+    """The message a Pulsar message carries (also one a plain Pulsar client sent)."""
     qos = _int(properties.get(QOS), 1)
     return Message(
         payload=payload,

@@ -20,14 +20,14 @@ class ProducerOptions:
 
 @dataclass(frozen=True, slots=True)
 class ConsumerOptions:
-    # Messages taken from pulsar-client and not yet received before the listener pauses.
+    # Messages received from the brokers and not yet taken before the legs pause.
     buffer: int = 1000
-    # pulsar-client's prefetch per topic.
+    # Permits each leg gives its broker (messages sent ahead per topic).
     receiver_queue: int = 500
     # Seconds between the listings of a namespace that find topics for wildcard selectors.
     pattern_discovery: float = 1.0
     # How long a subscribe retries while the subscription is held by a consumer that is going.
     busy_timeout: float = 10.0
     # Non-durable exclusive subscriptions share one reader per topic per proxy
-    # (`fanout`) instead of a pulsar-client consumer per subscription and topic.
+    # (`fanout`) instead of a consumer per subscription and topic.
     fanout: bool = True

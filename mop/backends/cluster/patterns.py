@@ -1,6 +1,6 @@
 """Selectors -> what a separated-mode consumer follows, and topics -> the selectors they match.
 
-A consumer subscribes to every topic it follows with a plain pulsar-client consumer: the topic
+A consumer subscribes to every topic it follows with a plain consumer: the topic
 of each exact selector, and the topics of the namespace that an MQTT filter matches, found by
 the proxy's one topic poller per namespace (`discovery`). Topics whose first MQTT level
 is `$SYS` are node-local: each proxy serves its own (`local_topics`), none goes to the

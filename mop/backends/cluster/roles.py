@@ -11,29 +11,30 @@ this mechanism:
   dies), and the next proxy to ask gets it: no lease to expire, no clock to trust;
 - it is a standard subscription type, and the one client leases use too (`leases`).
 A producer with access mode WaitForExclusive would hand the role on without the retries, but
-pulsar-client (C++ 3.x) gives up waiting after its operation timeout, and some Pulsar-protocol
-brokers (pulsar-lite 0.2) admit every producer whatever its access mode, which would let every
-proxy hold the role; an exclusive subscription is exclusive on each broker mop is run against.
+the client gives up waiting after its operation timeout, and some Pulsar-protocol brokers
+(pulsar-lite 0.2) admit every producer whatever its access mode, which would let every proxy
+hold the role; an exclusive subscription is exclusive on each broker mop is run against.
 
-The subscribes go through a pulsar-client Client of their own (`ClusterRoles`), on a connection
-of their own: some Pulsar-protocol brokers (pulsar-lite 0.2) answer a refused subscribe by
-closing the connection it came on, which must not take the proxy's traffic down with it. That
-client is made when the proxy first enters a role.
+The subscribes go through a Pulsar client of their own (`ClusterRoles`, from
+`ClusterContext.new_client`, run in the backend's nursery), on a connection of their own: some
+Pulsar-protocol brokers (pulsar-lite 0.2) answer a refused subscribe by closing the connection
+it came on, which must not take the proxy's traffic down with it. That client is made when the
+proxy first enters a role.
 
-The holder watches its consumer's connection (`is_connected`, every `CHECK_INTERVAL`). The first
-time it is down the role counts as lost: the client would reconnect by itself, but meanwhile
-another proxy may have got the role (this consumer would then come back refused), so the
-consumer is closed and the proxy asks again with a new one, to start its duty afresh. Before a
-gain is reported, the tables are read up to their end (`catch_up_tables`), so the new holder
-sees the last writes of the previous one.
+The holder's consumer does not come back by itself (`_HolderConsumer`): the client's consumers
+subscribe again when their connection ends or the broker closes them, but this one closes
+instead, and the role counts as lost at once. Meanwhile another proxy may have got the role, so
+the proxy asks again with a new consumer, to start its duty afresh. Before a gain is reported,
+the tables are read up to their end (`catch_up_tables`), so the new holder sees the last writes
+of the previous one.
 
 Windows in which two proxies may both act as holder:
 - the broker frees the subscription when it sees the holder's connection close, the holder
   notices when its client does. A dead proxy acts no more; but when a connection breaks
   without either side being told at once (a silent network failure), the broker may hand the
   role on (after its keep-alive timeout) before the old holder's client gives up on the
-  connection (after its own, 30 s by default): both act meanwhile. `held` asks the client each
-  time, which keeps the window as short as the client's view allows.
+  connection (after its own keep-alive timeout): both act meanwhile. `held` asks the consumer
+  each time, which keeps the window as short as the client's view allows.
 - a duty begun while held (a write and a publish, say) is finished even if the role is lost
   halfway through it.
 The role's connection is not the one the duty's writes go through: a holder whose other
@@ -46,28 +47,73 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
-import _pulsar
 import trio
 
-from mop.backends.cluster.bridge import ignore_result
+from mop.backends.cluster.errors import error_for
 from mop.backends.cluster.tables import system_topic
 from mop.processor.backend import BackendError
+from mop.protocols.pulsar.commands import SubType
+from mop.protocols.pulsar.driver import (
+    ClientConsumer,
+    ConsumerConfig,
+    DriverError,
+    PulsarClient,
+    Received,
+)
+from mop.protocols.pulsar.driver.connection import BrokerConnection
 
 if TYPE_CHECKING:
     from mop.backends.cluster.context import ClusterContext
     from mop.processor.backend import Role
 
-__all__ = ["CHECK_INTERVAL", "HOLDER", "RETRY_INTERVAL", "ClusterRole", "ClusterRoles"]
+__all__ = ["HOLDER", "RETRY_INTERVAL", "ClusterRole", "ClusterRoles"]
 
 log = logging.getLogger("mop.cluster")
 
 HOLDER: Final = "holder"
-# How often the holder looks at its consumer's connection (a local call, no traffic).
-CHECK_INTERVAL: Final = 0.2
 # How often a proxy without the role asks for it: how long a dead holder's role may stay free.
 RETRY_INTERVAL: Final = 0.5
+
+
+class _HolderConsumer(ClientConsumer):
+    """A consumer of the role's exclusive subscription that closes, and tells `down`, the
+    first time it is detached (its connection ended, or the broker closed it) instead of
+    subscribing again."""
+
+    def __init__(self, client: PulsarClient, topic: str, down: Callable[[], None]) -> None:
+        super().__init__(
+            client,
+            topic,
+            HOLDER,
+            # Nothing is ever published on a role topic.
+            ConsumerConfig(sub_type=SubType.Exclusive, receiver_queue=1),
+            _ignore,
+            on_lost=lambda exc: down(),
+        )
+        self._down = down
+
+    def on_closed_by_broker(self) -> None:
+        super().on_closed_by_broker()
+        self._give_up()
+
+    def connection_lost(self, connection: BrokerConnection) -> None:
+        if not self.connected:
+            return  # a connection this consumer is not on
+        super().connection_lost(connection)
+        if not self.connected:
+            self._give_up()
+
+    def _give_up(self) -> None:
+        if not self.closed:
+            self.abort()
+            self._down()
+
+
+def _ignore(consumer: ClientConsumer, items: list[Received]) -> None:
+    for item in items:
+        consumer.ack(item.message_id)
 
 
 class ClusterRoles:
@@ -77,17 +123,24 @@ class ClusterRoles:
         """`catch_up` reads the tables up to their end (before a gain is reported)."""
         self._context = context
         self._catch_up = catch_up
-        self._client: Any = None
+        self._client: PulsarClient | None = None
+        self._starting = trio.Lock()
         self._roles: set[ClusterRole] = set()
         self._closed = False
 
-    @property
-    def client(self) -> Any:
-        if self._closed:
-            raise BackendError("backend is closed", reason="closed")
-        if self._client is None:
-            self._client = self._context.new_client()
-        return self._client
+    async def client(self) -> PulsarClient:
+        """The roles' client, made and run (in the backend's nursery) on first use."""
+        async with self._starting:
+            if self._closed:
+                raise BackendError("backend is closed", reason="closed")
+            if self._client is None:
+                client = self._context.new_client()
+                await self._context.nursery.start(client.serve)
+                if self._closed:
+                    await client.aclose()
+                    raise BackendError("backend is closed", reason="closed")
+                self._client = client
+            return self._client
 
     async def hold(self, name: str) -> ClusterRole:
         """Enter this proxy for role `name`; it is asked for in the background."""
@@ -107,15 +160,9 @@ class ClusterRoles:
             role.abort()
         client, self._client = self._client, None
         if client is None:
+            await trio.lowlevel.checkpoint()
             return
-        with trio.move_on_after(self._context.operation_timeout) as scope:
-            try:
-                await self._context.bridge.call(client.close_async, "closing the roles' client")
-            except BackendError as exc:
-                log.debug("%s", exc)
-        if scope.cancelled_caught:
-            # Threads still busy: take them down without waiting (off the trio thread).
-            await trio.to_thread.run_sync(client.shutdown)
+        await client.aclose()
 
 
 class ClusterRole:
@@ -136,7 +183,9 @@ class ClusterRole:
         self._catch_up = catch_up
         self._name = name
         self.topic = system_topic(context.tenant, context.namespace, "role", name)
-        self._consumer: Any = None  # the consumer of the exclusive subscription, while granted
+        # The consumer of the exclusive subscription, while granted.
+        self._consumer: ClientConsumer | None = None
+        self._down = trio.Event()  # the consumer is detached: the role is lost
         self._granted = False
         self._reported = False  # what `changed` last returned
         self._change = trio.Event()
@@ -150,7 +199,7 @@ class ClusterRole:
     @property
     def held(self) -> bool:
         consumer = self._consumer
-        return self._granted and consumer is not None and bool(consumer.is_connected())
+        return self._granted and consumer is not None and consumer.connected and not consumer.closed
 
     async def changed(self) -> bool:
         if self._reported == self._granted:
@@ -185,21 +234,29 @@ class ClusterRole:
                     # An attempt that waited (a timeout) has waited long enough already.
                     await trio.sleep(max(0.0, started + RETRY_INTERVAL - trio.current_time()))
 
-    async def _claim(self) -> Any:
+    async def _claim(self) -> ClientConsumer:
         """The consumer of the exclusive subscription, if the broker admits it (BackendError
         with reason "consumer_busy": another proxy holds the role)."""
-        client = self._roles.client
-        conf = _pulsar.ConsumerConfiguration()
-        conf.consumer_type(_pulsar.ConsumerType.Exclusive)
-        conf.receiver_queue_size(1)  # nothing is ever published on a role topic
-        return await self._context.bridge.call(
-            lambda done: client.subscribe_async(self.topic, HOLDER, conf, done),
-            f"role {self._name!r}",
-            cleanup=lambda handle: handle.close_async(ignore_result),
-        )
+        client = await self._roles.client()
+        down = self._down = trio.Event()
+        consumer = _HolderConsumer(client, self.topic, down.set)
+        try:
+            # Shielded (the client's operation timeout bounds it): a subscribe cut short
+            # might still be granted by the broker, to a consumer nobody would close.
+            with trio.CancelScope(shield=True):
+                await client.nursery.start(consumer.run)
+        except DriverError as exc:
+            if self._released:
+                raise BackendError(f"role {self._name!r} released", reason="closed") from None
+            raise error_for(exc, f"role {self._name!r}") from None
+        if self._released:
+            consumer.abort()
+            raise BackendError(f"role {self._name!r} released", reason="closed")
+        return consumer
 
-    async def _hold(self, consumer: Any) -> None:
+    async def _hold(self, consumer: ClientConsumer) -> None:
         self._consumer = consumer
+        down = self._down
         try:
             caught_up = False
             try:
@@ -211,19 +268,17 @@ class ClusterRole:
                 raise BackendError(
                     f"role {self._name!r}: the tables could not be read", reason="unavailable"
                 )
-            if not consumer.is_connected():
+            if down.is_set():
                 return
             log.info("role %r: held by this proxy", self._name)
             self._set(True)
-            # Polled: pulsar-client tells of a broken connection through no callback.
-            while consumer.is_connected():  # noqa: ASYNC110
-                await trio.sleep(CHECK_INTERVAL)
+            await down.wait()
             log.warning("role %r: lost with the connection to its broker", self._name)
         finally:
             self._set(False)
             if self._consumer is consumer:  # not closed by `abort` already
                 self._consumer = None
-                consumer.close_async(ignore_result)
+                consumer.abort()
 
     # -- letting go ------------------------------------------------------------------------
 
@@ -240,7 +295,7 @@ class ClusterRole:
         self._scope.cancel()
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
-            consumer.close_async(ignore_result)
+            consumer.abort()
 
 
 if TYPE_CHECKING:

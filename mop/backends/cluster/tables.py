@@ -7,8 +7,13 @@ by the table key, whose payload is the value, or an empty payload with property 
 with a reader from its first message into a dict, so `get` and `items` answer from memory. A
 `put` waits for the broker's receipt and then updates the dict (read-your-writes); `catch_up`
 reads up to the topic's last message, for when another proxy's last write must be seen.
-Messages without a key, and the markers `catch_up` writes, are no entries of the table; brokers
-that do not compact (pulsar-lite) work too, the reader then goes through every write.
+Messages without a key, and the markers `catch_up` writes, are no entries of the table.
+
+The reader is a non-durable subscription of the backend's Pulsar client (a unique name per
+reader, from the earliest message, acknowledged as read), whose messages are applied to the dict
+as they arrive, on the trio thread; the latest write of each key wins. It reads the compacted
+view where the broker has one (the latest value of each key, then what was written since),
+and the topic as stored otherwise (brokers that do not compact, such as pulsar-lite).
 
 `SubscriptionRegistry` is such a table that the backend keeps for itself: for each durable
 subscription member, when each of its selectors was first subscribed.
@@ -18,15 +23,23 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
-import _pulsar
 import trio
 
-from mop.backends.cluster.producers import message_id_of
+from mop.backends.cluster.errors import error_for
 from mop.message import TOMBSTONE_PROPERTY, Message, MessageId
 from mop.processor.backend import BackendError, SubscriptionKind, SubscriptionSpec
+from mop.protocols.pulsar.commands import InitialPosition, SubType
+from mop.protocols.pulsar.driver import (
+    ClientConsumer,
+    ConsumerConfig,
+    DriverError,
+    Received,
+    subscribe,
+)
 from mop.topic_names import mqtt_to_pulsar
 
 if TYPE_CHECKING:
@@ -47,6 +60,10 @@ REGISTRY_TABLE: Final = "mop.subscriptions"
 # The key of the markers `catch_up` writes: no table key can be it (U+0000 is in no MQTT string,
 # so in no client id or topic name). One key, so that compaction keeps one marker per table.
 CATCH_UP_KEY: Final = "\x00catch-up"
+# The subscription names of table readers: this prefix and a random part, one per reader.
+READER_PREFIX: Final = "mop-table-"
+# The id the reader starts from: the topic's earliest message.
+EARLIEST: Final = MessageId(-1, -1)
 
 
 def system_topic(tenant: str, namespace: str, kind: str, name: str) -> str:
@@ -71,13 +88,14 @@ class ClusterTable:
         # The id of the write each key's value comes from, so that the reader never undoes a
         # newer `put` with an older message it reaches later.
         self._ids: dict[str, MessageId] = {}
-        self._reader: Any = None
+        self._reader: ClientConsumer | None = None
         self.loaded = trio.Event()
         self._applied = trio.Event()
         # The position of the last message the reader applied (keyed or not), and whether
         # the reader still follows the topic (not once the table stops).
         self._read_through: tuple[int, int] | None = None
         self._following = False
+        self._stopped = trio.Event()  # the reader is closed or lost: `serve` returns
         self._failed: BackendError | None = None
         self._watchers: list[Callable[[str, bytes | None], None]] = []
         # Keys with a write of this proxy in flight, and how many.
@@ -144,21 +162,38 @@ class ClusterTable:
         self._items[key] = value
         return changed
 
-    def _apply(self, message: Any) -> None:
-        position = message.message_id()
-        self._read_through = (position.ledger_id(), position.entry_id())
-        key = message.partition_key()
+    def _receive(self, consumer: ClientConsumer, items: list[Received]) -> None:
+        """The reader's sink: apply what it brings, in order, as it arrives."""
+        for item in items:
+            self._apply(item)
+        self._applied.set()
+        self._applied = trio.Event()
+
+    def _apply(self, item: Received) -> None:
+        position = item.message_id
+        self._read_through = (position.ledger, position.entry)
+        key = item.key
         if key and key != CATCH_UP_KEY:
-            value = None if message.properties().get(TOMBSTONE_PROPERTY) == "1" else message.data()
-            changed = self._set(key, value, message_id_of(message.message_id()))
+            tombstone = dict(item.properties).get(TOMBSTONE_PROPERTY) == "1"
+            value = None if tombstone else item.payload
+            changed = self._set(key, value, position)
             if changed and self.loaded.is_set() and key not in self._own:
                 for callback in self._watchers:
                     try:
                         callback(key, value)
                     except Exception:
                         log.exception("a watcher of table %r failed", self._name)
+
+    def _lost(self, exc: DriverError) -> None:
+        """The reader could not subscribe again (the client gave up on it)."""
+        log.warning("table %r: %s", self._name, error_for(exc, "reading the table"))
+        self._stop_following()
+
+    def _stop_following(self) -> None:
+        # A `catch_up` waiting for the reader cannot be served any more: wake it.
+        self._following = False
+        self._stopped.set()
         self._applied.set()
-        self._applied = trio.Event()
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -168,65 +203,52 @@ class ClusterTable:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Open the reader, load the table, report readiness, then follow the topic."""
+        """Open the reader, load the table, report readiness, then follow the topic (the
+        reader brings its messages by itself) until the table is closed, its reader is lost
+        for good, or cancellation."""
         self._context = context
-        bridge = context.bridge
-        conf = _pulsar.ReaderConfiguration()
-        conf.read_compacted(True)
-        conf.receiver_queue_size(1000)
+        config = ConsumerConfig(
+            sub_type=SubType.Exclusive,
+            durable=False,
+            initial_position=InitialPosition.Earliest,
+            start_message_id=EARLIEST,
+            receiver_queue=1000,
+            auto_ack=True,
+            read_compacted=True,
+        )
+        subscription = READER_PREFIX + secrets.token_hex(8)
         try:
-            self._reader = await bridge.call(
-                lambda done: context.client().create_reader_async(
-                    self.topic, _pulsar.MessageId.earliest, conf, done
-                ),
-                f"opening table {self._name!r}",
-                cleanup=lambda reader: reader.close_async(lambda *_: None),
+            self._reader = await subscribe(
+                context.client(),
+                self.topic,
+                subscription,
+                self._receive,
+                config,
+                on_lost=self._lost,
             )
+        except DriverError as exc:
+            self._failed = error_for(exc, f"opening table {self._name!r}")
+            raise self._failed from None
         except BackendError as exc:
             self._failed = exc
             raise
-        async with trio.open_nursery() as nursery:
-            self._following = True
-            nursery.start_soon(self._follow)
+        self._following = True
+        try:
             await self.catch_up()
             self.loaded.set()
             task_status.started()
-
-    async def _follow(self) -> None:
-        bridge = self._running.bridge
-
-        def read(done: Callable[..., None]) -> None:
-            def applied_first(result: Any, message: Any = None) -> None:
-                # Applied in callback order, not when this task next runs.
-                if result == _pulsar.Result.Ok and message is not None:
-                    bridge.soon(self._apply, message)
-                done(result, message)
-
-            self._reader.read_next_async(applied_first)
-
-        try:
-            while True:
-                try:
-                    await bridge.call(read, f"reading table {self._name!r}")
-                except BackendError as exc:
-                    if exc.reason == "closed":
-                        return
-                    log.warning("%s; retrying", exc)
-                    await trio.sleep(1)
+            await self._stopped.wait()
         finally:
-            # A `catch_up` waiting for the reader cannot be served any more: wake it.
-            self._following = False
-            self._applied.set()
+            self._stop_following()
 
     async def catch_up(self) -> None:
         """Return once every message the topic had when called is in the dict (or, with a
         warning, after the backend's operation timeout).
 
         A marker goes to the topic, and the reader is waited for until it has read through
-        it: the topic's order puts every earlier write before it. (Asking the reader whether
-        more is available would not do: pulsar-client takes a message for read before the
-        callback that hands it over has run, and some brokers answer that question for an
-        empty topic with an error.)
+        it: the topic's order puts every earlier write before it. (Asking the broker for the
+        topic's last message id instead would not do: some brokers answer that question for
+        an empty topic with an error.)
         """
         if self._reader is None:
             await self.loaded.wait()
@@ -245,12 +267,11 @@ class ClusterTable:
 
     async def aclose(self) -> None:
         reader, self._reader = self._reader, None
+        self._stop_following()
         if reader is not None:
             with trio.move_on_after(5):
-                try:
-                    await self._running.bridge.call(reader.close_async, "closing a table")
-                except BackendError as exc:
-                    log.debug("%s", exc)
+                await reader.close(5)
+            reader.abort()  # if the close did not finish in time (nothing once it did)
 
 
 def _registry_key(name: str, member: str) -> str:

@@ -1,6 +1,6 @@
 """Time in separated mode: the wall clock that publish times are compared with, and calls made
-on the trio thread after a delay (negative acknowledgements held back longer than
-pulsar-client's own redelivery delay)."""
+on the trio thread after a delay (negative acknowledgements, held back before they are
+redelivered)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""What a separated-mode proxy writes about its pulsar-client, and how it ends when the brokers
+"""What a separated-mode proxy writes about its Pulsar client, and how it ends when the brokers
 are not there: the client's messages go through Python logging at the node's level (never raw
 payload bytes on the process output), and a failed start still closes the client, so the
-process exits with an ordinary error status instead of an abort from the client's threads."""
+process exits with an ordinary error status."""
 
 from __future__ import annotations
 
@@ -55,12 +55,12 @@ def test_a_stopped_proxy_writes_no_payload_bytes(tmp_path: Path) -> None:
     output = run_proxy_and_stop(tmp_path, "INFO")
     assert MARKER not in output, output
     assert not CONSOLE_LINE.search(output), output
-    assert "mop.cluster.client" not in output, output
+    assert "mop.pulsar.driver" not in output, output
 
 
 def test_a_proxy_at_debug_logs_the_client_through_python_logging(tmp_path: Path) -> None:
     output = run_proxy_and_stop(tmp_path, "DEBUG")
-    assert "DEBUG mop.cluster.client:" in output, output
+    assert "DEBUG mop.pulsar.driver:" in output, output
     assert not CONSOLE_LINE.search(output), output
 
 

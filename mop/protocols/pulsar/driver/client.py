@@ -177,6 +177,7 @@ class PulsarClient:
         except (OSError, trio.TooSlowError, ConnectionLost, RemoteProtocolError) as exc:
             raise Unavailable(f"{url}: {exc or type(exc).__name__}") from None
         await self.nursery.start(connection.serve)
+        log.debug("connected to %s (%s)", url, connection.server_version or "unnamed broker")
         return connection
 
     async def _service_connection(self) -> BrokerConnection:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Final, Protocol
 
 import trio
@@ -156,13 +157,10 @@ class BrokerConnection:
         try:
             with self._scope:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._write_loop)
-                    nursery.start_soon(self._keepalive)
+                    nursery.start_soon(self._until_lost, self._write_loop, nursery)
+                    nursery.start_soon(self._until_lost, self._keepalive, nursery)
                     task_status.started()
-                    await self._read_loop()
-                    nursery.cancel_scope.cancel()
-        except (ConnectionLost, RemoteProtocolError) as exc:
-            log.debug("connection to %s ended: %s", self.address, exc)
+                    await self._until_lost(self._read_loop, nursery)
         finally:
             self._end()
             with (
@@ -170,6 +168,17 @@ class BrokerConnection:
                 contextlib.suppress(OSError, trio.BrokenResourceError),
             ):
                 await self._stream.aclose()
+
+    async def _until_lost(
+        self, loop: Callable[[], Awaitable[None]], nursery: trio.Nursery
+    ) -> None:
+        """Run one of the connection's loops; when one ends, the connection does."""
+        try:
+            await loop()
+        except (ConnectionLost, RemoteProtocolError) as exc:
+            log.debug("connection to %s ended: %s", self.address, exc)
+        finally:
+            nursery.cancel_scope.cancel()
 
     def close(self) -> None:
         """End the connection (what is registered on it reconnects elsewhere, or stops)."""

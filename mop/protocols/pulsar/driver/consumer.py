@@ -102,6 +102,7 @@ class ConsumerConfig:
         "initial_position",
         "name",
         "priority",
+        "read_compacted",
         "receiver_queue",
         "start_message_id",
         "sub_type",
@@ -118,6 +119,7 @@ class ConsumerConfig:
         name: str | None = None,
         priority: int | None = None,
         auto_ack: bool = False,
+        read_compacted: bool = False,
     ) -> None:
         self.sub_type = sub_type
         self.durable = durable
@@ -127,6 +129,7 @@ class ConsumerConfig:
         self.name = name
         self.priority = priority
         self.auto_ack = auto_ack
+        self.read_compacted = read_compacted
 
 
 def _id_data(message_id: MessageId) -> MessageIdData:
@@ -200,6 +203,10 @@ class ClientConsumer:
     @property
     def connected(self) -> bool:
         return self._connection is not None
+
+    def set_sink(self, sink: Sink) -> None:
+        """Hand what arrives from now on to `sink` instead."""
+        self._sink = sink
 
     # -- messages (ConsumerHandler) --------------------------------------------------------
 
@@ -559,11 +566,17 @@ class ClientConsumer:
                     durable=config.durable,
                     start_message_id=None if start is None else _id_data(start),
                     initial_position=config.initial_position,
+                    read_compacted=config.read_compacted,
                 ),
                 self.client.options.operation_timeout,
             )
         except BaseException:
             connection.remove_consumer(consumer_id)
+            # The broker may subscribe it all the same (an answer cut off by a timeout or a
+            # cancellation): closed right after, in order, so it holds no subscription.
+            connection.send_command(
+                CloseConsumer(consumer_id=consumer_id, request_id=connection.next_id())
+            )
             raise
         if self._closed:
             connection.remove_consumer(consumer_id)
@@ -573,6 +586,7 @@ class ClientConsumer:
             return
         self._consumer_id = consumer_id
         self._connection = connection
+        log.debug("%r subscribed to %s on %s", self.subscription, self.topic, connection.address)
         self._seeking = False
         self._ready.set()
         self._owed = 0

@@ -165,6 +165,7 @@ class ClientProducer:
         self._queued = 0  # messages given and still without a receipt
         self._room = trio.Event()
         self._lost = trio.Event()
+        self._progress = trio.Event()  # set when a batch is done or the connection goes
         self._closed = False
         self.error: DriverError | None = None
 
@@ -309,6 +310,8 @@ class ClientProducer:
         self._queued -= batch.count
         self._room.set()
         self._room = trio.Event()
+        self._progress.set()
+        self._progress = trio.Event()
 
     def on_closed_by_broker(self) -> None:
         self._detach()
@@ -320,6 +323,8 @@ class ClientProducer:
     def _detach(self) -> None:
         self._connection = None
         self._lost.set()
+        self._progress.set()
+        self._progress = trio.Event()
 
     # -- life ------------------------------------------------------------------------------
 
@@ -370,6 +375,11 @@ class ClientProducer:
             )
         except BaseException:
             connection.remove_producer(producer_id)
+            # The broker may register it all the same (an answer cut off by a timeout or a
+            # cancellation): closed right after, in order, so it holds no exclusive access.
+            connection.send_command(
+                CloseProducer(producer_id=producer_id, request_id=connection.next_id())
+            )
             raise
         if not isinstance(answer, ProducerSuccess):
             connection.remove_producer(producer_id)
@@ -382,6 +392,7 @@ class ClientProducer:
             return
         self._epoch += 1
         self.name = answer.producer_name
+        log.debug("producer %r of %s on %s", self.name, self.topic, connection.address)
         self._producer_id = producer_id
         self._connection = connection
         # Everything still without a receipt goes again, in order, then the open batch.
@@ -411,8 +422,9 @@ class ClientProducer:
             return
         self._close_open()
         with trio.move_on_after(seconds):
-            while self._inflight:
-                await self._inflight[-1].done.wait()
+            # Receipts come only over a connection: none, and nothing more is waited for.
+            while self._inflight and self._connection is not None:
+                await self._progress.wait()
         self._closed = True
         self._fail(ClientClosed(f"the producer of {self.topic} is closed"))
         connection, self._connection = self._connection, None
