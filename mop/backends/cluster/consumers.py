@@ -339,7 +339,7 @@ class ClusterConsumer:
             return False
         decoded = incoming(
             item.payload,
-            dict(item.properties),
+            item.properties,
             partition_key=item.key,
             publish_time=item.publish_time,
             event_time=item.event_time,

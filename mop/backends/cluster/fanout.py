@@ -444,7 +444,7 @@ class FanOut:
         for item in items:
             decoded = incoming(
                 item.payload,
-                dict(item.properties),
+                item.properties,
                 partition_key=item.key,
                 publish_time=item.publish_time,
                 event_time=item.event_time,

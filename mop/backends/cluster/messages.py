@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Final
 
 from mop.message import Message
 
@@ -43,7 +44,7 @@ class Outgoing:
     """What a Pulsar producer sends."""
 
     payload: bytes
-    properties: dict[str, str]
+    properties: tuple[tuple[str, str], ...]  # in the order they are sent
     partition_key: str | None
     event_time: int
     deliver_at: int
@@ -59,10 +60,23 @@ def _map_is_exact(pairs: tuple[tuple[str, str], ...]) -> bool:
     return True
 
 
-def outgoing(message: Message) -> Outgoing:
-    """The Pulsar form of a message (a batch entry cannot be sent: send its members)."""
-    if message.batch:
-        raise ValueError("a batch entry cannot be published through a proxy")
+# Messages of one client look alike: the same properties, QoS and producer, message after
+# message. What they map to is kept (up to this many mappings, then forgotten all at once), so
+# the mapping is worked out once per kind of message, not once per message.
+_CACHE_SIZE: Final = 4096
+_outgoing_cache: dict[
+    tuple[tuple[tuple[str, str], ...], int, str], tuple[tuple[str, str], ...]
+] = {}
+_incoming_cache: dict[tuple[tuple[str, str], ...], _Fields] = {}
+
+
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    if len(cache) >= _CACHE_SIZE:
+        cache.clear()
+    cache[key] = value
+
+
+def _outgoing_properties(message: Message) -> tuple[tuple[str, str], ...]:
     pairs = message.properties
     # A user property under a reserved name travels only inside `mop.properties`: as a map
     # entry it would be read back as ours (a user's "mop.qos" as the message's QoS).
@@ -74,6 +88,22 @@ def outgoing(message: Message) -> Outgoing:
     if message.expires_at:
         properties[EXPIRES_AT] = str(message.expires_at)
     properties[PRODUCER] = message.producer
+    return tuple(properties.items())
+
+
+def outgoing(message: Message) -> Outgoing:
+    """The Pulsar form of a message (a batch entry cannot be sent: send its members)."""
+    if message.batch:
+        raise ValueError("a batch entry cannot be published through a proxy")
+    if message.expires_at:
+        properties = _outgoing_properties(message)  # one of a kind: not worth keeping
+    else:
+        key = (message.properties, message.qos, message.producer)
+        cached = _outgoing_cache.get(key)
+        if cached is None:
+            cached = _outgoing_properties(message)
+            _remember(_outgoing_cache, key, cached)
+        properties = cached
     return Outgoing(
         payload=message.payload,
         properties=properties,
@@ -107,24 +137,46 @@ def _pairs(properties: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     )
 
 
+# (user properties, qos, expires_at, producer or None) that a message's properties carry.
+_Fields = tuple[tuple[tuple[str, str], ...], int, int, str | None]
+
+
+def _fields(pairs: tuple[tuple[str, str], ...]) -> _Fields:
+    # As a map, the way a Pulsar message's properties are read: the last value of a name wins.
+    properties = dict(pairs)
+    qos = _int(properties.get(QOS), 1)
+    return (
+        _pairs(properties),
+        qos if qos in (0, 1, 2) else 1,
+        max(0, _int(properties.get(EXPIRES_AT), 0)),
+        properties.get(PRODUCER),
+    )
+
+
 def incoming(
     payload: bytes,
-    properties: Mapping[str, str],
+    properties: tuple[tuple[str, str], ...],
     *,
     partition_key: str | None,
     publish_time: int,
     event_time: int,
     producer_name: str,
 ) -> Message:
-    """The message a Pulsar message carries (also one a plain Pulsar client sent)."""
-    qos = _int(properties.get(QOS), 1)
+    """The message a Pulsar message carries (also one a plain Pulsar client sent), from its
+    properties in the order they came."""
+    fields = _incoming_cache.get(properties)
+    if fields is None:
+        fields = _fields(properties)
+        if not fields[2]:  # with an expiry time, one of a kind: not worth keeping
+            _remember(_incoming_cache, properties, fields)
+    pairs, qos, expires_at, producer = fields
     return Message(
         payload=payload,
-        properties=_pairs(properties),
+        properties=pairs,
         key=partition_key or None,
-        producer=properties.get(PRODUCER, producer_name),
+        producer=producer_name if producer is None else producer,
         publish_time=publish_time,
         event_time=event_time,
-        qos=qos if qos in (0, 1, 2) else 1,
-        expires_at=max(0, _int(properties.get(EXPIRES_AT), 0)),
+        qos=qos,
+        expires_at=expires_at,
     )

@@ -150,12 +150,12 @@ class ProducerCache:
         out = outgoing(message)
         properties = out.properties
         if extra:
-            properties = {**properties, **extra}
+            properties = tuple({**dict(properties), **extra}.items())
         entry.last_used = trio.current_time()
         try:
             ticket = await producer.send(
                 out.payload,
-                list(properties.items()),
+                properties,
                 key=out.partition_key,
                 event_time=out.event_time,
                 deliver_at=out.deliver_at,

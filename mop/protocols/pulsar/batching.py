@@ -35,13 +35,14 @@ def _string(out: bytearray, tag: int, value: str) -> None:
     out += data
 
 
-def single_header(
-    properties: Sequence[tuple[str, str]],
-    partition_key: str | None,
-    payload_size: int,
-    event_time: int,
-) -> bytes:
-    """`metaSize | SingleMessageMetadata` of one batch member (fields 1, 2, 3 and 5)."""
+# Consecutive messages mostly carry the same properties: their encoding (by the properties)
+# and their decoding (by the bytes) are kept, up to this many of each, then forgotten at once.
+_CACHE_SIZE: Final = 4096
+_encoded: dict[tuple[tuple[str, str], ...], bytes] = {}
+_decoded: dict[bytes, tuple[tuple[str, str], ...]] = {}
+
+
+def _encode_properties(properties: tuple[tuple[str, str], ...]) -> bytes:
     out = bytearray()
     for name, value in properties:
         pair = bytearray()
@@ -50,6 +51,23 @@ def single_header(
         out.append(0x0A)
         write_varint(out, len(pair))
         out += pair
+    return bytes(out)
+
+
+def single_header(
+    properties: tuple[tuple[str, str], ...],
+    partition_key: str | None,
+    payload_size: int,
+    event_time: int,
+) -> bytes:
+    """`metaSize | SingleMessageMetadata` of one batch member (fields 1, 2, 3 and 5)."""
+    encoded = _encoded.get(properties)
+    if encoded is None:
+        encoded = _encode_properties(properties)
+        if len(_encoded) >= _CACHE_SIZE:
+            _encoded.clear()
+        _encoded[properties] = encoded
+    out = bytearray(encoded)
     if partition_key is not None:
         _string(out, 0x12, partition_key)
     out.append(0x18)
@@ -159,6 +177,31 @@ def _skip(buf: Buffer, pos: int, end: int, tag: int) -> int:
     return pos
 
 
+def _properties(data: Buffer, pos: int, end: int) -> tuple[int, tuple[tuple[str, str], ...]]:
+    """The run of properties (field 1) that starts at `pos` (its first tag), and where it
+    ends: decoded once per distinct run of bytes."""
+    start = pos
+    while pos < end and data[pos] == 0x0A:
+        length, pos = read_varint(data, pos + 1, end)
+        pos += length
+    if pos > end:
+        raise MalformedFrame("property overruns a batch header")
+    raw = bytes(data[start:pos])
+    known = _decoded.get(raw)
+    if known is None:
+        pairs = []
+        at = 1
+        while at < len(raw):
+            length, at = read_varint(raw, at, len(raw))
+            pairs.append(_pair(raw, at, at + length))
+            at += length + 1
+        known = tuple(pairs)
+        if len(_decoded) >= _CACHE_SIZE:
+            _decoded.clear()
+        _decoded[raw] = known
+    return pos, known
+
+
 def read_members(data: Buffer, count: int) -> list[Member]:
     """The `count` messages of an uncompressed batch payload; MalformedFrame when it does not
     parse as exactly that many."""
@@ -173,7 +216,7 @@ def read_members(data: Buffer, count: int) -> list[Member]:
             stop = pos + size
             if stop > end:
                 raise MalformedFrame("batch entry metadata overruns the payload")
-            properties: list[tuple[str, str]] = []
+            properties: tuple[tuple[str, str], ...] = ()
             key: str | None = None
             ordering: str | None = None
             payload_size = -1
@@ -182,9 +225,8 @@ def read_members(data: Buffer, count: int) -> list[Member]:
             while pos < stop:
                 tag, pos = read_varint(data, pos, stop)
                 if tag == 0x0A:
-                    length, pos = read_varint(data, pos, stop)
-                    properties.append(_pair(data, pos, pos + length))
-                    pos += length
+                    pos, run = _properties(data, pos - 1, stop)
+                    properties = properties + run if properties else run
                 elif tag == 0x12:
                     key, pos = _text(data, pos, stop)
                 elif tag == 0x18:
@@ -212,7 +254,7 @@ def read_members(data: Buffer, count: int) -> list[Member]:
             members.append(
                 Member(
                     b"" if null_value else payload,
-                    tuple(properties),
+                    properties,
                     None if null_key else (ordering if ordering is not None else key),
                     event_time & _M64,
                     null_value,

@@ -76,7 +76,7 @@ async def test_batches_go_both_ways_with_pulsar_client(
         tickets = [
             await producer.send(
                 f"m{i}".encode(),
-                [("b", "2"), ("a", "1")],
+                (("b", "2"), ("a", "1")),
                 key="k" if i % 2 else None,
                 event_time=1000 + i,
             )

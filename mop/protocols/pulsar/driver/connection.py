@@ -169,9 +169,7 @@ class BrokerConnection:
             ):
                 await self._stream.aclose()
 
-    async def _until_lost(
-        self, loop: Callable[[], Awaitable[None]], nursery: trio.Nursery
-    ) -> None:
+    async def _until_lost(self, loop: Callable[[], Awaitable[None]], nursery: trio.Nursery) -> None:
         """Run one of the connection's loops; when one ends, the connection does."""
         try:
             await loop()

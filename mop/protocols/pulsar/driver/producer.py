@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
 from typing import Final
 
 import trio
@@ -183,7 +182,7 @@ class ClientProducer:
     async def send(
         self,
         payload: bytes,
-        properties: Sequence[tuple[str, str]] = (),
+        properties: tuple[tuple[str, str], ...] = (),
         *,
         key: str | None = None,
         event_time: int = 0,
