@@ -13,7 +13,7 @@ module maps the processor contract onto Pulsar, through the other modules of
 - `$SYS` topics: this proxy's own, kept in memory and never sent to the brokers
   (`local_topics`);
 - tables: compacted topics in `{tenant}/__mop`, read into memory (`tables`);
-- client ids: fencing lease topics (`leases`);
+- client ids: one presence table per namespace that every proxy follows (`leases`);
 - roles held by one proxy at a time: an exclusive subscription per role topic (`roles`);
 - topic lists and owners: short binary-protocol calls (`admin`).
 
@@ -40,7 +40,7 @@ from mop.backends.cluster.context import ClusterContext
 from mop.backends.cluster.discovery import NamespaceDiscovery
 from mop.backends.cluster.fanout import FanOut, fans_out
 from mop.backends.cluster.fanout_consumer import FanOutConsumer
-from mop.backends.cluster.leases import ClusterLease
+from mop.backends.cluster.leases import PRESENCE_TABLE, ClusterLease, Presence
 from mop.backends.cluster.local_topics import LocalTopics
 from mop.backends.cluster.options import ConsumerOptions, ProducerOptions
 from mop.backends.cluster.patterns import matching_selectors
@@ -107,7 +107,7 @@ class ClusterBackend:
         self.fence_timeout = fence_timeout
         self.producer_options = producers or ProducerOptions()
         self.consumer_options = consumers or ConsumerOptions()
-        self._preload = [REGISTRY_TABLE, *dict.fromkeys(tables)]
+        self._preload = [REGISTRY_TABLE, PRESENCE_TABLE, *dict.fromkeys(tables)]
         self._client: PulsarClient | None = None
         self._producers: ProducerCache | None = None
         self._nursery: trio.Nursery | None = None
@@ -118,7 +118,7 @@ class ClusterBackend:
             self.consumer_options.pattern_discovery,
         )
         self._tables: dict[str, ClusterTable] = {}
-        self._leases: dict[str, ClusterLease] = {}
+        self._presence: Presence | None = None  # made by `serve` (it needs the context)
         self._roles: ClusterRoles | None = None  # made by `serve` (it needs the context)
         self._consumers: set[ClusterConsumer] = set()
         # Told of each message a fan-out consumer drops (`DropNotifier`), once set.
@@ -162,10 +162,6 @@ class ClusterBackend:
 
     def _consumer_gone(self, consumer: ClusterConsumer) -> None:
         self._consumers.discard(consumer)
-
-    def _lease_gone(self, lease: ClusterLease) -> None:
-        if self._leases.get(lease.client_id) is lease:
-            del self._leases[lease.client_id]
 
     def _report_dropped(self, subscription: str, reason: str, count: int) -> None:
         report = self.dropped_callback
@@ -224,6 +220,10 @@ class ClusterBackend:
                     discovery=self.discovery,
                 )
                 self._roles = ClusterRoles(context, catch_up=self.catch_up_tables)
+                # Made before its table loads: it follows the table's whole history.
+                presence = self._presence = Presence(
+                    context, self._table(PRESENCE_TABLE), catch_up=self.catch_up_tables
+                )
                 nursery.start_soon(producers.serve_idle_closer)
                 nursery.start_soon(self.delays.serve)
                 await nursery.start(self.discovery.serve)
@@ -232,6 +232,7 @@ class ClusterBackend:
                     for name in dict.fromkeys([*self._preload, *self._tables]):
                         await nursery.start(self._table(name).serve, context)
                 self.registry = SubscriptionRegistry(self._tables[REGISTRY_TABLE])
+                await nursery.start(presence.serve)
                 task_status.started()
                 await self._stop.wait()
                 nursery.cancel_scope.cancel()
@@ -276,8 +277,8 @@ class ClusterBackend:
                     await consumer.close_for_shutdown()
             for consumer in list(self._consumers):
                 consumer.abort()
-            for lease in list(self._leases.values()):
-                lease.abort()
+            if self._presence is not None:
+                await self._presence.aclose()
             if self._roles is not None:
                 await self._roles.aclose()
             if self._fanout is not None:
@@ -300,16 +301,8 @@ class ClusterBackend:
 
     async def open_client(self, client_id: str) -> ClusterLease:
         self._check_running()
-        previous = self._leases.get(client_id)
-        lease = self._leases[client_id] = ClusterLease(
-            self.context, client_id, catch_up=self.catch_up_tables, gone=self._lease_gone
-        )
-        try:
-            await lease.acquire(previous)
-        except BaseException:
-            await lease.release()
-            raise
-        return lease
+        assert self._presence is not None  # made with the context
+        return await self._presence.claim(client_id)
 
     async def publish(self, topic: str, message: Message) -> PublishResult:
         self._check_running()

@@ -1,72 +1,72 @@
-"""Client ids across proxies: one lease topic per client id,
-`persistent://{tenant}/__mop/{namespace}%2Fclient%2F{client id}`.
+"""Client ids across proxies: one presence table per namespace that every proxy follows, so a
+connection costs the brokers one small write, not a topic, producer and subscription of its own.
 
-Taking an id: (1) a producer with access mode ExclusiveWithFencing fences any producer still
-on the lease topic, (2) it sends a takeover message carrying this lease's random token, (3) the
-lease subscribes to the topic's exclusive subscription "holder", which the previous holder
-keeps until it lets go (the broker frees it at once when that proxy closes it or dies), and
-(4) the session tables are caught up so the previous holder's last writes are visible. A holder
-learns of a takeover from the messages its "holder" consumer receives: one with another token,
-sent after its own, fences it; so does losing "holder" to another consumer (the holder's
-consumer, subscribing again after its connection ended, is refused).
+The table (`PRESENCE_TABLE`, a compacted system topic read into memory by every proxy) holds,
+under each client id, the claim of the connection that has it: `{proxy id} {nonce}`. Taking an
+id is one write of a claim; the topic's order decides, and the later claim wins:
+
+1. the claim is written, and waited for until this proxy's reader has read it back; the claim
+   it replaced, in the topic's order, is the previous holder;
+2. a proxy that reads a claim for an id one of its own connections holds (with an earlier
+   claim) fences that connection;
+3. the new holder waits until the previous one has let go (its release read back), or its
+   proxy is dead, or `fence_timeout` passed: then the previous holder's last writes to the
+   session tables are in, and (4) the tables are caught up so they are visible.
+
+Letting go deletes the claim (a tombstone) when it is still the latest; a holder that was taken
+over writes a release instead, under `{client id}\\x00released`, which the new holder waits for
+(and deletes once seen). Each proxy writes a heartbeat under `\\x00proxy\\x00{proxy id}` every
+`HEARTBEAT` seconds, and deletes it when it stops: a previous holder whose proxy has written none
+for `LIVENESS_TIMEOUT` (or said goodbye) is not waited for, so the clients of a proxy that died
+come back at once elsewhere.
+
+A release that crosses a takeover (the old connection closes by itself at the instant another
+proxy takes its id) deletes the new claim from the table: the new holder keeps its id, and a
+third proxy that takes it later does not wait for that holder's last writes. Claims of a proxy
+that died stay in the table until their ids connect again.
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
+import secrets
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
 import trio
 
-from mop.backends.cluster.errors import error_for
-from mop.backends.cluster.tables import system_topic
 from mop.message import MessageId
-from mop.processor.backend import BackendError, ProducerFenced
-from mop.protocols.pulsar.commands import InitialPosition, ProducerAccessMode, SubType
-from mop.protocols.pulsar.driver import (
-    ClientConsumer,
-    ConsumerConfig,
-    DriverError,
-    ProducerConfig,
-    Received,
-    create_producer,
-    subscribe,
-)
+from mop.processor.backend import BackendError
 
 if TYPE_CHECKING:
     from mop.backends.cluster.context import ClusterContext
+    from mop.backends.cluster.tables import ClusterTable
 
-__all__ = ["HOLDER", "ClusterLease"]
+__all__ = ["HEARTBEAT", "LIVENESS_TIMEOUT", "PRESENCE_TABLE", "ClusterLease", "Presence"]
 
 log = logging.getLogger("mop.cluster")
 
-HOLDER: Final = "holder"
-TAKEOVER: Final = "takeover"
+PRESENCE_TABLE: Final = "mop.client-ids"
+RELEASED: Final = "\x00released"
+PROXY_PREFIX: Final = "\x00proxy\x00"
+# Seconds between a proxy's heartbeats, and without one before its claims are not waited for.
+HEARTBEAT: Final = 1.0
+LIVENESS_TIMEOUT: Final = 3.0
+# Releases remembered (nonces) for claims that are waited for a little later.
+_RELEASES_KEPT: Final = 10_000
 
 
 class ClusterLease:
     """Ownership of one client id, fenced when another connection (on any proxy) takes it."""
 
-    def __init__(
-        self,
-        context: ClusterContext,
-        client_id: str,
-        *,
-        catch_up: Callable[[], Awaitable[None]],
-        gone: Callable[[ClusterLease], None],
-    ) -> None:
-        """`catch_up` reads the tables up to their end (step 4); `gone` is told when the
-        lease is released."""
-        self._context = context
-        self._catch_up = catch_up
-        self._gone = gone
+    def __init__(self, presence: Presence, client_id: str, nonce: str) -> None:
+        self._presence = presence
         self._client_id = client_id
-        self.topic = system_topic(context.tenant, context.namespace, "client", client_id)
-        self.token = uuid.uuid4().hex
-        self._own: MessageId | None = None
-        self._holder: ClientConsumer | None = None
+        self.nonce = nonce
+        self.applied = trio.Event()  # its claim has been read back
+        self.previous: tuple[str, str] | None = None  # (proxy, nonce) its claim replaced
+        self.holding = False
         self._fenced = trio.Event()
         self._released = trio.Event()
 
@@ -79,148 +79,191 @@ class ClusterLease:
         return self._fenced.is_set()
 
     @property
-    def holding(self) -> bool:
-        """Whether this lease has the topic's "holder" subscription."""
-        return self._holder is not None
+    def released(self) -> trio.Event:
+        return self._released
 
     async def wait_fenced(self) -> None:
         await self._fenced.wait()
 
     def fence(self) -> None:
+        self.holding = False
         self._fenced.set()
-
-    # -- taking the id ---------------------------------------------------------------------
-
-    async def acquire(self, previous: ClusterLease | None) -> None:
-        """Take the id over (see the module docstring); `previous` is this proxy's own
-        current holder, if any, which is fenced directly."""
-        try:
-            self._own = await self._announce()
-        except ProducerFenced:
-            # Someone took the id over between our producer and our message: they win.
-            self._fenced.set()
-            return
-        timeout = self._context.fence_timeout
-        if previous is not None:
-            previous.fence()
-            with trio.move_on_after(timeout):
-                await previous._released.wait()
-        with trio.move_on_after(timeout):
-            await self._hold()
-        if self._holder is None and not self._fenced.is_set():
-            log.warning(
-                "client %r: its previous holder did not let go within %ss; taking over anyway",
-                self._client_id,
-                timeout,
-            )
-            self._context.nursery.start_soon(self._hold_later)
-        await self._catch_up()
-
-    async def _announce(self) -> MessageId:
-        context = self._context
-        what = f"taking client id {self._client_id!r}"
-        config = ProducerConfig(
-            access_mode=ProducerAccessMode.ExclusiveWithFencing,
-            batching=False,
-            send_timeout=context.operation_timeout,
-        )
-        try:
-            producer = await create_producer(context.client(), self.topic, config)
-        except DriverError as exc:
-            raise error_for(exc, what) from None
-        try:
-            # Brokers keep the latest message per key of a system topic: the last takeover.
-            ticket = await producer.send(self.token.encode(), (), key=TAKEOVER)
-            assert ticket is not None
-            return await ticket.wait()
-        except DriverError as exc:
-            raise error_for(exc, what) from None
-        finally:
-            producer.abort()  # its message is stored (or failed): nothing left to wait for
-
-    async def _hold(self) -> None:
-        """Subscribe "holder", retrying while the previous holder still has it."""
-        context = self._context
-        config = ConsumerConfig(
-            sub_type=SubType.Exclusive,
-            receiver_queue=10,
-            initial_position=InitialPosition.Earliest,
-        )
-        delay = 0.02
-        while self._holder is None and not self._released.is_set() and not self._fenced.is_set():
-            try:
-                # Shielded (the client's operation timeout bounds it): a subscribe cut short
-                # might still be granted by the broker, to a consumer nobody would close.
-                with trio.CancelScope(shield=True):
-                    holder = await subscribe(
-                        context.client(),
-                        self.topic,
-                        HOLDER,
-                        self._on_messages,
-                        config,
-                        on_lost=self._on_lost,
-                    )
-            except DriverError as exc:
-                error = error_for(exc, f"holding client id {self._client_id!r}")
-                if error.reason not in ("consumer_busy", "unavailable"):
-                    raise error from None
-                await trio.sleep(delay)
-                delay = min(delay * 2, 0.25)
-                continue
-            if self._released.is_set():
-                holder.abort()
-                return
-            self._holder = holder
-
-    async def _hold_later(self) -> None:
-        try:
-            await self._hold()
-        except BackendError as exc:
-            log.warning("client %r: %s", self._client_id, exc)
-
-    def _on_messages(self, consumer: ClientConsumer, items: list[Received]) -> None:
-        """The "holder" consumer's sink: a takeover after this lease's own fences it."""
-        token = self.token.encode()
-        for item in items:
-            consumer.ack(item.message_id)
-            own = self._own
-            newer = own is not None and item.message_id > own
-            if newer and item.payload != token:
-                self._fenced.set()
-
-    def _on_lost(self, exc: DriverError) -> None:
-        """The "holder" consumer could not subscribe again (another consumer has it: the id
-        was taken over): this lease no longer learns of takeovers, so it counts as fenced."""
-        if self._released.is_set():
-            return
-        log.warning("client %r: %s", self._client_id, error_for(exc, "holding the client id"))
-        self._holder = None
-        self._fenced.set()
-
-    # -- letting go ------------------------------------------------------------------------
 
     async def release(self) -> None:
         if self._released.is_set():
             await trio.lowlevel.checkpoint()
             return
         self._released.set()
-        self._gone(self)
-        holder, self._holder = self._holder, None
-        if holder is None:
-            await trio.lowlevel.checkpoint()
-            return
-        with trio.CancelScope(shield=True), trio.move_on_after(self._context.fence_timeout):
-            try:
-                # Deleting the subscription leaves nothing behind per client id on the broker.
-                await holder.unsubscribe()
-            except DriverError as exc:
-                log.debug("%s", error_for(exc, "releasing a client id"))
-        holder.abort()  # if it is still open (the unsubscribe failed or took too long)
+        self.holding = False
+        with trio.CancelScope(shield=True):
+            await self._presence.let_go(self)
 
     def abort(self) -> None:
-        """The backend stops: fence and let go without waiting."""
-        self._fenced.set()
+        """The backend stops: fence and let go without a word to the brokers."""
+        self.fence()
         self._released.set()
-        holder, self._holder = self._holder, None
-        if holder is not None:
-            holder.abort()
+
+
+class Presence:
+    """This proxy's view of the presence table, its heartbeat and its leases."""
+
+    def __init__(
+        self,
+        context: ClusterContext,
+        table: ClusterTable,
+        *,
+        catch_up: Callable[[], Awaitable[None]],
+    ) -> None:
+        """`catch_up` reads the session tables up to their end (step 4)."""
+        self._context = context
+        self._table = table
+        self._catch_up = catch_up
+        self.proxy_id = secrets.token_hex(8)
+        self._owners: dict[str, tuple[str, str]] = {}  # client id -> (proxy, nonce)
+        self._pending: dict[str, ClusterLease] = {}  # nonce -> lease whose claim is on its way
+        self._leases: dict[str, ClusterLease] = {}  # client id -> this proxy's holder
+        self._released: OrderedDict[str, None] = OrderedDict()  # nonces let go of
+        self._heard: dict[str, float] = {}  # proxy -> when its last heartbeat was read
+        self._change = trio.Event()
+        self._closed = False
+        table.observe(self._observe)
+
+    # -- the table's history -----------------------------------------------------------------
+
+    def _observe(self, key: str, value: bytes | None, _position: MessageId) -> None:
+        if key.startswith(PROXY_PREFIX):
+            proxy = key[len(PROXY_PREFIX) :]
+            if value is None:
+                self._heard.pop(proxy, None)  # a goodbye
+            else:
+                self._heard[proxy] = trio.current_time()
+        elif key.endswith(RELEASED):
+            if value is not None:
+                self._remember_release(value.decode("utf-8", "replace"))
+        else:
+            self._observe_claim(key, value)
+        self._change.set()
+        self._change = trio.Event()
+
+    def _observe_claim(self, client_id: str, value: bytes | None) -> None:
+        previous = self._owners.get(client_id)
+        if value is None:
+            self._owners.pop(client_id, None)
+            if previous is not None:
+                self._remember_release(previous[1])
+            return
+        proxy, _, nonce = value.decode("utf-8", "replace").partition(" ")
+        self._owners[client_id] = (proxy, nonce)
+        pending = self._pending.pop(nonce, None)
+        if pending is not None:
+            pending.previous = previous
+            pending.applied.set()
+        local = self._leases.get(client_id)
+        if local is not None and local.nonce != nonce and local.applied.is_set():
+            local.fence()  # a later claim, from another connection
+
+    def _remember_release(self, nonce: str) -> None:
+        self._released[nonce] = None
+        if len(self._released) > _RELEASES_KEPT:
+            self._released.popitem(last=False)
+
+    def _alive(self, proxy: str) -> bool:
+        heard = self._heard.get(proxy)
+        return heard is not None and trio.current_time() - heard < LIVENESS_TIMEOUT
+
+    # -- heartbeat -------------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Write this proxy's heartbeat (the first before it reports started) until
+        cancelled."""
+        key = PROXY_PREFIX + self.proxy_id
+        while not self._closed:
+            try:
+                await self._table.put(key, b"1")
+            except BackendError as exc:
+                log.debug("presence heartbeat: %s", exc)
+            task_status.started()
+            task_status = trio.TASK_STATUS_IGNORED
+            await trio.sleep(HEARTBEAT)
+
+    async def aclose(self) -> None:
+        """Say goodbye (the heartbeat deleted): this proxy's claims are not waited for."""
+        self._closed = True
+        for lease in list(self._leases.values()):
+            lease.abort()
+        with trio.CancelScope(shield=True), trio.move_on_after(self._context.fence_timeout):
+            try:
+                await self._table.put(PROXY_PREFIX + self.proxy_id, None)
+            except BackendError as exc:
+                log.debug("presence goodbye: %s", exc)
+
+    # -- taking and letting go -------------------------------------------------------------
+
+    async def claim(self, client_id: str) -> ClusterLease:
+        """Take `client_id` over (see the module docstring)."""
+        if self._closed:
+            raise BackendError("backend is closed", reason="closed")
+        previous_here = self._leases.get(client_id)
+        lease = ClusterLease(self, client_id, secrets.token_hex(8))
+        self._leases[client_id] = lease
+        self._pending[lease.nonce] = lease
+        timeout = self._context.fence_timeout
+        try:
+            await self._table.put(client_id, f"{self.proxy_id} {lease.nonce}".encode())
+            with trio.move_on_after(self._context.operation_timeout):
+                await lease.applied.wait()
+        except BaseException:
+            if self._leases.get(client_id) is lease:
+                del self._leases[client_id]
+            raise
+        finally:
+            self._pending.pop(lease.nonce, None)
+        if previous_here is not None:
+            previous_here.fence()
+            with trio.move_on_after(timeout):
+                await previous_here.released.wait()
+        previous = lease.previous
+        if previous is not None and previous[1] != lease.nonce and not lease.fenced:
+            with trio.move_on_after(timeout) as waited:
+                await self._let_go_of(previous)
+            if waited.cancelled_caught:
+                log.warning(
+                    "client %r: its previous holder did not let go within %ss; taking over anyway",
+                    client_id,
+                    timeout,
+                )
+            elif previous[1] in self._released:
+                await self._forget_release(client_id)
+        lease.holding = not lease.fenced
+        await self._catch_up()
+        return lease
+
+    async def _let_go_of(self, previous: tuple[str, str]) -> None:
+        """Return once the claim `previous` was let go of, or its proxy is dead."""
+        proxy, nonce = previous
+        while nonce not in self._released and (proxy == self.proxy_id or self._alive(proxy)):
+            with trio.move_on_after(HEARTBEAT / 2):  # liveness is judged by the clock too
+                await self._change.wait()
+
+    async def _forget_release(self, client_id: str) -> None:
+        try:
+            await self._table.put(client_id + RELEASED, None)
+        except BackendError as exc:
+            log.debug("client %r: %s", client_id, exc)
+
+    async def let_go(self, lease: ClusterLease) -> None:
+        """`lease` is done: delete its claim when it is still the latest, or tell the holder
+        that took it over that it has let go."""
+        if self._leases.get(lease.client_id) is lease:
+            del self._leases[lease.client_id]
+        if not lease.applied.is_set() or self._closed:
+            return
+        owner = self._owners.get(lease.client_id)
+        try:
+            with trio.move_on_after(self._context.fence_timeout):
+                if owner is not None and owner[1] == lease.nonce:
+                    await self._table.put(lease.client_id, None)
+                else:
+                    await self._table.put(lease.client_id + RELEASED, lease.nonce.encode())
+        except BackendError as exc:
+            log.debug("releasing client id %r: %s", lease.client_id, exc)

@@ -98,6 +98,7 @@ class ClusterTable:
         self._stopped = trio.Event()  # the reader is closed or lost: `serve` returns
         self._failed: BackendError | None = None
         self._watchers: list[Callable[[str, bytes | None], None]] = []
+        self._observers: list[Callable[[str, bytes | None, MessageId], None]] = []
         # Keys with a write of this proxy in flight, and how many.
         self._own: dict[str, int] = {}
 
@@ -151,6 +152,12 @@ class ClusterTable:
         (an index of retained topics, offline sessions) can follow."""
         self._watchers.append(callback)
 
+    def observe(self, callback: Callable[[str, bytes | None, MessageId], None]) -> None:
+        """Call `callback(key, value, position)` on the trio thread for every write the reader
+        brings, this proxy's own included, in the topic's order, from the first one read
+        (loading included): for state that needs the table's history, not only its values."""
+        self._observers.append(callback)
+
     def _set(self, key: str, value: bytes | None, message_id: MessageId) -> bool:
         known = self._ids.get(key)
         if known is not None and message_id <= known:
@@ -177,6 +184,11 @@ class ClusterTable:
             tombstone = dict(item.properties).get(TOMBSTONE_PROPERTY) == "1"
             value = None if tombstone else item.payload
             changed = self._set(key, value, position)
+            for observer in self._observers:
+                try:
+                    observer(key, value, position)
+                except Exception:
+                    log.exception("an observer of table %r failed", self._name)
             if changed and self.loaded.is_set() and key not in self._own:
                 for callback in self._watchers:
                     try:

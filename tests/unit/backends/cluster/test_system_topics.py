@@ -1,4 +1,4 @@
-"""Tables, roles and leases of the separated-mode backend on mop's own Pulsar client, against
+"""Tables and roles of the separated-mode backend on mop's own Pulsar client, against
 an in-process mop node speaking the Pulsar protocol (two "proxies": two clients)."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import pytest
 import trio
 
 from mop.backends.cluster.context import ClusterContext
-from mop.backends.cluster.leases import ClusterLease
 from mop.backends.cluster.options import ProducerOptions
 from mop.backends.cluster.producers import ProducerCache
 from mop.backends.cluster.roles import ClusterRoles
@@ -119,32 +118,3 @@ async def test_one_proxy_holds_a_role_at_a_time(url: str) -> None:
             assert await second.changed()  # and asked for again
         await roles_one.aclose()
         await roles_two.aclose()
-
-
-async def test_a_takeover_fences_the_holder(url: str) -> None:
-    ns = namespace()
-
-    async def nothing() -> None:
-        await trio.lowlevel.checkpoint()
-
-    async with proxy(url, ns) as one, proxy(url, ns) as two:
-        gone: list[ClusterLease] = []
-        first = ClusterLease(one, "c1", catch_up=nothing, gone=gone.append)
-        with trio.fail_after(5):
-            await first.acquire(None)
-        assert first.holding and not first.fenced
-        second = ClusterLease(two, "c1", catch_up=nothing, gone=gone.append)
-
-        async def let_go() -> None:
-            await first.wait_fenced()
-            await first.release()
-
-        with trio.fail_after(5):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(let_go)
-                await second.acquire(None)
-        assert first.fenced and not second.fenced
-        assert second.holding
-        assert gone == [first]
-        await second.release()
-        assert not second.holding

@@ -1,0 +1,120 @@
+"""Client ids across proxies (`mop.backends.cluster.leases`): the presence table that every
+proxy follows, against an in-process mop node speaking the Pulsar protocol (two "proxies":
+two clients, each with its own view of the table)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+from mop.backends.cluster.context import ClusterContext
+from mop.backends.cluster.leases import PRESENCE_TABLE, PROXY_PREFIX, Presence
+from mop.backends.cluster.tables import ClusterTable
+from tests.unit.backends.cluster.test_system_topics import namespace, proxy, url
+
+__all__ = ["url"]  # the module's node, shared with the tables' tests
+
+
+async def nothing() -> None:
+    await trio.lowlevel.checkpoint()
+
+
+@asynccontextmanager
+async def presence_of(context: ClusterContext) -> AsyncIterator[tuple[Presence, ClusterTable]]:
+    table = ClusterTable(PRESENCE_TABLE, tenant=context.tenant, namespace=context.namespace)
+    presence = Presence(context, table, catch_up=nothing)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(table.serve, context)
+        await nursery.start(presence.serve)
+        try:
+            yield presence, table
+        finally:
+            await presence.aclose()
+            await table.aclose()
+            nursery.cancel_scope.cancel()
+
+
+def claims(table: ClusterTable) -> dict[str, bytes]:
+    return {k: v for k, v in table.items() if not k.startswith(PROXY_PREFIX)}
+
+
+async def test_a_takeover_waits_for_the_holder_to_let_go(url: str) -> None:
+    ns = namespace()
+    async with (
+        proxy(url, ns) as one,
+        proxy(url, ns) as two,
+        presence_of(one) as (first_proxy, _),
+        presence_of(two) as (second_proxy, table),
+    ):
+        with trio.fail_after(5):
+            first = await first_proxy.claim("c1")
+        assert first.holding and not first.fenced
+        let_go_at: list[float] = []
+
+        async def let_go() -> None:
+            await first.wait_fenced()
+            await trio.sleep(0.3)  # the old connection saves its session meanwhile
+            let_go_at.append(trio.current_time())
+            await first.release()
+
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(let_go)
+                second = await second_proxy.claim("c1")
+                taken_at = trio.current_time()
+        assert first.fenced and not second.fenced and second.holding
+        assert let_go_at and taken_at >= let_go_at[0]
+        await second.release()
+        with trio.fail_after(5):
+            await table.catch_up()
+        assert claims(table) == {}  # nothing is left per client id
+
+
+async def test_a_reconnect_on_the_same_proxy_fences_the_old_connection(url: str) -> None:
+    async with proxy(url, namespace()) as one, presence_of(one) as (presence, table):
+        with trio.fail_after(5):
+            first = await presence.claim("c1")
+            async with trio.open_nursery() as nursery:
+
+                async def let_go() -> None:
+                    await first.wait_fenced()
+                    await first.release()
+
+                nursery.start_soon(let_go)
+                second = await presence.claim("c1")
+        assert first.fenced and second.holding
+        assert list(claims(table)) == ["c1"]
+        await second.release()
+
+
+async def test_the_clients_of_a_proxy_that_said_goodbye_are_not_waited_for(url: str) -> None:
+    ns = namespace()
+    async with proxy(url, ns) as one, proxy(url, ns) as two, presence_of(two) as (second, _):
+        async with presence_of(one) as (first, _):
+            with trio.fail_after(5):
+                held = await first.claim("c1")
+        # The first proxy stopped without releasing (its process ended, say).
+        assert held.fenced
+        with trio.fail_after(2):  # well under the fence timeout (3 s here)
+            taken = await second.claim("c1")
+        assert taken.holding
+
+
+async def test_a_silent_proxy_is_not_waited_for_past_its_liveness(url: str) -> None:
+    ns = namespace()
+    async with proxy(url, ns) as one, proxy(url, ns) as two, presence_of(two) as (second, _):
+        table = ClusterTable(PRESENCE_TABLE, tenant=one.tenant, namespace=one.namespace)
+        dead = Presence(one, table, catch_up=nothing)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(table.serve, one)
+            # A claim with no heartbeat ever after: a proxy that died at once.
+            await table.put("c9", f"{dead.proxy_id} abc".encode())
+            started = trio.current_time()
+            with trio.fail_after(5):
+                taken = await second.claim("c9")
+            assert taken.holding
+            assert trio.current_time() - started < 2
+            await table.aclose()
+            nursery.cancel_scope.cancel()
