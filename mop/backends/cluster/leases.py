@@ -13,17 +13,20 @@ id is one write of a claim; the topic's order decides, and the later claim wins:
    proxy is dead, or `fence_timeout` passed: then the previous holder's last writes to the
    session tables are in, and (4) the tables are caught up so they are visible.
 
-Letting go deletes the claim (a tombstone) when it is still the latest; a holder that was taken
-over writes a release instead, under `{client id}\\x00released`, which the new holder waits for
-(and deletes once seen). Each proxy writes a heartbeat under `\\x00proxy\\x00{proxy id}` every
-`HEARTBEAT` seconds, and deletes it when it stops: a previous holder whose proxy has written none
-for `LIVENESS_TIMEOUT` (or said goodbye) is not waited for, so the clients of a proxy that died
-come back at once elsewhere.
+Letting go writes a release, `-{nonce}`, under the client id: it ends that claim only (a later
+claim stays the holder, whatever the order the two arrive in), and it is what a new holder
+waits for. A little later (`CLEAN_UP_DELAY`), when nothing claimed the id meanwhile, the releasing
+proxy deletes the key (a tombstone), so the table keeps nothing per client id that left. Each
+proxy writes a heartbeat under `\\x00proxy\\x00{proxy id}` every `HEARTBEAT` seconds, and deletes
+it when it stops: a previous holder whose proxy has written none for `LIVENESS_TIMEOUT` (or
+said goodbye) is not waited for, so the clients of a proxy that died come back at once
+elsewhere.
 
-A release that crosses a takeover (the old connection closes by itself at the instant another
-proxy takes its id) deletes the new claim from the table: the new holder keeps its id, and a
-third proxy that takes it later does not wait for that holder's last writes. Claims of a proxy
-that died stay in the table until their ids connect again.
+Tombstones only compact the table: in memory a claim ends with its release. A tombstone that
+crosses a new claim (the id taken again within the clean-up delay, by a proxy that had not yet
+read the release) removes that claim from the compacted view only: a proxy that starts later
+does not know that holder, and does not wait for its last writes if it takes the id over.
+Claims of a proxy that died stay in the table until their ids connect again.
 """
 
 from __future__ import annotations
@@ -43,16 +46,25 @@ if TYPE_CHECKING:
     from mop.backends.cluster.context import ClusterContext
     from mop.backends.cluster.tables import ClusterTable
 
-__all__ = ["HEARTBEAT", "LIVENESS_TIMEOUT", "PRESENCE_TABLE", "ClusterLease", "Presence"]
+__all__ = [
+    "CLEAN_UP_DELAY",
+    "HEARTBEAT",
+    "LIVENESS_TIMEOUT",
+    "PRESENCE_TABLE",
+    "ClusterLease",
+    "Presence",
+]
 
 log = logging.getLogger("mop.cluster")
 
 PRESENCE_TABLE: Final = "mop.client-ids"
-RELEASED: Final = "\x00released"
+RELEASE_MARK: Final = "-"
 PROXY_PREFIX: Final = "\x00proxy\x00"
 # Seconds between a proxy's heartbeats, and without one before its claims are not waited for.
 HEARTBEAT: Final = 1.0
 LIVENESS_TIMEOUT: Final = 3.0
+# Seconds after a release before its key is deleted, unless the id was claimed meanwhile.
+CLEAN_UP_DELAY: Final = 5.0
 # Releases remembered (nonces) for claims that are waited for a little later.
 _RELEASES_KEPT: Final = 10_000
 
@@ -137,22 +149,20 @@ class Presence:
                 self._heard.pop(proxy, None)  # a goodbye
             else:
                 self._heard[proxy] = trio.current_time()
-        elif key.endswith(RELEASED):
-            if value is not None:
-                self._remember_release(value.decode("utf-8", "replace"))
-        else:
-            self._observe_claim(key, value)
+        elif value is not None:  # tombstones only compact the table
+            self._observe_claim(key, value.decode("utf-8", "replace"))
         self._change.set()
         self._change = trio.Event()
 
-    def _observe_claim(self, client_id: str, value: bytes | None) -> None:
+    def _observe_claim(self, client_id: str, value: str) -> None:
         previous = self._owners.get(client_id)
-        if value is None:
-            self._owners.pop(client_id, None)
-            if previous is not None:
-                self._remember_release(previous[1])
+        if value.startswith(RELEASE_MARK):
+            nonce = value[len(RELEASE_MARK) :]
+            self._remember_release(nonce)
+            if previous is not None and previous[1] == nonce:
+                del self._owners[client_id]
             return
-        proxy, _, nonce = value.decode("utf-8", "replace").partition(" ")
+        proxy, _, nonce = value.partition(" ")
         self._owners[client_id] = (proxy, nonce)
         pending = self._pending.pop(nonce, None)
         if pending is not None:
@@ -232,8 +242,6 @@ class Presence:
                     client_id,
                     timeout,
                 )
-            elif previous[1] in self._released:
-                await self._forget_release(client_id)
         lease.holding = not lease.fenced
         await self._catch_up()
         return lease
@@ -245,25 +253,32 @@ class Presence:
             with trio.move_on_after(HEARTBEAT / 2):  # liveness is judged by the clock too
                 await self._change.wait()
 
-    async def _forget_release(self, client_id: str) -> None:
-        try:
-            await self._table.put(client_id + RELEASED, None)
-        except BackendError as exc:
-            log.debug("client %r: %s", client_id, exc)
-
     async def let_go(self, lease: ClusterLease) -> None:
-        """`lease` is done: delete its claim when it is still the latest, or tell the holder
-        that took it over that it has let go."""
-        if self._leases.get(lease.client_id) is lease:
-            del self._leases[lease.client_id]
-        if not lease.applied.is_set() or self._closed:
+        """`lease` is done: its release ends its claim (and wakes a holder that took it over);
+        the key is deleted a little later if nothing claims it meanwhile."""
+        client_id = lease.client_id
+        if self._leases.get(client_id) is lease:
+            del self._leases[client_id]
+        if self._closed:
             return
-        owner = self._owners.get(lease.client_id)
         try:
             with trio.move_on_after(self._context.fence_timeout):
-                if owner is not None and owner[1] == lease.nonce:
-                    await self._table.put(lease.client_id, None)
-                else:
-                    await self._table.put(lease.client_id + RELEASED, lease.nonce.encode())
+                await self._table.put(client_id, f"{RELEASE_MARK}{lease.nonce}".encode())
         except BackendError as exc:
-            log.debug("releasing client id %r: %s", lease.client_id, exc)
+            log.debug("releasing client id %r: %s", client_id, exc)
+            return
+        self._context.delays.call_later(CLEAN_UP_DELAY, lambda: self._clean_up(client_id))
+
+    def _clean_up(self, client_id: str) -> None:
+        if self._closed or client_id in self._owners or client_id in self._leases:
+            return  # claimed again meanwhile
+        self._context.nursery.start_soon(self._delete, client_id)
+
+    async def _delete(self, client_id: str) -> None:
+        if client_id in self._owners or client_id in self._leases:
+            await trio.lowlevel.checkpoint()
+            return
+        try:
+            await self._table.put(client_id, None)
+        except BackendError as exc:
+            log.debug("client id %r: %s", client_id, exc)

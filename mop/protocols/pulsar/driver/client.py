@@ -105,11 +105,18 @@ class PulsarClient:
         return self._closed
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await self._stop.wait()
-            nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            # However it ended (`aclose`, or cancelled from outside), the client is done.
+            self._closed = True
+            for connection in list(self._connections.values()):
+                connection.close()
+            self._connections.clear()
 
     async def aclose(self) -> None:
         """Close every connection and stop `serve`."""

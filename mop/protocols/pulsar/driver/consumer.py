@@ -516,6 +516,14 @@ class ClientConsumer:
             f"subscribing {self.subscription!r} to {self.topic}", self._attach
         )
         task_status.started()
+        try:
+            await self._keep_subscribed()
+        finally:
+            # Nothing subscribes it again once this ends (the client stops, say).
+            if not self._closed:
+                self._stop()
+
+    async def _keep_subscribed(self) -> None:
         pause = 0.05
         while not self._closed:
             await self._lost.wait()
@@ -524,7 +532,7 @@ class ClientConsumer:
             try:
                 await self._attach()
             except DriverError as exc:
-                if self._closed:
+                if self._closed or self.client.closed:
                     return
                 if (
                     not retryable(exc)

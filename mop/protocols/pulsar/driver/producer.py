@@ -332,13 +332,21 @@ class ClientProducer:
         then keep registered, and expire old batches, until closed."""
         await self.client.retrying(f"creating a producer for {self.topic}", self._attach)
         task_status.started()
+        try:
+            await self._keep_registered()
+        finally:
+            # Nothing sends what is left once this ends (the client stops, say): it fails.
+            if not self._closed:
+                self._fail(ClientClosed(f"the producer of {self.topic} stopped"))
+
+    async def _keep_registered(self) -> None:
         pause = 0.05
         while not self._closed:
             if self._connection is None:
                 try:
                     await self._attach()
                 except DriverError as exc:
-                    if self._closed:
+                    if self._closed or self.client.closed:
                         return
                     if not retryable(exc) and _fatal(exc):
                         self._fail(exc)

@@ -18,6 +18,7 @@ from mop.backends.cluster.options import ProducerOptions
 from mop.backends.cluster.producers import ProducerCache
 from mop.backends.cluster.roles import ClusterRoles
 from mop.backends.cluster.tables import ClusterTable
+from mop.backends.cluster.timing import Delays
 from mop.protocols.pulsar.driver import ClientOptions, PulsarClient
 from mop.settings import PulsarSettings
 from mop.testing.node import RunningNode, node_settings, running_node
@@ -39,8 +40,10 @@ async def proxy(url: str, namespace: str) -> AsyncIterator[ClusterContext]:
         return PulsarClient(url, ClientOptions("test", operation_timeout=3))
 
     client = make()
+    delays = Delays()
     async with trio.open_nursery() as nursery:
         await nursery.start(client.serve)
+        nursery.start_soon(delays.serve)
         producers = ProducerCache(client, ProducerOptions())
         context = SimpleNamespace(
             tenant="public",
@@ -50,6 +53,7 @@ async def proxy(url: str, namespace: str) -> AsyncIterator[ClusterContext]:
             client=lambda: client,
             new_client=make,
             nursery=nursery,
+            delays=delays,
             producers=producers,
         )
         try:
