@@ -62,7 +62,7 @@ RELEASE_MARK: Final = "-"
 PROXY_PREFIX: Final = "\x00proxy\x00"
 # Seconds between a proxy's heartbeats, and without one before its claims are not waited for.
 HEARTBEAT: Final = 1.0
-LIVENESS_TIMEOUT: Final = 3.0
+LIVENESS_TIMEOUT: Final = 5.0
 # Seconds after a release before its key is deleted, unless the id was claimed meanwhile.
 CLEAN_UP_DELAY: Final = 5.0
 # Releases remembered (nonces) for claims that are waited for a little later.
@@ -222,12 +222,24 @@ class Presence:
             await self._table.put(client_id, f"{self.proxy_id} {lease.nonce}".encode())
             with trio.move_on_after(self._context.operation_timeout):
                 await lease.applied.wait()
+            if not lease.applied.is_set():
+                # Unseen, this claim could not be fenced by a later one: refuse it.
+                raise BackendError(
+                    f"client id {client_id!r}: the presence table did not bring the claim back",
+                    reason="unavailable",
+                )
         except BaseException:
-            if self._leases.get(client_id) is lease:
-                del self._leases[client_id]
-            raise
-        finally:
             self._pending.pop(lease.nonce, None)
+            if self._leases.get(client_id) is lease:
+                if previous_here is not None and not previous_here.fenced:
+                    self._leases[client_id] = previous_here  # it still holds the id
+                else:
+                    del self._leases[client_id]
+            # The claim may be in the table all the same: its release, so nobody waits for it.
+            lease.abort()
+            with trio.CancelScope(shield=True):
+                await self._release_claim(client_id, lease.nonce)
+            raise
         if previous_here is not None:
             previous_here.fence()
             with trio.move_on_after(timeout):
@@ -261,13 +273,18 @@ class Presence:
             del self._leases[client_id]
         if self._closed:
             return
-        try:
-            with trio.move_on_after(self._context.fence_timeout):
-                await self._table.put(client_id, f"{RELEASE_MARK}{lease.nonce}".encode())
-        except BackendError as exc:
-            log.debug("releasing client id %r: %s", client_id, exc)
-            return
-        self._context.delays.call_later(CLEAN_UP_DELAY, lambda: self._clean_up(client_id))
+        if await self._release_claim(client_id, lease.nonce):
+            self._context.delays.call_later(CLEAN_UP_DELAY, lambda: self._clean_up(client_id))
+
+    async def _release_claim(self, client_id: str, nonce: str) -> bool:
+        """Write the release of claim `nonce`; whether it was written."""
+        with trio.move_on_after(self._context.fence_timeout):
+            try:
+                await self._table.put(client_id, f"{RELEASE_MARK}{nonce}".encode())
+                return True
+            except BackendError as exc:
+                log.debug("releasing client id %r: %s", client_id, exc)
+        return False
 
     def _clean_up(self, client_id: str) -> None:
         if self._closed or client_id in self._owners or client_id in self._leases:

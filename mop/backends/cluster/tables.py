@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
@@ -64,6 +65,8 @@ CATCH_UP_KEY: Final = "\x00catch-up"
 READER_PREFIX: Final = "mop-table-"
 # The id the reader starts from: the topic's earliest message.
 EARLIEST: Final = MessageId(-1, -1)
+# Deleted keys whose last position is remembered (see `ClusterTable._set`).
+_DELETED_KEPT: Final = 10_000
 
 
 def system_topic(tenant: str, namespace: str, kind: str, name: str) -> str:
@@ -88,6 +91,7 @@ class ClusterTable:
         # The id of the write each key's value comes from, so that the reader never undoes a
         # newer `put` with an older message it reaches later.
         self._ids: dict[str, MessageId] = {}
+        self._deleted: OrderedDict[str, MessageId] = OrderedDict()
         self._reader: ClientConsumer | None = None
         self.loaded = trio.Event()
         self._applied = trio.Event()
@@ -160,11 +164,20 @@ class ClusterTable:
 
     def _set(self, key: str, value: bytes | None, message_id: MessageId) -> bool:
         known = self._ids.get(key)
+        if known is None:
+            known = self._deleted.get(key)
         if known is not None and message_id <= known:
             return False
-        self._ids[key] = message_id
         if value is None:
+            # Deleted keys are remembered a while only (an older write arriving late is then
+            # told apart), not for good: a table of client ids sees endless distinct keys.
+            self._ids.pop(key, None)
+            self._deleted[key] = message_id
+            if len(self._deleted) > _DELETED_KEPT:
+                self._deleted.popitem(last=False)
             return self._items.pop(key, None) is not None
+        self._deleted.pop(key, None)
+        self._ids[key] = message_id
         changed = self._items.get(key) != value
         self._items[key] = value
         return changed

@@ -39,9 +39,10 @@ from mop.protocols.pulsar.commands import (
     SendError,
     SendReceipt,
 )
-from mop.protocols.pulsar.driver.errors import ConnectionLost, ServerRefused
+from mop.protocols.pulsar.driver.errors import ConnectionLost, ServerRefused, Unavailable
 from mop.protocols.pulsar.errors import RemoteProtocolError
 from mop.protocols.pulsar.frames import (
+    FRAME_SIZE_PADDING,
     ChecksumMismatch,
     Frame,
     FrameDecoder,
@@ -144,6 +145,10 @@ class BrokerConnection:
             if isinstance(frame, Connected):
                 if frame.max_message_size:
                     self.max_message_size = frame.max_message_size
+                    # Frames as large as the broker allows (and their slack) are read.
+                    self._decoder.max_frame_size = max(
+                        self._decoder.max_frame_size, frame.max_message_size + FRAME_SIZE_PADDING
+                    )
                 self.server_version = frame.server_version
                 return
             if isinstance(frame, Error):
@@ -224,7 +229,7 @@ class BrokerConnection:
         """Send `command` (it has a `request_id`) and return the answer with that id.
 
         ServerRefused for an ERROR answer, ConnectionLost if the connection ends first,
-        trio.TooSlowError after `seconds`."""
+        Unavailable after `seconds`."""
         request_id: int = getattr(command, "request_id")  # noqa: B009 - every request has one
         if self._closed:
             raise ConnectionLost(f"the connection to {self.address} is closed")
@@ -233,6 +238,10 @@ class BrokerConnection:
         try:
             with trio.fail_after(seconds):
                 await pending.done.wait()
+        except trio.TooSlowError:
+            raise Unavailable(
+                f"{self.address}: no answer to {type(command).__name__} within {seconds:g} s"
+            ) from None
         finally:
             self._pending.pop(request_id, None)
         if pending.error is not None:

@@ -190,8 +190,10 @@ class ClientConsumer:
         self._seeking = False
         self._last: MessageId | None = None  # last handed over (resuming a non-durable one)
         self._start = config.start_message_id
-        # Entries handed over in parts (batches), by (ledger, entry): members not yet acked.
-        self._open_batches: dict[tuple[int, int], int] = {}
+        # Entries handed over in parts (batches), by (ledger, entry): the indexes of members
+        # handed over and not yet acknowledged. Kept across reconnects (ids do not change), so
+        # an entry is acknowledged only once every member handed over is.
+        self._open_batches: dict[tuple[int, int], set[int]] = {}
         self._acks: list[MessageIdData] = []
         self._cumulative: MessageIdData | None = None
         self.error: DriverError | None = None
@@ -273,15 +275,17 @@ class ClientConsumer:
                         )
                     )
                 if len(received) > 1 and not self.config.auto_ack:
-                    self._open_batches[(ledger, entry)] = len(received)
+                    held = self._open_batches.setdefault((ledger, entry), set())
+                    held.update(item.message_id.batch_index for item in received)
         except (PulsarError, zlib.error, ValueError) as exc:
+            # Not acknowledged: it stays in the subscription's backlog for a client that can
+            # read it (a Pulsar consumer with that codec), nothing is lost here.
             _limited.warning(
                 "undecodable",
-                "%s: a message that cannot be decoded was skipped (%s)",
+                "%s: a message that cannot be decoded was left unacknowledged (%s)",
                 self.topic,
                 exc,
             )
-            self._queue_ack(MessageIdData(ledger_id=data.ledger_id, entry_id=data.entry_id))
             self._grant()
             return
         if received:
@@ -307,7 +311,6 @@ class ClientConsumer:
         self._connection = None
         if self._ready.is_set():
             self._ready = trio.Event()
-        self._open_batches.clear()
         self._acks.clear()
         self._cumulative = None
         self._lost.set()
@@ -342,10 +345,10 @@ class ClientConsumer:
         """Acknowledge one message (a batch's entry goes once all its members are)."""
         if message_id.batch_index >= 0:
             key = (message_id.ledger, message_id.entry)
-            left = self._open_batches.get(key)
-            if left is not None:
-                if left > 1:
-                    self._open_batches[key] = left - 1
+            held = self._open_batches.get(key)
+            if held is not None:
+                held.discard(message_id.batch_index)
+                if held:
                     return
                 del self._open_batches[key]
         self._queue_ack(
@@ -357,7 +360,8 @@ class ClientConsumer:
         a batch member whose batch is not fully acknowledged)."""
         ledger, entry = message_id.ledger, message_id.entry
         key = (ledger, entry)
-        if message_id.batch_index >= 0 and self._open_batches.get(key, 1) > 1:
+        held = self._open_batches.get(key)
+        if message_id.batch_index >= 0 and held and held != {message_id.batch_index}:
             if entry == 0:
                 return
             entry -= 1
@@ -404,9 +408,8 @@ class ClientConsumer:
         connection = self._connection
         if connection is None:
             return  # a reconnect redelivers what was not acknowledged anyway
+        # The entries come again whole: their members handed over again join what is held.
         entries = {} if message_ids is None else {(m.ledger, m.entry): m for m in message_ids}
-        for key in entries:
-            self._open_batches.pop(key, None)
         connection.send_command(
             RedeliverUnacknowledgedMessages(
                 consumer_id=self._consumer_id,
@@ -454,10 +457,14 @@ class ClientConsumer:
             raise
         self._last = None
         self._start = message_id
+        self._open_batches.clear()  # the subscription starts over from the seek's position
         if self._connection is not None:
             # Brokers that do not close the consumer after a seek: subscribe again all the same.
             connection = self._connection
             connection.remove_consumer(self._consumer_id)
+            connection.send_command(
+                CloseConsumer(consumer_id=self._consumer_id, request_id=connection.next_id())
+            )
             self._detach()
 
     async def unsubscribe(self) -> None:
@@ -538,6 +545,8 @@ class ClientConsumer:
                     not retryable(exc)
                     and isinstance(exc, ServerRefused)
                     and exc.error.name in _FATAL
+                    # Once subscribed, a busy subscription is the old consumer still going.
+                    and exc.error.name != "ConsumerBusy"
                 ):
                     log.warning("%r on %s: %s", self.subscription, self.topic, exc)
                     self.error = exc

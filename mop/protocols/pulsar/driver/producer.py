@@ -348,7 +348,9 @@ class ClientProducer:
                 except DriverError as exc:
                     if self._closed or self.client.closed:
                         return
-                    if not retryable(exc) and _fatal(exc):
+                    # Once registered, a busy topic is this producer's old self still going.
+                    busy = isinstance(exc, ServerRefused) and exc.error.name == "ProducerBusy"
+                    if not retryable(exc) and _fatal(exc) and not busy:
                         self._fail(exc)
                         return
                     log.debug("producer of %s: %s; trying again", self.topic, exc)
