@@ -69,6 +69,16 @@ EARLIEST: Final = MessageId(-1, -1)
 _DELETED_KEPT: Final = 10_000
 
 
+class _CatchUp:
+    """One marker's catch-up, shared by the callers that joined it."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.error: BackendError | None = None
+
+
 def system_topic(tenant: str, namespace: str, kind: str, name: str) -> str:
     """`persistent://{tenant}/__mop/{namespace}/{kind}/{name}`, the last part percent-encoded
     (a space as %20, since brokers refuse "+" in topic names)."""
@@ -98,6 +108,8 @@ class ClusterTable:
         # The position of the last message the reader applied (keyed or not), and whether
         # the reader still follows the topic (not once the table stops).
         self._read_through: tuple[int, int] | None = None
+        # The catch-up whose marker is still to be written, for callers to join.
+        self._next_catch_up: _CatchUp | None = None
         self._following = False
         self._stopped = trio.Event()  # the reader is closed or lost: `serve` returns
         self._failed: BackendError | None = None
@@ -273,10 +285,33 @@ class ClusterTable:
         A marker goes to the topic, and the reader is waited for until it has read through
         it: the topic's order puts every earlier write before it. (Asking the broker for the
         topic's last message id instead would not do: some brokers answer that question for
-        an empty topic with an error.)
+        an empty topic with an error.) Callers that come while a marker is still to be written
+        share it (a storm of connects writes one marker per table and moment, not one each);
+        the first of them writes it, shielded, so the others do not wait on a cancelled call.
         """
         if self._reader is None:
             await self.loaded.wait()
+        joining = self._next_catch_up
+        if joining is not None:
+            await joining.done.wait()
+            if joining.error is not None:
+                raise joining.error
+            return
+        round_ = self._next_catch_up = _CatchUp()
+        try:
+            with trio.CancelScope(shield=True):
+                await trio.lowlevel.checkpoint()  # callers of this same moment join
+                self._next_catch_up = None  # later ones need a marker written after them
+                await self._read_past_a_marker()
+        except BackendError as exc:
+            round_.error = exc
+            raise
+        finally:
+            if self._next_catch_up is round_:
+                self._next_catch_up = None
+            round_.done.set()
+
+    async def _read_past_a_marker(self) -> None:
         timeout = self._running.operation_timeout
         with trio.move_on_after(timeout) as scope:
             marker = Message(payload=b"", key=CATCH_UP_KEY)

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from types import SimpleNamespace
-from typing import cast
+from typing import Any, cast
 
 import pytest
 import trio
@@ -90,6 +90,32 @@ async def test_a_table_is_read_and_followed(url: str) -> None:
         await first.aclose()
         await second.aclose()
         await second.catch_up()  # stopped: returns at once
+
+
+async def test_callers_of_one_moment_share_a_catch_up(url: str) -> None:
+    ns = namespace()
+    async with proxy(url, ns) as one, proxy(url, ns) as two:
+        writer = ClusterTable("t", tenant="public", namespace=ns)
+        reader = ClusterTable("t", tenant="public", namespace=ns)
+        await one.nursery.start(writer.serve, one)
+        await two.nursery.start(reader.serve, two)
+        markers: list[str] = []
+        send = two.producers.send
+
+        async def counting(topic: str, *args: Any, **kwargs: Any) -> Any:
+            markers.append(topic)
+            return await send(topic, *args, **kwargs)
+
+        two.producers.send = counting  # type: ignore[method-assign]
+        await writer.put("k", b"v")
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                for _ in range(20):
+                    nursery.start_soon(reader.catch_up)
+        assert reader.get("k") == b"v"
+        assert 1 <= len(markers) <= 2  # not one per caller
+        await writer.aclose()
+        await reader.aclose()
 
 
 async def test_one_proxy_holds_a_role_at_a_time(url: str) -> None:
