@@ -339,8 +339,12 @@ class ClusterBackend:
         results: list[PublishResult | BackendError] = []
         for item in pending:
             if isinstance(item, Receipt):
+                # Receipts come for whole batches: once one has come, those sent with it have
+                # too, and are read without a trip through the scheduler each.
+                if not item.done:
+                    await item.settled()
                 try:
-                    results.append(await item.wait())
+                    results.append(item.result())
                 except BackendError as exc:
                     results.append(exc)
             else:

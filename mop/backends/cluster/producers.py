@@ -59,15 +59,28 @@ class Receipt:
         self._entry = entry
         self._ticket = ticket
 
-    async def wait(self) -> PublishResult:
-        """The message's id once it is stored; BackendError when it cannot be."""
+    @property
+    def done(self) -> bool:
+        """Whether the answer has come (then `result` gives it without waiting)."""
+        return self._ticket.done
+
+    async def settled(self) -> None:
+        await self._ticket.settled()
+
+    def result(self) -> PublishResult:
+        """The message's id; BackendError when it could not be stored. Only once `done`."""
         try:
-            return PublishResult(await self._ticket.wait(), None)
+            return PublishResult(self._ticket.result(), None)
         except DriverError as exc:
             producer = self._entry.producer
             if producer is not None and producer.closed:
                 self._cache._forget(self._topic, self._entry)
             raise error_for(exc, f"publishing to {self._topic}") from None
+
+    async def wait(self) -> PublishResult:
+        """The message's id once it is stored; BackendError when it cannot be."""
+        await self.settled()
+        return self.result()
 
 
 class ProducerCache:

@@ -120,16 +120,30 @@ class Ticket:
         self._batch = batch
         self._index = index
 
-    async def wait(self) -> MessageId:
-        """The message's id once stored; the DriverError that failed its batch otherwise."""
+    @property
+    def done(self) -> bool:
+        """Whether the outcome is known (then `result` gives it without waiting)."""
+        return self._batch.done.is_set()
+
+    async def settled(self) -> None:
+        """Return once the outcome is known."""
+        await self._batch.done.wait()
+
+    def result(self) -> MessageId:
+        """The message's id once stored; the DriverError that failed its batch otherwise.
+        Only once `done`."""
         batch = self._batch
-        await batch.done.wait()
         if batch.error is not None:
             raise batch.error
-        assert batch.message_id is not None
+        assert batch.message_id is not None, "the ticket is not done"
         if batch.single is not None:
             return batch.message_id
         return MessageId(batch.message_id.ledger, batch.message_id.entry, self._index)
+
+    async def wait(self) -> MessageId:
+        """The message's id once stored; the DriverError that failed its batch otherwise."""
+        await self.settled()
+        return self.result()
 
 
 # Refusals a producer cannot come back from by registering again.
