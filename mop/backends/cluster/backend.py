@@ -127,6 +127,7 @@ class ClusterBackend:
         self._context: ClusterContext | None = None  # made by `serve`
         self.registry: SubscriptionRegistry
         self._stop = trio.Event()
+        self._client_done = trio.Event()
         self._running = False
         self._closed = False
 
@@ -204,7 +205,13 @@ class ClusterBackend:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                await nursery.start(client.serve)
+                # The client outlives a cancellation of `serve` (the node stopping) until
+                # `aclose`: connections that are closing save their sessions through it.
+                running = trio.Event()
+                trio.lowlevel.spawn_system_task(self._run_client, client, running)
+                await running.wait()
+                if client.closed:
+                    raise BackendError("the Pulsar client did not start", reason="unavailable")
                 context = self._context = ClusterContext(
                     tenant=self.tenant,
                     namespace=self.namespace,
@@ -244,6 +251,17 @@ class ClusterBackend:
             raise
         except trio.TooSlowError as exc:
             raise self._start_error(exc) from None
+
+    async def _run_client(self, client: PulsarClient, running: trio.Event) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(client.serve)
+                running.set()
+        except Exception:  # a system task's error would end the whole trio run
+            log.exception("the Pulsar client failed")
+        finally:
+            running.set()
+            self._client_done.set()
 
     def _start_error(self, exc: BaseException) -> BackendError:
         if isinstance(exc, BackendError):
@@ -296,6 +314,8 @@ class ClusterBackend:
         for table in self._tables.values():
             await table.aclose()
         await client.aclose()
+        with trio.move_on_after(self.operation_timeout):
+            await self._client_done.wait()
 
     # -- Backend ---------------------------------------------------------------------------
 

@@ -244,7 +244,7 @@ class ClusterRole:
             # Shielded (the client's operation timeout bounds it): a subscribe cut short
             # might still be granted by the broker, to a consumer nobody would close.
             with trio.CancelScope(shield=True):
-                await client.nursery.start(consumer.run)
+                await client.start(consumer.run)
         except DriverError as exc:
             if self._released:
                 raise BackendError(f"role {self._name!r} released", reason="closed") from None

@@ -35,6 +35,7 @@ from mop.message import TOMBSTONE_PROPERTY, Message, MessageId
 from mop.processor.backend import BackendError, SubscriptionKind, SubscriptionSpec
 from mop.protocols.pulsar.commands import InitialPosition, SubType
 from mop.protocols.pulsar.driver import (
+    ClientClosed,
     ClientConsumer,
     ConsumerConfig,
     DriverError,
@@ -72,11 +73,12 @@ _DELETED_KEPT: Final = 10_000
 class _CatchUp:
     """One marker's catch-up, shared by the callers that joined it."""
 
-    __slots__ = ("done", "error")
+    __slots__ = ("done", "error", "finished")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.error: BackendError | None = None
+        self.finished = False
 
 
 def system_topic(tenant: str, namespace: str, kind: str, name: str) -> str:
@@ -223,7 +225,8 @@ class ClusterTable:
 
     def _lost(self, exc: DriverError) -> None:
         """The reader could not subscribe again (the client gave up on it)."""
-        log.warning("table %r: %s", self._name, error_for(exc, "reading the table"))
+        level = logging.DEBUG if isinstance(exc, ClientClosed) else logging.WARNING
+        log.log(level, "table %r: %s", self._name, error_for(exc, "reading the table"))
         self._stop_following()
 
     def _stop_following(self) -> None:
@@ -287,22 +290,24 @@ class ClusterTable:
         topic's last message id instead would not do: some brokers answer that question for
         an empty topic with an error.) Callers that come while a marker is still to be written
         share it (a storm of connects writes one marker per table and moment, not one each);
-        the first of them writes it, shielded, so the others do not wait on a cancelled call.
+        the first of them writes it, and if it is cancelled the others start another round.
         """
         if self._reader is None:
             await self.loaded.wait()
-        joining = self._next_catch_up
-        if joining is not None:
+        while (joining := self._next_catch_up) is not None:
             await joining.done.wait()
             if joining.error is not None:
                 raise joining.error
-            return
+            if joining.finished:
+                return
+            # Its first caller was cancelled before the end: another round.
         round_ = self._next_catch_up = _CatchUp()
         try:
-            with trio.CancelScope(shield=True):
-                await trio.lowlevel.checkpoint()  # callers of this same moment join
+            await trio.lowlevel.checkpoint()  # callers of this same moment join
+            if self._next_catch_up is round_:
                 self._next_catch_up = None  # later ones need a marker written after them
-                await self._read_past_a_marker()
+            await self._read_past_a_marker()
+            round_.finished = True
         except BackendError as exc:
             round_.error = exc
             raise

@@ -104,19 +104,31 @@ class PulsarClient:
     def closed(self) -> bool:
         return self._closed
 
-    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def start(self, run: Callable[..., Awaitable[object]]) -> None:
+        """`await nursery.start(run)` in the client's nursery (for producers and consumers);
+        ClientClosed once the client stops, also while its nursery is winding down."""
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                task_status.started()
+            await self.nursery.start(run)
+        except RuntimeError as exc:
+            if self._nursery is None or "closed" not in str(exc):
+                raise
+            raise ClientClosed("the client is closed") from None
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            try:
                 await self._stop.wait()
-                nursery.cancel_scope.cancel()
-        finally:
-            # However it ended (`aclose`, or cancelled from outside), the client is done.
-            self._closed = True
-            for connection in list(self._connections.values()):
-                connection.close()
-            self._connections.clear()
+            finally:
+                # However it ends (`aclose`, or cancelled from outside), the client is done from
+                # now on: what is still starting (a producer whose caller is shielded, say)
+                # must not wait for connections while the nursery winds down.
+                self._closed = True
+                for connection in list(self._connections.values()):
+                    connection.close()
+                self._connections.clear()
+            nursery.cancel_scope.cancel()
 
     async def aclose(self) -> None:
         """Close every connection and stop `serve`."""

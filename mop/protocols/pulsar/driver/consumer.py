@@ -529,6 +529,8 @@ class ClientConsumer:
             # Nothing subscribes it again once this ends (the client stops, say).
             if not self._closed:
                 self._stop()
+                if self._on_lost is not None:
+                    self._on_lost(ClientClosed(f"the client of {self.topic} stopped"))
 
     async def _keep_subscribed(self) -> None:
         pause = 0.05
@@ -643,5 +645,5 @@ async def subscribe(
         on_active=on_active,
         on_lost=on_lost,
     )
-    await client.nursery.start(consumer.run)
+    await client.start(consumer.run)
     return consumer

@@ -487,5 +487,5 @@ async def create_producer(
 ) -> ClientProducer:
     """A producer registered with `topic`'s broker; ServerRefused / Unavailable if it cannot be."""
     producer = ClientProducer(client, topic, config or ProducerConfig())
-    await client.nursery.start(producer.run)
+    await client.start(producer.run)
     return producer
