@@ -195,7 +195,16 @@ class PulsarClient:
                     raise
         except (OSError, trio.TooSlowError, ConnectionLost, RemoteProtocolError) as exc:
             raise Unavailable(f"{url}: {exc or type(exc).__name__}") from None
-        await self.nursery.start(connection.serve)
+        try:
+            await self.start(connection.serve)
+        except BaseException:
+            # The client stopped while this connection was opening: it must not be left open.
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+            raise
+        if self._closed:  # it stopped meanwhile: this one goes with the others
+            connection.close()
+            raise ClientClosed("the client is closed")
         log.debug("connected to %s (%s)", url, connection.server_version or "unnamed broker")
         return connection
 
