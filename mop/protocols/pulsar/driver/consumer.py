@@ -46,6 +46,8 @@ from mop.protocols.pulsar.driver.client import PulsarClient, retryable
 from mop.protocols.pulsar.driver.connection import BrokerConnection
 from mop.protocols.pulsar.driver.errors import ClientClosed, DriverError, ServerRefused
 from mop.protocols.pulsar.errors import PulsarError
+from mop.protocols.pulsar.frames import unacked_indexes
+from mop.protocols.pulsar.mapping import to_id_data
 from mop.protocols.pulsar.metadata import CompressionType, MessageIdData
 
 __all__ = ["ClientConsumer", "ConsumerConfig", "Received", "subscribe"]
@@ -130,14 +132,6 @@ class ConsumerConfig:
         self.priority = priority
         self.auto_ack = auto_ack
         self.read_compacted = read_compacted
-
-
-def _id_data(message_id: MessageId) -> MessageIdData:
-    return MessageIdData(
-        ledger_id=message_id.ledger & _M64,
-        entry_id=message_id.entry & _M64,
-        batch_index=message_id.batch_index,
-    )
 
 
 def _signed(value: int) -> int:
@@ -246,15 +240,10 @@ class ClientConsumer:
                     )
             else:
                 members = read_members(_data(payload.data, meta.compression), count)
-                skip = frame.ack_set
-                unacked = None
-                if skip:
-                    bits = 0
-                    for shift, word in enumerate(skip):
-                        bits |= (word & _M64) << (64 * shift)
-                    unacked = bits
+                # Batch-index acks: only the members still to be delivered.
+                unacked = set(unacked_indexes(frame.ack_set, count)) if frame.ack_set else None
                 for index, member in enumerate(members):
-                    if unacked is not None and not unacked >> index & 1:
+                    if unacked is not None and index not in unacked:
                         continue  # acknowledged already (batch-index acks)
                     if last is not None and (ledger, entry, index) <= (
                         last.ledger,
@@ -413,7 +402,7 @@ class ClientConsumer:
         connection.send_command(
             RedeliverUnacknowledgedMessages(
                 consumer_id=self._consumer_id,
-                message_ids=tuple(_id_data(MessageId(*key)) for key in entries),
+                message_ids=tuple(to_id_data(MessageId(*key)) for key in entries),
             )
         )
 
@@ -448,7 +437,7 @@ class ClientConsumer:
                 lambda connection, rid: Seek(
                     consumer_id=self._consumer_id,
                     request_id=rid,
-                    message_id=None if message_id is None else _id_data(message_id),
+                    message_id=None if message_id is None else to_id_data(message_id),
                     message_publish_time=publish_time,
                 )
             )
@@ -583,7 +572,7 @@ class ClientConsumer:
                     consumer_name=config.name,
                     priority_level=config.priority,
                     durable=config.durable,
-                    start_message_id=None if start is None else _id_data(start),
+                    start_message_id=None if start is None else to_id_data(start),
                     initial_position=config.initial_position,
                     read_compacted=config.read_compacted,
                 ),
