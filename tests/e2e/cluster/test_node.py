@@ -6,7 +6,11 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import trio
 
+from mop.backends.cluster import ClusterBackend
+from mop.exception_groups import leaves
+from mop.messaging import BackendError
 from mop.node import StartupError, open_node
 from mop.settings import ClusterSettings, Settings
 from mop.testing.node import node_settings
@@ -49,6 +53,27 @@ async def test_unreachable_brokers_stop_the_start_with_a_clear_error() -> None:
     with pytest.raises(StartupError, match=f"127.0.0.1:{port}"):
         async with open_node(settings):
             pass
+
+
+async def test_a_backend_that_fails_to_start_leaves_nothing_running() -> None:
+    backend = ClusterBackend(
+        f"pulsar://127.0.0.1:{free_port()}", operation_timeout=1.0, connect_timeout=0.5
+    )
+    before = running_tasks()
+    with pytest.raises(ExceptionGroup) as failed:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(backend.serve)
+    [cause] = leaves(failed.value)
+    assert isinstance(cause, BackendError) and "no answer" in str(cause), cause
+    # Its Pulsar client is a system task (it outlives a cancelled `serve` until `aclose`), but
+    # a backend that never started has no owner to call `aclose`.
+    assert running_tasks() == before
+
+
+def running_tasks() -> set[str]:
+    """The tasks of the trio run beside the test's own (system tasks included)."""
+    root = trio.lowlevel.current_root_task()
+    return {task.name for nursery in root.child_nurseries for task in nursery.child_tasks}
 
 
 def test_mop_run_as_a_proxy_serves_mqtt_and_stops_cleanly(tmp_path: Path) -> None:
