@@ -40,7 +40,7 @@ from mop.backends.cluster.context import ClusterContext
 from mop.backends.cluster.discovery import NamespaceDiscovery
 from mop.backends.cluster.fanout import FanOut, fans_out
 from mop.backends.cluster.fanout_consumer import FanOutConsumer
-from mop.backends.cluster.leases import PRESENCE_TABLE, ClusterLease, Presence
+from mop.backends.cluster.leases import PRESENCE_TABLE, ClusterLease, Frontier, Presence
 from mop.backends.cluster.local_topics import LocalTopics
 from mop.backends.cluster.options import ConsumerOptions, ProducerOptions
 from mop.backends.cluster.patterns import matching_selectors
@@ -83,8 +83,10 @@ class ClusterBackend:
     `open_cluster_backend`); `serve` loads the tables in `tables` (plus the backend's own),
     reports readiness and runs background work until `aclose()`."""
 
-    # Its leases are watched by a task (`wait_fenced`), and the processor does at most once.
-    capabilities = BackendCapabilities(publish_batch=True, drop_callbacks=True)
+    # Its leases call back when fenced (no task per connection to watch them).
+    capabilities = BackendCapabilities(
+        publish_batch=True, drop_callbacks=True, fence_callbacks=True
+    )
 
     def __init__(
         self,
@@ -176,6 +178,21 @@ class ClusterBackend:
                 if table.loaded.is_set():
                     nursery.start_soon(table.catch_up)
 
+    def tables_written(self) -> Frontier:
+        """Where this proxy's last confirmed write to each table is."""
+        return {
+            name: table.written_through
+            for name, table in self._tables.items()
+            if table.written_through is not None
+        }
+
+    async def read_tables_through(self, frontier: Frontier) -> None:
+        """Read each table up to its position in `frontier` (one another proxy wrote)."""
+        for name, position in frontier.items():
+            table = self._tables.get(name)
+            if table is not None and table.loaded.is_set():
+                await table.read_through(position)
+
     # -- lifecycle -------------------------------------------------------------------------
 
     def make_client(self) -> PulsarClient:
@@ -231,7 +248,11 @@ class ClusterBackend:
                     self._roles = ClusterRoles(context, catch_up=self.catch_up_tables)
                     # Made before its table loads: it follows the table's whole history.
                     presence = self._presence = Presence(
-                        context, self._table(PRESENCE_TABLE), catch_up=self.catch_up_tables
+                        context,
+                        self._table(PRESENCE_TABLE),
+                        catch_up=self.catch_up_tables,
+                        written=self.tables_written,
+                        read_through=self.read_tables_through,
                     )
                     nursery.start_soon(producers.serve_idle_closer)
                     nursery.start_soon(self.delays.serve)

@@ -11,12 +11,21 @@ id is one write of a claim; the topic's order decides, and the later claim wins:
    claim) fences that connection;
 3. the new holder waits until the previous one has let go (its release read back), or its
    proxy is dead, or `fence_timeout` passed: then the previous holder's last writes to the
-   session tables are in, and (4) the tables are caught up so they are visible.
+   session tables are in, and (4) the new holder reads the tables that far.
 
-Letting go writes a release, `-{nonce}`, under the client id: it ends that claim only (a later
-claim stays the holder, whatever the order the two arrive in), and it is what a new holder
-waits for. A little later (`CLEAN_UP_DELAY`), when nothing claimed the id meanwhile, the releasing
-proxy deletes the key (a tombstone), so the table keeps nothing per client id that left. Each
+Letting go writes a release under the client id: `-{nonce}`, then a line per table this proxy
+wrote to, `{ledger} {entry} {table}`, where its last confirmed write to that table is (its
+*frontier*). A release ends that claim only (a later claim stays the holder, whatever the order
+the two arrive in), and it is what a new holder waits for. Step 4 then reads each table up to
+the previous holder's frontier, which its reader has mostly passed already: a connect costs the
+brokers its claim and nothing more. Only when that frontier is unknown (the previous holder's
+proxy died, or did not let go in time) are the tables caught up with markers. A claim with no
+previous holder in this proxy's view reads up to the frontiers of every release it has seen:
+an id let go of and deleted since is covered by that, one let go of before this proxy started
+by the tables' loading.
+
+A little later (`CLEAN_UP_DELAY`), when nothing claimed the id meanwhile, the releasing proxy
+deletes the key (a tombstone), so the table keeps nothing per client id that left. Each
 proxy writes a heartbeat under `\\x00proxy\\x00{proxy id}` every `HEARTBEAT` seconds, and deletes
 it when it stops: a previous holder whose proxy has written none for `LIVENESS_TIMEOUT` (or
 said goodbye) is not waited for, so the clients of a proxy that died come back at once
@@ -34,7 +43,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Final
 
 import trio
@@ -44,7 +53,7 @@ from mop.processor.backend import BackendError
 
 if TYPE_CHECKING:
     from mop.backends.cluster.context import ClusterContext
-    from mop.backends.cluster.tables import ClusterTable
+    from mop.backends.cluster.tables import ClusterTable, Position
 
 __all__ = [
     "CLEAN_UP_DELAY",
@@ -52,6 +61,7 @@ __all__ = [
     "LIVENESS_TIMEOUT",
     "PRESENCE_TABLE",
     "ClusterLease",
+    "Frontier",
     "Presence",
 ]
 
@@ -68,19 +78,67 @@ CLEAN_UP_DELAY: Final = 5.0
 # Releases remembered (nonces) for claims that are waited for a little later.
 _RELEASES_KEPT: Final = 10_000
 
+# Table name -> the position of a proxy's last confirmed write to that table.
+Frontier = Mapping[str, "Position"]
+
+
+def release_value(nonce: str, frontier: Frontier) -> bytes:
+    """The release of claim `nonce` by a proxy whose writes reached `frontier`."""
+    lines = [
+        RELEASE_MARK + nonce,
+        *(f"{ledger} {entry} {name}" for name, (ledger, entry) in frontier.items()),
+    ]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def parse_release(value: str) -> tuple[str, Frontier | None]:
+    """The nonce and frontier of a release (`value` starts with RELEASE_MARK); the frontier
+    is None when unknown (a release without one, as proxies of earlier versions write)."""
+    first, newline, rest = value[len(RELEASE_MARK) :].partition("\n")
+    if not newline:
+        return first, None
+    frontier: dict[str, Position] = {}
+    for line in rest.splitlines():
+        fields = line.split(" ", 2)
+        try:
+            frontier[fields[2]] = (int(fields[0]), int(fields[1]))
+        except (IndexError, ValueError):
+            return first, None  # unreadable: as good as unknown
+    return first, frontier
+
 
 class ClusterLease:
-    """Ownership of one client id, fenced when another connection (on any proxy) takes it."""
+    """Ownership of one client id, fenced when another connection (on any proxy) takes it.
+    Lean, since a proxy holds one per connection: its events are made only when a task waits
+    for them, and the MQTT layer is told of a fence by a callback (`on_fenced`), not a task."""
+
+    __slots__ = (
+        "_client_id",
+        "_fenced",
+        "_fenced_event",
+        "_on_fenced",
+        "_presence",
+        "_released",
+        "_released_event",
+        "applied",
+        "holding",
+        "nonce",
+        "previous",
+    )
 
     def __init__(self, presence: Presence, client_id: str, nonce: str) -> None:
         self._presence = presence
         self._client_id = client_id
         self.nonce = nonce
-        self.applied = trio.Event()  # its claim has been read back
+        # Set once its claim has been read back; dropped then (only a claim in flight has one).
+        self.applied: trio.Event | None = trio.Event()
         self.previous: tuple[str, str] | None = None  # (proxy, nonce) its claim replaced
         self.holding = False
-        self._fenced = trio.Event()
-        self._released = trio.Event()
+        self._fenced = False
+        self._released = False
+        self._fenced_event: trio.Event | None = None
+        self._released_event: trio.Event | None = None
+        self._on_fenced: Callable[[], None] | None = None
 
     @property
     def client_id(self) -> str:
@@ -88,24 +146,61 @@ class ClusterLease:
 
     @property
     def fenced(self) -> bool:
-        return self._fenced.is_set()
+        return self._fenced
 
     @property
-    def released(self) -> trio.Event:
+    def claimed(self) -> bool:
+        """Whether its claim has been read back (so a later claim can fence it)."""
+        return self.applied is None or self.applied.is_set()
+
+    @property
+    def released(self) -> bool:
         return self._released
 
     async def wait_fenced(self) -> None:
-        await self._fenced.wait()
+        if self._fenced:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._fenced_event is None:
+            self._fenced_event = trio.Event()
+        await self._fenced_event.wait()
+
+    def on_fenced(self, callback: Callable[[], None]) -> None:
+        if self._fenced:
+            callback()
+        else:
+            self._on_fenced = callback
+
+    async def wait_released(self) -> None:
+        if self._released:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._released_event is None:
+            self._released_event = trio.Event()
+        await self._released_event.wait()
 
     def fence(self) -> None:
         self.holding = False
-        self._fenced.set()
+        if self._fenced:
+            return
+        self._fenced = True
+        if self._fenced_event is not None:
+            self._fenced_event.set()
+        callback, self._on_fenced = self._on_fenced, None
+        if callback is not None and not self._released:
+            callback()
+
+    def _mark_released(self) -> None:
+        self._released = True
+        self._on_fenced = None  # a released lease never calls it
+        if self._released_event is not None:
+            self._released_event.set()
 
     async def release(self) -> None:
-        if self._released.is_set():
+        if self._released:
             await trio.lowlevel.checkpoint()
             return
-        self._released.set()
+        self._mark_released()
         self.holding = False
         with trio.CancelScope(shield=True):
             await self._presence.let_go(self)
@@ -113,7 +208,7 @@ class ClusterLease:
     def abort(self) -> None:
         """The backend stops: fence and let go without a word to the brokers."""
         self.fence()
-        self._released.set()
+        self._mark_released()
 
 
 class Presence:
@@ -125,16 +220,24 @@ class Presence:
         table: ClusterTable,
         *,
         catch_up: Callable[[], Awaitable[None]],
+        written: Callable[[], Frontier],
+        read_through: Callable[[Frontier], Awaitable[None]],
     ) -> None:
-        """`catch_up` reads the session tables up to their end (step 4)."""
+        """Step 4: `catch_up` reads the tables up to their end, `read_through` up to a
+        frontier; `written` is this proxy's own frontier."""
         self._context = context
         self._table = table
         self._catch_up = catch_up
+        self._written = written
+        self._read_through = read_through
         self.proxy_id = secrets.token_hex(8)
         self._owners: dict[str, tuple[str, str]] = {}  # client id -> (proxy, nonce)
         self._pending: dict[str, ClusterLease] = {}  # nonce -> lease whose claim is on its way
         self._leases: dict[str, ClusterLease] = {}  # client id -> this proxy's holder
-        self._released: OrderedDict[str, None] = OrderedDict()  # nonces let go of
+        # Nonces let go of, with the frontier their release carries (None: unknown).
+        self._released: OrderedDict[str, Frontier | None] = OrderedDict()
+        # Per table, the furthest frontier of every release read (for ids deleted since).
+        self._released_through: dict[str, Position] = {}
         self._heard: dict[str, float] = {}  # proxy -> when its last heartbeat was read
         self._change = trio.Event()
         self._closed = False
@@ -157,25 +260,29 @@ class Presence:
     def _observe_claim(self, client_id: str, value: str) -> None:
         previous = self._owners.get(client_id)
         if value.startswith(RELEASE_MARK):
-            nonce = value[len(RELEASE_MARK) :]
-            self._remember_release(nonce)
+            nonce, frontier = parse_release(value)
+            self._remember_release(nonce, frontier)
             if previous is not None and previous[1] == nonce:
                 del self._owners[client_id]
             return
         proxy, _, nonce = value.partition(" ")
         self._owners[client_id] = (proxy, nonce)
         pending = self._pending.pop(nonce, None)
-        if pending is not None:
+        if pending is not None and pending.applied is not None:
             pending.previous = previous
             pending.applied.set()
         local = self._leases.get(client_id)
-        if local is not None and local.nonce != nonce and local.applied.is_set():
+        if local is not None and local.nonce != nonce and local.claimed:
             local.fence()  # a later claim, from another connection
 
-    def _remember_release(self, nonce: str) -> None:
-        self._released[nonce] = None
+    def _remember_release(self, nonce: str, frontier: Frontier | None) -> None:
+        self._released[nonce] = frontier
         if len(self._released) > _RELEASES_KEPT:
             self._released.popitem(last=False)
+        through = self._released_through
+        for name, position in (frontier or {}).items():
+            if name not in through or through[name] < position:
+                through[name] = position
 
     def _alive(self, proxy: str) -> bool:
         heard = self._heard.get(proxy)
@@ -215,14 +322,16 @@ class Presence:
             raise BackendError("backend is closed", reason="closed")
         previous_here = self._leases.get(client_id)
         lease = ClusterLease(self, client_id, secrets.token_hex(8))
+        applied = lease.applied
+        assert applied is not None  # a new lease's claim is in flight
         self._leases[client_id] = lease
         self._pending[lease.nonce] = lease
         timeout = self._context.fence_timeout
         try:
             await self._table.put(client_id, f"{self.proxy_id} {lease.nonce}".encode())
             with trio.move_on_after(self._context.operation_timeout):
-                await lease.applied.wait()
-            if not lease.applied.is_set():
+                await applied.wait()
+            if not applied.is_set():
                 # Unseen, this claim could not be fenced by a later one: refuse it.
                 raise BackendError(
                     f"client id {client_id!r}: the presence table did not bring the claim back",
@@ -240,10 +349,11 @@ class Presence:
             with trio.CancelScope(shield=True):
                 await self._release_claim(client_id, lease.nonce)
             raise
+        lease.applied = None
         if previous_here is not None:
             previous_here.fence()
             with trio.move_on_after(timeout):
-                await previous_here.released.wait()
+                await previous_here.wait_released()
         previous = lease.previous
         if previous is not None and previous[1] != lease.nonce and not lease.fenced:
             with trio.move_on_after(timeout) as waited:
@@ -255,8 +365,21 @@ class Presence:
                     timeout,
                 )
         lease.holding = not lease.fenced
-        await self._catch_up()
+        frontier = self._previous_frontier(previous)
+        if frontier is None:
+            await self._catch_up()
+        else:
+            await self._read_through(frontier)
         return lease
+
+    def _previous_frontier(self, previous: tuple[str, str] | None) -> Frontier | None:
+        """How far the tables must be read for the previous holder's writes (step 4), or
+        None to read them to their end."""
+        if previous is None:
+            return self._released_through
+        if previous[0] == self.proxy_id:
+            return {}  # this proxy's own writes are in its tables as soon as confirmed
+        return self._released.get(previous[1])
 
     async def _let_go_of(self, previous: tuple[str, str]) -> None:
         """Return once the claim `previous` was let go of, or its proxy is dead."""
@@ -280,7 +403,8 @@ class Presence:
         """Write the release of claim `nonce`; whether it was written."""
         with trio.move_on_after(self._context.fence_timeout):
             try:
-                await self._table.put(client_id, f"{RELEASE_MARK}{nonce}".encode())
+                frontier = {k: v for k, v in self._written().items() if k != self._table.name}
+                await self._table.put(client_id, release_value(nonce, frontier))
                 return True
             except BackendError as exc:
                 log.debug("releasing client id %r: %s", client_id, exc)

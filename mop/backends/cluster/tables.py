@@ -51,6 +51,7 @@ __all__ = [
     "REGISTRY_TABLE",
     "SYSTEM_NAMESPACE",
     "ClusterTable",
+    "Position",
     "SubscriptionRegistry",
     "system_topic",
 ]
@@ -68,6 +69,9 @@ READER_PREFIX: Final = "mop-table-"
 EARLIEST: Final = MessageId(-1, -1)
 # Deleted keys whose last position is remembered (see `ClusterTable._set`).
 _DELETED_KEPT: Final = 10_000
+
+# A message's place in its topic, (ledger, entry): table writes are never batched.
+Position = tuple[int, int]
 
 
 class _CatchUp:
@@ -109,7 +113,7 @@ class ClusterTable:
         self._applied = trio.Event()
         # The position of the last message the reader applied (keyed or not), and whether
         # the reader still follows the topic (not once the table stops).
-        self._read_through: tuple[int, int] | None = None
+        self._read_through: Position | None = None
         # The catch-up whose marker is still to be written, for callers to join.
         self._next_catch_up: _CatchUp | None = None
         self._following = False
@@ -119,6 +123,8 @@ class ClusterTable:
         self._observers: list[Callable[[str, bytes | None, MessageId], None]] = []
         # Keys with a write of this proxy in flight, and how many.
         self._own: dict[str, int] = {}
+        # The position of this proxy's last write that the broker confirmed.
+        self._written_through: Position | None = None
 
     @property
     def name(self) -> str:
@@ -162,7 +168,17 @@ class ClusterTable:
                 del self._own[key]
             else:
                 self._own[key] -= 1
+        position = (result.message_id.ledger, result.message_id.entry)
+        if self._written_through is None or position > self._written_through:
+            self._written_through = position
         self._set(key, value, result.message_id)
+
+    @property
+    def written_through(self) -> Position | None:
+        """The topic position of this proxy's last confirmed write (None: none yet). A proxy
+        that hands a client id over passes it on, so the next holder reads at least that far
+        before it takes the client's state (see `mop.backends.cluster.leases`)."""
+        return self._written_through
 
     def watch(self, callback: Callable[[str, bytes | None], None]) -> None:
         """Call `callback(key, value)` (value None: deleted) on the trio thread whenever the
@@ -321,14 +337,29 @@ class ClusterTable:
         with trio.move_on_after(timeout) as scope:
             marker = Message(payload=b"", key=CATCH_UP_KEY)
             result = await self._running.producers.send(self.topic, marker, batching=False)
-            through = (result.message_id.ledger, result.message_id.entry)
-            while self._read_through is None or self._read_through < through:
-                if not self._following:
-                    log.debug("table %r: stopped before it caught up", self._name)
-                    return
-                await self._applied.wait()
+            await self._read_until((result.message_id.ledger, result.message_id.entry))
         if scope.cancelled_caught:
             log.warning("table %r: not caught up after %ss", self._name, timeout)
+
+    async def read_through(self, position: Position) -> None:
+        """Return once the reader has applied the message at `position` and all before it
+        (at once when it has; with a warning after the operation timeout): a write another
+        proxy reported confirmed is then in the dict, with no marker round trip."""
+        if self._read_through is not None and self._read_through >= position:
+            await trio.lowlevel.checkpoint()
+            return
+        timeout = self._running.operation_timeout
+        with trio.move_on_after(timeout) as scope:
+            await self._read_until(position)
+        if scope.cancelled_caught:
+            log.warning("table %r: not read through %s after %ss", self._name, position, timeout)
+
+    async def _read_until(self, position: Position) -> None:
+        while self._read_through is None or self._read_through < position:
+            if not self._following:
+                log.debug("table %r: stopped before it caught up", self._name)
+                return
+            await self._applied.wait()
 
     async def aclose(self) -> None:
         reader, self._reader = self._reader, None

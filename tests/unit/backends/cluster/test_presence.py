@@ -10,21 +10,58 @@ from contextlib import asynccontextmanager
 import trio
 
 from mop.backends.cluster.context import ClusterContext
-from mop.backends.cluster.leases import CLEAN_UP_DELAY, PRESENCE_TABLE, PROXY_PREFIX, Presence
+from mop.backends.cluster.leases import (
+    CLEAN_UP_DELAY,
+    PRESENCE_TABLE,
+    PROXY_PREFIX,
+    Frontier,
+    Presence,
+    parse_release,
+    release_value,
+)
 from mop.backends.cluster.tables import ClusterTable
 from tests.unit.backends.cluster.test_system_topics import namespace, proxy, url
 
 __all__ = ["url"]  # the module's node, shared with the tables' tests
 
 
-async def nothing() -> None:
-    await trio.lowlevel.checkpoint()
+class Tables:
+    """Stands for a proxy's session tables in step 4 of a claim: says where its own writes
+    are (`written`), and records how far it was asked to read."""
+
+    def __init__(self, written: Frontier | None = None) -> None:
+        self.own = dict(written or {})
+        self.caught_up = 0
+        self.read: list[Frontier] = []
+
+    async def catch_up(self) -> None:
+        self.caught_up += 1
+        await trio.lowlevel.checkpoint()
+
+    def written(self) -> Frontier:
+        return self.own
+
+    async def read_through(self, frontier: Frontier) -> None:
+        self.read.append(dict(frontier))
+        await trio.lowlevel.checkpoint()
+
+
+def make_presence(context: ClusterContext, table: ClusterTable, tables: Tables) -> Presence:
+    return Presence(
+        context,
+        table,
+        catch_up=tables.catch_up,
+        written=tables.written,
+        read_through=tables.read_through,
+    )
 
 
 @asynccontextmanager
-async def presence_of(context: ClusterContext) -> AsyncIterator[tuple[Presence, ClusterTable]]:
+async def presence_of(
+    context: ClusterContext, tables: Tables | None = None
+) -> AsyncIterator[tuple[Presence, ClusterTable]]:
     table = ClusterTable(PRESENCE_TABLE, tenant=context.tenant, namespace=context.namespace)
-    presence = Presence(context, table, catch_up=nothing)
+    presence = make_presence(context, table, tables or Tables())
     async with trio.open_nursery() as nursery:
         await nursery.start(table.serve, context)
         await nursery.start(presence.serve)
@@ -45,7 +82,7 @@ async def test_a_takeover_waits_for_the_holder_to_let_go(url: str) -> None:
     async with (
         proxy(url, ns) as one,
         proxy(url, ns) as two,
-        presence_of(one) as (first_proxy, _),
+        presence_of(one) as (first_proxy, first_table),
         presence_of(two) as (second_proxy, table),
     ):
         with trio.fail_after(5):
@@ -67,6 +104,9 @@ async def test_a_takeover_waits_for_the_holder_to_let_go(url: str) -> None:
         assert first.fenced and not second.fenced and second.holding
         assert let_go_at and taken_at >= let_go_at[0]
         await second.release()
+        with trio.fail_after(5):  # each proxy reads the release in its own time
+            await first_table.catch_up()
+            await table.catch_up()
         assert not first_proxy._owners and not second_proxy._owners
         # The key is deleted once nothing claimed it for a while: nothing is left per client id.
         with trio.fail_after(CLEAN_UP_DELAY + 5):
@@ -108,9 +148,14 @@ async def test_the_clients_of_a_proxy_that_said_goodbye_are_not_waited_for(url: 
 
 async def test_a_silent_proxy_is_not_waited_for_past_its_liveness(url: str) -> None:
     ns = namespace()
-    async with proxy(url, ns) as one, proxy(url, ns) as two, presence_of(two) as (second, _):
+    tables = Tables()
+    async with (
+        proxy(url, ns) as one,
+        proxy(url, ns) as two,
+        presence_of(two, tables) as (second, _),
+    ):
         table = ClusterTable(PRESENCE_TABLE, tenant=one.tenant, namespace=one.namespace)
-        dead = Presence(one, table, catch_up=nothing)
+        dead = make_presence(one, table, Tables())
         async with trio.open_nursery() as nursery:
             await nursery.start(table.serve, one)
             # A claim with no heartbeat ever after: a proxy that died at once.
@@ -120,5 +165,45 @@ async def test_a_silent_proxy_is_not_waited_for_past_its_liveness(url: str) -> N
                 taken = await second.claim("c9")
             assert taken.holding
             assert trio.current_time() - started < 2
+            # What the dead holder wrote last is unknown: the tables are read to their end.
+            assert tables.caught_up == 1 and not tables.read
             await table.aclose()
             nursery.cancel_scope.cancel()
+
+
+async def test_the_next_holder_reads_as_far_as_the_previous_one_wrote(url: str) -> None:
+    ns = namespace()
+    writer = Tables({"mqtt-sessions": (12, 7), "mqtt-qos2-flows": (3, 0)})
+    reader = Tables()
+    async with (
+        proxy(url, ns) as one,
+        proxy(url, ns) as two,
+        presence_of(one, writer) as (first_proxy, _),
+        presence_of(two, reader) as (second_proxy, _),
+    ):
+        with trio.fail_after(5):
+            first = await first_proxy.claim("c1")
+            await first.release()
+            second = await second_proxy.claim("c1")
+        assert second.holding
+        # Up to the first proxy's writes, from its release: no marker round trip.
+        assert reader.read == [{"mqtt-sessions": (12, 7), "mqtt-qos2-flows": (3, 0)}]
+        assert reader.caught_up == 0
+        # An id with no holder in view: as far as every release read so far.
+        writer.own["mqtt-sessions"] = (12, 9)
+        await second.release()
+        with trio.fail_after(5):
+            third = await first_proxy.claim("c2")
+        assert third.holding and writer.caught_up == 0
+        assert writer.read[-1] == {"mqtt-sessions": (12, 7), "mqtt-qos2-flows": (3, 0)}
+        await third.release()
+
+
+def test_a_release_carries_its_frontier() -> None:
+    frontier = {"mqtt-sessions": (12, 7), "a table with spaces": (0, 0)}
+    value = release_value("abc", frontier).decode()
+    assert parse_release(value) == ("abc", frontier)
+    assert parse_release(release_value("abc", {}).decode()) == ("abc", {})
+    # Written without one (an earlier version), or unreadable: unknown, so read to the end.
+    assert parse_release("-abc") == ("abc", None)
+    assert parse_release("-abc\nnot a position\n") == ("abc", None)
