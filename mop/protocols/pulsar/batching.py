@@ -40,6 +40,11 @@ def _string(out: bytearray, tag: int, value: str) -> None:
 _CACHE_SIZE: Final = 4096
 _encoded: dict[tuple[tuple[str, str], ...], bytes] = {}
 _decoded: dict[bytes, tuple[tuple[str, str], ...]] = {}
+# Whole member headers, decoded (properties, routing key, payload size, event time, null value);
+# only short ones, so that the cache stays small whatever the properties.
+_Header = tuple[tuple[tuple[str, str], ...], str | None, int, int, bool]
+_headers: dict[bytes, _Header] = {}
+_HEADER_CACHED: Final = 256
 
 
 def _encode_properties(properties: tuple[tuple[str, str], ...]) -> bytes:
@@ -212,57 +217,68 @@ def read_members(data: Buffer, count: int) -> list[Member]:
         for _ in range(count):
             (size,) = _U32.unpack_from(data, pos)
             pos += 4
-            start = pos
             stop = pos + size
             if stop > end:
                 raise MalformedFrame("batch entry metadata overruns the payload")
-            properties: tuple[tuple[str, str], ...] = ()
-            key: str | None = None
-            ordering: str | None = None
-            payload_size = -1
-            event_time = 0
-            null_value = null_key = False
-            while pos < stop:
-                tag, pos = read_varint(data, pos, stop)
-                if tag == 0x0A:
-                    pos, run = _properties(data, pos - 1, stop)
-                    properties = properties + run if properties else run
-                elif tag == 0x12:
-                    key, pos = _text(data, pos, stop)
-                elif tag == 0x18:
-                    payload_size, pos = read_varint(data, pos, stop)
-                elif tag == 0x28:
-                    event_time, pos = read_varint(data, pos, stop)
-                elif tag == 0x3A:
-                    length, pos = read_varint(data, pos, stop)
-                    ordering = bytes(data[pos : pos + length]).decode("utf-8", "surrogateescape")
-                    pos += length
-                elif tag == 0x48:
-                    flag, pos = read_varint(data, pos, stop)
-                    null_value = bool(flag)
-                elif tag == 0x50:
-                    flag, pos = read_varint(data, pos, stop)
-                    null_key = bool(flag)
-                else:
-                    pos = _skip(data, pos, stop, tag)
-            if pos != stop:
-                raise MalformedFrame("batch entry metadata overruns its size")
-            if payload_size < 0 or pos + payload_size > end:
+            header = bytes(data[pos:stop])
+            # Members of a stream mostly repeat their header (same properties, same size).
+            parsed = _headers.get(header)
+            if parsed is None:
+                parsed = _parse_header(header)
+                if size <= _HEADER_CACHED:
+                    if len(_headers) >= _CACHE_SIZE:
+                        _headers.clear()
+                    _headers[header] = parsed
+            properties, routing, payload_size, event_time, null_value = parsed
+            pos = stop
+            if pos + payload_size > end:
                 raise MalformedFrame("batch entry payload overruns the payload")
-            payload = bytes(data[pos : pos + payload_size])
+            payload = b"" if null_value else bytes(data[pos : pos + payload_size])
             pos += payload_size
-            members.append(
-                Member(
-                    b"" if null_value else payload,
-                    properties,
-                    None if null_key else (ordering if ordering is not None else key),
-                    event_time & _M64,
-                    null_value,
-                    bytes(data[start:stop]),
-                )
-            )
+            members.append(Member(payload, properties, routing, event_time, null_value, header))
     except struct.error:
         raise MalformedFrame("batch payload ends inside an entry header") from None
     if pos != end:
         raise MalformedFrame(f"{end - pos} bytes after the {count} entries of a batch")
     return members
+
+
+def _parse_header(header: bytes) -> _Header:
+    """(properties, routing key, payload size, event time, null value) of a member header."""
+    properties: tuple[tuple[str, str], ...] = ()
+    key: str | None = None
+    ordering: str | None = None
+    payload_size = -1
+    event_time = 0
+    null_value = null_key = False
+    pos = 0
+    stop = len(header)
+    while pos < stop:
+        tag, pos = read_varint(header, pos, stop)
+        if tag == 0x0A:
+            pos, run = _properties(header, pos - 1, stop)
+            properties = properties + run if properties else run
+        elif tag == 0x12:
+            key, pos = _text(header, pos, stop)
+        elif tag == 0x18:
+            payload_size, pos = read_varint(header, pos, stop)
+        elif tag == 0x28:
+            event_time, pos = read_varint(header, pos, stop)
+        elif tag == 0x3A:
+            length, pos = read_varint(header, pos, stop)
+            ordering = header[pos : pos + length].decode("utf-8", "surrogateescape")
+            pos += length
+        elif tag == 0x48:
+            flag, pos = read_varint(header, pos, stop)
+            null_value = bool(flag)
+        elif tag == 0x50:
+            flag, pos = read_varint(header, pos, stop)
+            null_key = bool(flag)
+        else:
+            pos = _skip(header, pos, stop, tag)
+    if pos != stop:
+        raise MalformedFrame("batch entry metadata overruns its size")
+    if payload_size < 0:
+        raise MalformedFrame("batch entry without a payload size")
+    routing = None if null_key else (ordering if ordering is not None else key)
+    return properties, routing, payload_size, event_time & _M64, null_value
