@@ -14,18 +14,16 @@ import trio
 from mop.message import MessageId
 from mop.protocols.pulsar.commands import InitialPosition, ProducerAccessMode, SubType
 from mop.protocols.pulsar.driver import (
-    ClientConsumer,
-    ClientOptions,
     ConsumerConfig,
     ProducerConfig,
     PulsarClient,
-    Received,
     ServerRefused,
     create_producer,
     subscribe,
 )
 from mop.protocols.pulsar.errors import ServerError
 from mop.testing.node import RunningNode
+from tests.e2e.pulsar.driver_support import Inbox, open_driver
 from tests.e2e.pulsar_support import receive_all, service_url
 
 pytestmark = pytest.mark.e2e
@@ -33,36 +31,8 @@ pytestmark = pytest.mark.e2e
 
 @asynccontextmanager
 async def driver(node: RunningNode, **options: float) -> AsyncIterator[PulsarClient]:
-    client = PulsarClient(service_url(node), ClientOptions("test", operation_timeout=5, **options))
-    async with trio.open_nursery() as nursery:
-        await nursery.start(client.serve)
-        try:
-            yield client
-        finally:
-            await client.aclose()
-
-
-class Inbox:
-    """A consumer's sink that keeps what it is handed, and lets a test wait for a count."""
-
-    def __init__(self) -> None:
-        self.items: list[Received] = []
-        self._changed = trio.Event()
-
-    def __call__(self, consumer: ClientConsumer, items: list[Received]) -> None:
-        self.items += items
-        self._changed.set()
-
-    async def wait_for(self, count: int, seconds: float = 5) -> list[Received]:
-        with trio.fail_after(seconds):
-            while len(self.items) < count:
-                self._changed = trio.Event()
-                await self._changed.wait()
-        return self.items
-
-    @property
-    def payloads(self) -> list[bytes]:
-        return [item.payload for item in self.items]
+    async with open_driver(service_url(node), **options) as client:
+        yield client
 
 
 async def test_batches_go_both_ways_with_pulsar_client(
