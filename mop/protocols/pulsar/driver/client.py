@@ -58,6 +58,7 @@ class ClientOptions:
         "auth_method",
         "client_version",
         "connect_timeout",
+        "keepalive",
         "operation_timeout",
     )
 
@@ -69,12 +70,15 @@ class ClientOptions:
         connect_timeout: float = 10.0,
         auth_method: str | None = None,
         auth_data: bytes | None = None,
+        keepalive: float = 30.0,
     ) -> None:
         self.client_version = client_version
         self.operation_timeout = operation_timeout
         self.connect_timeout = connect_timeout
         self.auth_method = auth_method
         self.auth_data = auth_data
+        # A connection silent this long is pinged; twice this long, it is given up as stalled.
+        self.keepalive = keepalive
 
 
 class PulsarClient:
@@ -182,7 +186,7 @@ class PulsarClient:
                     )
                 else:
                     stream = await trio.open_tcp_stream(host, port)
-                connection = BrokerConnection(stream, url)
+                connection = BrokerConnection(stream, url, keepalive=options.keepalive)
                 try:
                     await connection.handshake(
                         options.client_version,

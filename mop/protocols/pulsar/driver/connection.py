@@ -90,8 +90,11 @@ class _Pending:
 class BrokerConnection:
     """See the module docstring. Start with `await nursery.start(connection.serve)`."""
 
-    def __init__(self, stream: trio.abc.Stream, address: str) -> None:
+    def __init__(
+        self, stream: trio.abc.Stream, address: str, *, keepalive: float = KEEPALIVE
+    ) -> None:
         self.address = address
+        self.keepalive = keepalive
         self._stream = stream
         self._decoder = FrameDecoder()
         self._ids = itertools.count(1)
@@ -276,12 +279,13 @@ class BrokerConnection:
             ) from None
 
     async def _keepalive(self) -> None:
+        interval = self.keepalive
         while True:
-            await trio.sleep(KEEPALIVE)
+            await trio.sleep(interval / 2)
             silent = trio.current_time() - self._heard
-            if silent >= 2 * KEEPALIVE:
-                raise ConnectionLost(f"{self.address}: no answer for {silent:.0f} s")
-            if silent >= KEEPALIVE:
+            if silent >= 2 * interval:
+                raise ConnectionLost(f"{self.address}: no answer for {silent:.1f} s")
+            if silent >= interval:
                 self.send_command(Ping())
 
     # -- registrations ---------------------------------------------------------------------

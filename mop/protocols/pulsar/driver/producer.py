@@ -42,6 +42,7 @@ from mop.protocols.pulsar.driver.errors import (
     Unavailable,
 )
 from mop.protocols.pulsar.frames import encode_command, make_payload
+from mop.protocols.pulsar.mapping import from_id_data
 from mop.protocols.pulsar.metadata import KeyValue, MessageMetadata, Payload
 
 __all__ = ["ClientProducer", "ProducerConfig", "Ticket", "create_producer"]
@@ -131,7 +132,8 @@ class Ticket:
 
     def result(self) -> MessageId:
         """The message's id once stored; the DriverError that failed its batch otherwise.
-        Only once `done`."""
+        Only once `done`. MessageId(-1, -1) (batch index kept): stored, id unknown (it was
+        sent again after a lost receipt, and the broker had it already)."""
         batch = self._batch
         if batch.error is not None:
             raise batch.error
@@ -294,21 +296,30 @@ class ClientProducer:
 
     def on_receipt(self, receipt: SendReceipt) -> None:
         inflight = self._inflight
-        while inflight:
-            batch = inflight[0]
-            if batch.first_seq > receipt.sequence_id:
-                return  # a receipt for a batch sent again after a reconnect: done already
-            inflight.popleft()
-            if batch.first_seq == receipt.sequence_id:
-                data = receipt.message_id
-                if data is None:
-                    self._finish(batch, Unavailable(f"{self.topic}: a receipt without an id"))
-                else:
-                    batch.message_id = MessageId(data.ledger_id, data.entry_id)
-                    self._finish(batch, None)
-                return
-            # The broker answered a later batch first: this one was lost with a connection.
-            self._finish(batch, Unavailable(f"{self.topic}: the broker skipped a batch"))
+        if not inflight or receipt.sequence_id < inflight[0].first_seq:
+            return  # a receipt for a batch sent again after a reconnect: done already
+        batch = inflight[0]
+        if receipt.sequence_id > batch.first_seq:
+            # A later batch answered first: the receipt of this one was lost, so what the
+            # broker holds is unknown. The batches go again on a new connection, where the
+            # broker drops those it stored already (by sequence id) and still answers them.
+            log.warning(
+                "producer of %s: a receipt for %d while %d has none; reconnecting",
+                self.topic,
+                receipt.sequence_id,
+                batch.first_seq,
+            )
+            connection = self._connection
+            if connection is not None:
+                connection.close()
+            return
+        inflight.popleft()
+        data = receipt.message_id
+        if data is None:
+            self._finish(batch, Unavailable(f"{self.topic}: a receipt without an id"))
+        else:
+            batch.message_id = from_id_data(data)
+            self._finish(batch, None)
 
     def on_send_error(self, error: SendError) -> None:
         for batch in list(self._inflight):
