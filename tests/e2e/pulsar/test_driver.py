@@ -15,6 +15,7 @@ from mop.message import MessageId
 from mop.protocols.pulsar.commands import InitialPosition, ProducerAccessMode, SubType
 from mop.protocols.pulsar.driver import (
     ConsumerConfig,
+    MessageTooLarge,
     ProducerConfig,
     PulsarClient,
     ServerRefused,
@@ -209,3 +210,25 @@ async def test_a_reader_resumes_after_what_it_was_handed(
         assert inbox.payloads == [f"m{i}".encode() for i in range(40)]
         await producer.close()
     keeper.close()
+
+
+async def test_messages_over_the_brokers_limit_are_refused_before_sending(
+    node: RunningNode, topic: str
+) -> None:
+    """mop's broker takes 5 MiB: a larger message fails its ticket and is not sent (the
+    broker would drop the connection); large ones that fit go in batches that fit."""
+    async with driver(node) as native:
+        producer = await create_producer(native, topic)
+        inbox = Inbox()
+        await subscribe(native, topic, "sub", inbox)
+        big = await producer.send(b"x" * (6 << 20))
+        fitting = [await producer.send(bytes([i]) * (2 << 20)) for i in range(4)]
+        assert big is not None
+        with pytest.raises(MessageTooLarge):
+            await big.wait()
+        for ticket in fitting:
+            assert ticket is not None
+            await ticket.wait()
+        got = await inbox.wait_for(4, seconds=10)
+        assert [item.payload[:1] for item in got] == [bytes([i]) for i in range(4)]
+        await producer.close()

@@ -11,6 +11,11 @@ looks the topic up again, registers anew and sends again, in order, every batch 
 receipt. A producer that cannot come back (fenced, another exclusive producer, topic terminated)
 fails what it holds and every later send. Sends wait while `max_pending` messages are without a
 receipt; a batch without a receipt after `send_timeout` fails with Unavailable.
+
+No SEND carries more than the broker's `max_message_size` (from its CONNECTED) of message
+data: a batch is closed before a message would take it over, and a message that is over on
+its own is not sent (its ticket fails with MessageTooLarge), as the broker would drop the
+connection, and every producer and consumer on it, over the frame.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Final
 import trio
 
 from mop.clock import now_ms
+from mop.log_limit import LimitedLog
 from mop.message import MessageId
 from mop.protocols.pulsar.batching import send_frame, single_header
 from mop.protocols.pulsar.commands import (
@@ -38,16 +44,18 @@ from mop.protocols.pulsar.driver.connection import BrokerConnection
 from mop.protocols.pulsar.driver.errors import (
     ClientClosed,
     DriverError,
+    MessageTooLarge,
     ServerRefused,
     Unavailable,
 )
-from mop.protocols.pulsar.frames import encode_command, make_payload
+from mop.protocols.pulsar.frames import DEFAULT_MAX_MESSAGE_SIZE, encode_command, make_payload
 from mop.protocols.pulsar.mapping import from_id_data
 from mop.protocols.pulsar.metadata import KeyValue, MessageMetadata, Payload
 
 __all__ = ["ClientProducer", "ProducerConfig", "Ticket", "create_producer"]
 
 log = logging.getLogger("mop.pulsar.driver")
+_limited = LimitedLog(log)
 
 _BACKOFF_MAX: Final = 2.0
 
@@ -178,6 +186,9 @@ class ClientProducer:
         self._open: _Batch | None = None
         self._inflight: deque[_Batch] = deque()
         self._queued = 0  # messages given and still without a receipt
+        # The broker's limit on a SEND's message data (the last connection's; its default
+        # until the first).
+        self._max_size = DEFAULT_MAX_MESSAGE_SIZE
         self._room = trio.Event()
         self._lost = trio.Event()
         self._progress = trio.Event()  # set when a batch is done or the connection goes
@@ -212,9 +223,7 @@ class ClientProducer:
             await self._room.wait()
         if self._closed:
             raise self.error or ClientClosed(f"the producer of {self.topic} is closed")
-        self._queued += 1
         if deliver_at or not self.config.batching:
-            self._close_open()
             meta = MessageMetadata(
                 producer_name=self.name,
                 sequence_id=0,  # set when sent
@@ -224,20 +233,32 @@ class ClientProducer:
                 event_time=event_time or None,
                 deliver_at_time=deliver_at or None,
             )
-            batch = _Batch(make_payload(meta, payload))
+            single = make_payload(meta, payload)
+            if len(single.data) > self._max_size:
+                return self._too_large(len(single.data), ticket)
+            self._close_open()
+            self._queued += 1
+            batch = _Batch(single)
             batch.count = 1
             self._enqueue(batch)
             return Ticket(batch, -1) if ticket else None
+        header = single_header(properties, key, len(payload), event_time)
+        size = len(header) + len(payload)
+        if size > self._max_size:
+            return self._too_large(size, ticket)
         open_batch = self._open
+        if open_batch is not None and open_batch.size + size > self._max_size:
+            self._close_open()  # it would not fit: it goes as it is
+            open_batch = None
         if open_batch is None:
             open_batch = self._open = _Batch()
             if self._connection is not None:
                 self._connection.want_flush(self._producer_id, self)
-        header = single_header(properties, key, len(payload), event_time)
+        self._queued += 1
         open_batch.parts += (header, payload)
         index = open_batch.count
         open_batch.count = index + 1
-        open_batch.size += len(header) + len(payload)
+        open_batch.size += size
         config = self.config
         if (
             open_batch.count >= config.batch_max_messages
@@ -245,6 +266,19 @@ class ClientProducer:
         ):
             self._close_open()
         return Ticket(open_batch, index) if ticket else None
+
+    def _too_large(self, size: int, ticket: bool) -> Ticket | None:
+        """The outcome of a message that is not sent: over the broker's limit."""
+        error = MessageTooLarge(
+            f"a message of {size} bytes for {self.topic}: the broker takes {self._max_size} at most"
+        )
+        if not ticket:
+            _limited.warning("too-large", "%s; dropped", error)
+            return None
+        batch = _Batch()
+        batch.error = error
+        batch.done.set()
+        return Ticket(batch, -1)
 
     def flush(self) -> None:
         """Close the open batch (the connection calls this before it writes)."""
@@ -429,6 +463,7 @@ class ClientProducer:
         log.debug("producer %r of %s on %s", self.name, self.topic, connection.address)
         self._producer_id = producer_id
         self._connection = connection
+        self._max_size = connection.max_message_size
         # Everything still without a receipt goes again, in order, then the open batch.
         for batch in self._inflight:
             connection.send(self._frame(batch))

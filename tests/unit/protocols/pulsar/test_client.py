@@ -42,10 +42,14 @@ Script = Callable[[Command], list[Command]]
 
 
 @asynccontextmanager
-async def scripted_broker(script: Script) -> AsyncIterator[tuple[str, list[Command]]]:
-    """A broker on loopback that completes the handshake and answers requests by `script`;
-    yields its service URL and the requests it received (CONNECT included)."""
+async def scripted_broker(
+    script: Script, *, connected: Connected | None = None
+) -> AsyncIterator[tuple[str, list[Command]]]:
+    """A broker on loopback that completes the handshake (answering `connected`, by default
+    a plain CONNECTED) and answers requests by `script`; yields its service URL and the
+    requests it received (CONNECT included)."""
     received: list[Command] = []
+    hello = connected or Connected(server_version="scripted", protocol_version=PROTOCOL_VERSION)
 
     async def serve(stream: trio.SocketStream) -> None:
         decoder = FrameDecoder()
@@ -56,9 +60,7 @@ async def scripted_broker(script: Script) -> AsyncIterator[tuple[str, list[Comma
                     assert isinstance(frame, Command)
                     received.append(frame)
                     if isinstance(frame, Connect):
-                        answers: list[Command] = [
-                            Connected(server_version="scripted", protocol_version=PROTOCOL_VERSION)
-                        ]
+                        answers: list[Command] = [hello]
                     elif isinstance(frame, Pong):
                         answers = []
                     else:
