@@ -37,7 +37,8 @@ LATEST: Final = MessageId(LATEST_ID, LATEST_ID)
 # --- message ids ---------------------------------------------------------------------------------
 
 
-def _signed(value: int) -> int:
+def signed64(value: int) -> int:
+    """A uint64 id field read as the int64 clients keep (2**64 - 1 is -1)."""
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
@@ -45,7 +46,7 @@ def from_id_data(data: MessageIdData) -> MessageId:
     """The MessageId a client named (EARLIEST / LATEST for the special start ids)."""
     if data.ledger_id == EARLIEST_ID and data.entry_id == EARLIEST_ID:
         return EARLIEST
-    return MessageId(_signed(data.ledger_id), _signed(data.entry_id), max(-1, data.batch_index))
+    return MessageId(signed64(data.ledger_id), signed64(data.entry_id), max(-1, data.batch_index))
 
 
 def to_id_data(message_id: MessageId | None, batch_index: int | None = None) -> MessageIdData:
@@ -173,6 +174,7 @@ __all__ = [
     "entry_bytes",
     "from_id_data",
     "message_from_payload",
+    "signed64",
     "split_batch",
     "to_id_data",
 ]

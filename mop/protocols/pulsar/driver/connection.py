@@ -73,6 +73,7 @@ class Flushable(Protocol):
 
 class ConsumerHandler(Protocol):
     def on_message(self, message: Message) -> None: ...
+    def on_corrupt(self, message: Message) -> None: ...
     def on_active_change(self, active: bool) -> None: ...
     def on_closed_by_broker(self) -> None: ...
     def connection_lost(self, connection: BrokerConnection) -> None: ...
@@ -366,8 +367,12 @@ class BrokerConnection:
             if consumer is not None:
                 consumer.on_active_change(frame.is_active)
         elif kind is ChecksumMismatch:
-            # A corrupt MESSAGE: the broker sends it again once it is not acknowledged.
-            log.warning("%s: a message failed its checksum; dropped", self.address)
+            assert isinstance(frame, ChecksumMismatch)
+            corrupt = frame.command
+            if isinstance(corrupt, Message):
+                consumer = self._consumers.get(corrupt.consumer_id)
+                if consumer is not None:
+                    consumer.on_corrupt(corrupt)
         else:
             request_id = getattr(frame, "request_id", None)
             if request_id is None:

@@ -47,7 +47,7 @@ from mop.protocols.pulsar.driver.connection import BrokerConnection
 from mop.protocols.pulsar.driver.errors import ClientClosed, DriverError, ServerRefused
 from mop.protocols.pulsar.errors import PulsarError
 from mop.protocols.pulsar.frames import unacked_indexes
-from mop.protocols.pulsar.mapping import to_id_data
+from mop.protocols.pulsar.mapping import signed64, to_id_data
 from mop.protocols.pulsar.metadata import CompressionType, MessageIdData
 
 __all__ = ["ClientConsumer", "ConsumerConfig", "Received", "subscribe"]
@@ -57,6 +57,11 @@ _limited = LimitedLog(log)
 
 _BACKOFF_MAX: Final = 2.0
 _M64: Final = (1 << 64) - 1
+# Deliveries of one entry that failed their checksum before it is given up (acknowledged with
+# ValidationError.ChecksumMismatch, 2, as the Java client does at the first): corruption on
+# the way is cured by a redelivery, corruption at rest would come back forever.
+_CORRUPT_TRIES: Final = 3
+_CHECKSUM_MISMATCH: Final = 2
 
 
 class Received:
@@ -134,10 +139,6 @@ class ConsumerConfig:
         self.read_compacted = read_compacted
 
 
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
 # Refusals a consumer cannot come back from by subscribing again.
 _FATAL: Final = frozenset(
     {
@@ -188,6 +189,8 @@ class ClientConsumer:
         # handed over and not yet acknowledged. Kept across reconnects (ids do not change), so
         # an entry is acknowledged only once every member handed over is.
         self._open_batches: dict[tuple[int, int], set[int]] = {}
+        # Entries that arrived corrupt, by (ledger, entry): how many times.
+        self._corrupt: dict[tuple[int, int], int] = {}
         self._acks: list[MessageIdData] = []
         self._cumulative: MessageIdData | None = None
         self.error: DriverError | None = None
@@ -213,7 +216,9 @@ class ClientConsumer:
         assert payload is not None
         meta = payload.metadata
         data = frame.message_id
-        ledger, entry = _signed(data.ledger_id), _signed(data.entry_id)
+        ledger, entry = signed64(data.ledger_id), signed64(data.entry_id)
+        if self._corrupt:
+            self._corrupt.pop((data.ledger_id, data.entry_id), None)
         count = meta.message_count
         self._owed += count
         received: list[Received] = []
@@ -283,6 +288,44 @@ class ClientConsumer:
                 self._cumulative = MessageIdData(ledger_id=data.ledger_id, entry_id=data.entry_id)
                 self._want_flush()
             self._sink(self, received)
+        self._grant()
+
+    def on_corrupt(self, frame: Message) -> None:
+        """A MESSAGE that failed its checksum: its permit is given back and the entry asked
+        for again; after `_CORRUPT_TRIES` corrupt deliveries it is given up (logged)."""
+        connection = self._connection
+        if self._seeking or self._closed or connection is None:
+            return
+        data = frame.message_id
+        key = (data.ledger_id, data.entry_id)
+        tries = self._corrupt[key] = self._corrupt.get(key, 0) + 1
+        entry = MessageIdData(ledger_id=data.ledger_id, entry_id=data.entry_id)
+        if tries < _CORRUPT_TRIES:
+            _limited.warning(
+                "corrupt", "%s: a message failed its checksum; asked for again", self.topic
+            )
+            connection.send_command(
+                RedeliverUnacknowledgedMessages(consumer_id=self._consumer_id, message_ids=(entry,))
+            )
+        else:
+            del self._corrupt[key]
+            log.error(
+                "%s: message %d:%d failed its checksum %d times; given up",
+                self.topic,
+                signed64(data.ledger_id),
+                signed64(data.entry_id),
+                tries,
+            )
+            connection.send_command(
+                Ack(
+                    consumer_id=self._consumer_id,
+                    ack_type=AckType.Individual,
+                    message_id=(entry,),
+                    validation_error=_CHECKSUM_MISMATCH,
+                )
+            )
+        # Its metadata is not to be trusted: one permit, as for a single message.
+        self._owed += 1
         self._grant()
 
     def on_active_change(self, active: bool) -> None:
