@@ -2,18 +2,22 @@
 
 A SEND becomes a Message whose neutral fields serve every protocol and whose `wire` keeps the
 metadata block as sent, so Pulsar consumers get the very bytes the producer wrote (and its
-checksum holds). A batch becomes one entry whose `batch` lists its messages; a batch that
-cannot be split (compressed, encrypted) is kept whole, opaque to other protocols.
+checksum holds). A batch becomes one entry whose `batch` lists its messages. A compressed
+payload is stored decompressed (its metadata saying so), so that other protocols read it
+and batches split; one that cannot be (encrypted, or with metadata mop does not know) is
+kept as sent, whole and opaque to other protocols.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from typing import Final
 
 from mop.message import Message, MessageId
 from mop.protocols.pulsar.batching import read_members
 from mop.protocols.pulsar.codec import message_bytes
+from mop.protocols.pulsar.compression import UndecodablePayload, decompress
 from mop.protocols.pulsar.errors import PulsarError
 from mop.protocols.pulsar.metadata import (
     EARLIEST_ID,
@@ -81,13 +85,16 @@ def message_from_payload(payload: Payload) -> Message:
     raw = payload.raw
     (meta_size,) = _U32.unpack_from(raw, 0)
     wire = raw[4 : 4 + meta_size]
+    data = payload.data
+    if meta.compression is not CompressionType.NONE:
+        data, meta, wire = _decompressed(data, meta, wire)
     producer = meta.producer_name
     publish_time = meta.publish_time
     batch: tuple[Message, ...] = ()
     if meta.num_messages_in_batch is not None and meta.compression is CompressionType.NONE:
-        batch = split_batch(payload.data, meta.num_messages_in_batch, producer, publish_time)
+        batch = split_batch(data, meta.num_messages_in_batch, producer, publish_time)
     return Message(
-        payload=b"" if batch or meta.null_value else payload.data,
+        payload=b"" if batch or meta.null_value else data,
         properties=_pairs(meta.properties),
         key=_key(meta.partition_key, meta.ordering_key),
         producer=producer,
@@ -98,6 +105,22 @@ def message_from_payload(payload: Payload) -> Message:
         wire_format=WIRE_FORMAT,
         wire=wire,
     )
+
+
+def _decompressed(
+    data: bytes, meta: MessageMetadata, wire: bytes
+) -> tuple[bytes, MessageMetadata, bytes]:
+    """A compressed payload, its metadata and metadata block as they are stored: decompressed
+    when the metadata block holds nothing but what mop reads (it encodes again to the same
+    bytes: not encrypted, say) and the payload decompresses; as sent otherwise."""
+    if message_bytes(meta) != wire:
+        return data, meta, wire
+    try:
+        plain = decompress(data, meta.compression, meta.uncompressed_size)
+    except UndecodablePayload:
+        return data, meta, wire
+    meta = dataclasses.replace(meta, compression=CompressionType.NONE, uncompressed_size=None)
+    return plain, meta, message_bytes(meta)
 
 
 def split_batch(data: bytes, count: int, producer: str, publish_time: int) -> tuple[Message, ...]:

@@ -20,7 +20,6 @@ last message handed over, which is not handed over twice.
 from __future__ import annotations
 
 import logging
-import zlib
 from collections.abc import Callable
 from typing import Final
 
@@ -42,13 +41,14 @@ from mop.protocols.pulsar.commands import (
     SubType,
     Unsubscribe,
 )
+from mop.protocols.pulsar.compression import decompress
 from mop.protocols.pulsar.driver.client import PulsarClient, retryable
 from mop.protocols.pulsar.driver.connection import BrokerConnection
 from mop.protocols.pulsar.driver.errors import ClientClosed, DriverError, ServerRefused
 from mop.protocols.pulsar.errors import PulsarError
 from mop.protocols.pulsar.frames import unacked_indexes
 from mop.protocols.pulsar.mapping import signed64, to_id_data
-from mop.protocols.pulsar.metadata import CompressionType, MessageIdData
+from mop.protocols.pulsar.metadata import MessageIdData, Payload
 
 __all__ = ["ClientConsumer", "ConsumerConfig", "Received", "subscribe"]
 
@@ -234,7 +234,7 @@ class ClientConsumer:
                     received.append(
                         Received(
                             message_id,
-                            b"" if meta.null_value else _data(payload.data, meta.compression),
+                            b"" if meta.null_value else _plain(payload),
                             tuple((kv.key, kv.value) for kv in meta.properties),
                             key,
                             meta.publish_time,
@@ -244,7 +244,7 @@ class ClientConsumer:
                         )
                     )
             else:
-                members = read_members(_data(payload.data, meta.compression), count)
+                members = read_members(_plain(payload), count)
                 # Batch-index acks: only the members still to be delivered.
                 unacked = set(unacked_indexes(frame.ack_set, count)) if frame.ack_set else None
                 for index, member in enumerate(members):
@@ -271,7 +271,7 @@ class ClientConsumer:
                 if len(received) > 1 and not self.config.auto_ack:
                     held = self._open_batches.setdefault((ledger, entry), set())
                     held.update(item.message_id.batch_index for item in received)
-        except (PulsarError, zlib.error, ValueError) as exc:
+        except (PulsarError, ValueError) as exc:
             # Not acknowledged: it stays in the subscription's backlog for a client that can
             # read it (a Pulsar consumer with that codec), nothing is lost here.
             _limited.warning(
@@ -649,12 +649,9 @@ class ClientConsumer:
             )
 
 
-def _data(data: bytes, compression: CompressionType) -> bytes:
-    if compression is CompressionType.NONE:
-        return data
-    if compression is CompressionType.ZLIB:
-        return zlib.decompress(data)
-    raise ValueError(f"{compression.name} compression is not supported")
+def _plain(payload: Payload) -> bytes:
+    meta = payload.metadata
+    return decompress(payload.data, meta.compression, meta.uncompressed_size)
 
 
 async def subscribe(
