@@ -217,3 +217,38 @@ async def test_a_corrupt_message_gives_its_permit_back_and_is_asked_for_again() 
     assert [(i.ledger_id, i.entry_id) for i in given_up.message_id] == [(7, 1)]
     # One permit back for each corrupt delivery (and for the good one).
     assert sum(c.message_permits for c in received if isinstance(c, Flow)) == 1 + 2 + 1 + 3
+
+
+async def test_brokers_behind_a_proxy_are_reached_through_the_service_url() -> None:
+    """A lookup answer with proxy_through_service_url: the client connects to the service URL
+    again, its CONNECT naming the broker to reach, one connection per broker behind it."""
+    def proxy(command: Command) -> list[Command]:
+        if isinstance(command, Lookup):
+            broker = "pulsar://broker-a:6650" if command.topic.endswith("a") else "pulsar://b:1"
+            return [
+                LookupResponse(
+                    request_id=command.request_id,
+                    broker_service_url=broker,
+                    response=LookupType.Connect,
+                    proxy_through_service_url=True,
+                )
+            ]
+        return []
+
+    async with scripted_broker(proxy) as (url, received):
+        client = PulsarClient(url, ClientOptions("test", operation_timeout=2))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client.serve)
+            with trio.fail_after(5):
+                first = await client.lookup("persistent://public/default/a")
+                again = await client.lookup("persistent://public/default/a")
+                other = await client.lookup("persistent://public/default/b")
+            assert first is again and other is not first
+            assert first.address == other.address == url
+            await client.aclose()
+    connects = [c for c in received if isinstance(c, Connect)]
+    assert [c.proxy_to_broker_url for c in connects] == [
+        None,  # the lookups
+        "pulsar://broker-a:6650",
+        "pulsar://b:1",
+    ]
