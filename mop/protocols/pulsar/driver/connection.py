@@ -304,6 +304,17 @@ class BrokerConnection:
     def remove_consumer(self, consumer_id: int) -> None:
         self._consumers.pop(consumer_id, None)
 
+    def drop_producer(self, producer_id: int) -> None:
+        """Unregister a producer and tell the broker (CLOSE_PRODUCER), without waiting: it
+        may be registered there (an answer cut off), and must not keep exclusive access."""
+        self.remove_producer(producer_id)
+        self.send_command(CloseProducer(producer_id=producer_id, request_id=self.next_id()))
+
+    def drop_consumer(self, consumer_id: int) -> None:
+        """Unregister a consumer and tell the broker (CLOSE_CONSUMER), without waiting."""
+        self.remove_consumer(consumer_id)
+        self.send_command(CloseConsumer(consumer_id=consumer_id, request_id=self.next_id()))
+
     # -- receiving -------------------------------------------------------------------------
 
     async def _receive(self) -> None:

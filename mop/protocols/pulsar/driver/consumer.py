@@ -493,10 +493,7 @@ class ClientConsumer:
         if self._connection is not None:
             # Brokers that do not close the consumer after a seek: subscribe again all the same.
             connection = self._connection
-            connection.remove_consumer(self._consumer_id)
-            connection.send_command(
-                CloseConsumer(consumer_id=self._consumer_id, request_id=connection.next_id())
-            )
+            connection.drop_consumer(self._consumer_id)
             self._detach()
 
     async def unsubscribe(self) -> None:
@@ -534,9 +531,7 @@ class ClientConsumer:
         self.flush()
         self._stop()
         if connection is not None and not connection.closed:
-            connection.send_command(
-                CloseConsumer(consumer_id=consumer_id, request_id=connection.next_id())
-            )
+            connection.drop_consumer(consumer_id)
 
     def _stop(self) -> None:
         self._closed = True
@@ -622,18 +617,12 @@ class ClientConsumer:
                 self.client.options.operation_timeout,
             )
         except BaseException:
-            connection.remove_consumer(consumer_id)
             # The broker may subscribe it all the same (an answer cut off by a timeout or a
             # cancellation): closed right after, in order, so it holds no subscription.
-            connection.send_command(
-                CloseConsumer(consumer_id=consumer_id, request_id=connection.next_id())
-            )
+            connection.drop_consumer(consumer_id)
             raise
         if self._closed:
-            connection.remove_consumer(consumer_id)
-            connection.send_command(
-                CloseConsumer(consumer_id=consumer_id, request_id=connection.next_id())
-            )
+            connection.drop_consumer(consumer_id)
             return
         self._consumer_id = consumer_id
         self._connection = connection

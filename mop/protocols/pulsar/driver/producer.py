@@ -442,21 +442,15 @@ class ClientProducer:
                 self.client.options.operation_timeout,
             )
         except BaseException:
-            connection.remove_producer(producer_id)
             # The broker may register it all the same (an answer cut off by a timeout or a
             # cancellation): closed right after, in order, so it holds no exclusive access.
-            connection.send_command(
-                CloseProducer(producer_id=producer_id, request_id=connection.next_id())
-            )
+            connection.drop_producer(producer_id)
             raise
         if not isinstance(answer, ProducerSuccess):
             connection.remove_producer(producer_id)
             raise Unavailable(f"creating a producer for {self.topic}: {answer!r:.200}")
         if self._closed:
-            connection.remove_producer(producer_id)
-            connection.send_command(
-                CloseProducer(producer_id=producer_id, request_id=connection.next_id())
-            )
+            connection.drop_producer(producer_id)
             return
         self._epoch += 1
         self.name = answer.producer_name
@@ -518,10 +512,7 @@ class ClientProducer:
         connection, self._connection = self._connection, None
         self._lost.set()
         if connection is not None and not connection.closed:
-            connection.remove_producer(self._producer_id)
-            connection.send_command(
-                CloseProducer(producer_id=self._producer_id, request_id=connection.next_id())
-            )
+            connection.drop_producer(self._producer_id)
 
 
 def _fatal(exc: DriverError) -> bool:
