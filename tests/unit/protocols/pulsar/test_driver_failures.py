@@ -222,6 +222,7 @@ async def test_a_corrupt_message_gives_its_permit_back_and_is_asked_for_again() 
 async def test_brokers_behind_a_proxy_are_reached_through_the_service_url() -> None:
     """A lookup answer with proxy_through_service_url: the client connects to the service URL
     again, its CONNECT naming the broker to reach, one connection per broker behind it."""
+
     def proxy(command: Command) -> list[Command]:
         if isinstance(command, Lookup):
             broker = "pulsar://broker-a:6650" if command.topic.endswith("a") else "pulsar://b:1"
