@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Final
 
 from mop.processor.backend import BackendError, ProducerBusy, ProducerFenced, QuotaExceeded
-from mop.protocols.pulsar.driver import ClientClosed, ConnectionLost, DriverError, ServerRefused
+from mop.protocols.pulsar.driver import (
+    ClientClosed,
+    ConnectionLost,
+    DriverError,
+    MessageTooLarge,
+    ServerRefused,
+)
 from mop.protocols.pulsar.errors import ServerError
 
 __all__ = ["error_for"]
@@ -47,6 +53,8 @@ def error_for(exc: DriverError, what: str) -> BackendError:
         return BackendError(message, reason=_REASONS.get(exc.error, "unspecified"))
     if isinstance(exc, ClientClosed):
         return BackendError(message, reason="closed")
+    if isinstance(exc, MessageTooLarge):
+        return BackendError(message, reason="too_large")
     if isinstance(exc, ConnectionLost):
         return BackendError(message, reason="unavailable")
     return BackendError(message, reason="unavailable")

@@ -2,18 +2,22 @@
 
 A SEND becomes a Message whose neutral fields serve every protocol and whose `wire` keeps the
 metadata block as sent, so Pulsar consumers get the very bytes the producer wrote (and its
-checksum holds). A batch becomes one entry whose `batch` lists its messages; a batch that
-cannot be split (compressed, encrypted) is kept whole, opaque to other protocols.
+checksum holds). A batch becomes one entry whose `batch` lists its messages. A compressed
+payload is stored decompressed (its metadata saying so), so that other protocols read it
+and batches split; one that cannot be (encrypted, or with metadata mop does not know) is
+kept as sent, whole and opaque to other protocols.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from typing import Final
 
 from mop.message import Message, MessageId
 from mop.protocols.pulsar.batching import read_members
 from mop.protocols.pulsar.codec import message_bytes
+from mop.protocols.pulsar.compression import UndecodablePayload, decompress
 from mop.protocols.pulsar.errors import PulsarError
 from mop.protocols.pulsar.metadata import (
     EARLIEST_ID,
@@ -37,7 +41,8 @@ LATEST: Final = MessageId(LATEST_ID, LATEST_ID)
 # --- message ids ---------------------------------------------------------------------------------
 
 
-def _signed(value: int) -> int:
+def signed64(value: int) -> int:
+    """A uint64 id field read as the int64 clients keep (2**64 - 1 is -1)."""
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
@@ -45,7 +50,7 @@ def from_id_data(data: MessageIdData) -> MessageId:
     """The MessageId a client named (EARLIEST / LATEST for the special start ids)."""
     if data.ledger_id == EARLIEST_ID and data.entry_id == EARLIEST_ID:
         return EARLIEST
-    return MessageId(_signed(data.ledger_id), _signed(data.entry_id), max(-1, data.batch_index))
+    return MessageId(signed64(data.ledger_id), signed64(data.entry_id), max(-1, data.batch_index))
 
 
 def to_id_data(message_id: MessageId | None, batch_index: int | None = None) -> MessageIdData:
@@ -80,13 +85,16 @@ def message_from_payload(payload: Payload) -> Message:
     raw = payload.raw
     (meta_size,) = _U32.unpack_from(raw, 0)
     wire = raw[4 : 4 + meta_size]
+    data = payload.data
+    if meta.compression is not CompressionType.NONE:
+        data, meta, wire = _decompressed(data, meta, wire)
     producer = meta.producer_name
     publish_time = meta.publish_time
     batch: tuple[Message, ...] = ()
     if meta.num_messages_in_batch is not None and meta.compression is CompressionType.NONE:
-        batch = split_batch(payload.data, meta.num_messages_in_batch, producer, publish_time)
+        batch = split_batch(data, meta.num_messages_in_batch, producer, publish_time)
     return Message(
-        payload=b"" if batch or meta.null_value else payload.data,
+        payload=b"" if batch or meta.null_value else data,
         properties=_pairs(meta.properties),
         key=_key(meta.partition_key, meta.ordering_key),
         producer=producer,
@@ -97,6 +105,22 @@ def message_from_payload(payload: Payload) -> Message:
         wire_format=WIRE_FORMAT,
         wire=wire,
     )
+
+
+def _decompressed(
+    data: bytes, meta: MessageMetadata, wire: bytes
+) -> tuple[bytes, MessageMetadata, bytes]:
+    """A compressed payload, its metadata and metadata block as they are stored: decompressed
+    when the metadata block holds nothing but what mop reads (it encodes again to the same
+    bytes: not encrypted, say) and the payload decompresses; as sent otherwise."""
+    if message_bytes(meta) != wire:
+        return data, meta, wire
+    try:
+        plain = decompress(data, meta.compression, meta.uncompressed_size)
+    except UndecodablePayload:
+        return data, meta, wire
+    meta = dataclasses.replace(meta, compression=CompressionType.NONE, uncompressed_size=None)
+    return plain, meta, message_bytes(meta)
 
 
 def split_batch(data: bytes, count: int, producer: str, publish_time: int) -> tuple[Message, ...]:
@@ -173,6 +197,7 @@ __all__ = [
     "entry_bytes",
     "from_id_data",
     "message_from_payload",
+    "signed64",
     "split_batch",
     "to_id_data",
 ]

@@ -14,18 +14,17 @@ import trio
 from mop.message import MessageId
 from mop.protocols.pulsar.commands import InitialPosition, ProducerAccessMode, SubType
 from mop.protocols.pulsar.driver import (
-    ClientConsumer,
-    ClientOptions,
     ConsumerConfig,
+    MessageTooLarge,
     ProducerConfig,
     PulsarClient,
-    Received,
     ServerRefused,
     create_producer,
     subscribe,
 )
 from mop.protocols.pulsar.errors import ServerError
 from mop.testing.node import RunningNode
+from tests.e2e.pulsar.driver_support import Inbox, open_driver
 from tests.e2e.pulsar_support import receive_all, service_url
 
 pytestmark = pytest.mark.e2e
@@ -33,36 +32,8 @@ pytestmark = pytest.mark.e2e
 
 @asynccontextmanager
 async def driver(node: RunningNode, **options: float) -> AsyncIterator[PulsarClient]:
-    client = PulsarClient(service_url(node), ClientOptions("test", operation_timeout=5, **options))
-    async with trio.open_nursery() as nursery:
-        await nursery.start(client.serve)
-        try:
-            yield client
-        finally:
-            await client.aclose()
-
-
-class Inbox:
-    """A consumer's sink that keeps what it is handed, and lets a test wait for a count."""
-
-    def __init__(self) -> None:
-        self.items: list[Received] = []
-        self._changed = trio.Event()
-
-    def __call__(self, consumer: ClientConsumer, items: list[Received]) -> None:
-        self.items += items
-        self._changed.set()
-
-    async def wait_for(self, count: int, seconds: float = 5) -> list[Received]:
-        with trio.fail_after(seconds):
-            while len(self.items) < count:
-                self._changed = trio.Event()
-                await self._changed.wait()
-        return self.items
-
-    @property
-    def payloads(self) -> list[bytes]:
-        return [item.payload for item in self.items]
+    async with open_driver(service_url(node), **options) as client:
+        yield client
 
 
 async def test_batches_go_both_ways_with_pulsar_client(
@@ -239,3 +210,25 @@ async def test_a_reader_resumes_after_what_it_was_handed(
         assert inbox.payloads == [f"m{i}".encode() for i in range(40)]
         await producer.close()
     keeper.close()
+
+
+async def test_messages_over_the_brokers_limit_are_refused_before_sending(
+    node: RunningNode, topic: str
+) -> None:
+    """mop's broker takes 5 MiB: a larger message fails its ticket and is not sent (the
+    broker would drop the connection); large ones that fit go in batches that fit."""
+    async with driver(node) as native:
+        producer = await create_producer(native, topic)
+        inbox = Inbox()
+        await subscribe(native, topic, "sub", inbox)
+        big = await producer.send(b"x" * (6 << 20))
+        fitting = [await producer.send(bytes([i]) * (2 << 20)) for i in range(4)]
+        assert big is not None
+        with pytest.raises(MessageTooLarge):
+            await big.wait()
+        for ticket in fitting:
+            assert ticket is not None
+            await ticket.wait()
+        got = await inbox.wait_for(4, seconds=10)
+        assert [item.payload[:1] for item in got] == [bytes([i]) for i in range(4)]
+        await producer.close()

@@ -12,6 +12,7 @@ from mop.protocols.pulsar.driver.errors import (
     ClientClosed,
     ConnectionLost,
     DriverError,
+    MessageTooLarge,
     ServerRefused,
     Unavailable,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "ConnectionLost",
     "ConsumerConfig",
     "DriverError",
+    "MessageTooLarge",
     "ProducerConfig",
     "PulsarClient",
     "Received",

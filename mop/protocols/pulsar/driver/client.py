@@ -58,6 +58,7 @@ class ClientOptions:
         "auth_method",
         "client_version",
         "connect_timeout",
+        "keepalive",
         "operation_timeout",
     )
 
@@ -69,12 +70,15 @@ class ClientOptions:
         connect_timeout: float = 10.0,
         auth_method: str | None = None,
         auth_data: bytes | None = None,
+        keepalive: float = 30.0,
     ) -> None:
         self.client_version = client_version
         self.operation_timeout = operation_timeout
         self.connect_timeout = connect_timeout
         self.auth_method = auth_method
         self.auth_data = auth_data
+        # A connection silent this long is pinged; twice this long, it is given up as stalled.
+        self.keepalive = keepalive
 
 
 class PulsarClient:
@@ -86,8 +90,9 @@ class PulsarClient:
         # ValueError for a URL that is not pulsar:// or pulsar+ssl://
         self._addresses, self._tls = service_addresses(service_url)
         self.options = options
-        self._connections: dict[str, BrokerConnection] = {}
-        self._connecting: dict[str, trio.Event] = {}
+        # By (address connected to, broker a proxy there is asked to reach, or None).
+        self._connections: dict[tuple[str, str | None], BrokerConnection] = {}
+        self._connecting: dict[tuple[str, str | None], trio.Event] = {}
         self._next_address = itertools.cycle(range(len(self._addresses)))
         self._nursery: trio.Nursery | None = None
         self._closed = False
@@ -144,29 +149,32 @@ class PulsarClient:
 
     # -- connections -----------------------------------------------------------------------
 
-    async def connection(self, url: str) -> BrokerConnection:
-        """The connection to the broker at `url` (`pulsar://host:port`), opened on first use."""
+    async def connection(self, url: str, proxy_to: str | None = None) -> BrokerConnection:
+        """The connection to the broker at `url` (`pulsar://host:port`), opened on first use.
+        With `proxy_to`, `url` is a Pulsar proxy, asked in CONNECT to reach that broker (one
+        connection per broker behind it)."""
+        key = (url, proxy_to)
         while True:
             if self._closed:
                 raise ClientClosed("the client is closed")
-            existing = self._connections.get(url)
+            existing = self._connections.get(key)
             if existing is not None and not existing.closed:
                 await trio.lowlevel.checkpoint()
                 return existing
-            opening = self._connecting.get(url)
+            opening = self._connecting.get(key)
             if opening is None:
                 break
             await opening.wait()
-        opening = self._connecting[url] = trio.Event()
+        opening = self._connecting[key] = trio.Event()
         try:
-            connection = await self._open(url)
-            self._connections[url] = connection
+            connection = await self._open(url, proxy_to)
+            self._connections[key] = connection
             return connection
         finally:
-            del self._connecting[url]
+            del self._connecting[key]
             opening.set()
 
-    async def _open(self, url: str) -> BrokerConnection:
+    async def _open(self, url: str, proxy_to: str | None) -> BrokerConnection:
         try:
             addresses, _tls = service_addresses(url)
         except ValueError as exc:
@@ -182,12 +190,13 @@ class PulsarClient:
                     )
                 else:
                     stream = await trio.open_tcp_stream(host, port)
-                connection = BrokerConnection(stream, url)
+                connection = BrokerConnection(stream, url, keepalive=options.keepalive)
                 try:
                     await connection.handshake(
                         options.client_version,
                         auth_method=options.auth_method,
                         auth_data=options.auth_data,
+                        proxy_to_broker_url=proxy_to,
                     )
                 except BaseException:
                     with trio.CancelScope(shield=True):
@@ -205,7 +214,12 @@ class PulsarClient:
         if self._closed:  # it stopped meanwhile: this one goes with the others
             connection.close()
             raise ClientClosed("the client is closed")
-        log.debug("connected to %s (%s)", url, connection.server_version or "unnamed broker")
+        log.debug(
+            "connected to %s%s (%s)",
+            url,
+            f" for {proxy_to}" if proxy_to else "",
+            connection.server_version or "unnamed broker",
+        )
         return connection
 
     async def _service_connection(self) -> BrokerConnection:
@@ -228,7 +242,7 @@ class PulsarClient:
         return await self.retrying(f"lookup of {topic}", lambda: self._lookup_once(topic))
 
     async def _lookup_once(self, topic: str) -> BrokerConnection:
-        connection = await self._service_connection()
+        service = connection = await self._service_connection()
         authoritative = False
         for _ in range(MAX_REDIRECTS):
             answer = await connection.request(
@@ -246,9 +260,14 @@ class PulsarClient:
             url = url or answer.broker_service_url
             if not url:
                 raise Unavailable(f"lookup of {topic}: no broker URL in the answer")
+            # Brokers behind a Pulsar proxy: reached through the service URL, the proxy told
+            # in CONNECT which broker to reach.
+            if answer.proxy_through_service_url:
+                connection = await self.connection(service.address, proxy_to=url)
+            else:
+                connection = await self.connection(url)
             if answer.response is LookupType.Connect:
-                return await self.connection(url)
-            connection = await self.connection(url)
+                return connection
             authoritative = answer.authoritative
         raise Unavailable(f"lookup of {topic}: more than {MAX_REDIRECTS} redirects")
 

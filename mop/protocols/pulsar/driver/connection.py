@@ -73,6 +73,7 @@ class Flushable(Protocol):
 
 class ConsumerHandler(Protocol):
     def on_message(self, message: Message) -> None: ...
+    def on_corrupt(self, message: Message) -> None: ...
     def on_active_change(self, active: bool) -> None: ...
     def on_closed_by_broker(self) -> None: ...
     def connection_lost(self, connection: BrokerConnection) -> None: ...
@@ -90,8 +91,11 @@ class _Pending:
 class BrokerConnection:
     """See the module docstring. Start with `await nursery.start(connection.serve)`."""
 
-    def __init__(self, stream: trio.abc.Stream, address: str) -> None:
+    def __init__(
+        self, stream: trio.abc.Stream, address: str, *, keepalive: float = KEEPALIVE
+    ) -> None:
         self.address = address
+        self.keepalive = keepalive
         self._stream = stream
         self._decoder = FrameDecoder()
         self._ids = itertools.count(1)
@@ -276,12 +280,13 @@ class BrokerConnection:
             ) from None
 
     async def _keepalive(self) -> None:
+        interval = self.keepalive
         while True:
-            await trio.sleep(KEEPALIVE)
+            await trio.sleep(interval / 2)
             silent = trio.current_time() - self._heard
-            if silent >= 2 * KEEPALIVE:
-                raise ConnectionLost(f"{self.address}: no answer for {silent:.0f} s")
-            if silent >= KEEPALIVE:
+            if silent >= 2 * interval:
+                raise ConnectionLost(f"{self.address}: no answer for {silent:.1f} s")
+            if silent >= interval:
                 self.send_command(Ping())
 
     # -- registrations ---------------------------------------------------------------------
@@ -298,6 +303,17 @@ class BrokerConnection:
 
     def remove_consumer(self, consumer_id: int) -> None:
         self._consumers.pop(consumer_id, None)
+
+    def drop_producer(self, producer_id: int) -> None:
+        """Unregister a producer and tell the broker (CLOSE_PRODUCER), without waiting: it
+        may be registered there (an answer cut off), and must not keep exclusive access."""
+        self.remove_producer(producer_id)
+        self.send_command(CloseProducer(producer_id=producer_id, request_id=self.next_id()))
+
+    def drop_consumer(self, consumer_id: int) -> None:
+        """Unregister a consumer and tell the broker (CLOSE_CONSUMER), without waiting."""
+        self.remove_consumer(consumer_id)
+        self.send_command(CloseConsumer(consumer_id=consumer_id, request_id=self.next_id()))
 
     # -- receiving -------------------------------------------------------------------------
 
@@ -362,8 +378,12 @@ class BrokerConnection:
             if consumer is not None:
                 consumer.on_active_change(frame.is_active)
         elif kind is ChecksumMismatch:
-            # A corrupt MESSAGE: the broker sends it again once it is not acknowledged.
-            log.warning("%s: a message failed its checksum; dropped", self.address)
+            assert isinstance(frame, ChecksumMismatch)
+            corrupt = frame.command
+            if isinstance(corrupt, Message):
+                consumer = self._consumers.get(corrupt.consumer_id)
+                if consumer is not None:
+                    consumer.on_corrupt(corrupt)
         else:
             request_id = getattr(frame, "request_id", None)
             if request_id is None:

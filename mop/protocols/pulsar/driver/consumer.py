@@ -20,7 +20,6 @@ last message handed over, which is not handed over twice.
 from __future__ import annotations
 
 import logging
-import zlib
 from collections.abc import Callable
 from typing import Final
 
@@ -42,13 +41,14 @@ from mop.protocols.pulsar.commands import (
     SubType,
     Unsubscribe,
 )
+from mop.protocols.pulsar.compression import decompress
 from mop.protocols.pulsar.driver.client import PulsarClient, retryable
 from mop.protocols.pulsar.driver.connection import BrokerConnection
 from mop.protocols.pulsar.driver.errors import ClientClosed, DriverError, ServerRefused
 from mop.protocols.pulsar.errors import PulsarError
 from mop.protocols.pulsar.frames import unacked_indexes
-from mop.protocols.pulsar.mapping import to_id_data
-from mop.protocols.pulsar.metadata import CompressionType, MessageIdData
+from mop.protocols.pulsar.mapping import signed64, to_id_data
+from mop.protocols.pulsar.metadata import MessageIdData, Payload
 
 __all__ = ["ClientConsumer", "ConsumerConfig", "Received", "subscribe"]
 
@@ -57,6 +57,11 @@ _limited = LimitedLog(log)
 
 _BACKOFF_MAX: Final = 2.0
 _M64: Final = (1 << 64) - 1
+# Deliveries of one entry that failed their checksum before it is given up (acknowledged with
+# ValidationError.ChecksumMismatch, 2, as the Java client does at the first): corruption on
+# the way is cured by a redelivery, corruption at rest would come back forever.
+_CORRUPT_TRIES: Final = 3
+_CHECKSUM_MISMATCH: Final = 2
 
 
 class Received:
@@ -134,10 +139,6 @@ class ConsumerConfig:
         self.read_compacted = read_compacted
 
 
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
 # Refusals a consumer cannot come back from by subscribing again.
 _FATAL: Final = frozenset(
     {
@@ -188,6 +189,8 @@ class ClientConsumer:
         # handed over and not yet acknowledged. Kept across reconnects (ids do not change), so
         # an entry is acknowledged only once every member handed over is.
         self._open_batches: dict[tuple[int, int], set[int]] = {}
+        # Entries that arrived corrupt, by (ledger, entry): how many times.
+        self._corrupt: dict[tuple[int, int], int] = {}
         self._acks: list[MessageIdData] = []
         self._cumulative: MessageIdData | None = None
         self.error: DriverError | None = None
@@ -213,7 +216,9 @@ class ClientConsumer:
         assert payload is not None
         meta = payload.metadata
         data = frame.message_id
-        ledger, entry = _signed(data.ledger_id), _signed(data.entry_id)
+        ledger, entry = signed64(data.ledger_id), signed64(data.entry_id)
+        if self._corrupt:
+            self._corrupt.pop((data.ledger_id, data.entry_id), None)
         count = meta.message_count
         self._owed += count
         received: list[Received] = []
@@ -229,7 +234,7 @@ class ClientConsumer:
                     received.append(
                         Received(
                             message_id,
-                            b"" if meta.null_value else _data(payload.data, meta.compression),
+                            b"" if meta.null_value else _plain(payload),
                             tuple((kv.key, kv.value) for kv in meta.properties),
                             key,
                             meta.publish_time,
@@ -239,7 +244,7 @@ class ClientConsumer:
                         )
                     )
             else:
-                members = read_members(_data(payload.data, meta.compression), count)
+                members = read_members(_plain(payload), count)
                 # Batch-index acks: only the members still to be delivered.
                 unacked = set(unacked_indexes(frame.ack_set, count)) if frame.ack_set else None
                 for index, member in enumerate(members):
@@ -266,7 +271,7 @@ class ClientConsumer:
                 if len(received) > 1 and not self.config.auto_ack:
                     held = self._open_batches.setdefault((ledger, entry), set())
                     held.update(item.message_id.batch_index for item in received)
-        except (PulsarError, zlib.error, ValueError) as exc:
+        except (PulsarError, ValueError) as exc:
             # Not acknowledged: it stays in the subscription's backlog for a client that can
             # read it (a Pulsar consumer with that codec), nothing is lost here.
             _limited.warning(
@@ -283,6 +288,44 @@ class ClientConsumer:
                 self._cumulative = MessageIdData(ledger_id=data.ledger_id, entry_id=data.entry_id)
                 self._want_flush()
             self._sink(self, received)
+        self._grant()
+
+    def on_corrupt(self, frame: Message) -> None:
+        """A MESSAGE that failed its checksum: its permit is given back and the entry asked
+        for again; after `_CORRUPT_TRIES` corrupt deliveries it is given up (logged)."""
+        connection = self._connection
+        if self._seeking or self._closed or connection is None:
+            return
+        data = frame.message_id
+        key = (data.ledger_id, data.entry_id)
+        tries = self._corrupt[key] = self._corrupt.get(key, 0) + 1
+        entry = MessageIdData(ledger_id=data.ledger_id, entry_id=data.entry_id)
+        if tries < _CORRUPT_TRIES:
+            _limited.warning(
+                "corrupt", "%s: a message failed its checksum; asked for again", self.topic
+            )
+            connection.send_command(
+                RedeliverUnacknowledgedMessages(consumer_id=self._consumer_id, message_ids=(entry,))
+            )
+        else:
+            del self._corrupt[key]
+            log.error(
+                "%s: message %d:%d failed its checksum %d times; given up",
+                self.topic,
+                signed64(data.ledger_id),
+                signed64(data.entry_id),
+                tries,
+            )
+            connection.send_command(
+                Ack(
+                    consumer_id=self._consumer_id,
+                    ack_type=AckType.Individual,
+                    message_id=(entry,),
+                    validation_error=_CHECKSUM_MISMATCH,
+                )
+            )
+        # Its metadata is not to be trusted: one permit, as for a single message.
+        self._owed += 1
         self._grant()
 
     def on_active_change(self, active: bool) -> None:
@@ -450,10 +493,7 @@ class ClientConsumer:
         if self._connection is not None:
             # Brokers that do not close the consumer after a seek: subscribe again all the same.
             connection = self._connection
-            connection.remove_consumer(self._consumer_id)
-            connection.send_command(
-                CloseConsumer(consumer_id=self._consumer_id, request_id=connection.next_id())
-            )
+            connection.drop_consumer(self._consumer_id)
             self._detach()
 
     async def unsubscribe(self) -> None:
@@ -491,9 +531,7 @@ class ClientConsumer:
         self.flush()
         self._stop()
         if connection is not None and not connection.closed:
-            connection.send_command(
-                CloseConsumer(consumer_id=consumer_id, request_id=connection.next_id())
-            )
+            connection.drop_consumer(consumer_id)
 
     def _stop(self) -> None:
         self._closed = True
@@ -579,18 +617,12 @@ class ClientConsumer:
                 self.client.options.operation_timeout,
             )
         except BaseException:
-            connection.remove_consumer(consumer_id)
             # The broker may subscribe it all the same (an answer cut off by a timeout or a
             # cancellation): closed right after, in order, so it holds no subscription.
-            connection.send_command(
-                CloseConsumer(consumer_id=consumer_id, request_id=connection.next_id())
-            )
+            connection.drop_consumer(consumer_id)
             raise
         if self._closed:
-            connection.remove_consumer(consumer_id)
-            connection.send_command(
-                CloseConsumer(consumer_id=consumer_id, request_id=connection.next_id())
-            )
+            connection.drop_consumer(consumer_id)
             return
         self._consumer_id = consumer_id
         self._connection = connection
@@ -606,12 +638,9 @@ class ClientConsumer:
             )
 
 
-def _data(data: bytes, compression: CompressionType) -> bytes:
-    if compression is CompressionType.NONE:
-        return data
-    if compression is CompressionType.ZLIB:
-        return zlib.decompress(data)
-    raise ValueError(f"{compression.name} compression is not supported")
+def _plain(payload: Payload) -> bytes:
+    meta = payload.metadata
+    return decompress(payload.data, meta.compression, meta.uncompressed_size)
 
 
 async def subscribe(

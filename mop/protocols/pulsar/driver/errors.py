@@ -1,11 +1,19 @@
 """What goes wrong for a `PulsarClient`: a connection lost, a broker's refusal (with its
-`ServerError`), a broker that cannot be found or reached, an operation on something closed."""
+`ServerError`), a broker that cannot be found or reached, a message too large to send, an
+operation on something closed."""
 
 from __future__ import annotations
 
 from mop.protocols.pulsar.errors import ServerError
 
-__all__ = ["ClientClosed", "ConnectionLost", "DriverError", "ServerRefused", "Unavailable"]
+__all__ = [
+    "ClientClosed",
+    "ConnectionLost",
+    "DriverError",
+    "MessageTooLarge",
+    "ServerRefused",
+    "Unavailable",
+]
 
 
 class DriverError(Exception):
@@ -23,6 +31,11 @@ class Unavailable(DriverError):
 
 class ClientClosed(DriverError):
     """The producer, consumer or client was closed."""
+
+
+class MessageTooLarge(DriverError):
+    """A message larger than the broker takes (the `max_message_size` of its CONNECTED): it
+    is not sent, since the broker would drop the connection over it."""
 
 
 class ServerRefused(DriverError):

@@ -11,6 +11,11 @@ looks the topic up again, registers anew and sends again, in order, every batch 
 receipt. A producer that cannot come back (fenced, another exclusive producer, topic terminated)
 fails what it holds and every later send. Sends wait while `max_pending` messages are without a
 receipt; a batch without a receipt after `send_timeout` fails with Unavailable.
+
+No SEND carries more than the broker's `max_message_size` (from its CONNECTED) of message
+data: a batch is closed before a message would take it over, and a message that is over on
+its own is not sent (its ticket fails with MessageTooLarge), as the broker would drop the
+connection, and every producer and consumer on it, over the frame.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Final
 import trio
 
 from mop.clock import now_ms
+from mop.log_limit import LimitedLog
 from mop.message import MessageId
 from mop.protocols.pulsar.batching import send_frame, single_header
 from mop.protocols.pulsar.commands import (
@@ -38,15 +44,18 @@ from mop.protocols.pulsar.driver.connection import BrokerConnection
 from mop.protocols.pulsar.driver.errors import (
     ClientClosed,
     DriverError,
+    MessageTooLarge,
     ServerRefused,
     Unavailable,
 )
-from mop.protocols.pulsar.frames import encode_command, make_payload
+from mop.protocols.pulsar.frames import DEFAULT_MAX_MESSAGE_SIZE, encode_command, make_payload
+from mop.protocols.pulsar.mapping import from_id_data
 from mop.protocols.pulsar.metadata import KeyValue, MessageMetadata, Payload
 
 __all__ = ["ClientProducer", "ProducerConfig", "Ticket", "create_producer"]
 
 log = logging.getLogger("mop.pulsar.driver")
+_limited = LimitedLog(log)
 
 _BACKOFF_MAX: Final = 2.0
 
@@ -131,7 +140,8 @@ class Ticket:
 
     def result(self) -> MessageId:
         """The message's id once stored; the DriverError that failed its batch otherwise.
-        Only once `done`."""
+        Only once `done`. MessageId(-1, -1) (batch index kept): stored, id unknown (it was
+        sent again after a lost receipt, and the broker had it already)."""
         batch = self._batch
         if batch.error is not None:
             raise batch.error
@@ -176,6 +186,9 @@ class ClientProducer:
         self._open: _Batch | None = None
         self._inflight: deque[_Batch] = deque()
         self._queued = 0  # messages given and still without a receipt
+        # The broker's limit on a SEND's message data (the last connection's; its default
+        # until the first).
+        self._max_size = DEFAULT_MAX_MESSAGE_SIZE
         self._room = trio.Event()
         self._lost = trio.Event()
         self._progress = trio.Event()  # set when a batch is done or the connection goes
@@ -210,9 +223,7 @@ class ClientProducer:
             await self._room.wait()
         if self._closed:
             raise self.error or ClientClosed(f"the producer of {self.topic} is closed")
-        self._queued += 1
         if deliver_at or not self.config.batching:
-            self._close_open()
             meta = MessageMetadata(
                 producer_name=self.name,
                 sequence_id=0,  # set when sent
@@ -222,20 +233,32 @@ class ClientProducer:
                 event_time=event_time or None,
                 deliver_at_time=deliver_at or None,
             )
-            batch = _Batch(make_payload(meta, payload))
+            single = make_payload(meta, payload)
+            if len(single.data) > self._max_size:
+                return self._too_large(len(single.data), ticket)
+            self._close_open()
+            self._queued += 1
+            batch = _Batch(single)
             batch.count = 1
             self._enqueue(batch)
             return Ticket(batch, -1) if ticket else None
+        header = single_header(properties, key, len(payload), event_time)
+        size = len(header) + len(payload)
+        if size > self._max_size:
+            return self._too_large(size, ticket)
         open_batch = self._open
+        if open_batch is not None and open_batch.size + size > self._max_size:
+            self._close_open()  # it would not fit: it goes as it is
+            open_batch = None
         if open_batch is None:
             open_batch = self._open = _Batch()
             if self._connection is not None:
                 self._connection.want_flush(self._producer_id, self)
-        header = single_header(properties, key, len(payload), event_time)
+        self._queued += 1
         open_batch.parts += (header, payload)
         index = open_batch.count
         open_batch.count = index + 1
-        open_batch.size += len(header) + len(payload)
+        open_batch.size += size
         config = self.config
         if (
             open_batch.count >= config.batch_max_messages
@@ -243,6 +266,19 @@ class ClientProducer:
         ):
             self._close_open()
         return Ticket(open_batch, index) if ticket else None
+
+    def _too_large(self, size: int, ticket: bool) -> Ticket | None:
+        """The outcome of a message that is not sent: over the broker's limit."""
+        error = MessageTooLarge(
+            f"a message of {size} bytes for {self.topic}: the broker takes {self._max_size} at most"
+        )
+        if not ticket:
+            _limited.warning("too-large", "%s; dropped", error)
+            return None
+        batch = _Batch()
+        batch.error = error
+        batch.done.set()
+        return Ticket(batch, -1)
 
     def flush(self) -> None:
         """Close the open batch (the connection calls this before it writes)."""
@@ -294,21 +330,30 @@ class ClientProducer:
 
     def on_receipt(self, receipt: SendReceipt) -> None:
         inflight = self._inflight
-        while inflight:
-            batch = inflight[0]
-            if batch.first_seq > receipt.sequence_id:
-                return  # a receipt for a batch sent again after a reconnect: done already
-            inflight.popleft()
-            if batch.first_seq == receipt.sequence_id:
-                data = receipt.message_id
-                if data is None:
-                    self._finish(batch, Unavailable(f"{self.topic}: a receipt without an id"))
-                else:
-                    batch.message_id = MessageId(data.ledger_id, data.entry_id)
-                    self._finish(batch, None)
-                return
-            # The broker answered a later batch first: this one was lost with a connection.
-            self._finish(batch, Unavailable(f"{self.topic}: the broker skipped a batch"))
+        if not inflight or receipt.sequence_id < inflight[0].first_seq:
+            return  # a receipt for a batch sent again after a reconnect: done already
+        batch = inflight[0]
+        if receipt.sequence_id > batch.first_seq:
+            # A later batch answered first: the receipt of this one was lost, so what the
+            # broker holds is unknown. The batches go again on a new connection, where the
+            # broker drops those it stored already (by sequence id) and still answers them.
+            log.warning(
+                "producer of %s: a receipt for %d while %d has none; reconnecting",
+                self.topic,
+                receipt.sequence_id,
+                batch.first_seq,
+            )
+            connection = self._connection
+            if connection is not None:
+                connection.close()
+            return
+        inflight.popleft()
+        data = receipt.message_id
+        if data is None:
+            self._finish(batch, Unavailable(f"{self.topic}: a receipt without an id"))
+        else:
+            batch.message_id = from_id_data(data)
+            self._finish(batch, None)
 
     def on_send_error(self, error: SendError) -> None:
         for batch in list(self._inflight):
@@ -397,27 +442,22 @@ class ClientProducer:
                 self.client.options.operation_timeout,
             )
         except BaseException:
-            connection.remove_producer(producer_id)
             # The broker may register it all the same (an answer cut off by a timeout or a
             # cancellation): closed right after, in order, so it holds no exclusive access.
-            connection.send_command(
-                CloseProducer(producer_id=producer_id, request_id=connection.next_id())
-            )
+            connection.drop_producer(producer_id)
             raise
         if not isinstance(answer, ProducerSuccess):
             connection.remove_producer(producer_id)
             raise Unavailable(f"creating a producer for {self.topic}: {answer!r:.200}")
         if self._closed:
-            connection.remove_producer(producer_id)
-            connection.send_command(
-                CloseProducer(producer_id=producer_id, request_id=connection.next_id())
-            )
+            connection.drop_producer(producer_id)
             return
         self._epoch += 1
         self.name = answer.producer_name
         log.debug("producer %r of %s on %s", self.name, self.topic, connection.address)
         self._producer_id = producer_id
         self._connection = connection
+        self._max_size = connection.max_message_size
         # Everything still without a receipt goes again, in order, then the open batch.
         for batch in self._inflight:
             connection.send(self._frame(batch))
@@ -472,10 +512,7 @@ class ClientProducer:
         connection, self._connection = self._connection, None
         self._lost.set()
         if connection is not None and not connection.closed:
-            connection.remove_producer(self._producer_id)
-            connection.send_command(
-                CloseProducer(producer_id=self._producer_id, request_id=connection.next_id())
-            )
+            connection.drop_producer(self._producer_id)
 
 
 def _fatal(exc: DriverError) -> bool:

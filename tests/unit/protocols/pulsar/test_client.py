@@ -4,7 +4,7 @@ apart."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 
@@ -37,15 +37,19 @@ from mop.protocols.pulsar.commands import (
 from mop.protocols.pulsar.errors import ServerError
 from mop.protocols.pulsar.frames import FrameDecoder, NeedData, encode_command
 
-# A scripted broker answers each request with the commands this returns.
-Script = Callable[[Command], list[Command]]
+# A scripted broker answers each request with the commands this returns (or frames as bytes).
+Script = Callable[[Command], Sequence[Command | bytes]]
 
 
 @asynccontextmanager
-async def scripted_broker(script: Script) -> AsyncIterator[tuple[str, list[Command]]]:
-    """A broker on loopback that completes the handshake and answers requests by `script`;
-    yields its service URL and the requests it received (CONNECT included)."""
+async def scripted_broker(
+    script: Script, *, connected: Connected | None = None
+) -> AsyncIterator[tuple[str, list[Command]]]:
+    """A broker on loopback that completes the handshake (answering `connected`, by default
+    a plain CONNECTED) and answers requests by `script`; yields its service URL and the
+    requests it received (CONNECT included)."""
     received: list[Command] = []
+    hello = connected or Connected(server_version="scripted", protocol_version=PROTOCOL_VERSION)
 
     async def serve(stream: trio.SocketStream) -> None:
         decoder = FrameDecoder()
@@ -56,15 +60,15 @@ async def scripted_broker(script: Script) -> AsyncIterator[tuple[str, list[Comma
                     assert isinstance(frame, Command)
                     received.append(frame)
                     if isinstance(frame, Connect):
-                        answers: list[Command] = [
-                            Connected(server_version="scripted", protocol_version=PROTOCOL_VERSION)
-                        ]
+                        answers: Sequence[Command | bytes] = [hello]
                     elif isinstance(frame, Pong):
                         answers = []
                     else:
                         answers = script(frame)
                     for answer in answers:
-                        await stream.send_all(encode_command(answer))
+                        if not isinstance(answer, bytes):
+                            answer = encode_command(answer)
+                        await stream.send_all(answer)
 
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))

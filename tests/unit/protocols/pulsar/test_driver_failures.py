@@ -3,27 +3,45 @@ or refuses, so that callers get a `DriverError` and never a bare timeout."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import trio
 
+from mop.message import MessageId
 from mop.protocols.pulsar.commands import (
+    Ack,
+    CloseProducer,
     Command,
+    Connect,
+    Connected,
     Error,
+    Flow,
     Lookup,
     LookupResponse,
     LookupType,
     Producer,
+    ProducerSuccess,
+    RedeliverUnacknowledgedMessages,
+    Send,
+    SendReceipt,
     Subscribe,
+    Success,
 )
 from mop.protocols.pulsar.driver import (
     ClientOptions,
+    ConsumerConfig,
+    MessageTooLarge,
     PulsarClient,
+    Received,
     ServerRefused,
     Unavailable,
     create_producer,
     subscribe,
 )
 from mop.protocols.pulsar.errors import ServerError
+from mop.protocols.pulsar.frames import encode_message_frame, make_payload
+from mop.protocols.pulsar.metadata import MessageIdData, MessageMetadata
 from tests.unit.protocols.pulsar.test_client import Script, scripted_broker
 
 
@@ -80,3 +98,158 @@ async def test_a_refusal_carries_its_server_error() -> None:
                     await subscribe(client, "persistent://public/default/t", "s", lambda *_: None)
             assert refused.value.error is ServerError.AuthorizationError
             await client.aclose()
+
+
+def storing_broker(urls: list[str]) -> Script:
+    """A broker that owns every topic, registers every producer and stores every SEND."""
+    entries = itertools.count()
+
+    def script(command: Command) -> list[Command]:
+        if isinstance(command, Lookup):
+            return owner_of_everything(urls, refuse=False)(command)
+        if isinstance(command, Producer):
+            return [ProducerSuccess(request_id=command.request_id, producer_name="p")]
+        if isinstance(command, Send):
+            stored = MessageIdData(ledger_id=1, entry_id=next(entries))
+            return [
+                SendReceipt(
+                    producer_id=command.producer_id,
+                    sequence_id=command.sequence_id,
+                    message_id=stored,
+                )
+            ]
+        if isinstance(command, CloseProducer):
+            return [Success(request_id=command.request_id)]
+        return []
+
+    return script
+
+
+async def test_no_send_carries_more_than_the_brokers_max_message_size() -> None:
+    """Batches are closed before they would go over the limit of CONNECTED; a message over
+    it on its own fails its ticket, is not sent, and the connection goes on."""
+    urls: list[str] = []
+    limit = 4096
+    connected = Connected(server_version="small", protocol_version=20, max_message_size=limit)
+    async with scripted_broker(storing_broker(urls), connected=connected) as (url, received):
+        urls.append(url)
+        client = PulsarClient(url, ClientOptions("test", operation_timeout=2))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client.serve)
+            with trio.fail_after(5):
+                producer = await create_producer(client, "persistent://public/default/t")
+                tickets = [await producer.send(bytes([i]) * 1000) for i in range(10)]
+                too_large = await producer.send(b"x" * (limit + 1))
+                single = await producer.send(b"y" * (limit + 1), deliver_at=1)
+                after = await producer.send(b"z" * 1000)
+                ids = [await t.wait() for t in (*tickets, after) if t is not None]
+                assert len(set(ids)) == 11
+                for refused in (too_large, single):
+                    assert refused is not None and refused.done
+                    with pytest.raises(MessageTooLarge, match="4096"):
+                        refused.result()
+                await producer.close()
+            await client.aclose()
+    sends = [c for c in received if isinstance(c, Send)]
+    assert sends and all(s.payload is not None and len(s.payload.data) <= limit for s in sends)
+    assert sum(s.num_messages for s in sends) == 11  # the refused ones never went
+    assert sum(isinstance(c, Connect) for c in received) == 1  # one connection throughout
+
+
+async def test_a_corrupt_message_gives_its_permit_back_and_is_asked_for_again() -> None:
+    """A MESSAGE that fails its checksum is not handed over: its permit comes back (FLOW)
+    and the entry is asked for again; an entry that keeps coming corrupt is given up with an
+    ACK that says why (ValidationError.ChecksumMismatch), so that it does not come forever."""
+    urls: list[str] = []
+    raw = make_payload(MessageMetadata(producer_name="p", sequence_id=0, publish_time=1), b"m")
+    flows = 0
+    acked = trio.Event()
+
+    def script(command: Command) -> list[Command | bytes]:
+        nonlocal flows
+        if isinstance(command, Lookup):
+            return list(owner_of_everything(urls, refuse=False)(command))
+        if isinstance(command, Subscribe):
+            return [Success(request_id=command.request_id)]
+        if isinstance(command, Ack):
+            acked.set()
+        if not isinstance(command, Flow):
+            return []
+        flows += 1
+        # Entry 7:0 comes corrupt for the first two permits, then intact; entry 7:1 always
+        # comes corrupt.
+        if flows <= 2:
+            return [encode_message_frame(command.consumer_id, 7, 0, raw.raw, checksum=1)]
+        if flows == 3:
+            good = encode_message_frame(command.consumer_id, 7, 0, raw.raw)
+            bad = encode_message_frame(command.consumer_id, 7, 1, raw.raw, checksum=1)
+            return [good, bad, bad, bad]
+        return []
+
+    got: list[Received] = []
+    async with scripted_broker(script) as (url, received):
+        urls.append(url)
+        client = PulsarClient(url, ClientOptions("test", operation_timeout=2))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client.serve)
+            with trio.fail_after(5):
+                consumer = await subscribe(
+                    client,
+                    "persistent://public/default/t",
+                    "s",
+                    lambda _consumer, items: got.extend(items),
+                    ConsumerConfig(receiver_queue=1),
+                )
+                await acked.wait()
+                await trio.sleep(0.1)  # the FLOW that follows the ACK
+                consumer.abort()
+            await client.aclose()
+    assert [(m.message_id, m.payload) for m in got] == [(MessageId(7, 0), b"m")]
+    redelivered = [c for c in received if isinstance(c, RedeliverUnacknowledgedMessages)]
+    assert [[(i.ledger_id, i.entry_id) for i in r.message_ids] for r in redelivered] == [
+        [(7, 0)],
+        [(7, 0)],
+        [(7, 1)],
+        [(7, 1)],
+    ]
+    (given_up,) = [c for c in received if isinstance(c, Ack)]
+    assert given_up.validation_error == 2  # ChecksumMismatch
+    assert [(i.ledger_id, i.entry_id) for i in given_up.message_id] == [(7, 1)]
+    # One permit back for each corrupt delivery (and for the good one).
+    assert sum(c.message_permits for c in received if isinstance(c, Flow)) == 1 + 2 + 1 + 3
+
+
+async def test_brokers_behind_a_proxy_are_reached_through_the_service_url() -> None:
+    """A lookup answer with proxy_through_service_url: the client connects to the service URL
+    again, its CONNECT naming the broker to reach, one connection per broker behind it."""
+
+    def proxy(command: Command) -> list[Command]:
+        if isinstance(command, Lookup):
+            broker = "pulsar://broker-a:6650" if command.topic.endswith("a") else "pulsar://b:1"
+            return [
+                LookupResponse(
+                    request_id=command.request_id,
+                    broker_service_url=broker,
+                    response=LookupType.Connect,
+                    proxy_through_service_url=True,
+                )
+            ]
+        return []
+
+    async with scripted_broker(proxy) as (url, received):
+        client = PulsarClient(url, ClientOptions("test", operation_timeout=2))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client.serve)
+            with trio.fail_after(5):
+                first = await client.lookup("persistent://public/default/a")
+                again = await client.lookup("persistent://public/default/a")
+                other = await client.lookup("persistent://public/default/b")
+            assert first is again and other is not first
+            assert first.address == other.address == url
+            await client.aclose()
+    connects = [c for c in received if isinstance(c, Connect)]
+    assert [c.proxy_to_broker_url for c in connects] == [
+        None,  # the lookups
+        "pulsar://broker-a:6650",
+        "pulsar://b:1",
+    ]

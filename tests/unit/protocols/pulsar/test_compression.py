@@ -1,0 +1,81 @@
+"""Pulsar payload compression (`mop.protocols.pulsar.compression`) and how the broker stores a
+compressed SEND (`mapping.message_from_payload`): decompressed, batches split."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+
+import cramjam
+import pytest
+
+from mop.protocols.pulsar.batching import single_header
+from mop.protocols.pulsar.codec import decode_message
+from mop.protocols.pulsar.compression import UndecodablePayload, decompress
+from mop.protocols.pulsar.frames import make_payload
+from mop.protocols.pulsar.mapping import message_from_payload
+from mop.protocols.pulsar.metadata import CompressionType, MessageMetadata
+
+# The codecs as Pulsar clients write them: LZ4 blocks without a size, raw snappy, zstd frames.
+COMPRESSORS: dict[CompressionType, Callable[[bytes], bytes]] = {
+    CompressionType.LZ4: lambda data: bytes(cramjam.lz4.compress_block(data, store_size=False)),
+    CompressionType.ZLIB: zlib.compress,
+    CompressionType.ZSTD: lambda data: bytes(cramjam.zstd.compress(data)),
+    CompressionType.SNAPPY: lambda data: bytes(cramjam.snappy.compress_raw(data)),
+}
+PLAIN = b"the same words again and again, " * 40
+
+
+@pytest.mark.parametrize("kind", list(COMPRESSORS))
+def test_each_codec_gives_back_what_was_compressed(kind: CompressionType) -> None:
+    packed = COMPRESSORS[kind](PLAIN)
+    assert len(packed) < len(PLAIN)
+    assert decompress(packed, kind, len(PLAIN)) == PLAIN
+    with pytest.raises(UndecodablePayload, match="announced"):
+        decompress(packed, kind, len(PLAIN) + 1)
+
+
+@pytest.mark.parametrize("kind", list(COMPRESSORS))
+def test_garbage_is_an_undecodable_payload(kind: CompressionType) -> None:
+    with pytest.raises(UndecodablePayload):
+        decompress(b"\xff" * 64, kind, 1000)
+
+
+def test_no_compression_is_the_data_itself() -> None:
+    assert decompress(PLAIN, CompressionType.NONE, None) is PLAIN
+
+
+@pytest.mark.parametrize("kind", list(COMPRESSORS))
+def test_the_broker_stores_a_compressed_batch_split_and_decompressed(
+    kind: CompressionType,
+) -> None:
+    body = b"".join(
+        single_header((("i", str(i)),), None, 2, 0) + f"m{i}".encode() for i in range(3)
+    )
+    meta = MessageMetadata(
+        producer_name="p",
+        sequence_id=0,
+        publish_time=5,
+        num_messages_in_batch=3,
+        compression=kind,
+        uncompressed_size=len(body),
+    )
+    message = message_from_payload(make_payload(meta, COMPRESSORS[kind](body)))
+    assert [m.payload for m in message.batch] == [b"m0", b"m1", b"m2"]
+    assert message.batch[2].properties == (("i", "2"),)
+    stored = decode_message(MessageMetadata, message.wire, 0, len(message.wire))
+    assert stored.compression is CompressionType.NONE and stored.uncompressed_size is None
+
+
+def test_the_broker_keeps_what_it_cannot_decompress_as_sent() -> None:
+    meta = MessageMetadata(
+        producer_name="p",
+        sequence_id=0,
+        publish_time=5,
+        compression=CompressionType.LZ4,
+        uncompressed_size=100,
+    )
+    message = message_from_payload(make_payload(meta, b"\xff" * 20))
+    assert message.payload == b"\xff" * 20
+    stored = decode_message(MessageMetadata, message.wire, 0, len(message.wire))
+    assert stored.compression is CompressionType.LZ4
