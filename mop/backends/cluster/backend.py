@@ -178,8 +178,11 @@ class ClusterBackend:
                 if table.loaded.is_set():
                     nursery.start_soon(table.catch_up)
 
-    def tables_written(self) -> Frontier:
-        """Where this proxy's last confirmed write to each table is."""
+    def tables_written(self) -> Frontier | None:
+        """Where this proxy's last confirmed write to each table is; None when a write may
+        have landed somewhere unknown (the reader of a frontier then reads to the end)."""
+        if any(table.written_unknown for table in self._tables.values()):
+            return None
         return {
             name: table.written_through
             for name, table in self._tables.items()

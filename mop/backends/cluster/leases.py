@@ -19,10 +19,13 @@ wrote to, `{ledger} {entry} {table}`, where its last confirmed write to that tab
 the two arrive in), and it is what a new holder waits for. Step 4 then reads each table up to
 the previous holder's frontier, which its reader has mostly passed already: a connect costs the
 brokers its claim and nothing more. Only when that frontier is unknown (the previous holder's
-proxy died, or did not let go in time) are the tables caught up with markers. A claim with no
-previous holder in this proxy's view reads up to the frontiers of every release it has seen:
-an id let go of and deleted since is covered by that, one let go of before this proxy started
-by the tables' loading.
+proxy died, or did not let go in time, or one of its writes landed where it cannot tell: the
+release then has no frontier lines) are the tables caught up with markers. A claim with no
+previous holder in this proxy's view reads up to the frontiers of every release it has seen
+(and catches up after a release without one): an id let go of and deleted since is covered by
+that, one let go of before this proxy started by the tables' loading. Writes made without
+holding the id (the session timers' role ending an expired session) are not ordered by this;
+the session registry's `EXPIRY_GRACE` keeps them apart from a take in time.
 
 A little later (`CLEAN_UP_DELAY`), when nothing claimed the id meanwhile, the releasing proxy
 deletes the key (a tombstone), so the table keeps nothing per client id that left. Each
@@ -82,8 +85,11 @@ _RELEASES_KEPT: Final = 10_000
 Frontier = Mapping[str, "Position"]
 
 
-def release_value(nonce: str, frontier: Frontier) -> bytes:
-    """The release of claim `nonce` by a proxy whose writes reached `frontier`."""
+def release_value(nonce: str, frontier: Frontier | None) -> bytes:
+    """The release of claim `nonce` by a proxy whose writes reached `frontier` (None:
+    unknown, so the next holder reads the tables to their end)."""
+    if frontier is None:
+        return f"{RELEASE_MARK}{nonce}".encode()
     lines = [
         RELEASE_MARK + nonce,
         *(f"{ledger} {entry} {name}" for name, (ledger, entry) in frontier.items()),
@@ -166,10 +172,10 @@ class ClusterLease:
         await self._fenced_event.wait()
 
     def on_fenced(self, callback: Callable[[], None]) -> None:
-        if self._fenced:
-            callback()
-        else:
+        if not self._fenced:
             self._on_fenced = callback
+        elif not self._released:  # a released lease never calls it
+            callback()
 
     async def wait_released(self) -> None:
         if self._released:
@@ -188,7 +194,10 @@ class ClusterLease:
             self._fenced_event.set()
         callback, self._on_fenced = self._on_fenced, None
         if callback is not None and not self._released:
-            callback()
+            try:
+                callback()
+            except Exception:  # the connection's own failure: the others are fenced all the same
+                log.exception("client %r: the fence callback failed", self._client_id)
 
     def _mark_released(self) -> None:
         self._released = True
@@ -220,7 +229,7 @@ class Presence:
         table: ClusterTable,
         *,
         catch_up: Callable[[], Awaitable[None]],
-        written: Callable[[], Frontier],
+        written: Callable[[], Frontier | None],
         read_through: Callable[[Frontier], Awaitable[None]],
     ) -> None:
         """Step 4: `catch_up` reads the tables up to their end, `read_through` up to a
@@ -238,6 +247,9 @@ class Presence:
         self._released: OrderedDict[str, Frontier | None] = OrderedDict()
         # Per table, the furthest frontier of every release read (for ids deleted since).
         self._released_through: dict[str, Position] = {}
+        # Releases read without a frontier, and how many of them a catch-up has covered.
+        self._unknown_releases = 0
+        self._unknown_caught_up = 0
         self._heard: dict[str, float] = {}  # proxy -> when its last heartbeat was read
         self._change = trio.Event()
         self._closed = False
@@ -277,6 +289,8 @@ class Presence:
 
     def _remember_release(self, nonce: str, frontier: Frontier | None) -> None:
         self._released[nonce] = frontier
+        if frontier is None:
+            self._unknown_releases += 1
         if len(self._released) > _RELEASES_KEPT:
             self._released.popitem(last=False)
         through = self._released_through
@@ -322,25 +336,17 @@ class Presence:
             raise BackendError("backend is closed", reason="closed")
         previous_here = self._leases.get(client_id)
         lease = ClusterLease(self, client_id, secrets.token_hex(8))
-        applied = lease.applied
-        assert applied is not None  # a new lease's claim is in flight
         self._leases[client_id] = lease
         self._pending[lease.nonce] = lease
-        timeout = self._context.fence_timeout
+        taken = False
         try:
-            await self._table.put(client_id, f"{self.proxy_id} {lease.nonce}".encode())
-            with trio.move_on_after(self._context.operation_timeout):
-                await applied.wait()
-            if not applied.is_set():
-                # Unseen, this claim could not be fenced by a later one: refuse it.
-                raise BackendError(
-                    f"client id {client_id!r}: the presence table did not bring the claim back",
-                    reason="unavailable",
-                )
+            await self._write_claim(lease)
+            taken = True
+            await self._take_over(lease, previous_here)
         except BaseException:
             self._pending.pop(lease.nonce, None)
             if self._leases.get(client_id) is lease:
-                if previous_here is not None and not previous_here.fenced:
+                if not taken and previous_here is not None and not previous_here.fenced:
                     self._leases[client_id] = previous_here  # it still holds the id
                 else:
                     del self._leases[client_id]
@@ -349,7 +355,26 @@ class Presence:
             with trio.CancelScope(shield=True):
                 await self._release_claim(client_id, lease.nonce)
             raise
+        return lease
+
+    async def _write_claim(self, lease: ClusterLease) -> None:
+        """Steps 1 and 2: the claim written and read back (its previous holder known)."""
+        applied = lease.applied
+        assert applied is not None  # a new lease's claim is in flight
+        await self._table.put(lease.client_id, f"{self.proxy_id} {lease.nonce}".encode())
+        with trio.move_on_after(self._context.operation_timeout):
+            await applied.wait()
+        if not applied.is_set():
+            # Unseen, this claim could not be fenced by a later one: refuse it.
+            raise BackendError(
+                f"client id {lease.client_id!r}: the presence table did not bring the claim back",
+                reason="unavailable",
+            )
         lease.applied = None
+
+    async def _take_over(self, lease: ClusterLease, previous_here: ClusterLease | None) -> None:
+        """Steps 3 and 4: the previous holder let go, and its writes read."""
+        timeout = self._context.fence_timeout
         if previous_here is not None:
             previous_here.fence()
             with trio.move_on_after(timeout):
@@ -361,22 +386,26 @@ class Presence:
             if waited.cancelled_caught:
                 log.warning(
                     "client %r: its previous holder did not let go within %ss; taking over anyway",
-                    client_id,
+                    lease.client_id,
                     timeout,
                 )
         lease.holding = not lease.fenced
         frontier = self._previous_frontier(previous)
         if frontier is None:
+            unknown = self._unknown_releases
             await self._catch_up()
+            # Its markers came after every release read before it: those are covered now.
+            self._unknown_caught_up = max(self._unknown_caught_up, unknown)
         else:
             await self._read_through(frontier)
-        return lease
 
     def _previous_frontier(self, previous: tuple[str, str] | None) -> Frontier | None:
         """How far the tables must be read for the previous holder's writes (step 4), or
         None to read them to their end."""
         if previous is None:
-            return self._released_through
+            if self._unknown_releases > self._unknown_caught_up:
+                return None  # a release without a frontier, of an id since deleted maybe
+            return dict(self._released_through)  # a copy: releases may come while it is read
         if previous[0] == self.proxy_id:
             return {}  # this proxy's own writes are in its tables as soon as confirmed
         return self._released.get(previous[1])
@@ -403,7 +432,10 @@ class Presence:
         """Write the release of claim `nonce`; whether it was written."""
         with trio.move_on_after(self._context.fence_timeout):
             try:
-                frontier = {k: v for k, v in self._written().items() if k != self._table.name}
+                written = self._written()
+                frontier = None
+                if written is not None:
+                    frontier = {k: v for k, v in written.items() if k != self._table.name}
                 await self._table.put(client_id, release_value(nonce, frontier))
                 return True
             except BackendError as exc:

@@ -125,6 +125,7 @@ class ClusterTable:
         self._own: dict[str, int] = {}
         # The position of this proxy's last write that the broker confirmed.
         self._written_through: Position | None = None
+        self._written_unknown = False
 
     @property
     def name(self) -> str:
@@ -160,18 +161,33 @@ class ClusterTable:
         # flight, changes of the key are this proxy's own and are not reported to watchers.
         self._own[key] = self._own.get(key, 0) + 1
         try:
-            result = await self._running.producers.send(
-                self.topic, Message(payload=value or b"", key=key), batching=False, extra=extra
-            )
+            # Once asked for, the write lands or fails whether or not the caller waits: waited
+            # for all the same (the producer's send timeout bounds it), so that where it
+            # landed counts in this proxy's frontier.
+            with trio.CancelScope(shield=True):
+                result = await self._running.producers.send(
+                    self.topic, Message(payload=value or b"", key=key), batching=False, extra=extra
+                )
+        except BaseException:
+            self._written_unknown = True  # it may have landed all the same
+            raise
         finally:
             if self._own[key] == 1:
                 del self._own[key]
             else:
                 self._own[key] -= 1
-        position = (result.message_id.ledger, result.message_id.entry)
-        if self._written_through is None or position > self._written_through:
-            self._written_through = position
-        self._set(key, value, result.message_id)
+        message_id = result.message_id
+        if message_id.ledger < 0:
+            # Stored before, by a send whose receipt was lost (the broker deduplicated this
+            # one): where is unknown.
+            self._written_unknown = True
+        else:
+            # Later than any write before it (one producer, in order): known again.
+            self._written_unknown = False
+            position = (message_id.ledger, message_id.entry)
+            if self._written_through is None or position > self._written_through:
+                self._written_through = position
+        self._set(key, value, message_id)
 
     @property
     def written_through(self) -> Position | None:
@@ -179,6 +195,12 @@ class ClusterTable:
         that hands a client id over passes it on, so the next holder reads at least that far
         before it takes the client's state (see `mop.backends.cluster.leases`)."""
         return self._written_through
+
+    @property
+    def written_unknown(self) -> bool:
+        """Whether a write since the last confirmed one may have landed at an unknown
+        position (it failed, or its receipt was lost): `written_through` falls short."""
+        return self._written_unknown
 
     def watch(self, callback: Callable[[str, bytes | None], None]) -> None:
         """Call `callback(key, value)` (value None: deleted) on the trio thread whenever the

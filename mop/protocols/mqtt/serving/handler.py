@@ -353,15 +353,20 @@ class ClientHandler:
         state, subs = self.state, self.subs
         assert state is not None and subs is not None
         session_ends = state.expiry_interval == 0
-        if self.flow is not None:
-            self.flow.flush_acks()  # what the client has must not come back
-        await subs.detach(unsubscribe=session_ends)
-        for entry in state.outbound.values():
-            entry.delivery = None
-        will = self.will if self._send_will else None
-        await self.server.sessions.release(state, will=will)
-        if self.lease is not None:
-            await self.server.processor.close_client(self.ctx, self.lease)
+        try:
+            if self.flow is not None:
+                self.flow.flush_acks()  # what the client has must not come back
+            await subs.detach(unsubscribe=session_ends)
+            for entry in state.outbound.values():
+                entry.delivery = None
+            will = self.will if self._send_will else None
+            await self.server.sessions.release(state, will=will)
+        finally:
+            # Also when the session could not be saved: the client id is let go of all the
+            # same (a lease releases itself shielded), or its next connection would wait for
+            # it, and the connection would stay counted.
+            if self.lease is not None:
+                await self.server.processor.close_client(self.ctx, self.lease)
 
     # -- reading ---------------------------------------------------------------------------
 
