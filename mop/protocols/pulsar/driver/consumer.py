@@ -46,7 +46,7 @@ from mop.protocols.pulsar.driver.client import PulsarClient, retryable
 from mop.protocols.pulsar.driver.connection import BrokerConnection
 from mop.protocols.pulsar.driver.errors import ClientClosed, DriverError, ServerRefused
 from mop.protocols.pulsar.errors import PulsarError
-from mop.protocols.pulsar.frames import unacked_indexes
+from mop.protocols.pulsar.frames import DEFAULT_MAX_MESSAGE_SIZE, unacked_indexes
 from mop.protocols.pulsar.mapping import signed64, to_id_data
 from mop.protocols.pulsar.metadata import MessageIdData, Payload
 
@@ -224,6 +224,10 @@ class ClientConsumer:
         received: list[Received] = []
         redeliveries = frame.redelivery_count
         last = self._last if not self.config.durable else None
+        # What a payload may decompress to: the largest message the broker takes (a client
+        # allocating what any producer announces could be made to run out of memory).
+        connection = self._connection
+        limit = DEFAULT_MAX_MESSAGE_SIZE if connection is None else connection.max_message_size
         try:
             if not meta.batched:
                 message_id = MessageId(ledger, entry)
@@ -234,7 +238,7 @@ class ClientConsumer:
                     received.append(
                         Received(
                             message_id,
-                            b"" if meta.null_value else _plain(payload),
+                            b"" if meta.null_value else _plain(payload, limit),
                             tuple((kv.key, kv.value) for kv in meta.properties),
                             key,
                             meta.publish_time,
@@ -244,7 +248,7 @@ class ClientConsumer:
                         )
                     )
             else:
-                members = read_members(_plain(payload), count)
+                members = read_members(_plain(payload, limit), count)
                 # Batch-index acks: only the members still to be delivered.
                 unacked = set(unacked_indexes(frame.ack_set, count)) if frame.ack_set else None
                 for index, member in enumerate(members):
@@ -638,9 +642,9 @@ class ClientConsumer:
             )
 
 
-def _plain(payload: Payload) -> bytes:
+def _plain(payload: Payload, limit: int) -> bytes:
     meta = payload.metadata
-    return decompress(payload.data, meta.compression, meta.uncompressed_size)
+    return decompress(payload.data, meta.compression, meta.uncompressed_size, limit)
 
 
 async def subscribe(

@@ -142,3 +142,22 @@ def test_the_broker_keeps_what_it_cannot_decompress_as_sent() -> None:
     assert message.payload == b"\xff" * 20
     stored = decode_message(MessageMetadata, message.wire, 0, len(message.wire))
     assert stored.compression is CompressionType.LZ4
+
+
+def test_the_broker_keeps_what_decompresses_above_its_limit_as_sent() -> None:
+    """No consumer could take it decompressed in one frame: it is stored as the producer sent
+    it, compressed."""
+    packed = zlib.compress(PLAIN)
+    meta = MessageMetadata(
+        producer_name="p",
+        sequence_id=0,
+        publish_time=5,
+        compression=CompressionType.ZLIB,
+        uncompressed_size=len(PLAIN),
+    )
+    payload = make_payload(meta, packed)
+    assert message_from_payload(payload, limit=len(PLAIN)).payload == PLAIN
+    message = message_from_payload(payload, limit=len(PLAIN) - 1)
+    assert message.payload == packed
+    stored = decode_message(MessageMetadata, message.wire, 0, len(message.wire))
+    assert stored.compression is CompressionType.ZLIB and stored.uncompressed_size == len(PLAIN)

@@ -4,6 +4,7 @@ or refuses, so that callers get a `DriverError` and never a bare timeout."""
 from __future__ import annotations
 
 import itertools
+import zlib
 
 import pytest
 import trio
@@ -29,6 +30,7 @@ from mop.protocols.pulsar.commands import (
     Success,
 )
 from mop.protocols.pulsar.driver import (
+    ClientConsumer,
     ClientOptions,
     ConsumerConfig,
     MessageTooLarge,
@@ -41,7 +43,7 @@ from mop.protocols.pulsar.driver import (
 )
 from mop.protocols.pulsar.errors import ServerError
 from mop.protocols.pulsar.frames import encode_message_frame, make_payload
-from mop.protocols.pulsar.metadata import MessageIdData, MessageMetadata
+from mop.protocols.pulsar.metadata import CompressionType, MessageIdData, MessageMetadata
 from tests.unit.protocols.pulsar.test_client import Script, scripted_broker
 
 
@@ -217,6 +219,54 @@ async def test_a_corrupt_message_gives_its_permit_back_and_is_asked_for_again() 
     assert [(i.ledger_id, i.entry_id) for i in given_up.message_id] == [(7, 1)]
     # One permit back for each corrupt delivery (and for the good one).
     assert sum(c.message_permits for c in received if isinstance(c, Flow)) == 1 + 2 + 1 + 3
+
+
+async def test_a_consumer_decompresses_up_to_the_brokers_max_message_size() -> None:
+    """A payload announced (or found) larger decompressed than the broker's max_message_size
+    (from CONNECTED) is left unacknowledged, not decompressed: a client must not allocate what
+    any producer announces."""
+    urls: list[str] = []
+    limit = 4096
+    plain = {0: b"x" * (limit + 1), 1: b"y" * limit}
+
+    def compressed(entry: int) -> bytes:
+        meta = MessageMetadata(
+            producer_name="p",
+            sequence_id=entry,
+            publish_time=1,
+            compression=CompressionType.ZLIB,
+            uncompressed_size=len(plain[entry]),
+        )
+        return make_payload(meta, zlib.compress(plain[entry])).raw
+
+    def script(command: Command) -> list[Command | bytes]:
+        if isinstance(command, Lookup):
+            return list(owner_of_everything(urls, refuse=False)(command))
+        if isinstance(command, Subscribe):
+            return [Success(request_id=command.request_id)]
+        if isinstance(command, Flow):
+            return [encode_message_frame(command.consumer_id, 7, e, compressed(e)) for e in (0, 1)]
+        return []
+
+    got: list[Received] = []
+    handed = trio.Event()
+
+    def sink(_consumer: ClientConsumer, items: list[Received]) -> None:
+        got.extend(items)
+        handed.set()
+
+    connected = Connected(server_version="small", protocol_version=20, max_message_size=limit)
+    async with scripted_broker(script, connected=connected) as (url, _received):
+        urls.append(url)
+        client = PulsarClient(url, ClientOptions("test", operation_timeout=2))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client.serve)
+            with trio.fail_after(5):
+                consumer = await subscribe(client, "persistent://public/default/t", "s", sink)
+                await handed.wait()
+                consumer.abort()
+            await client.aclose()
+    assert [(m.message_id, m.payload) for m in got] == [(MessageId(7, 1), plain[1])]
 
 
 async def test_brokers_behind_a_proxy_are_reached_through_the_service_url() -> None:
