@@ -118,7 +118,9 @@ def _decompressed(
     bytes: not encrypted, say) and the payload decompresses to at most `limit` bytes; as sent
     otherwise. Above the limit no consumer could take it in one frame (mop's and Java's drop
     the connection), and it would come again forever."""
-    if message_bytes(meta) != wire:
+    if meta.chunk_id is not None or message_bytes(meta) != wire:
+        # A chunk is a part of the compressed message: it does not decompress alone (and its
+        # `uncompressed_size` is the whole message's).
         return data, meta, wire
     try:
         plain = decompress(data, meta.compression, meta.uncompressed_size, limit)

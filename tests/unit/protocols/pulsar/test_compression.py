@@ -12,6 +12,7 @@ from collections.abc import Callable
 import cramjam
 import pytest
 
+from mop.protocols.pulsar import mapping
 from mop.protocols.pulsar.batching import single_header
 from mop.protocols.pulsar.codec import decode_message
 from mop.protocols.pulsar.compression import UndecodablePayload, decompress
@@ -161,3 +162,31 @@ def test_the_broker_keeps_what_decompresses_above_its_limit_as_sent() -> None:
     assert message.payload == packed
     stored = decode_message(MessageMetadata, message.wire, 0, len(message.wire))
     assert stored.compression is CompressionType.ZLIB and stored.uncompressed_size == len(PLAIN)
+
+
+def test_the_broker_does_not_try_to_decompress_a_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk is part of a compressed message, which it announces the whole size of (LZ4
+    would allocate that for every chunk): it is stored as sent, without trying."""
+    tried: list[CompressionType] = []
+
+    def spy(data: bytes, kind: CompressionType, size: int | None, limit: int) -> bytes:
+        tried.append(kind)
+        return decompress(data, kind, size, limit)
+
+    monkeypatch.setattr(mapping, "decompress", spy)
+    packed = COMPRESSORS[CompressionType.LZ4](PLAIN)
+    meta = MessageMetadata(
+        producer_name="p",
+        sequence_id=0,
+        publish_time=5,
+        compression=CompressionType.LZ4,
+        uncompressed_size=len(PLAIN),
+        uuid="p-0",
+        num_chunks_from_msg=2,
+        total_chunk_msg_size=len(packed),
+        chunk_id=0,
+    )
+    message = message_from_payload(make_payload(meta, packed[:10]))
+    assert message.payload == packed[:10] and not tried
+    stored = decode_message(MessageMetadata, message.wire, 0, len(message.wire))
+    assert stored.compression is CompressionType.LZ4 and stored.chunk_id == 0
