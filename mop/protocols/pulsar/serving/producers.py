@@ -204,7 +204,7 @@ class ConnectionProducers:
                 SendError(
                     producer_id=pid,
                     sequence_id=item.sequence_id,
-                    error=ServerError.PersistenceError,
+                    error=server_error(exc, ServerError.PersistenceError),
                     message=str(exc),
                 )
             )
