@@ -14,7 +14,8 @@ was handed, cumulatively, so the broker can let go of it.
 When the connection ends or the broker closes the consumer (its topic moved, or a seek), the
 consumer subscribes again where the topic lives now. A durable subscription resumes from the
 broker's cursor (what was not acknowledged comes again); a non-durable one resumes after the
-last message handed over, which is not handed over twice.
+last message handed over, which is not handed over twice. A non-durable one subscribes again
+that way too when an entry comes corrupt (see `on_corrupt`).
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ class ClientConsumer:
         # handed over and not yet acknowledged. Kept across reconnects (ids do not change), so
         # an entry is acknowledged only once every member handed over is.
         self._open_batches: dict[tuple[int, int], set[int]] = {}
-        # Entries that arrived corrupt, by (ledger, entry): how many times.
+        # Entries that arrived corrupt on this subscription, by (ledger, entry): how many times.
         self._corrupt: dict[tuple[int, int], int] = {}
         self._acks: list[MessageIdData] = []
         self._cumulative: MessageIdData | None = None
@@ -296,7 +297,15 @@ class ClientConsumer:
 
     def on_corrupt(self, frame: Message) -> None:
         """A MESSAGE that failed its checksum: its permit is given back and the entry asked
-        for again; after `_CORRUPT_TRIES` corrupt deliveries it is given up (logged)."""
+        for again; after `_CORRUPT_TRIES` corrupt deliveries it is given up (logged).
+
+        A durable subscription asks for the entry by its id. Apache Pulsar honours the id on
+        Shared and Key_Shared subscriptions only: on Exclusive and Failover ones it sends
+        every unacknowledged message again, so the messages handed over after the corrupt one
+        come again too, after it (at least once, as after a reconnect). A non-durable one (a
+        reader) has nothing unacknowledged to ask for, and would filter the entry out as older
+        than those handed over after it: it hands over nothing more and subscribes again
+        from the last entry handed over before it, as after a lost connection."""
         connection = self._connection
         if self._seeking or self._closed or connection is None:
             return
@@ -308,6 +317,14 @@ class ClientConsumer:
             _limited.warning(
                 "corrupt", "%s: a message failed its checksum; asked for again", self.topic
             )
+            if not self.config.durable:
+                if self._last is None:
+                    self._start = MessageId(signed64(data.ledger_id), signed64(data.entry_id))
+                connection.drop_consumer(self._consumer_id)
+                self._detach()
+                # Kept across this subscription only: what gives up corruption at rest.
+                self._corrupt[key] = tries
+                return  # the new subscription gets permits of its own
             connection.send_command(
                 RedeliverUnacknowledgedMessages(consumer_id=self._consumer_id, message_ids=(entry,))
             )
@@ -349,6 +366,9 @@ class ClientConsumer:
             self._ready = trio.Event()
         self._acks.clear()
         self._cumulative = None
+        # Entries corrupt on this subscription may never come again on the next one (acked by
+        # another consumer, say): their counts would stay forever.
+        self._corrupt.clear()
         self._lost.set()
 
     # -- permits ---------------------------------------------------------------------------
