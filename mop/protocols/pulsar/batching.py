@@ -40,11 +40,12 @@ def _string(out: bytearray, tag: int, value: str) -> None:
 _CACHE_SIZE: Final = 4096
 _encoded: dict[tuple[tuple[str, str], ...], bytes] = {}
 _decoded: dict[bytes, tuple[tuple[str, str], ...]] = {}
-# Whole member headers, decoded (properties, routing key, payload size, event time, null value);
-# only short ones, so that the cache stays small whatever the properties.
+# Whole member headers, decoded (properties, routing key, payload size, event time, null value).
 _Header = tuple[tuple[tuple[str, str], ...], str | None, int, int, bool]
 _headers: dict[bytes, _Header] = {}
-_HEADER_CACHED: Final = 256
+# Only short encodings (of properties or headers) are kept, so that the caches stay small
+# whatever the properties: 4096 of messages' size would be gigabytes.
+_CACHED_BYTES: Final = 256
 
 
 def _encode_properties(properties: tuple[tuple[str, str], ...]) -> bytes:
@@ -69,9 +70,10 @@ def single_header(
     encoded = _encoded.get(properties)
     if encoded is None:
         encoded = _encode_properties(properties)
-        if len(_encoded) >= _CACHE_SIZE:
-            _encoded.clear()
-        _encoded[properties] = encoded
+        if len(encoded) <= _CACHED_BYTES:
+            if len(_encoded) >= _CACHE_SIZE:
+                _encoded.clear()
+            _encoded[properties] = encoded
     out = bytearray(encoded)
     if partition_key is not None:
         _string(out, 0x12, partition_key)
@@ -201,9 +203,10 @@ def _properties(data: Buffer, pos: int, end: int) -> tuple[int, tuple[tuple[str,
             pairs.append(_pair(raw, at, at + length))
             at += length + 1
         known = tuple(pairs)
-        if len(_decoded) >= _CACHE_SIZE:
-            _decoded.clear()
-        _decoded[raw] = known
+        if len(raw) <= _CACHED_BYTES:
+            if len(_decoded) >= _CACHE_SIZE:
+                _decoded.clear()
+            _decoded[raw] = known
     return pos, known
 
 
@@ -225,7 +228,7 @@ def read_members(data: Buffer, count: int) -> list[Member]:
             parsed = _headers.get(header)
             if parsed is None:
                 parsed = _parse_header(header)
-                if size <= _HEADER_CACHED:
+                if size <= _CACHED_BYTES:
                     if len(_headers) >= _CACHE_SIZE:
                         _headers.clear()
                     _headers[header] = parsed

@@ -4,8 +4,9 @@ A SEND becomes a Message whose neutral fields serve every protocol and whose `wi
 metadata block as sent, so Pulsar consumers get the very bytes the producer wrote (and its
 checksum holds). A batch becomes one entry whose `batch` lists its messages. A compressed
 payload is stored decompressed (its metadata saying so), so that other protocols read it
-and batches split; one that cannot be (encrypted, or with metadata mop does not know) is
-kept as sent, whole and opaque to other protocols.
+and batches split; one that cannot be (encrypted, with metadata mop does not know, or larger
+decompressed than the broker's message size limit) is kept as sent, whole and opaque to
+other protocols.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from mop.protocols.pulsar.batching import read_members
 from mop.protocols.pulsar.codec import message_bytes
 from mop.protocols.pulsar.compression import UndecodablePayload, decompress
 from mop.protocols.pulsar.errors import PulsarError
+from mop.protocols.pulsar.frames import DEFAULT_MAX_MESSAGE_SIZE
 from mop.protocols.pulsar.metadata import (
     EARLIEST_ID,
     LATEST_ID,
@@ -79,15 +81,16 @@ def _key(partition_key: str | None, ordering_key: bytes | None) -> str | None:
     return partition_key
 
 
-def message_from_payload(payload: Payload) -> Message:
-    """The stored form of a SEND's metadata and payload."""
+def message_from_payload(payload: Payload, *, limit: int = DEFAULT_MAX_MESSAGE_SIZE) -> Message:
+    """The stored form of a SEND's metadata and payload; `limit` is the broker's largest
+    message (a compressed one larger than that decompressed is stored compressed)."""
     meta = payload.metadata
     raw = payload.raw
     (meta_size,) = _U32.unpack_from(raw, 0)
     wire = raw[4 : 4 + meta_size]
     data = payload.data
     if meta.compression is not CompressionType.NONE:
-        data, meta, wire = _decompressed(data, meta, wire)
+        data, meta, wire = _decompressed(data, meta, wire, limit)
     producer = meta.producer_name
     publish_time = meta.publish_time
     batch: tuple[Message, ...] = ()
@@ -108,15 +111,19 @@ def message_from_payload(payload: Payload) -> Message:
 
 
 def _decompressed(
-    data: bytes, meta: MessageMetadata, wire: bytes
+    data: bytes, meta: MessageMetadata, wire: bytes, limit: int
 ) -> tuple[bytes, MessageMetadata, bytes]:
     """A compressed payload, its metadata and metadata block as they are stored: decompressed
     when the metadata block holds nothing but what mop reads (it encodes again to the same
-    bytes: not encrypted, say) and the payload decompresses; as sent otherwise."""
-    if message_bytes(meta) != wire:
+    bytes: not encrypted, say) and the payload decompresses to at most `limit` bytes; as sent
+    otherwise. Above the limit no consumer could take it in one frame (mop's and Java's drop
+    the connection), and it would come again forever."""
+    if meta.chunk_id is not None or message_bytes(meta) != wire:
+        # A chunk is a part of the compressed message: it does not decompress alone (and its
+        # `uncompressed_size` is the whole message's).
         return data, meta, wire
     try:
-        plain = decompress(data, meta.compression, meta.uncompressed_size)
+        plain = decompress(data, meta.compression, meta.uncompressed_size, limit)
     except UndecodablePayload:
         return data, meta, wire
     meta = dataclasses.replace(meta, compression=CompressionType.NONE, uncompressed_size=None)

@@ -102,3 +102,30 @@ async def test_mops_client_decompresses_what_another_broker_delivers(
                 assert list(dict.fromkeys(inbox.payloads)) == expected
     finally:
         reference.close()
+
+
+async def test_a_message_larger_than_the_brokers_limit_decompressed_is_stored_as_sent(
+    node: RunningNode, client: pulsar.Client
+) -> None:
+    """6 MiB that compress to a few KB (producers check the compressed size against the 5 MiB
+    limit): stored and delivered compressed, so that pulsar-client gets it, and mop's client
+    (which decompresses only up to the limit) leaves it and goes on. Decompressed, it would
+    make a frame larger than clients read: mop's and Java's would drop the connection at
+    every delivery of it."""
+    topic = "persistent://public/default/compressed-above-the-limit"
+    reference = client.subscribe(topic, "reference")
+    large = b"large " * (1024 * 1024)
+    with trio.fail_after(20):
+        async with open_driver(service_url(node)) as native:
+            inbox = Inbox(ack=True)
+            await subscribe(native, topic, "native", inbox, ConsumerConfig())
+            producer = client.create_producer(
+                topic, compression_type=pulsar.CompressionType.LZ4, batching_enabled=False
+            )
+            producer.send(large)
+            producer.send(b"after it")
+            producer.close()
+            await inbox.wait_for(1)
+            assert inbox.payloads == [b"after it"]
+    assert [m.data() for m in receive_all(reference, 2)] == [large, b"after it"]
+    reference.close()

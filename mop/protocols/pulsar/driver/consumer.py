@@ -14,7 +14,8 @@ was handed, cumulatively, so the broker can let go of it.
 When the connection ends or the broker closes the consumer (its topic moved, or a seek), the
 consumer subscribes again where the topic lives now. A durable subscription resumes from the
 broker's cursor (what was not acknowledged comes again); a non-durable one resumes after the
-last message handed over, which is not handed over twice.
+last message handed over, which is not handed over twice. A non-durable one subscribes again
+that way too when an entry comes corrupt (see `on_corrupt`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from mop.protocols.pulsar.driver.client import PulsarClient, retryable
 from mop.protocols.pulsar.driver.connection import BrokerConnection
 from mop.protocols.pulsar.driver.errors import ClientClosed, DriverError, ServerRefused
 from mop.protocols.pulsar.errors import PulsarError
-from mop.protocols.pulsar.frames import unacked_indexes
+from mop.protocols.pulsar.frames import DEFAULT_MAX_MESSAGE_SIZE, unacked_indexes
 from mop.protocols.pulsar.mapping import signed64, to_id_data
 from mop.protocols.pulsar.metadata import MessageIdData, Payload
 
@@ -189,7 +190,7 @@ class ClientConsumer:
         # handed over and not yet acknowledged. Kept across reconnects (ids do not change), so
         # an entry is acknowledged only once every member handed over is.
         self._open_batches: dict[tuple[int, int], set[int]] = {}
-        # Entries that arrived corrupt, by (ledger, entry): how many times.
+        # Entries that arrived corrupt on this subscription, by (ledger, entry): how many times.
         self._corrupt: dict[tuple[int, int], int] = {}
         self._acks: list[MessageIdData] = []
         self._cumulative: MessageIdData | None = None
@@ -224,6 +225,10 @@ class ClientConsumer:
         received: list[Received] = []
         redeliveries = frame.redelivery_count
         last = self._last if not self.config.durable else None
+        # What a payload may decompress to: the largest message the broker takes (a client
+        # allocating what any producer announces could be made to run out of memory).
+        connection = self._connection
+        limit = DEFAULT_MAX_MESSAGE_SIZE if connection is None else connection.max_message_size
         try:
             if not meta.batched:
                 message_id = MessageId(ledger, entry)
@@ -234,7 +239,7 @@ class ClientConsumer:
                     received.append(
                         Received(
                             message_id,
-                            b"" if meta.null_value else _plain(payload),
+                            b"" if meta.null_value else _plain(payload, limit),
                             tuple((kv.key, kv.value) for kv in meta.properties),
                             key,
                             meta.publish_time,
@@ -244,7 +249,7 @@ class ClientConsumer:
                         )
                     )
             else:
-                members = read_members(_plain(payload), count)
+                members = read_members(_plain(payload, limit), count)
                 # Batch-index acks: only the members still to be delivered.
                 unacked = set(unacked_indexes(frame.ack_set, count)) if frame.ack_set else None
                 for index, member in enumerate(members):
@@ -292,7 +297,15 @@ class ClientConsumer:
 
     def on_corrupt(self, frame: Message) -> None:
         """A MESSAGE that failed its checksum: its permit is given back and the entry asked
-        for again; after `_CORRUPT_TRIES` corrupt deliveries it is given up (logged)."""
+        for again; after `_CORRUPT_TRIES` corrupt deliveries it is given up (logged).
+
+        A durable subscription asks for the entry by its id. Apache Pulsar honours the id on
+        Shared and Key_Shared subscriptions only: on Exclusive and Failover ones it sends
+        every unacknowledged message again, so the messages handed over after the corrupt one
+        come again too, after it (at least once, as after a reconnect). A non-durable one (a
+        reader) has nothing unacknowledged to ask for, and would filter the entry out as older
+        than those handed over after it: it hands over nothing more and subscribes again
+        from the last entry handed over before it, as after a lost connection."""
         connection = self._connection
         if self._seeking or self._closed or connection is None:
             return
@@ -304,6 +317,14 @@ class ClientConsumer:
             _limited.warning(
                 "corrupt", "%s: a message failed its checksum; asked for again", self.topic
             )
+            if not self.config.durable:
+                if self._last is None:
+                    self._start = MessageId(signed64(data.ledger_id), signed64(data.entry_id))
+                connection.drop_consumer(self._consumer_id)
+                self._detach()
+                # Kept across this subscription only: what gives up corruption at rest.
+                self._corrupt[key] = tries
+                return  # the new subscription gets permits of its own
             connection.send_command(
                 RedeliverUnacknowledgedMessages(consumer_id=self._consumer_id, message_ids=(entry,))
             )
@@ -345,6 +366,9 @@ class ClientConsumer:
             self._ready = trio.Event()
         self._acks.clear()
         self._cumulative = None
+        # Entries corrupt on this subscription may never come again on the next one (acked by
+        # another consumer, say): their counts would stay forever.
+        self._corrupt.clear()
         self._lost.set()
 
     # -- permits ---------------------------------------------------------------------------
@@ -638,9 +662,9 @@ class ClientConsumer:
             )
 
 
-def _plain(payload: Payload) -> bytes:
+def _plain(payload: Payload, limit: int) -> bytes:
     meta = payload.metadata
-    return decompress(payload.data, meta.compression, meta.uncompressed_size)
+    return decompress(payload.data, meta.compression, meta.uncompressed_size, limit)
 
 
 async def subscribe(

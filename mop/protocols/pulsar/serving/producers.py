@@ -204,7 +204,7 @@ class ConnectionProducers:
                 SendError(
                     producer_id=pid,
                     sequence_id=item.sequence_id,
-                    error=ServerError.PersistenceError,
+                    error=server_error(exc, ServerError.PersistenceError),
                     message=str(exc),
                 )
             )
@@ -239,7 +239,7 @@ class ConnectionProducers:
                 )
             )
             return
-        message = message_from_payload(cmd.payload)
+        message = message_from_payload(cmd.payload, limit=self._link.server.limits.max_message_size)
         first = cmd.sequence_id
         highest = cmd.highest_sequence_id or first + max(0, cmd.num_messages - 1)
         meta = cmd.payload.metadata

@@ -37,12 +37,16 @@ _SERVER_ERRORS = {
     "quota_exceeded": ServerError.ProducerBlockedQuotaExceededError,
     "storage_error": ServerError.PersistenceError,
     "closed": ServerError.ServiceNotReady,
+    # A message larger than the brokers behind take: failed for good. Java clients fail the
+    # send on NotAllowedError; on most other errors they reconnect and send it again, forever.
+    "too_large": ServerError.NotAllowedError,
 }
 
 
-def server_error(exc: BackendError) -> ServerError:
-    """The ServerError that answers a failed backend call."""
-    return _SERVER_ERRORS.get(exc.reason, ServerError.UnknownError)
+def server_error(exc: BackendError, default: ServerError = ServerError.UnknownError) -> ServerError:
+    """The ServerError that answers a failed backend call (`default` for a reason without
+    one of its own)."""
+    return _SERVER_ERRORS.get(exc.reason, default)
 
 
 class TopicRefused(Exception):

@@ -72,3 +72,18 @@ def test_a_send_frame_decodes_as_a_batch() -> None:
     assert meta.num_messages_in_batch == 3
     members = read_members(frame.payload.data, 3)
     assert [m.properties for m in members] == [(("a", "0"),), (("a", "1"),), (("a", "2"),)]
+
+
+def test_only_short_properties_are_cached() -> None:
+    """Each cache holds up to 4096 entries: of properties as large as a message's (up to 5 MB),
+    that would be gigabytes. Long ones are encoded and decoded each time instead."""
+    batching._encoded.clear()
+    batching._decoded.clear()
+    batching._headers.clear()
+    short = (("k", "v"),)
+    long = (("k", "v" * 1000),)
+    data = b"".join(single_header(p, None, 1, 0) + b"x" for p in (short, long))
+    assert [m.properties for m in read_members(data, 2)] == [short, long]
+    assert list(batching._encoded) == [short]
+    assert [len(run) for run in batching._decoded] == [len(batching._encoded[short])]
+    assert all(len(header) <= 256 for header in batching._headers)

@@ -4,6 +4,8 @@ or refuses, so that callers get a `DriverError` and never a bare timeout."""
 from __future__ import annotations
 
 import itertools
+import zlib
+from collections.abc import Sequence
 
 import pytest
 import trio
@@ -11,6 +13,7 @@ import trio
 from mop.message import MessageId
 from mop.protocols.pulsar.commands import (
     Ack,
+    CloseConsumer,
     CloseProducer,
     Command,
     Connect,
@@ -29,6 +32,7 @@ from mop.protocols.pulsar.commands import (
     Success,
 )
 from mop.protocols.pulsar.driver import (
+    ClientConsumer,
     ClientOptions,
     ConsumerConfig,
     MessageTooLarge,
@@ -41,7 +45,7 @@ from mop.protocols.pulsar.driver import (
 )
 from mop.protocols.pulsar.errors import ServerError
 from mop.protocols.pulsar.frames import encode_message_frame, make_payload
-from mop.protocols.pulsar.metadata import MessageIdData, MessageMetadata
+from mop.protocols.pulsar.metadata import CompressionType, MessageIdData, MessageMetadata
 from tests.unit.protocols.pulsar.test_client import Script, scripted_broker
 
 
@@ -217,6 +221,189 @@ async def test_a_corrupt_message_gives_its_permit_back_and_is_asked_for_again() 
     assert [(i.ledger_id, i.entry_id) for i in given_up.message_id] == [(7, 1)]
     # One permit back for each corrupt delivery (and for the good one).
     assert sum(c.message_permits for c in received if isinstance(c, Flow)) == 1 + 2 + 1 + 3
+
+
+def _frame(consumer_id: int, entry: int, *, corrupt: bool = False) -> bytes:
+    """MESSAGE 7:`entry` (payload b"m{entry}"), with a wrong checksum when `corrupt`."""
+    meta = MessageMetadata(producer_name="p", sequence_id=entry, publish_time=1)
+    raw = make_payload(meta, f"m{entry}".encode()).raw
+    return encode_message_frame(consumer_id, 7, entry, raw, checksum=1 if corrupt else None)
+
+
+async def _read(
+    script: Script, config: ConsumerConfig, count: int
+) -> tuple[list[Received], ClientConsumer]:
+    """What a consumer with `config` of a broker answering by `script` is handed, once it was
+    handed `count` messages (or after a second), and the consumer (closed)."""
+    urls: list[str] = []
+
+    def owning(command: Command) -> Sequence[Command | bytes]:
+        if isinstance(command, Lookup):
+            return owner_of_everything(urls, refuse=False)(command)
+        return script(command)
+
+    got: list[Received] = []
+    enough = trio.Event()
+
+    def sink(_consumer: ClientConsumer, items: list[Received]) -> None:
+        got.extend(items)
+        if len(got) >= count:
+            enough.set()
+
+    async with scripted_broker(owning) as (url, _received):
+        urls.append(url)
+        client = PulsarClient(url, ClientOptions("test", operation_timeout=2))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client.serve)
+            with trio.fail_after(5):
+                consumer = await subscribe(
+                    client, "persistent://public/default/t", "s", sink, config
+                )
+                with trio.move_on_after(1):
+                    await enough.wait()
+                await trio.sleep(0.1)  # anything more it would be handed
+                consumer.abort()
+            await client.aclose()
+    return got, consumer
+
+
+async def test_a_reader_subscribes_again_from_before_a_corrupt_entry() -> None:
+    """A reader asked for a corrupt entry by id would filter it out when it comes (entries
+    handed over after it are newer), and has acknowledged past it: it hands over nothing after
+    it and subscribes again from the last entry handed over, so every entry comes, in order."""
+    subscribes: list[Subscribe] = []
+    acks: list[Ack] = []
+
+    def script(command: Command) -> Sequence[Command | bytes]:
+        if isinstance(command, Subscribe):
+            subscribes.append(command)
+            return [Success(request_id=command.request_id)]
+        if isinstance(command, Ack):
+            acks.append(command)
+        cid = getattr(command, "consumer_id", None)
+        if isinstance(command, Flow) and len(subscribes) == 1:
+            return [_frame(cid, 0), _frame(cid, 1, corrupt=True), _frame(cid, 2)]
+        if isinstance(command, Flow):  # from the start id, inclusive, as brokers do
+            start = subscribes[-1].start_message_id
+            assert start is not None
+            return [_frame(cid, e) for e in range(start.entry_id, 3)]
+        if isinstance(command, RedeliverUnacknowledgedMessages):  # as a Shared one would
+            return [_frame(cid, data.entry_id) for data in command.message_ids]
+        return []
+
+    reader = ConsumerConfig(durable=False, auto_ack=True, receiver_queue=10)
+    got, _ = await _read(script, reader, 3)
+    assert [(m.message_id, m.payload) for m in got] == [
+        (MessageId(7, e), f"m{e}".encode()) for e in range(3)
+    ]
+    first, again = subscribes
+    assert again.start_message_id == MessageIdData(ledger_id=7, entry_id=0)
+    # Nothing past the corrupt entry was acknowledged on the first subscription.
+    assert all(
+        (i.ledger_id, i.entry_id) < (7, 1)
+        for ack in acks
+        if ack.consumer_id == first.consumer_id
+        for i in ack.message_id
+    )
+
+
+async def test_a_reader_gives_up_an_entry_that_stays_corrupt() -> None:
+    """Its count of corrupt deliveries survives subscribing again, so an entry corrupt at rest
+    is given up (acknowledged with ChecksumMismatch) after three, and the reader goes on."""
+    subscribes: list[Subscribe] = []
+    given_up: list[Ack] = []
+
+    def script(command: Command) -> Sequence[Command | bytes]:
+        if isinstance(command, Subscribe):
+            subscribes.append(command)
+            return [Success(request_id=command.request_id)]
+        if isinstance(command, Ack) and command.validation_error is not None:
+            given_up.append(command)
+        if isinstance(command, Flow):
+            cid = command.consumer_id
+            return [_frame(cid, 0, corrupt=True), _frame(cid, 1)]
+        return []
+
+    reader = ConsumerConfig(durable=False, auto_ack=True, start_message_id=MessageId(-1, -1))
+    got, _ = await _read(script, reader, 1)
+    assert [m.message_id for m in got] == [MessageId(7, 1)]
+    assert len(subscribes) == 3
+    assert [s.start_message_id for s in subscribes[1:]] == [
+        MessageIdData(ledger_id=7, entry_id=0)
+    ] * 2
+    (ack,) = given_up
+    assert ack.validation_error == 2
+    assert [(i.ledger_id, i.entry_id) for i in ack.message_id] == [(7, 0)]
+
+
+async def test_corrupt_counts_end_with_their_subscription() -> None:
+    """A durable consumer's count of an entry that came corrupt is dropped when it subscribes
+    again (the entry may never come back to it): the counts do not pile up."""
+    subscribes: list[Subscribe] = []
+
+    def script(command: Command) -> Sequence[Command | bytes]:
+        if isinstance(command, Subscribe):
+            subscribes.append(command)
+            return [Success(request_id=command.request_id)]
+        if isinstance(command, Flow) and len(subscribes) == 1:
+            return [_frame(command.consumer_id, 0, corrupt=True)]
+        if isinstance(command, RedeliverUnacknowledgedMessages):  # its topic moves instead
+            return [CloseConsumer(consumer_id=command.consumer_id, request_id=0)]
+        if isinstance(command, Flow):
+            return [_frame(command.consumer_id, 1)]
+        return []
+
+    got, consumer = await _read(script, ConsumerConfig(), 1)
+    assert [m.message_id for m in got] == [MessageId(7, 1)] and len(subscribes) == 2
+    assert consumer._corrupt == {}
+
+
+async def test_a_consumer_decompresses_up_to_the_brokers_max_message_size() -> None:
+    """A payload announced (or found) larger decompressed than the broker's max_message_size
+    (from CONNECTED) is left unacknowledged, not decompressed: a client must not allocate what
+    any producer announces."""
+    urls: list[str] = []
+    limit = 4096
+    plain = {0: b"x" * (limit + 1), 1: b"y" * limit}
+
+    def compressed(entry: int) -> bytes:
+        meta = MessageMetadata(
+            producer_name="p",
+            sequence_id=entry,
+            publish_time=1,
+            compression=CompressionType.ZLIB,
+            uncompressed_size=len(plain[entry]),
+        )
+        return make_payload(meta, zlib.compress(plain[entry])).raw
+
+    def script(command: Command) -> list[Command | bytes]:
+        if isinstance(command, Lookup):
+            return list(owner_of_everything(urls, refuse=False)(command))
+        if isinstance(command, Subscribe):
+            return [Success(request_id=command.request_id)]
+        if isinstance(command, Flow):
+            return [encode_message_frame(command.consumer_id, 7, e, compressed(e)) for e in (0, 1)]
+        return []
+
+    got: list[Received] = []
+    handed = trio.Event()
+
+    def sink(_consumer: ClientConsumer, items: list[Received]) -> None:
+        got.extend(items)
+        handed.set()
+
+    connected = Connected(server_version="small", protocol_version=20, max_message_size=limit)
+    async with scripted_broker(script, connected=connected) as (url, _received):
+        urls.append(url)
+        client = PulsarClient(url, ClientOptions("test", operation_timeout=2))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client.serve)
+            with trio.fail_after(5):
+                consumer = await subscribe(client, "persistent://public/default/t", "s", sink)
+                await handed.wait()
+                consumer.abort()
+            await client.aclose()
+    assert [(m.message_id, m.payload) for m in got] == [(MessageId(7, 1), plain[1])]
 
 
 async def test_brokers_behind_a_proxy_are_reached_through_the_service_url() -> None:

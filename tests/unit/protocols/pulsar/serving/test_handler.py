@@ -3,15 +3,24 @@ connect timeout, answers that keep the connection, and the producer/consumer plu
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
+from typing import cast
 
+import pytest
 import trio
 import trio.testing
 
 from mop.backends.local import open_local_backend
 from mop.broker.storage.memory import MemoryStorage
-from mop.processor import MessagingProcessor
+from mop.processor import (
+    BackendError,
+    ClientContext,
+    MessagingProcessor,
+    ProducerSpec,
+    PublishResult,
+)
+from mop.processor import Producer as ProcessorProducer
 from mop.protocols.pulsar.commands import (
     Ack,
     AckResponse,
@@ -34,6 +43,7 @@ from mop.protocols.pulsar.commands import (
     ProducerSuccess,
     Seek,
     Send,
+    SendError,
     SendReceipt,
     Subscribe,
     SubType,
@@ -344,3 +354,50 @@ async def test_failover_consumers_hear_which_one_is_active() -> None:
         rest = [await peer.recv(), await peer.recv()]
         assert Success(request_id=9) in rest
         assert ActiveConsumerChange(consumer_id=1, is_active=True) in rest
+
+
+class _TooLarge:
+    """A producer whose sends fail as a separated proxy's do for a message larger than its
+    brokers take (reason "too_large"), at once or once stored."""
+
+    def __init__(self, inner: ProcessorProducer) -> None:
+        self._inner = inner
+        self.spec = inner.spec
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def send(self, message: object, **ids: int) -> Awaitable[PublishResult]:
+        if ids["sequence_id"] == 0:
+            raise BackendError("too large for the brokers", reason="too_large")
+
+        async def refused() -> PublishResult:
+            raise BackendError("too large for the brokers", reason="too_large")
+
+        return refused()
+
+
+async def test_a_message_too_large_for_the_backend_is_not_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NotAllowedError makes a Java client fail the send; the errors it sends again after
+    (UnknownError, PersistenceError) would bring it back forever."""
+    async with pulsar_server() as (server, nursery):
+        processor = server.processor
+        opened = processor.open_producer
+
+        async def open_producer(ctx: ClientContext, spec: ProducerSpec) -> ProcessorProducer:
+            return cast(ProcessorProducer, _TooLarge(await opened(ctx, spec)))
+
+        monkeypatch.setattr(processor, "open_producer", open_producer)
+        peer = open_peer(server, nursery)
+        await peer.connect()
+        await peer.send(Producer(topic=TOPIC, producer_id=1, request_id=100))
+        assert isinstance(await peer.recv(), ProducerSuccess)
+        for seq in (0, 1):
+            meta = MessageMetadata(producer_name="p", sequence_id=seq, publish_time=1)
+            payload = make_payload(meta, b"large")
+            await peer.send(Send(producer_id=1, sequence_id=seq, payload=payload))
+            refused = await peer.recv()
+            assert isinstance(refused, SendError) and refused.sequence_id == seq
+            assert refused.error is ServerError.NotAllowedError
