@@ -324,6 +324,31 @@ def wait_delivered(fleet: Fleet, want: int, timeout: float) -> int:
         time.sleep(0.2)
 
 
+def leave_all(
+    fleet: Fleet, deployment: SeparatedBroker, base: Sample, timeout: float
+) -> dict[str, Any]:
+    """Every client's connection ends at once (reset): how long until the proxies have closed
+    them all (their open descriptors back to where they were before the clients), and what
+    it cost them."""
+    members = [m for m in deployment.members if m.exit_code() is None]
+    proxies = [m.name for m in deployment.proxies if m.exit_code() is None]
+    before = sample(members)
+    final = fleet.stop()
+    deadline = time.monotonic() + timeout
+    while True:
+        now = sample(members)
+        left = sum(now.fds[n] - base.fds[n] for n in proxies)
+        if left <= 10 * len(proxies) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    return {
+        "seconds": now.at - before.at,
+        "fds_left": left,
+        "proxies": cost(before, now, proxies),
+        "generators": final,
+    }
+
+
 def cost(a: Sample, b: Sample, names: list[str]) -> dict[str, float]:
     """Memory and CPU of `names` between two samples: KB, CPU seconds, cores."""
     names = [n for n in names if n in a.rss_kb and n in b.rss_kb]
@@ -439,6 +464,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["exit_codes"] = {m.name: m.exit_code() for m in deployment.members}
         result["fds_after_storm"] = after_storm.fds
         result["emfile_log_lines"] = log_count(deployment.members, "EMFILE")
+        result["teardown"] = leave_all(fleet, deployment, base, args.storm_timeout)
+        log(f"  every client left; the proxies were done in {result['teardown']['seconds']:.1f} s")
     finally:
         result["final"] = fleet.stop()
         deployment.stop()
@@ -519,6 +546,15 @@ def table(result: dict[str, Any]) -> str:
         rows.append(("open fds after the storm", ", ".join(f"{k} {v:,}" for k, v in fds.items())))
         emfile = sum(result["emfile_log_lines"].values())
         rows.append(("accepts refused for want of fds (EMFILE)", f"{emfile}"))
+    if "teardown" in result:
+        td = result["teardown"]
+        rows.append(
+            (
+                "all clients leave at once: proxies done in",
+                f"{td['seconds']:.1f} s, {td['proxies']['cpu_s']:.1f} s CPU"
+                + (f", {td['fds_left']} fds still open" if td["fds_left"] > 40 else ""),
+            )
+        )
     if "delivery" in result:
         d = result["delivery"]
         rows.append(("QoS 1 to resumed sessions", f"{d['delivered']} of {d['sent']} delivered"))
