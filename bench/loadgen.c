@@ -1041,17 +1041,19 @@ static void fleet_status(const char *mode) {
         if (c->lost_ns) waiting++;
     }
     qsort(G.rc_us, G.nrc, sizeof *G.rc_us, cmp_u32);
+    double min = G.nrc ? G.rc_us[0] / 1000.0 : -1;
     double p50 = G.nrc ? G.rc_us[G.nrc / 2] / 1000.0 : -1;
     double p99 = G.nrc ? G.rc_us[(size_t)(G.nrc * 0.99)] / 1000.0 : -1;
     double max = G.nrc ? G.rc_us[G.nrc - 1] / 1000.0 : -1;
     printf("{\"mode\": \"%s\", \"clients\": %u, \"open\": %lu, \"persistent_open\": %lu, "
            "\"waiting\": %lu, \"reconnected\": %lu, \"resumed\": %lu, \"not_resumed\": %lu, "
            "\"gave_up\": %lu, \"failed_attempts\": %lu, \"refused\": %lu, "
-           "\"first_loss_ns\": %lu, \"last_reconnect_ns\": %lu, \"reconnect_p50_ms\": %.1f, "
+           "\"first_loss_ns\": %lu, \"last_reconnect_ns\": %lu, \"reconnect_min_ms\": %.1f, "
+           "\"reconnect_p50_ms\": %.1f, "
            "\"reconnect_p99_ms\": %.1f, \"reconnect_max_ms\": %.1f, \"loadgen_cpu_s\": %.3f, ",
            mode, G.nconns, open, persistent_open, waiting, G.reconnected, G.resumed,
            G.not_resumed, G.gave_up, G.failed_attempts, G.refused, G.first_loss_ns,
-           G.last_reconnect_ns, p50, p99, max, cpu_seconds());
+           G.last_reconnect_ns, min, p50, p99, max, cpu_seconds());
     print_common();
     printf("}\n");
     fflush(stdout);

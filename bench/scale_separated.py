@@ -439,6 +439,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "open_after": total(statuses, "open"),
             "storm_s": (last - first) / 1e9 if first and last > first else None,
             "kill_to_last_s": (last - kill_ns) / 1e9 if last > kill_ns else None,
+            "reconnect_min_ms": min(
+                (s["reconnect_min_ms"] for s in statuses if s["reconnect_min_ms"] >= 0), default=-1
+            ),
             "reconnect_p50_ms": max(s["reconnect_p50_ms"] for s in statuses),
             "reconnect_p99_ms": max(s["reconnect_p99_ms"] for s in statuses),
             "reconnect_max_ms": max(s["reconnect_max_ms"] for s in statuses),
@@ -528,8 +531,9 @@ def table(result: dict[str, Any]) -> str:
             ),
             ("failed attempts / refused CONNACKs", f"{st['failed_attempts']} / {st['refused']}"),
             (
-                "reconnect time p50 / p99 / max",
-                " / ".join(f"{st[f'reconnect_{q}_ms']:.0f}" for q in ("p50", "p99", "max")) + " ms",
+                "reconnect time min / p50 / p99 / max",
+                " / ".join(f"{st[f'reconnect_{q}_ms']:.0f}" for q in ("min", "p50", "p99", "max"))
+                + " ms",
             ),
             (
                 "storm: brokers CPU / RSS change",
