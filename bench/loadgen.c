@@ -12,6 +12,10 @@
  *   conns     N idle connections: connects/s, then hold them until a line arrives on stdin
  *   retained  publish T retained topics, then N subscribers join at once: time to receive all
  *   session   persistent session offline while M QoS 1 messages queue, then time to drain them
+ *   fleet     N idle clients spread over the nodes of --ports, a fraction with persistent sessions
+ *             (clean session off, one QoS 1 subscription each), held; a client whose connection
+ *             ends reconnects through the next port of the list, and the run reports how long
+ *             that took and whether its session was resumed (status lines on request, see below)
  *
  * --port2 P addresses a second node of the same cluster (a separated deployment's second proxy):
  * subscribers connect to P and publishers to --port, so every message crosses from one node to
@@ -43,6 +47,8 @@
 #define MAX_EVENTS 512
 #define TIMER_TAG UINT32_MAX
 #define LISTEN_TAG (UINT32_MAX - 1)
+#define STDIN_TAG (UINT32_MAX - 2)
+#define MAX_PORTS 64
 
 enum { ROLE_PUB, ROLE_SUB, ROLE_IDLE };
 enum { ST_FREE, ST_CONNECTING, ST_WAIT_CONNACK, ST_WAIT_SUBACK, ST_READY, ST_CLOSED };
@@ -62,6 +68,11 @@ typedef struct {
     uint16_t next_pid;
     uint8_t *pid_used;       /* 65536-bit map of packet ids in use */
     int topic;               /* publisher's template index */
+    /* fleet mode: when the connection was lost (0 while it is up), when the current attempt
+     * started, not before when the next may start, attempts since the loss, which --ports entry */
+    uint64_t lost_ns, attempt_ns, retry_at;
+    uint16_t attempts;
+    uint8_t port_i, persistent;
 } Conn;
 
 typedef struct {
@@ -70,16 +81,18 @@ typedef struct {
 } Template;
 
 static struct {
-    const char *mode, *host, *prefix, *username;
+    const char *mode, *host, *prefix, *username, *ports;
     long port, port2, pubs, subs, qos, payload, window, inflight, topic_per_pub, wildcard, count;
     long conns, concurrency, src_ips, keepalive, topics, branches, sub_qos, prime;
-    double duration, rate, warmup, timeout, drain_idle, stall, hold;
+    long port_offset, retries;
+    double duration, rate, warmup, timeout, drain_idle, stall, hold, persistent, attempt_timeout;
 } opt = {
     .mode = "flow", .host = "127.0.0.1", .prefix = "bench", .username = "bench", .port = 1883, .pubs = 1,
     .subs = 1, .qos = 0, .payload = 100, .window = 2000, .inflight = 100, .count = 100000,
     .conns = 1000, .concurrency = 200, .src_ips = 1, .keepalive = 300, .topics = 10000,
     .branches = 100, .sub_qos = -1, .duration = 3.0, .warmup = 0.0, .timeout = 30.0,
-    .drain_idle = 1.0, .stall = 0.5, .hold = 60.0,
+    .drain_idle = 1.0, .stall = 0.5, .hold = 60.0, .ports = "", .retries = 20,
+    .attempt_timeout = 10.0,
 };
 
 typedef struct {
@@ -102,6 +115,9 @@ static const OptSpec OPTIONS[] = {
     {"duration", 'd', &opt.duration},
     {"rate", 'd', &opt.rate}, {"warmup", 'd', &opt.warmup}, {"timeout", 'd', &opt.timeout},
     {"drain-idle", 'd', &opt.drain_idle}, {"stall", 'd', &opt.stall}, {"hold", 'd', &opt.hold},
+    {"ports", 's', &opt.ports}, {"port-offset", 'l', &opt.port_offset},
+    {"persistent", 'd', &opt.persistent}, {"retries", 'l', &opt.retries},
+    {"attempt-timeout", 'd', &opt.attempt_timeout},
 };
 
 /* Counters of the whole run. */
@@ -118,6 +134,15 @@ static struct {
     uint32_t *hist;
     long fan;
     int relay, listen_fd;
+    /* fleet mode */
+    long ports[MAX_PORTS];
+    int nports, reconnect, quit;
+    uint32_t *queue, qhead, qlen;   /* closed clients waiting to reconnect, FIFO */
+    uint32_t *rc_us, nrc;            /* loss -> CONNACK time of every reconnect, in us */
+    uint64_t refused, reconnected, resumed, not_resumed, gave_up, failed_attempts;
+    uint64_t first_loss_ns, last_reconnect_ns;
+    char line[256];
+    size_t line_len;
 } G;
 
 static void die(const char *what) {
@@ -326,8 +351,12 @@ static void set_events(Conn *c, int want_out) {
     c->epout = (uint8_t)want_out;
 }
 
+static void fleet_closed(Conn *c, uint8_t was);
+static void fleet_reconnected(Conn *c, int resumed, uint64_t now);
+
 static void conn_close(Conn *c, int lost) {
     if (c->state == ST_FREE || c->state == ST_CLOSED) return;
+    uint8_t was = c->state;
     if (c->state == ST_CONNECTING || c->state == ST_WAIT_CONNACK) {
         G.failed++;
         G.pending_connects--;
@@ -341,6 +370,7 @@ static void conn_close(Conn *c, int lost) {
     c->state = ST_CLOSED;
     buf_free(&c->in);
     buf_free(&c->out);
+    if (G.reconnect) fleet_closed(c, was);
 }
 
 static void conn_flush(Conn *c) {
@@ -364,6 +394,7 @@ static void conn_flush(Conn *c) {
 
 /* Subscribers and every other idle connection go to the second node when there is one. */
 static long conn_port(const Conn *c) {
+    if (G.nports) return G.ports[c->port_i];
     if (!opt.port2) return opt.port;
     if (c->role == ROLE_SUB || (c->role == ROLE_IDLE && c->idx % 2)) return opt.port2;
     return opt.port;
@@ -393,6 +424,7 @@ static void conn_open(Conn *c) {
         c->state = ST_CLOSED;
         G.failed++;
         G.pending_connects--;
+        if (G.reconnect) fleet_closed(c, ST_CONNECTING);
         return;
     }
     struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | (lean(c) ? EPOLLET : 0),
@@ -471,15 +503,16 @@ static void on_packet(Conn *c, uint8_t first, const uint8_t *body, size_t len, u
     switch (first >> 4) {
     case 2: /* CONNACK */
         if (c->state != ST_WAIT_CONNACK) return;
-        G.pending_connects--;
         if (len < 2 || body[1] != 0) {
-            c->state = ST_READY; /* counted as failed below */
-            G.failed++;
-            conn_close(c, 0);
+            G.refused++;
+            conn_close(c, 0); /* counted as failed there */
             return;
         }
+        G.pending_connects--;
         G.connected++;
-        if (c->filter) {
+        int resumed = c->persistent && (body[0] & 1);
+        if (c->lost_ns) fleet_reconnected(c, resumed, rx);
+        if (c->filter && !resumed) {
             c->state = ST_WAIT_SUBACK;
             encode_subscribe(&c->out, c->filter, (int)opt.sub_qos);
         } else {
@@ -518,6 +551,7 @@ static void on_packet(Conn *c, uint8_t first, const uint8_t *body, size_t len, u
 }
 
 static void relay_packet(Conn *c, const uint8_t *raw, size_t len);
+static void fleet_command(void);
 
 /* Hand every complete packet in p[0, avail) to on_packet; returns the bytes consumed. */
 static size_t parse_packets(Conn *c, const uint8_t *p, size_t avail, uint64_t rx) {
@@ -592,6 +626,10 @@ static uint64_t poll_once(int timeout_ms) {
         uint32_t tag = evs[k].data.u32;
         if (tag == LISTEN_TAG) {
             relay_accept();
+            continue;
+        }
+        if (tag == STDIN_TAG) {
+            fleet_command();
             continue;
         }
         if (tag == TIMER_TAG) {
@@ -920,6 +958,184 @@ static int run_session(uint64_t t_start, uint64_t deadline) {
     return 0;
 }
 
+/* ---- fleet: many idle clients across the nodes of a cluster, reconnecting when one dies ----- */
+
+static void fleet_enqueue(Conn *c, uint64_t not_before) {
+    c->retry_at = not_before;
+    G.queue[(G.qhead + G.qlen++) % G.nconns] = c->idx;
+}
+
+/* A client's connection ended: an established one starts reconnecting at once through another
+ * port (the clients of one port spread evenly over the others); a failed attempt tries the next
+ * port of the list, pausing once it has tried them all, and gives up after --retries attempts. */
+static void fleet_closed(Conn *c, uint8_t was) {
+    uint64_t now = now_ns();
+    if (!c->lost_ns) {
+        if (was == ST_CONNECTING || was == ST_WAIT_CONNACK) return; /* never connected */
+        c->lost_ns = now;
+        c->attempts = 0;
+        if (!G.first_loss_ns) G.first_loss_ns = now;
+    } else if (++c->attempts >= opt.retries) {
+        G.gave_up++;
+        return;
+    } else {
+        G.failed_attempts++;
+        c->port_i = (uint8_t)((c->port_i + 1) % G.nports);
+    }
+    if (!c->attempts && G.nports > 1) {
+        /* The clients of one port spread evenly over the others, as clients that each list
+         * the nodes in an order of their own would. */
+        uint32_t step = 1 + (c->idx / (uint32_t)G.nports) % (uint32_t)(G.nports - 1);
+        c->port_i = (uint8_t)((c->port_i + step) % G.nports);
+    }
+    uint64_t pause = c->attempts && c->attempts % G.nports == 0 ? 200000000ULL : 0;
+    fleet_enqueue(c, now + pause);
+}
+
+static void fleet_reconnected(Conn *c, int resumed, uint64_t now) {
+    uint64_t us = (now - c->lost_ns) / 1000;
+    if (G.nrc < 2 * G.nconns) G.rc_us[G.nrc++] = us > UINT32_MAX ? UINT32_MAX : (uint32_t)us;
+    G.reconnected++;
+    if (resumed) G.resumed++;
+    else if (c->persistent) G.not_resumed++; /* it subscribes again */
+    G.last_reconnect_ns = now;
+    c->lost_ns = 0;
+}
+
+/* Start queued reconnects, at most --concurrency handshakes at a time. */
+static void fleet_pump(uint64_t now) {
+    while (G.qlen && G.pending_connects < (uint64_t)opt.concurrency) {
+        Conn *c = &G.conns[G.queue[G.qhead]];
+        if (c->retry_at > now) break;
+        G.qhead = (G.qhead + 1) % G.nconns;
+        G.qlen--;
+        c->attempt_ns = now;
+        conn_open(c);
+    }
+}
+
+/* Attempts that got no CONNACK within --attempt-timeout count as failed. */
+static void fleet_expire(uint64_t now) {
+    uint64_t limit = (uint64_t)(opt.attempt_timeout * 1e9);
+    for (uint32_t i = 0; i < G.nconns; i++) {
+        Conn *c = &G.conns[i];
+        if (c->lost_ns && (c->state == ST_CONNECTING || c->state == ST_WAIT_CONNACK) &&
+            now - c->attempt_ns > limit)
+            conn_close(c, 0);
+    }
+}
+
+static int cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void fleet_status(const char *mode) {
+    uint64_t open = 0, persistent_open = 0, waiting = 0;
+    for (uint32_t i = 0; i < G.nconns; i++) {
+        Conn *c = &G.conns[i];
+        if (c->state == ST_READY) {
+            open++;
+            persistent_open += c->persistent;
+        }
+        if (c->lost_ns) waiting++;
+    }
+    qsort(G.rc_us, G.nrc, sizeof *G.rc_us, cmp_u32);
+    double min = G.nrc ? G.rc_us[0] / 1000.0 : -1;
+    double p50 = G.nrc ? G.rc_us[G.nrc / 2] / 1000.0 : -1;
+    double p99 = G.nrc ? G.rc_us[(size_t)(G.nrc * 0.99)] / 1000.0 : -1;
+    double max = G.nrc ? G.rc_us[G.nrc - 1] / 1000.0 : -1;
+    printf("{\"mode\": \"%s\", \"clients\": %u, \"open\": %lu, \"persistent_open\": %lu, "
+           "\"waiting\": %lu, \"reconnected\": %lu, \"resumed\": %lu, \"not_resumed\": %lu, "
+           "\"gave_up\": %lu, \"failed_attempts\": %lu, \"refused\": %lu, "
+           "\"first_loss_ns\": %lu, \"last_reconnect_ns\": %lu, \"reconnect_min_ms\": %.1f, "
+           "\"reconnect_p50_ms\": %.1f, "
+           "\"reconnect_p99_ms\": %.1f, \"reconnect_max_ms\": %.1f, \"loadgen_cpu_s\": %.3f, ",
+           mode, G.nconns, open, persistent_open, waiting, G.reconnected, G.resumed,
+           G.not_resumed, G.gave_up, G.failed_attempts, G.refused, G.first_loss_ns,
+           G.last_reconnect_ns, min, p50, p99, max, cpu_seconds());
+    print_common();
+    printf("}\n");
+    fflush(stdout);
+}
+
+/* A line on stdin: "status" prints a status line, "done" (or end of input) ends the hold. */
+static void fleet_command(void) {
+    char chunk[128];
+    ssize_t n = read(0, chunk, sizeof chunk);
+    if (n <= 0) {
+        if (n == 0 || (errno != EAGAIN && errno != EINTR)) G.quit = 1;
+        return;
+    }
+    for (ssize_t i = 0; i < n; i++) {
+        if (chunk[i] != '\n') {
+            if (G.line_len < sizeof G.line - 1) G.line[G.line_len++] = chunk[i];
+            continue;
+        }
+        G.line[G.line_len] = 0;
+        G.line_len = 0;
+        if (!strcmp(G.line, "status")) fleet_status("fleet-status");
+        else if (!strcmp(G.line, "done")) G.quit = 1;
+    }
+}
+
+static int fleet_ports(void) {
+    char *list = strdup(opt.ports), *save = NULL;
+    for (char *p = strtok_r(list, ",", &save); p && G.nports < MAX_PORTS;
+         p = strtok_r(NULL, ",", &save))
+        G.ports[G.nports++] = strtol(p, 0, 10);
+    free(list);
+    return G.nports;
+}
+
+/* Client i connects first to ports[(i + port_offset) % n]; a fraction --persistent of them
+ * (spread evenly) keeps a persistent session subscribed at QoS --sub-qos to {prefix}/s/{i}. */
+static int run_fleet(uint64_t t_start, uint64_t deadline) {
+    if (!fleet_ports()) {
+        printf("{\"mode\": \"fleet\", \"error\": \"--ports names no port\"}\n");
+        return 1;
+    }
+    char *filters = calloc((size_t)opt.conns, 48);
+    G.queue = calloc((size_t)opt.conns + 1, sizeof *G.queue);
+    G.rc_us = calloc(2 * (size_t)opt.conns + 1, sizeof *G.rc_us);
+    if (!filters || !G.queue || !G.rc_us) die("out of memory");
+    for (long i = 0; i < opt.conns; i++) {
+        int persistent = (long)((i + 1) * opt.persistent) > (long)(i * opt.persistent);
+        char *f = NULL;
+        if (persistent) {
+            f = filters + i * 48;
+            snprintf(f, 48, "%s/s/%ld", opt.prefix, i);
+        }
+        Conn *c = add_conn(ROLE_IDLE, !persistent, f);
+        c->persistent = (uint8_t)persistent;
+        c->port_i = (uint8_t)((i + opt.port_offset) % G.nports);
+    }
+    struct epoll_event ev = {.events = EPOLLIN, .data.u32 = STDIN_TAG};
+    epoll_ctl(G.ep, EPOLL_CTL_ADD, 0, &ev);
+    double cpu0 = cpu_seconds();
+    int complete = connect_all(0, G.nconns, deadline) && !G.failed && !G.suback_failures;
+    uint64_t t1 = now_ns();
+    double secs = (t1 - t_start) / 1e9;
+    printf("{\"mode\": \"fleet\", \"complete\": %d, \"connect_s\": %.4f, \"connects_per_s\": %.1f, "
+           "\"loadgen_cpu\": %.3f, ",
+           complete, secs, G.connected / secs, (cpu_seconds() - cpu0) / secs);
+    print_common();
+    printf("}\n");
+    fflush(stdout);
+    G.reconnect = 1;
+    uint64_t hold_end = t1 + (uint64_t)(opt.hold * 1e9), next_expire = t1;
+    for (uint64_t now = t1; !G.quit && now < hold_end;) {
+        fleet_pump(now);
+        now = poll_once(G.qlen ? 2 : 20);
+        if (now >= next_expire) {
+            fleet_expire(now);
+            next_expire = now + 500000000ULL;
+        }
+    }
+    G.reconnect = 0;
+    fleet_status("fleet-held");
+    return 0;
+}
 
 /* ---- relay: a trivial QoS 0 "broker" that measures the generator's own ceiling ------------- */
 
@@ -1019,6 +1235,8 @@ int main(int argc, char **argv) {
         rc = run_relay(deadline);
     } else if (!strcmp(opt.mode, "session")) {
         rc = run_session(t_start, deadline);
+    } else if (!strcmp(opt.mode, "fleet")) {
+        rc = run_fleet(t_start, deadline);
     } else {
         fprintf(stderr, "loadgen: unknown mode %s\n", opt.mode);
         return 2;

@@ -396,6 +396,15 @@ def _registry_key(name: str, member: str) -> str:
     return json.dumps([name, member], separators=(",", ":"))
 
 
+def _registry_entry(key: str) -> tuple[str, str] | None:
+    """The (subscription name, member) of a registry key; None for a key of another shape."""
+    try:
+        name, member = json.loads(key)
+    except (ValueError, TypeError):
+        return None
+    return (name, member) if isinstance(name, str) and isinstance(member, str) else None
+
+
 def _since(record: Any) -> dict[str, int]:
     try:
         return {str(s): int(t) for s, t in record["since"].items()}
@@ -415,7 +424,38 @@ class SubscriptionRegistry:
     be deleted (or a shared one left) without a consumer attached."""
 
     def __init__(self, table: ClusterTable) -> None:
+        """`table` has loaded: the registry indexes what it holds, then follows its writes."""
         self.table = table
+        # Subscription name -> the keys of its members that may be in the table (a superset:
+        # `members` reads each back), so that looking one subscription up costs its members,
+        # not a scan of every subscription of the namespace.
+        self._keys: dict[str, set[str]] = {}
+        table.observe(self._observe)
+        for key, _ in table.items():
+            self._note(key)
+
+    def _note(self, key: str) -> None:
+        entry = _registry_entry(key)
+        if entry is not None:
+            self._keys.setdefault(entry[0], set()).add(key)
+
+    def _observe(self, key: str, value: bytes | None, _position: MessageId) -> None:
+        if value is not None:
+            self._note(key)
+            return
+        entry = _registry_entry(key)
+        keys = None if entry is None else self._keys.get(entry[0])
+        if keys is None or key not in keys:
+            return
+        try:
+            if self.table.get(key) is not None:
+                return  # written again since (this proxy's own write, read back later)
+        except BackendError:
+            return  # the table failed: keep the key, `members` reads it back anyway
+        keys.discard(key)
+        if not keys:
+            assert entry is not None
+            del self._keys[entry[0]]
 
     @staticmethod
     def _kept(spec: SubscriptionSpec) -> bool:
@@ -451,17 +491,21 @@ class SubscriptionRegistry:
         if self.table.get(key) == value:
             await trio.lowlevel.checkpoint()
             return
+        self._note(key)
         await self.table.put(key, value)
+        self._note(key)  # a delete read back meanwhile may have dropped it
 
     def members(self, name: str) -> dict[str, dict[str, Any]]:
         """The recorded members of subscription `name`, with their records."""
         found: dict[str, dict[str, Any]] = {}
-        for key, value in self.table.items():
+        for key in list(self._keys.get(name, ())):
+            value = self.table.get(key)
+            entry = _registry_entry(key)
+            if value is None or entry is None:
+                continue
             try:
-                recorded_name, member = json.loads(key)
-                if recorded_name == name:
-                    found[member] = json.loads(value)
-            except (ValueError, TypeError):
+                found[entry[1]] = json.loads(value)
+            except ValueError:
                 continue
         return found
 
