@@ -380,7 +380,10 @@ class ClusterBackend:
                 if self.local.owns(topic):
                     pending.append(self.local.publish(topic, message))
                     continue
-                receipt = await self.producers.submit(topic, message)
+                try:
+                    receipt = self.producers.submit_nowait(topic, message)
+                except trio.WouldBlock:  # no producer yet, or no room: wait for it
+                    receipt = await self.producers.submit(topic, message)
             except BackendError as exc:
                 pending.append(exc)
             except ValueError as exc:

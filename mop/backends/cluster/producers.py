@@ -15,7 +15,7 @@ import logging
 import trio
 
 from mop.backends.cluster.errors import error_for
-from mop.backends.cluster.messages import outgoing
+from mop.backends.cluster.messages import Outgoing, outgoing
 from mop.backends.cluster.options import ProducerOptions
 from mop.message import Message, MessageId
 from mop.processor.backend import BackendError, PublishResult
@@ -81,6 +81,17 @@ class Receipt:
         """The message's id once it is stored; BackendError when it cannot be."""
         await self.settled()
         return self.result()
+
+
+def _prepared(
+    message: Message, extra: dict[str, str] | None
+) -> tuple[bytes, tuple[tuple[str, str], ...], Outgoing]:
+    """The payload, properties (with `extra`) and the rest of the Pulsar form of `message`."""
+    out = outgoing(message)
+    properties = out.properties
+    if extra:
+        properties = tuple({**dict(properties), **extra}.items())
+    return out.payload, properties, out
 
 
 class ProducerCache:
@@ -157,17 +168,43 @@ class ProducerCache:
         """Hand `message` to the topic's producer (waiting for room) and return its receipt,
         to await when the outcome matters; None for a qos-0 message, whose outcome is not
         reported."""
+        try:
+            return self.submit_nowait(topic, message, extra=extra)
+        except trio.WouldBlock:
+            pass
         entry = await self._producer(topic, batching)
         producer = entry.producer
         assert producer is not None
-        out = outgoing(message)
-        properties = out.properties
-        if extra:
-            properties = tuple({**dict(properties), **extra}.items())
+        payload, properties, out = _prepared(message, extra)
         entry.last_used = trio.current_time()
         try:
             ticket = await producer.send(
-                out.payload,
+                payload,
+                properties,
+                key=out.partition_key,
+                event_time=out.event_time,
+                deliver_at=out.deliver_at,
+                ticket=bool(message.qos),
+            )
+        except DriverError as exc:
+            self._forget(topic, entry)
+            raise error_for(exc, f"publishing to {topic}") from None
+        return None if ticket is None else Receipt(self, topic, entry, ticket)
+
+    def submit_nowait(
+        self, topic: str, message: Message, *, extra: dict[str, str] | None = None
+    ) -> Receipt | None:
+        """`submit` to a producer that is ready and has room, without waiting (no coroutine
+        per message on a publisher's hot path); trio.WouldBlock otherwise."""
+        entry = self._entries.get(topic)
+        producer = None if entry is None else entry.producer
+        if entry is None or producer is None or producer.closed or self._closed:
+            raise trio.WouldBlock
+        payload, properties, out = _prepared(message, extra)
+        entry.last_used = trio.current_time()
+        try:
+            ticket = producer.send_nowait(
+                payload,
                 properties,
                 key=out.partition_key,
                 event_time=out.event_time,
