@@ -36,6 +36,7 @@ from mop.protocols.pulsar.driver import (
     ClientOptions,
     ConsumerConfig,
     MessageTooLarge,
+    ProducerConfig,
     PulsarClient,
     Received,
     ServerRefused,
@@ -158,6 +159,29 @@ async def test_no_send_carries_more_than_the_brokers_max_message_size() -> None:
     assert sends and all(s.payload is not None and len(s.payload.data) <= limit for s in sends)
     assert sum(s.num_messages for s in sends) == 11  # the refused ones never went
     assert sum(isinstance(c, Connect) for c in received) == 1  # one connection throughout
+
+
+async def test_send_nowait_takes_messages_while_there_is_room_and_never_waits() -> None:
+    """Up to `max_pending` messages without a receipt; then trio.WouldBlock (where `send`
+    waits), and room again once receipts come."""
+    urls: list[str] = []
+    async with scripted_broker(storing_broker(urls)) as (url, _received):
+        urls.append(url)
+        client = PulsarClient(url, ClientOptions("test", operation_timeout=2))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client.serve)
+            with trio.fail_after(5):
+                config = ProducerConfig(max_pending=3)
+                producer = await create_producer(client, "persistent://public/default/t", config)
+                tickets = [producer.send_nowait(b"m%d" % i) for i in range(3)]
+                with pytest.raises(trio.WouldBlock):
+                    producer.send_nowait(b"no room")
+                for ticket in tickets:
+                    assert ticket is not None
+                    await ticket.wait()
+                assert producer.send_nowait(b"room again", ticket=False) is None
+                await producer.close()
+            await client.aclose()
 
 
 async def test_a_corrupt_message_gives_its_permit_back_and_is_asked_for_again() -> None:
