@@ -53,6 +53,7 @@ import trio
 
 from mop.message import MessageId
 from mop.processor.backend import BackendError
+from mop.processor.fencing import LeaseFence
 
 if TYPE_CHECKING:
     from mop.backends.cluster.context import ClusterContext
@@ -113,26 +114,14 @@ def parse_release(value: str) -> tuple[str, Frontier | None]:
     return first, frontier
 
 
-class ClusterLease:
-    """Ownership of one client id, fenced when another connection (on any proxy) takes it.
-    Lean, since a proxy holds one per connection: its events are made only when a task waits
-    for them, and the MQTT layer is told of a fence by a callback (`on_fenced`), not a task."""
+class ClusterLease(LeaseFence):
+    """Ownership of one client id, fenced when another connection (on any proxy) takes it
+    (see `LeaseFence` for its states)."""
 
-    __slots__ = (
-        "_client_id",
-        "_fenced",
-        "_fenced_event",
-        "_on_fenced",
-        "_presence",
-        "_released",
-        "_released_event",
-        "applied",
-        "holding",
-        "nonce",
-        "previous",
-    )
+    __slots__ = ("_client_id", "_presence", "applied", "holding", "nonce", "previous")
 
     def __init__(self, presence: Presence, client_id: str, nonce: str) -> None:
+        super().__init__()
         self._presence = presence
         self._client_id = client_id
         self.nonce = nonce
@@ -140,76 +129,24 @@ class ClusterLease:
         self.applied: trio.Event | None = trio.Event()
         self.previous: tuple[str, str] | None = None  # (proxy, nonce) its claim replaced
         self.holding = False
-        self._fenced = False
-        self._released = False
-        self._fenced_event: trio.Event | None = None
-        self._released_event: trio.Event | None = None
-        self._on_fenced: Callable[[], None] | None = None
 
     @property
     def client_id(self) -> str:
         return self._client_id
 
     @property
-    def fenced(self) -> bool:
-        return self._fenced
-
-    @property
     def claimed(self) -> bool:
         """Whether its claim has been read back (so a later claim can fence it)."""
         return self.applied is None or self.applied.is_set()
 
-    @property
-    def released(self) -> bool:
-        return self._released
-
-    async def wait_fenced(self) -> None:
-        if self._fenced:
-            await trio.lowlevel.checkpoint()
-            return
-        if self._fenced_event is None:
-            self._fenced_event = trio.Event()
-        await self._fenced_event.wait()
-
-    def on_fenced(self, callback: Callable[[], None]) -> None:
-        if not self._fenced:
-            self._on_fenced = callback
-        elif not self._released:  # a released lease never calls it
-            callback()
-
-    async def wait_released(self) -> None:
-        if self._released:
-            await trio.lowlevel.checkpoint()
-            return
-        if self._released_event is None:
-            self._released_event = trio.Event()
-        await self._released_event.wait()
-
     def fence(self) -> None:
         self.holding = False
-        if self._fenced:
-            return
-        self._fenced = True
-        if self._fenced_event is not None:
-            self._fenced_event.set()
-        callback, self._on_fenced = self._on_fenced, None
-        if callback is not None and not self._released:
-            try:
-                callback()
-            except Exception:  # the connection's own failure: the others are fenced all the same
-                log.exception("client %r: the fence callback failed", self._client_id)
-
-    def _mark_released(self) -> None:
-        self._released = True
-        self._on_fenced = None  # a released lease never calls it
-        if self._released_event is not None:
-            self._released_event.set()
+        self.set_fenced()
 
     async def release(self) -> None:
-        if self._released:
+        if not self.set_released():
             await trio.lowlevel.checkpoint()
             return
-        self._mark_released()
         self.holding = False
         with trio.CancelScope(shield=True):
             await self._presence.let_go(self)
@@ -217,7 +154,7 @@ class ClusterLease:
     def abort(self) -> None:
         """The backend stops: fence and let go without a word to the brokers."""
         self.fence()
-        self._mark_released()
+        self.set_released()
 
 
 class Presence:

@@ -15,7 +15,7 @@ import logging
 import trio
 
 from mop.backends.cluster.errors import error_for
-from mop.backends.cluster.messages import Outgoing, outgoing
+from mop.backends.cluster.messages import outgoing
 from mop.backends.cluster.options import ProducerOptions
 from mop.message import Message, MessageId
 from mop.processor.backend import BackendError, PublishResult
@@ -81,17 +81,6 @@ class Receipt:
         """The message's id once it is stored; BackendError when it cannot be."""
         await self.settled()
         return self.result()
-
-
-def _prepared(
-    message: Message, extra: dict[str, str] | None
-) -> tuple[bytes, tuple[tuple[str, str], ...], Outgoing]:
-    """The payload, properties (with `extra`) and the rest of the Pulsar form of `message`."""
-    out = outgoing(message)
-    properties = out.properties
-    if extra:
-        properties = tuple({**dict(properties), **extra}.items())
-    return out.payload, properties, out
 
 
 class ProducerCache:
@@ -175,21 +164,12 @@ class ProducerCache:
         entry = await self._producer(topic, batching)
         producer = entry.producer
         assert producer is not None
-        payload, properties, out = _prepared(message, extra)
-        entry.last_used = trio.current_time()
-        try:
-            ticket = await producer.send(
-                payload,
-                properties,
-                key=out.partition_key,
-                event_time=out.event_time,
-                deliver_at=out.deliver_at,
-                ticket=bool(message.qos),
-            )
-        except DriverError as exc:
-            self._forget(topic, entry)
-            raise error_for(exc, f"publishing to {topic}") from None
-        return None if ticket is None else Receipt(self, topic, entry, ticket)
+        while True:
+            await producer.wait_for_room()
+            try:
+                return self._hand_over(topic, entry, producer, message, extra)
+            except trio.WouldBlock:
+                continue  # taken by another task meanwhile
 
     def submit_nowait(
         self, topic: str, message: Message, *, extra: dict[str, str] | None = None
@@ -200,11 +180,24 @@ class ProducerCache:
         producer = None if entry is None else entry.producer
         if entry is None or producer is None or producer.closed or self._closed:
             raise trio.WouldBlock
-        payload, properties, out = _prepared(message, extra)
+        return self._hand_over(topic, entry, producer, message, extra)
+
+    def _hand_over(
+        self,
+        topic: str,
+        entry: _Entry,
+        producer: ClientProducer,
+        message: Message,
+        extra: dict[str, str] | None,
+    ) -> Receipt | None:
+        out = outgoing(message)
+        properties = out.properties
+        if extra:
+            properties = tuple({**dict(properties), **extra}.items())
         entry.last_used = trio.current_time()
         try:
             ticket = producer.send_nowait(
-                payload,
+                out.payload,
                 properties,
                 key=out.partition_key,
                 event_time=out.event_time,

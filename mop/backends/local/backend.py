@@ -151,11 +151,11 @@ class LocalBackend:
         if previous is None:
             await trio.lowlevel.checkpoint()
             return lease
-        previous._fence()
+        previous.set_fenced()
         try:
             # A holder that does not let go in time loses the id anyway: it is fenced.
             with trio.move_on_after(self.fence_timeout):
-                await previous._wait_released()
+                await previous.wait_released()
         except BaseException:
             lease._release_now()
             raise
@@ -311,7 +311,7 @@ class LocalBackend:
         for consumer in list(self._consumers):
             consumer._shutdown()
         for lease in self._leases.values():
-            lease._fence()
+            lease.set_fenced()
         self._stop.set()
         with trio.CancelScope(shield=True), translated():
             await self.storage.aclose()

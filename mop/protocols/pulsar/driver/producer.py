@@ -219,8 +219,7 @@ class ClientProducer:
         """Queue one message; returns its Ticket (None when `ticket` is false). Waits while
         `max_pending` messages are without a receipt; raises the producer's error once it
         failed for good."""
-        while self._queued >= self.config.max_pending and not self._closed:
-            await self._room.wait()
+        await self.wait_for_room()
         return self.send_nowait(
             payload,
             properties,
@@ -229,6 +228,12 @@ class ClientProducer:
             deliver_at=deliver_at,
             ticket=ticket,
         )
+
+    async def wait_for_room(self) -> None:
+        """Return once fewer than `max_pending` messages are without a receipt (or the
+        producer is closed); at once, without a checkpoint, when they are."""
+        while self._queued >= self.config.max_pending and not self._closed:
+            await self._room.wait()
 
     def send_nowait(
         self,
