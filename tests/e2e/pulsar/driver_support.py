@@ -46,6 +46,14 @@ class Inbox:
                 await self._changed.wait()
         return self.items
 
+    async def wait_for_distinct(self, count: int, seconds: float = 5) -> list[Received]:
+        """Wait until `count` distinct payloads came (a broker may deliver one again)."""
+        with trio.fail_after(seconds):
+            while len(set(self.payloads)) < count:
+                self._changed = trio.Event()
+                await self._changed.wait()
+        return self.items
+
     @property
     def payloads(self) -> list[bytes]:
         return [item.payload for item in self.items]
