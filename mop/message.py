@@ -5,13 +5,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, TypeVar, dataclass_transform
 
-__all__ = ["TOMBSTONE_PROPERTY", "Delivery", "Message", "MessageId", "ordered_value", "value"]
+__all__ = [
+    "QOS_PROPERTY",
+    "TOMBSTONE_PROPERTY",
+    "Delivery",
+    "Message",
+    "MessageId",
+    "ordered_value",
+    "qos_of",
+    "value",
+]
 
 _T = TypeVar("_T")
 
 # A message with this property set to "1" deletes its key from a compacted topic (a table): the
 # broker's compaction and the separated backend's tables read and write it alike.
 TOMBSTONE_PROPERTY: Final = "mop.tombstone"
+# The QoS an MQTT message was published with, when not 1, on a Pulsar message: a separated
+# proxy writes it, and a broker routes such a QoS 0 message at once, as it does its own MQTT
+# clients' (at most once), instead of holding it until it is written.
+QOS_PROPERTY: Final = "mop.qos"
+
+
+def qos_of(properties: tuple[tuple[str, str], ...]) -> int:
+    """The QoS `properties` carry under QOS_PROPERTY (the last one wins); 1 without one."""
+    qos = 1
+    for name, value in properties:
+        if name == QOS_PROPERTY and value in ("0", "1", "2"):
+            qos = int(value)
+    return qos
 
 
 # Value classes made once or more per message (ids, messages, deliveries, PUBLISH packets) are

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from mop.message import Message
+from mop.message import QOS_PROPERTY, Message
 
 __all__ = [
     "EXPIRES_AT",
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 RESERVED_PREFIX = "mop."
-QOS = "mop.qos"
+QOS = QOS_PROPERTY
 EXPIRES_AT = "mop.expires_at"
 PRODUCER = "mop.producer"
 PROPERTIES = "mop.properties"

@@ -15,7 +15,7 @@ import dataclasses
 import struct
 from typing import Final
 
-from mop.message import Message, MessageId
+from mop.message import Message, MessageId, qos_of
 from mop.protocols.pulsar.batching import read_members
 from mop.protocols.pulsar.codec import message_bytes
 from mop.protocols.pulsar.compression import UndecodablePayload, decompress
@@ -96,9 +96,13 @@ def message_from_payload(payload: Payload, *, limit: int = DEFAULT_MAX_MESSAGE_S
     batch: tuple[Message, ...] = ()
     if meta.num_messages_in_batch is not None and meta.compression is CompressionType.NONE:
         batch = split_batch(data, meta.num_messages_in_batch, producer, publish_time)
+    properties = _pairs(meta.properties)
+    # An entry is held until written if any message in it must be (see QOS_PROPERTY).
+    qos = max(member.qos for member in batch) if batch else qos_of(properties)
     return Message(
         payload=b"" if batch or meta.null_value else data,
-        properties=_pairs(meta.properties),
+        properties=properties,
+        qos=qos,
         key=_key(meta.partition_key, meta.ordering_key),
         producer=producer,
         publish_time=publish_time,
@@ -145,6 +149,7 @@ def split_batch(data: bytes, count: int, producer: str, publish_time: int) -> tu
             producer=producer,
             publish_time=publish_time,
             event_time=member.event_time,
+            qos=qos_of(member.properties),
             wire_format=WIRE_FORMAT,
             wire=member.header,
         )
