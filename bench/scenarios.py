@@ -424,6 +424,18 @@ SCENARIOS: dict[str, Scenario] = {
             4,
         ),
         Scenario(
+            "fanin-flat",
+            "fan-in QoS 0, 100 pubs flat out -> 1 wildcard sub",
+            (_rate("msgs", "fan-in QoS 0 flat out, {fanin} pubs -> 1 wildcard sub, msgs/s"),),
+            # No window: the publishers send as fast as the broker reads them, so this is the
+            # capacity (with the queueing the `fanin` window keeps out), and any QoS 0 message
+            # dropped on the way shows as not delivered.
+            _throughput(
+                "msgs", qos=0, pubs="fanin", topic_per_pub=1, wildcard=1, window=1_000_000, prime=1
+            ),
+            6,
+        ),
+        Scenario(
             "latency",
             "QoS 1 at a fixed 5k msgs/s",
             (
