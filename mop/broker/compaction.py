@@ -67,7 +67,11 @@ def _entry_message(members: list[tuple[int, Message]]) -> Message:
     first = batch[0]
     # No wire metadata: it would announce the original batch size.
     return Message(
-        b"", producer=first.producer, publish_time=first.publish_time, qos=first.qos, batch=batch
+        b"",
+        producer=first.producer,
+        publish_time=first.publish_time,
+        qos=max(message.qos for message in batch),  # held, and kept, if any member must be
+        batch=batch,
     )
 
 

@@ -181,11 +181,13 @@ class ClusterBackend:
     def tables_written(self) -> Frontier | None:
         """Where this proxy's last confirmed write to each table is; None when a write may
         have landed somewhere unknown (the reader of a frontier then reads to the end)."""
-        if any(table.written_unknown for table in self._tables.values()):
+        # The presence table is no part of a frontier (a release is read in its own order).
+        tables = {name: t for name, t in self._tables.items() if name != PRESENCE_TABLE}
+        if any(table.written_unknown for table in tables.values()):
             return None
         return {
             name: table.written_through
-            for name, table in self._tables.items()
+            for name, table in tables.items()
             if table.written_through is not None
         }
 

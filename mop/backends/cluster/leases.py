@@ -344,7 +344,9 @@ class Presence:
                 return None  # a release without a frontier, of an id since deleted maybe
             return dict(self._released_through)  # a copy: releases may come while it is read
         if previous[0] == self.proxy_id:
-            return {}  # this proxy's own writes are in its tables as soon as confirmed
+            # This proxy's own writes are in its tables as soon as confirmed; one that may
+            # have landed unconfirmed is not.
+            return {} if self._written() is not None else None
         return self._released.get(previous[1])
 
     async def _let_go_of(self, previous: tuple[str, str]) -> None:
@@ -362,8 +364,11 @@ class Presence:
             del self._leases[client_id]
         if self._closed:
             return
-        if await self._release_claim(client_id, lease.nonce):
-            self._context.delays.call_later(CLEAN_UP_DELAY, lambda: self._clean_up(client_id))
+        nonce = lease.nonce
+        if await self._release_claim(client_id, nonce):
+            self._context.delays.call_later(
+                CLEAN_UP_DELAY, lambda: self._clean_up(client_id, nonce)
+            )
 
     async def _release_claim(self, client_id: str, nonce: str) -> bool:
         """Write the release of claim `nonce`; whether it was written."""
@@ -379,13 +384,20 @@ class Presence:
                 log.debug("releasing client id %r: %s", client_id, exc)
         return False
 
-    def _clean_up(self, client_id: str) -> None:
-        if self._closed or client_id in self._owners or client_id in self._leases:
-            return  # claimed again meanwhile
-        self._context.nursery.start_soon(self._delete, client_id)
+    def _clean_up(self, client_id: str, nonce: str) -> None:
+        if not self._closed and self._unclaimed(client_id, nonce):
+            self._context.nursery.start_soon(self._delete, client_id, nonce)
 
-    async def _delete(self, client_id: str) -> None:
-        if client_id in self._owners or client_id in self._leases:
+    def _unclaimed(self, client_id: str, nonce: str) -> bool:
+        """Whether nobody claimed `client_id` since the claim `nonce` was let go of (the
+        reader may not have brought that release back yet: the claim is then still ours)."""
+        if client_id in self._leases:
+            return False
+        owner = self._owners.get(client_id)
+        return owner is None or owner[1] == nonce
+
+    async def _delete(self, client_id: str, nonce: str) -> None:
+        if not self._unclaimed(client_id, nonce):
             await trio.lowlevel.checkpoint()
             return
         try:

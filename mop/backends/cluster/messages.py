@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from mop.message import QOS_PROPERTY, Message
+from mop.message import QOS_PROPERTY, Message, qos_of
 
 __all__ = [
     "EXPIRES_AT",
@@ -144,10 +144,9 @@ _Fields = tuple[tuple[tuple[str, str], ...], int, int, str | None]
 def _fields(pairs: tuple[tuple[str, str], ...]) -> _Fields:
     # As a map, the way a Pulsar message's properties are read: the last value of a name wins.
     properties = dict(pairs)
-    qos = _int(properties.get(QOS), 1)
     return (
         _pairs(properties),
-        qos if qos in (0, 1, 2) else 1,
+        qos_of(pairs),
         max(0, _int(properties.get(EXPIRES_AT), 0)),
         properties.get(PRODUCER),
     )

@@ -125,7 +125,10 @@ class ClusterTable:
         self._own: dict[str, int] = {}
         # The position of this proxy's last write that the broker confirmed.
         self._written_through: Position | None = None
-        self._written_unknown = False
+        # Puts are numbered as they are made; the latest one whose position is unknown (0:
+        # none since the last confirmed one made after it).
+        self._put_order = 0
+        self._unknown_from = 0
 
     @property
     def name(self) -> str:
@@ -160,16 +163,14 @@ class ClusterTable:
         # The reader may bring this very write back before its receipt does: while it is in
         # flight, changes of the key are this proxy's own and are not reported to watchers.
         self._own[key] = self._own.get(key, 0) + 1
+        order = self._put_order = self._put_order + 1
         try:
-            # Once asked for, the write lands or fails whether or not the caller waits: waited
-            # for all the same (the producer's send timeout bounds it), so that where it
-            # landed counts in this proxy's frontier.
-            with trio.CancelScope(shield=True):
-                result = await self._running.producers.send(
-                    self.topic, Message(payload=value or b"", key=key), batching=False, extra=extra
-                )
+            result = await self._running.producers.send(
+                self.topic, Message(payload=value or b"", key=key), batching=False, extra=extra
+            )
         except BaseException:
-            self._written_unknown = True  # it may have landed all the same
+            # Failed or given up on (cancelled): it may have landed all the same.
+            self._unknown_from = max(self._unknown_from, order)
             raise
         finally:
             if self._own[key] == 1:
@@ -180,10 +181,12 @@ class ClusterTable:
         if message_id.ledger < 0:
             # Stored before, by a send whose receipt was lost (the broker deduplicated this
             # one): where is unknown.
-            self._written_unknown = True
+            self._unknown_from = max(self._unknown_from, order)
         else:
-            # Later than any write before it (one producer, in order): known again.
-            self._written_unknown = False
+            if order > self._unknown_from:
+                # Sent after every write whose position is unknown (one producer, in order):
+                # those are before it, so its position covers them.
+                self._unknown_from = 0
             position = (message_id.ledger, message_id.entry)
             if self._written_through is None or position > self._written_through:
                 self._written_through = position
@@ -200,7 +203,7 @@ class ClusterTable:
     def written_unknown(self) -> bool:
         """Whether a write since the last confirmed one may have landed at an unknown
         position (it failed, or its receipt was lost): `written_through` falls short."""
-        return self._written_unknown
+        return self._unknown_from > 0
 
     def watch(self, callback: Callable[[str, bytes | None], None]) -> None:
         """Call `callback(key, value)` (value None: deleted) on the trio thread whenever the

@@ -119,7 +119,9 @@ class LocalProducer:
             published = backend.broker.store(self._spec.topic, message, sequence=sequence)
         if message.deliver_at:
             backend._delays_changed()
-        sync = bool(message.qos) and not published.duplicate
+        # A named producer's receipt says the message is written, whatever QoS it carries (a
+        # QoS 0 one is routed before that, see `Broker._route`, but its receipt waits).
+        sync = not published.duplicate
         return _Stored(backend, published, sync)
 
     async def close(self) -> None:

@@ -22,8 +22,9 @@ from tests.e2e.cluster.support import proxy_process
 from tests.e2e.nodeproc import NodeProcess
 from tests.e2e.raw import RawClient
 
-MESSAGES = 300
+MESSAGES = 500
 KILL_AFTER = 100  # acknowledged messages before the first proxy is killed
+KILL_AFTER_SECONDS = 0.3  # or at this moment of the stream, whatever is in flight
 CLIENTS = 1000
 
 
@@ -41,27 +42,41 @@ def proxies(broker: NodeProcess, tmp_path: Path) -> Iterator[list[NodeProcess]]:
             proxy.close()
 
 
-@pytest.mark.parametrize("qos", [1, 2])
+@pytest.mark.parametrize(
+    ("qos", "in_flight"),
+    [(1, False), (2, False), (1, True), (2, True)],
+    ids=["qos1-between", "qos2-between", "qos1-in-flight", "qos2-in-flight"],
+)
 def test_a_proxy_killed_mid_stream_loses_no_acknowledged_message(
-    proxies: list[NodeProcess], prefix: str, qos: int
+    proxies: list[NodeProcess], prefix: str, qos: int, in_flight: bool
 ) -> None:
+    """Killed between two messages (each acknowledged, nothing in flight) or at any moment
+    of the stream (a message in flight, from a timer)."""
     first, second = proxies
     topic = f"{prefix}/stream"
     sub = Client(second.port, f"{prefix}-sub", version=4, clean=False)
     assert sub.subscribe(topic, qos=qos) == [qos]
     publisher = Publisher(first.port, f"{prefix}-pub", qos)
+    killer = threading.Timer(KILL_AFTER_SECONDS, first.kill)
+    if in_flight:
+        killer.start()
     acknowledged: list[int] = []
-    for index in range(MESSAGES):
-        if index == KILL_AFTER:
-            first.kill()
-        acknowledged.append(publisher.publish(topic, index, fallback=second.port))
-    assert publisher.reconnected, "the publisher never lost its proxy"
+    try:
+        for index in range(MESSAGES):
+            if index == KILL_AFTER and not in_flight:
+                first.kill()
+            acknowledged.append(publisher.publish(topic, index, fallback=second.port))
+    finally:
+        killer.cancel()
+        if in_flight:
+            killer.join()
+    assert publisher.reconnected, "the proxy was killed after the stream ended: nothing tested"
     got: list[int] = []
     deadline = time.monotonic() + 30
     while len(set(got)) < MESSAGES and time.monotonic() < deadline:
         got.extend(int(m.payload) for m in sub.expect(1, timeout=30))
     assert set(got) == set(acknowledged) == set(range(MESSAGES))
-    if qos == 2:
+    if qos == 2 and not in_flight:
         sub.expect_none(wait=1.0)  # a duplicate would come now
         assert sorted(got) == list(range(MESSAGES)), "QoS 2 delivered a message twice"
     sub.disconnect()

@@ -356,11 +356,15 @@ class ClientHandler:
         try:
             if self.flow is not None:
                 self.flow.flush_acks()  # what the client has must not come back
-            await subs.detach(unsubscribe=session_ends)
-            for entry in state.outbound.values():
-                entry.delivery = None
-            will = self.will if self._send_will else None
-            await self.server.sessions.release(state, will=will)
+            try:
+                await subs.detach(unsubscribe=session_ends)
+            finally:
+                # Kept or ended, and its will handled, even when a subscription could not
+                # be left.
+                for entry in state.outbound.values():
+                    entry.delivery = None
+                will = self.will if self._send_will else None
+                await self.server.sessions.release(state, will=will)
         finally:
             # Also when the session could not be saved: the client id is let go of all the
             # same (a lease releases itself shielded), or its next connection would wait for

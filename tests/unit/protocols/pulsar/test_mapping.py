@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mop.message import Message, MessageId
+from mop.protocols.pulsar.batching import single_header
 from mop.protocols.pulsar.codec import decode_message
 from mop.protocols.pulsar.frames import decode_batch, encode_batch, make_payload
 from mop.protocols.pulsar.mapping import (
@@ -142,3 +143,32 @@ def test_special_ids() -> None:
 def test_splitting_any_bytes_never_raises(data: bytes, count: int) -> None:
     members = split_batch(data, count, "p", 0)
     assert members == () or len(members) == count
+
+
+def test_the_mqtt_qos_a_message_carries_decides_whether_the_broker_holds_it() -> None:
+    """A proxy's QoS 0 message (`mop.qos` = 0) is routed before it is written; any other one,
+    and a batch with any other member, is held until written (qos >= 1)."""
+
+    def sent(*properties: tuple[tuple[str, str], ...]) -> Message:
+        if len(properties) == 1:
+            meta = MessageMetadata(
+                producer_name="p",
+                sequence_id=0,
+                publish_time=5,
+                properties=tuple(KeyValue(key=k, value=v) for k, v in properties[0]),
+            )
+            return message_from_payload(make_payload(meta, b"x"))
+        body = b"".join(single_header(p, None, 1, 0) + b"x" for p in properties)
+        meta = MessageMetadata(
+            producer_name="p", sequence_id=0, publish_time=5, num_messages_in_batch=len(properties)
+        )
+        return message_from_payload(make_payload(meta, body))
+
+    qos0 = (("mop.qos", "0"), ("mop.producer", "c"))
+    assert sent(qos0).qos == 0
+    assert sent(()).qos == 1  # a Pulsar client's own message
+    assert sent((("mop.qos", "2"),)).qos == 2
+    assert sent((("mop.qos", "zero"),)).qos == 1  # not ours to read: held
+    batch = sent(qos0, qos0)
+    assert batch.qos == 0 and [m.qos for m in batch.batch] == [0, 0]
+    assert sent(qos0, ()).qos == 1
