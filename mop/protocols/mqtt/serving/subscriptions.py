@@ -123,15 +123,23 @@ class SessionSubscriptions:
         self._nursery.start_soon(loop)
 
     async def detach(self, *, unsubscribe: bool) -> None:
-        """The connection ends: close the consumers, or delete them when the session ends."""
+        """The connection ends: close the consumers, or delete them when the session ends.
+        Every one is closed even when one cannot be (the first error is raised after)."""
         consumers = [c for c, _ in self._shared.values()]
         if self._normal is not None:
             consumers.append(self._normal)
+        failed: BackendError | None = None
         for consumer in consumers:
-            if unsubscribe:
-                await consumer.unsubscribe()
-            else:
-                await consumer.close()
+            try:
+                if unsubscribe:
+                    await consumer.unsubscribe()
+                else:
+                    await consumer.close()
+            except BackendError as exc:
+                log.warning("%s: a subscription could not be left: %s", self._ctx.client_id, exc)
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
     # -- SUBSCRIBE / UNSUBSCRIBE -----------------------------------------------------------
 
