@@ -170,7 +170,8 @@ class Presence:
         read_through: Callable[[Frontier], Awaitable[None]],
     ) -> None:
         """Step 4: `catch_up` reads the tables up to their end, `read_through` up to a
-        frontier; `written` is this proxy's own frontier."""
+        frontier; `written` is this proxy's own frontier (the presence table is no part of it;
+        None: unknown)."""
         self._context = context
         self._table = table
         self._catch_up = catch_up
@@ -374,11 +375,7 @@ class Presence:
         """Write the release of claim `nonce`; whether it was written."""
         with trio.move_on_after(self._context.fence_timeout):
             try:
-                written = self._written()
-                frontier = None
-                if written is not None:
-                    frontier = {k: v for k, v in written.items() if k != self._table.name}
-                await self._table.put(client_id, release_value(nonce, frontier))
+                await self._table.put(client_id, release_value(nonce, self._written()))
                 return True
             except BackendError as exc:
                 log.debug("releasing client id %r: %s", client_id, exc)
