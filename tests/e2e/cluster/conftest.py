@@ -4,13 +4,14 @@ than its `broker` process overrides `open_backend`."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
 from mop.backends.cluster import ClusterBackend
 from mop.testing.cluster import open_cluster_backend
-from tests.e2e.cluster.support import OpenBackend
+from tests.e2e.cluster.support import OpenBackend, proxy_process
 from tests.e2e.nodeproc import NodeProcess
 
 
@@ -39,3 +40,18 @@ async def peer(open_backend: OpenBackend) -> AsyncIterator[ClusterBackend]:
     """A second backend on the same broker: another proxy."""
     async with open_backend() as running:
         yield running
+
+
+@pytest.fixture
+def proxy_processes(broker: NodeProcess, tmp_path: Path) -> Iterator[list[NodeProcess]]:
+    """Two `mop run` proxies in front of the module's broker process, stopped at the end."""
+    started = [proxy_process(tmp_path / name, broker.service_url) for name in ("a", "b")]
+    try:
+        for proxy in started:
+            proxy.start()
+        yield started
+    finally:
+        for proxy in started:
+            if proxy.running:
+                proxy.stop()
+            proxy.close()

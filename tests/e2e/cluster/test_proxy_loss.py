@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import trio
@@ -18,7 +16,6 @@ from mop.backends.cluster.leases import CLEAN_UP_DELAY, PRESENCE_TABLE
 from mop.protocols.mqtt.packets import Connect, Puback, Pubcomp, Publish, Pubrec, Pubrel
 from mop.testing.cluster import open_cluster_backend
 from tests.e2e.clients import Client
-from tests.e2e.cluster.support import proxy_process
 from tests.e2e.nodeproc import NodeProcess
 from tests.e2e.raw import RawClient
 
@@ -28,31 +25,17 @@ KILL_AFTER_SECONDS = 0.3  # or at this moment of the stream, whatever is in flig
 CLIENTS = 1000
 
 
-@pytest.fixture
-def proxies(broker: NodeProcess, tmp_path: Path) -> Iterator[list[NodeProcess]]:
-    started = [proxy_process(tmp_path / name, broker.service_url) for name in ("a", "b")]
-    try:
-        for proxy in started:
-            proxy.start()
-        yield started
-    finally:
-        for proxy in started:
-            if proxy.running:
-                proxy.stop()
-            proxy.close()
-
-
 @pytest.mark.parametrize(
     ("qos", "in_flight"),
     [(1, False), (2, False), (1, True), (2, True)],
     ids=["qos1-between", "qos2-between", "qos1-in-flight", "qos2-in-flight"],
 )
 def test_a_proxy_killed_mid_stream_loses_no_acknowledged_message(
-    proxies: list[NodeProcess], prefix: str, qos: int, in_flight: bool
+    proxy_processes: list[NodeProcess], prefix: str, qos: int, in_flight: bool
 ) -> None:
     """Killed between two messages (each acknowledged, nothing in flight) or at any moment
     of the stream (a message in flight, from a timer)."""
-    first, second = proxies
+    first, second = proxy_processes
     topic = f"{prefix}/stream"
     sub = Client(second.port, f"{prefix}-sub", version=4, clean=False)
     assert sub.subscribe(topic, qos=qos) == [qos]
@@ -139,10 +122,10 @@ class Publisher:
 
 
 def test_a_thousand_clients_that_come_and_go_leave_nothing_on_the_brokers(
-    broker: NodeProcess, proxies: list[NodeProcess], prefix: str
+    broker: NodeProcess, proxy_processes: list[NodeProcess], prefix: str
 ) -> None:
     before = trio.run(namespace_topics, broker.service_url)
-    port = proxies[0].port
+    port = proxy_processes[0].port
     failures: list[str] = []
 
     def come_and_go(first: int) -> None:

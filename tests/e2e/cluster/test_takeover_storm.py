@@ -10,11 +10,7 @@ import errno
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-
-import pytest
 
 from mop.protocols.mqtt.packets import (
     Connack,
@@ -27,7 +23,6 @@ from mop.protocols.mqtt.packets import (
     Subscribe,
     SubscriptionRequest,
 )
-from tests.e2e.cluster.support import proxy_process
 from tests.e2e.nodeproc import NodeProcess
 from tests.e2e.raw import RawClient
 
@@ -53,50 +48,38 @@ class Storm:
         return f"{self.prefix}-{index}"
 
 
-@pytest.fixture
-def proxies(broker: NodeProcess, tmp_path: Path) -> Iterator[list[NodeProcess]]:
-    started = [proxy_process(tmp_path / name, broker.service_url) for name in ("a", "b")]
-    try:
-        for proxy in started:
-            proxy.start()
-        yield started
-    finally:
-        for proxy in started:
-            if proxy.running:
-                proxy.stop()
-            proxy.close()
-
-
 def test_a_takeover_storm_leaves_one_live_connection_per_client_id(
-    proxies: list[NodeProcess], prefix: str
+    proxy_processes: list[NodeProcess], prefix: str
 ) -> None:
-    storm = Storm([proxy.port for proxy in proxies], prefix)
+    storm = Storm([proxy.port for proxy in proxy_processes], prefix)
     with_sessions(storm)
     run_storm(storm, deadline=time.monotonic() + STORM_SECONDS)
     survivors = settle(storm)
     sessions_intact(storm, survivors)
-    logs = "\n".join(proxy.log() for proxy in proxies)
+    logs = "\n".join(proxy.log() for proxy in proxy_processes)
     assert "Traceback" not in logs, logs[-4000:]
 
 
 def test_a_takeover_storm_survives_a_proxy_killed_in_the_middle(
-    proxies: list[NodeProcess], prefix: str
+    proxy_processes: list[NodeProcess], prefix: str
 ) -> None:
-    storm = Storm([proxy.port for proxy in proxies], prefix)
+    storm = Storm([proxy.port for proxy in proxy_processes], prefix)
     with_sessions(storm)
     start = time.monotonic()
-    killer = threading.Timer(STORM_SECONDS / 3, proxies[1].kill)
+    killer = threading.Timer(STORM_SECONDS / 3, proxy_processes[1].kill)
     killer.start()
     try:
         run_storm(storm, deadline=start + STORM_SECONDS)
     finally:
         killer.cancel()
         killer.join()
-    assert not proxies[1].running
+    assert not proxy_processes[1].running
     survivors = settle(storm)
-    assert all(client.sock.getpeername()[1] == proxies[0].port for client in survivors.values())
+    assert all(
+        client.sock.getpeername()[1] == proxy_processes[0].port for client in survivors.values()
+    )
     sessions_intact(storm, survivors)
-    assert "Traceback" not in proxies[0].log(), proxies[0].log()[-4000:]
+    assert "Traceback" not in proxy_processes[0].log(), proxy_processes[0].log()[-4000:]
 
 
 # -- the storm ---------------------------------------------------------------------------------
