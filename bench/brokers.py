@@ -87,6 +87,16 @@ DEFAULT_BROKERS = ("mop-never", "mop-interval", "mop-always", "mosquitto", "aede
 REFERENCE = "mosquitto"
 
 
+def stop_on_sigterm() -> None:
+    """Make SIGTERM unwind like Ctrl-C, so that every broker process a run started is stopped
+    by the cleanup it already has for an interruption."""
+
+    def terminated(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminated)
+
+
 def _run(argv: list[str], what: str, **kwargs: object) -> str:
     done = subprocess.run(argv, capture_output=True, text=True, check=False, **kwargs)  # type: ignore[call-overload]
     if done.returncode != 0:

@@ -20,7 +20,6 @@ import json
 import os
 import resource
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from brokers import (
     free_port,
     install,
     snapshot_mop,
+    stop_on_sigterm,
     version,
 )
 from loadgen import LoadgenError, build, relay
@@ -500,14 +500,9 @@ def run_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _terminated(signum: int, frame: object) -> None:
-    # SIGTERM unwinds like Ctrl-C, so every broker process the run started is stopped.
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminated)
+    stop_on_sigterm()
     try:
         if args.report_from:
             results = json.loads(args.report_from.read_text())

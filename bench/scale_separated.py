@@ -37,7 +37,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from brokers import BENCH_DIR, BrokerError, BrokerSpec, cpu_ticks, free_port, rss_kb
+from brokers import (
+    BENCH_DIR,
+    BrokerError,
+    BrokerSpec,
+    cpu_ticks,
+    free_port,
+    rss_kb,
+    stop_on_sigterm,
+)
 from loadgen import LoadgenError, build
 from separated import Member, SeparatedBroker
 
@@ -575,14 +583,9 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(f"| {name:<{width}} | {value} |" for name, value in rows)
 
 
-def _terminated(signum: int, frame: object) -> None:
-    # SIGTERM unwinds like Ctrl-C, so every process the run started is stopped.
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminated)
+    stop_on_sigterm()
     try:
         result = run(args)
     except (LoadgenError, BrokerError, FleetError) as exc:
