@@ -33,11 +33,9 @@ from mop.protocols.pulsar.commands import (
 )
 from mop.protocols.pulsar.driver import (
     ClientConsumer,
-    ClientOptions,
     ConsumerConfig,
     MessageTooLarge,
     ProducerConfig,
-    PulsarClient,
     Received,
     ServerRefused,
     Unavailable,
@@ -47,6 +45,7 @@ from mop.protocols.pulsar.driver import (
 from mop.protocols.pulsar.errors import ServerError
 from mop.protocols.pulsar.frames import encode_message_frame, make_payload
 from mop.protocols.pulsar.metadata import CompressionType, MessageIdData, MessageMetadata
+from tests.e2e.pulsar.driver_support import open_driver
 from tests.unit.protocols.pulsar.test_client import Script, scripted_broker
 
 
@@ -80,29 +79,23 @@ async def test_a_silent_broker_is_unavailable_within_the_operation_timeout() -> 
     urls: list[str] = []
     async with scripted_broker(owner_of_everything(urls, refuse=False)) as (url, _received):
         urls.append(url)
-        client = PulsarClient(url, ClientOptions("test", operation_timeout=0.5))
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client.serve)
+        async with open_driver(url, operation_timeout=0.5) as client:
             with trio.fail_after(5):
                 with pytest.raises(Unavailable):
                     await subscribe(client, "persistent://public/default/t", "s", lambda *_: None)
                 with pytest.raises(Unavailable):
                     await create_producer(client, "persistent://public/default/t")
-            await client.aclose()
 
 
 async def test_a_refusal_carries_its_server_error() -> None:
     urls: list[str] = []
     async with scripted_broker(owner_of_everything(urls, refuse=True)) as (url, _received):
         urls.append(url)
-        client = PulsarClient(url, ClientOptions("test", operation_timeout=2))
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client.serve)
+        async with open_driver(url, operation_timeout=2) as client:
             with trio.fail_after(5):
                 with pytest.raises(ServerRefused) as refused:
                     await subscribe(client, "persistent://public/default/t", "s", lambda *_: None)
             assert refused.value.error is ServerError.AuthorizationError
-            await client.aclose()
 
 
 def storing_broker(urls: list[str]) -> Script:
@@ -138,9 +131,7 @@ async def test_no_send_carries_more_than_the_brokers_max_message_size() -> None:
     connected = Connected(server_version="small", protocol_version=20, max_message_size=limit)
     async with scripted_broker(storing_broker(urls), connected=connected) as (url, received):
         urls.append(url)
-        client = PulsarClient(url, ClientOptions("test", operation_timeout=2))
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client.serve)
+        async with open_driver(url, operation_timeout=2) as client:
             with trio.fail_after(5):
                 producer = await create_producer(client, "persistent://public/default/t")
                 tickets = [await producer.send(bytes([i]) * 1000) for i in range(10)]
@@ -154,7 +145,6 @@ async def test_no_send_carries_more_than_the_brokers_max_message_size() -> None:
                     with pytest.raises(MessageTooLarge, match="4096"):
                         refused.result()
                 await producer.close()
-            await client.aclose()
     sends = [c for c in received if isinstance(c, Send)]
     assert sends and all(s.payload is not None and len(s.payload.data) <= limit for s in sends)
     assert sum(s.num_messages for s in sends) == 11  # the refused ones never went
@@ -167,9 +157,7 @@ async def test_send_nowait_takes_messages_while_there_is_room_and_never_waits() 
     urls: list[str] = []
     async with scripted_broker(storing_broker(urls)) as (url, _received):
         urls.append(url)
-        client = PulsarClient(url, ClientOptions("test", operation_timeout=2))
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client.serve)
+        async with open_driver(url, operation_timeout=2) as client:
             with trio.fail_after(5):
                 config = ProducerConfig(max_pending=3)
                 producer = await create_producer(client, "persistent://public/default/t", config)
@@ -181,7 +169,6 @@ async def test_send_nowait_takes_messages_while_there_is_room_and_never_waits() 
                     await ticket.wait()
                 assert producer.send_nowait(b"room again", ticket=False) is None
                 await producer.close()
-            await client.aclose()
 
 
 async def test_a_corrupt_message_gives_its_permit_back_and_is_asked_for_again() -> None:
@@ -217,9 +204,7 @@ async def test_a_corrupt_message_gives_its_permit_back_and_is_asked_for_again() 
     got: list[Received] = []
     async with scripted_broker(script) as (url, received):
         urls.append(url)
-        client = PulsarClient(url, ClientOptions("test", operation_timeout=2))
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client.serve)
+        async with open_driver(url, operation_timeout=2) as client:
             with trio.fail_after(5):
                 consumer = await subscribe(
                     client,
@@ -231,7 +216,6 @@ async def test_a_corrupt_message_gives_its_permit_back_and_is_asked_for_again() 
                 await acked.wait()
                 await trio.sleep(0.1)  # the FLOW that follows the ACK
                 consumer.abort()
-            await client.aclose()
     assert [(m.message_id, m.payload) for m in got] == [(MessageId(7, 0), b"m")]
     redelivered = [c for c in received if isinstance(c, RedeliverUnacknowledgedMessages)]
     assert [[(i.ledger_id, i.entry_id) for i in r.message_ids] for r in redelivered] == [
@@ -276,9 +260,7 @@ async def _read(
 
     async with scripted_broker(owning) as (url, _received):
         urls.append(url)
-        client = PulsarClient(url, ClientOptions("test", operation_timeout=2))
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client.serve)
+        async with open_driver(url, operation_timeout=2) as client:
             with trio.fail_after(5):
                 consumer = await subscribe(
                     client, "persistent://public/default/t", "s", sink, config
@@ -287,7 +269,6 @@ async def _read(
                     await enough.wait()
                 await trio.sleep(0.1)  # anything more it would be handed
                 consumer.abort()
-            await client.aclose()
     return got, consumer
 
 
@@ -419,14 +400,11 @@ async def test_a_consumer_decompresses_up_to_the_brokers_max_message_size() -> N
     connected = Connected(server_version="small", protocol_version=20, max_message_size=limit)
     async with scripted_broker(script, connected=connected) as (url, _received):
         urls.append(url)
-        client = PulsarClient(url, ClientOptions("test", operation_timeout=2))
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client.serve)
+        async with open_driver(url, operation_timeout=2) as client:
             with trio.fail_after(5):
                 consumer = await subscribe(client, "persistent://public/default/t", "s", sink)
                 await handed.wait()
                 consumer.abort()
-            await client.aclose()
     assert [(m.message_id, m.payload) for m in got] == [(MessageId(7, 1), plain[1])]
 
 
@@ -447,17 +425,16 @@ async def test_brokers_behind_a_proxy_are_reached_through_the_service_url() -> N
             ]
         return []
 
-    async with scripted_broker(proxy) as (url, received):
-        client = PulsarClient(url, ClientOptions("test", operation_timeout=2))
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client.serve)
-            with trio.fail_after(5):
-                first = await client.lookup("persistent://public/default/a")
-                again = await client.lookup("persistent://public/default/a")
-                other = await client.lookup("persistent://public/default/b")
-            assert first is again and other is not first
-            assert first.address == other.address == url
-            await client.aclose()
+    async with (
+        scripted_broker(proxy) as (url, received),
+        open_driver(url, operation_timeout=2) as client,
+    ):
+        with trio.fail_after(5):
+            first = await client.lookup("persistent://public/default/a")
+            again = await client.lookup("persistent://public/default/a")
+            other = await client.lookup("persistent://public/default/b")
+        assert first is again and other is not first
+        assert first.address == other.address == url
     connects = [c for c in received if isinstance(c, Connect)]
     assert [c.proxy_to_broker_url for c in connects] == [
         None,  # the lookups
