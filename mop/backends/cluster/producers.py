@@ -164,12 +164,8 @@ class ProducerCache:
         entry = await self._producer(topic, batching)
         producer = entry.producer
         assert producer is not None
-        while True:
-            await producer.wait_for_room()
-            try:
-                return self._hand_over(topic, entry, producer, message, extra)
-            except trio.WouldBlock:
-                continue  # taken by another task meanwhile
+        await producer.wait_for_room()  # returns with room, without a checkpoint after it
+        return self._hand_over(topic, entry, producer, message, extra)
 
     def submit_nowait(
         self, topic: str, message: Message, *, extra: dict[str, str] | None = None
@@ -178,8 +174,14 @@ class ProducerCache:
         per message on a publisher's hot path); trio.WouldBlock otherwise."""
         entry = self._entries.get(topic)
         producer = None if entry is None else entry.producer
-        if entry is None or producer is None or producer.closed or self._closed:
-            raise trio.WouldBlock
+        if (
+            entry is None
+            or producer is None
+            or producer.closed  # `submit` makes a new one
+            or not producer.has_room
+            or self._closed
+        ):
+            raise trio.WouldBlock  # before any work on the message: `submit` does it then
         return self._hand_over(topic, entry, producer, message, extra)
 
     def _hand_over(

@@ -229,10 +229,16 @@ class ClientProducer:
             ticket=ticket,
         )
 
+    @property
+    def has_room(self) -> bool:
+        """Whether `send_nowait` takes a message now: fewer than `max_pending` without a
+        receipt, or the producer is closed (it then raises its error)."""
+        return self._queued < self.config.max_pending or self._closed
+
     async def wait_for_room(self) -> None:
         """Return once fewer than `max_pending` messages are without a receipt (or the
         producer is closed); at once, without a checkpoint, when they are."""
-        while self._queued >= self.config.max_pending and not self._closed:
+        while not self.has_room:
             await self._room.wait()
 
     def send_nowait(
@@ -247,7 +253,7 @@ class ClientProducer:
     ) -> Ticket | None:
         """`send` without waiting (a publisher's hot path: no coroutine per message):
         trio.WouldBlock while `max_pending` messages are without a receipt."""
-        if self._queued >= self.config.max_pending and not self._closed:
+        if not self.has_room:
             raise trio.WouldBlock
         if self._closed:
             raise self.error or ClientClosed(f"the producer of {self.topic} is closed")
