@@ -225,61 +225,14 @@ class ClusterBackend:
         client = self._client = self.make_client()
         producers = self._producers = ProducerCache(client, self.producer_options)
         started = False
+
+        def report_started() -> None:
+            nonlocal started
+            started = True
+            task_status.started()
+
         try:
-            try:
-                async with trio.open_nursery() as nursery:
-                    self._nursery = nursery
-                    # The client outlives a cancellation of `serve` (the node stopping) until
-                    # `aclose`: connections that are closing save their sessions through it.
-                    running = trio.Event()
-                    trio.lowlevel.spawn_system_task(self._run_client, client, running)
-                    await running.wait()
-                    if client.closed:
-                        raise BackendError("the Pulsar client did not start", reason="unavailable")
-                    context = self._context = ClusterContext(
-                        tenant=self.tenant,
-                        namespace=self.namespace,
-                        operation_timeout=self.operation_timeout,
-                        fence_timeout=self.fence_timeout,
-                        consumer_options=self.consumer_options,
-                        client=self._current_client,
-                        new_client=self.make_client,
-                        nursery=nursery,
-                        delays=self.delays,
-                        producers=producers,
-                        local=self.local,
-                        discovery=self.discovery,
-                    )
-                    self._roles = ClusterRoles(context, catch_up=self.catch_up_tables)
-                    # Made before its table loads: it follows the table's whole history.
-                    presence = self._presence = Presence(
-                        context,
-                        self._table(PRESENCE_TABLE),
-                        catch_up=self.catch_up_tables,
-                        written=self.tables_written,
-                        read_through=self.read_tables_through,
-                    )
-                    nursery.start_soon(producers.serve_idle_closer)
-                    nursery.start_soon(self.delays.serve)
-                    await nursery.start(self.discovery.serve)
-                    with trio.fail_after(self.operation_timeout + self.connect_timeout):
-                        # The backend's own, those asked for, and any `table()` made before now.
-                        for name in dict.fromkeys([*self._preload, *self._tables]):
-                            await nursery.start(self._table(name).serve, context)
-                    self.registry = SubscriptionRegistry(self._tables[REGISTRY_TABLE])
-                    await nursery.start(presence.serve)
-                    started = True
-                    task_status.started()
-                    await self._stop.wait()
-                    nursery.cancel_scope.cancel()
-            except BaseExceptionGroup as group:
-                # A start that fails has one cause (a table that cannot be read): raise it alone.
-                causes = leaves(group)
-                if len(causes) == 1 and isinstance(causes[0], BackendError | trio.TooSlowError):
-                    raise self._start_error(causes[0]) from None
-                raise
-            except trio.TooSlowError as exc:
-                raise self._start_error(exc) from None
+            await self._run(client, producers, report_started)
         except BaseException:
             if not started:
                 # Nobody owns a backend that never started: its client, a system task, must
@@ -287,6 +240,65 @@ class ClusterBackend:
                 with trio.CancelScope(shield=True):
                     await self._shutdown_client()
             raise
+
+    async def _run(
+        self, client: PulsarClient, producers: ProducerCache, report_started: Callable[[], None]
+    ) -> None:
+        """What `serve` does with the client it made: start it, load the tables, report
+        readiness, run until stopped."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                # The client outlives a cancellation of `serve` (the node stopping) until
+                # `aclose`: connections that are closing save their sessions through it.
+                running = trio.Event()
+                trio.lowlevel.spawn_system_task(self._run_client, client, running)
+                await running.wait()
+                if client.closed:
+                    raise BackendError("the Pulsar client did not start", reason="unavailable")
+                context = self._context = ClusterContext(
+                    tenant=self.tenant,
+                    namespace=self.namespace,
+                    operation_timeout=self.operation_timeout,
+                    fence_timeout=self.fence_timeout,
+                    consumer_options=self.consumer_options,
+                    client=self._current_client,
+                    new_client=self.make_client,
+                    nursery=nursery,
+                    delays=self.delays,
+                    producers=producers,
+                    local=self.local,
+                    discovery=self.discovery,
+                )
+                self._roles = ClusterRoles(context, catch_up=self.catch_up_tables)
+                # Made before its table loads: it follows the table's whole history.
+                presence = self._presence = Presence(
+                    context,
+                    self._table(PRESENCE_TABLE),
+                    catch_up=self.catch_up_tables,
+                    written=self.tables_written,
+                    read_through=self.read_tables_through,
+                )
+                nursery.start_soon(producers.serve_idle_closer)
+                nursery.start_soon(self.delays.serve)
+                await nursery.start(self.discovery.serve)
+                with trio.fail_after(self.operation_timeout + self.connect_timeout):
+                    # The backend's own, those asked for, and any `table()` made before now.
+                    for name in dict.fromkeys([*self._preload, *self._tables]):
+                        await nursery.start(self._table(name).serve, context)
+                self.registry = SubscriptionRegistry(self._tables[REGISTRY_TABLE])
+                await nursery.start(presence.serve)
+                report_started()
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # A start that fails has one cause (a table that cannot be read): raise it alone.
+            causes = leaves(group)
+            if len(causes) == 1 and isinstance(causes[0], BackendError | trio.TooSlowError):
+                raise self._start_error(causes[0]) from None
+            raise
+        except trio.TooSlowError as exc:
+            raise self._start_error(exc) from None
 
     async def _run_client(self, client: PulsarClient, running: trio.Event) -> None:
         try:
