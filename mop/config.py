@@ -240,6 +240,7 @@ _INT_BOUNDS: Final[Mapping[str, _Bounds]] = {
     "mqtt.max_session_expiry": _UINT32,
     "storage.retention_bytes": _Bounds(0),
     "storage.retention_seconds": _Bounds(0),
+    "auth.max_failures": _Bounds(0),
 }
 
 _LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -254,6 +255,10 @@ _STRING_RULES: Final[Mapping[str, tuple[Callable[[str], bool], str]]] = {
     "advertised_url": (lambda value: value.startswith(_PULSAR_SCHEMES), "must be a pulsar:// URL"),
     "brokers": (lambda value: value.startswith(_PULSAR_SCHEMES), "must be pulsar:// URLs"),
     "protocols": (bool, "must be protocol names"),
+    "providers": (
+        lambda value: value in ("password_file", "jwt", "certificate"),
+        'must be "password_file", "jwt" or "certificate"',
+    ),
 }
 
 # Rules that involve several fields of one table: (accepts, problem).
@@ -327,7 +332,13 @@ def _to_int(key: str, value: Any) -> int:
 
 # Floats where 0 means "off"; every other float must be positive.
 _ZERO_DISABLES: Final = frozenset(
-    {"mqtt.sys_interval", "cluster.batching_delay", "storage.unsubscribed_grace"}
+    {
+        "mqtt.sys_interval",
+        "cluster.batching_delay",
+        "storage.unsubscribed_grace",
+        "auth.jwt.leeway",
+        "auth.reload_interval",
+    }
 )
 
 

@@ -67,12 +67,95 @@ class LimitsSettings:
 class PulsarSettings:
     host: str = "127.0.0.1"
     port: int = 6650
+    # Pulsar over TLS (pulsar+ssl://); used when `tls` has a certfile and a keyfile.
+    tls_port: int = 6651
+    tls: TlsSettings = field(default_factory=TlsSettings)
+    # Seconds between checks of each connection's credentials: an expired token is asked to
+    # refresh (AuthChallenge), and a connection that cannot is closed.
+    auth_refresh_interval: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class JwtSettings:
+    """JSON Web Tokens as credentials (MQTT password, Pulsar AuthenticationToken)."""
+
+    # HS256/384/512: the shared secret (base64 when `secret_base64`, as Pulsar's tokens use).
+    secret: str | None = None
+    secret_base64: bool = False
+    # RS256/ES256 (and RS/ES/PS 384/512): a PEM public key file, or a JWKS file of keys.
+    public_key_file: str | None = None
+    jwks_file: str | None = None
+    # Algorithms accepted; HS* only with a secret, the others only with public keys.
+    algorithms: tuple[str, ...] = ("HS256", "HS384", "HS512", "RS256", "ES256")
+    # Checked when set: the token's `iss` must be this, its `aud` must contain this.
+    issuer: str | None = None
+    audience: str | None = None
+    # The claim that names the user (the Pulsar role).
+    username_claim: str = "sub"
+    # The claim that may carry ACL rules (EMQX's formats); "" turns them off.
+    acl_claim: str = "acl"
+    # Seconds of clock difference tolerated on `exp` and `nbf`.
+    leeway: float = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.secret or self.public_key_file or self.jwks_file)
+
+
+@dataclass(frozen=True, slots=True)
+class FlappingSettings:
+    """A client id that connects too often in a window is banned for a while (EMQX's rule and
+    defaults)."""
+
+    enabled: bool = False
+    max_count: int = 15
+    window: float = 60.0
+    ban_time: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class AuthSettings:
+    # Whether a client that presents no credentials may connect (as the anonymous user).
+    allow_anonymous: bool = True
+    # mosquitto-compatible password file ($7$ PBKDF2-SHA512 lines, `mop passwd`).
+    password_file: str | None = None
+    # mosquitto-syntax ACL file; once set, whatever it does not allow is denied.
+    acl_file: str | None = None
+    # The providers tried in order for credentials: "password_file", "jwt", "certificate".
+    providers: tuple[str, ...] = ("password_file", "jwt", "certificate")
+    # Where a client certificate's user name comes from: its subject's CN, or its first SAN.
+    certificate_identity: Literal["cn", "san"] = "cn"
+    # Users (roles) that are proxies of this deployment: brokers take their requests on
+    # behalf of the clients the proxies authorized. Nobody else gets these powers.
+    proxy_roles: tuple[str, ...] = ()
+    # Seconds between checks of whether the password, ACL or JWT key files changed.
+    reload_interval: float = 2.0
+    # Failed authentications from one address within failure_window before the address is
+    # refused for failure_ban seconds (0: no limit).
+    max_failures: int = 10
+    failure_window: float = 60.0
+    failure_ban: float = 60.0
+    jwt: JwtSettings = field(default_factory=JwtSettings)
+    flapping: FlappingSettings = field(default_factory=FlappingSettings)
 
 
 @dataclass(frozen=True, slots=True)
 class AdminSettings:
     host: str = "127.0.0.1"
     port: int = 8080
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterAuthSettings:
+    """How a separated proxy authenticates to the brokers (one of its `auth.proxy_roles`)."""
+
+    # "none", "token" (a JWT, like pulsar-client's AuthenticationToken) or "basic".
+    method: Literal["none", "token", "basic"] = "none"
+    token: str | None = None
+    # A file holding the token (read at start; preferred over `token` in a settings file).
+    token_file: str | None = None
+    username: str | None = None
+    password: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +180,8 @@ class ClusterSettings:
     batching_delay: float = 0.001
     # Messages pulsar-client prefetches per subscribed topic.
     receiver_queue: int = 500
+    # The proxy's own credentials towards the brokers.
+    auth: ClusterAuthSettings = field(default_factory=ClusterAuthSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,3 +210,4 @@ class Settings:
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
