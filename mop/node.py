@@ -8,6 +8,7 @@ everything in reverse order. `serve_node` is the same as a `serve_*` task for `n
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,6 +24,9 @@ from mop.exception_groups import leaves
 from mop.membership import Membership, MembershipError
 from mop.processor import Backend, BackendError, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
+from mop.security.gatekeeper import Gatekeeper
+from mop.security.policy import PolicyError, load_policy
+from mop.security.reloading import PolicyReloader
 from mop.settings import Settings
 from mop.transport import BoundListener, Handler, ListenerSpec, serve_listeners
 
@@ -173,6 +177,37 @@ async def _start_cluster_backend(
     return backend
 
 
+def _open_gatekeeper(settings: Settings) -> Gatekeeper:
+    """The security policy the settings' files describe; a file that cannot be used stops the
+    node with a one-line error, and anonymous access on a public address is warned of."""
+    try:
+        policy = load_policy(settings.auth)
+    except PolicyError as exc:
+        raise StartupError(str(exc)) from None
+    if policy.authenticator.allow_anonymous:
+        public = [
+            f"{name}.host {host}"
+            for name, host in (("mqtt", settings.mqtt.host), ("pulsar", settings.pulsar.host))
+            if name in settings.protocols and not _is_loopback(host)
+        ]
+        if public:
+            log.warning(
+                "anonymous clients are allowed on a non-loopback address (%s): set "
+                "auth.allow_anonymous = false and configure authentication before exposing mop",
+                ", ".join(public),
+            )
+    return Gatekeeper(policy, settings.auth)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _with_default_protocols(settings: Settings) -> Settings:
     """A separated proxy left with the default protocols runs MQTT only (the Pulsar adapter
     belongs on brokers)."""
@@ -188,10 +223,14 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
     backend: Backend | None = None
     try:
         async with trio.open_nursery() as nursery:
+            gatekeeper = _open_gatekeeper(settings)
             membership = cluster_membership(settings)
             tables = tuple(name for h in handlers.values() for name in h.tables)
             backend = await start_backend(settings, nursery, membership, tables=tables)
-            processor = MessagingProcessor(backend, max_connections=settings.limits.max_connections)
+            processor = MessagingProcessor(
+                backend, max_connections=settings.limits.max_connections, gatekeeper=gatekeeper
+            )
+            await nursery.start(PolicyReloader(gatekeeper, settings.auth).serve)
             services = NodeServices(processor=processor, nursery=nursery, membership=membership)
             for handler in handlers.values():
                 handler.initialize(settings)

@@ -30,23 +30,40 @@ from mop.processor.processor import (
     MessagingProcessor,
     ProcessorStats,
 )
+from mop.security.acl import Access
+from mop.security.authorization import ClientPermissions
+from mop.security.identity import (
+    AuthenticationError,
+    AuthFailure,
+    CertificateIdentity,
+    Credentials,
+    Principal,
+    certificate_identity,
+)
 
 __all__ = [
+    "Access",
+    "AuthFailure",
+    "AuthenticationError",
     "Backend",
     "BackendCapabilities",
     "BackendError",
     "BatchPublisher",
+    "CertificateIdentity",
     "ClientContext",
     "ClientLease",
+    "ClientPermissions",
     "ConnectionLimitReached",
     "Consumer",
     "ConsumerClosed",
     "CountedProducer",
+    "Credentials",
     "CursorPosition",
     "DropNotifier",
     "FenceNotifier",
     "MessagingProcessor",
     "ProcessorStats",
+    "Principal",
     "Producer",
     "ProducerAccess",
     "ProducerBusy",
@@ -58,4 +75,5 @@ __all__ = [
     "SubscriptionKind",
     "SubscriptionSpec",
     "Table",
+    "certificate_identity",
 ]

@@ -7,7 +7,7 @@ and delegates storage and routing to exactly one Backend, chosen by `mop.node`.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -29,6 +29,9 @@ from mop.processor.backend import (
     Table,
 )
 from mop.processor.drops import DropLog
+from mop.security.authorization import ClientPermissions
+from mop.security.gatekeeper import Gatekeeper
+from mop.security.identity import ANONYMOUS, Credentials, Principal
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,8 @@ class ClientContext:
     username: str | None = None
     # The node itself (e.g. `$SYS` updates): not counted as a message received from a client.
     internal: bool = False
+    # Who the client proved to be (`MessagingProcessor.authenticate`).
+    principal: Principal = ANONYMOUS
 
 
 @dataclass(slots=True)
@@ -105,9 +110,20 @@ class ConnectionLimitReached(Exception):
 
 
 class MessagingProcessor:
-    def __init__(self, backend: Backend, *, max_connections: int = 0) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        max_connections: int = 0,
+        gatekeeper: Gatekeeper | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.backend = backend
         self.max_connections = max_connections
+        # Authentication, ACLs and bans, the same for every adapter; without one, everyone is
+        # anonymous and allowed everything.
+        self.gatekeeper = gatekeeper or Gatekeeper()
+        self._clock = clock
         self.stats = ProcessorStats(started_at=time.monotonic())
         # What the backend does beyond the contract's required methods, as it declares it.
         self.capabilities: BackendCapabilities = backend.capabilities
@@ -117,6 +133,21 @@ class MessagingProcessor:
         self.drop_log = DropLog()
         if self.capabilities.drop_callbacks:
             cast("DropNotifier", backend).on_dropped(self._backend_dropped)
+
+    def authenticate(self, credentials: Credentials) -> Principal:
+        """Who `credentials` prove the client is, or AuthenticationError (which says how the
+        adapter answers: bad credentials, not authorized, banned, expired)."""
+        return self.gatekeeper.admit(credentials, self._clock())
+
+    def permissions(self, ctx: ClientContext) -> ClientPermissions:
+        """What the client of `ctx` may do with topics (MQTT-style names and filters; see
+        `mop.security.acl`), remembered per topic until the rules change."""
+        address = ctx.peer.rpartition(":")[0] or ctx.peer
+        return self.gatekeeper.permissions(ctx.principal, ctx.client_id, address)
+
+    def credential_valid(self, ctx: ClientContext) -> bool:
+        """Whether the credential the client connected with still holds (a token's expiry)."""
+        return self.gatekeeper.still_valid(ctx.principal, self._clock())
 
     async def open_client(self, ctx: ClientContext) -> ClientLease:
         """Admit a client and take its id (fencing an older connection with the same id)."""

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mop.security.acl import ClaimAcl
@@ -94,3 +95,16 @@ class AuthenticationError(Exception):
         super().__init__(why)
         self.failure = failure
         self.why = why
+
+
+def certificate_identity(certificate: Mapping[str, Any] | None) -> CertificateIdentity | None:
+    """A verified peer certificate, in `ssl.getpeercert()` form, as a CertificateIdentity."""
+    if not certificate:
+        return None
+    common_name = None
+    for rdn in certificate.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                common_name = str(value)
+    alt_names = tuple(str(value) for _kind, value in certificate.get("subjectAltName", ()))
+    return CertificateIdentity(common_name, alt_names)

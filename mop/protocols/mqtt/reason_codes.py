@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from mop.protocols.mqtt.packets import PacketType
+from mop.security.identity import AuthFailure
 
 if TYPE_CHECKING:
     from mop.processor import BackendError
@@ -248,3 +249,20 @@ __all__ = [
     "V3_SUBACK_CODES",
     "v3_connack_code",
 ]
+
+
+# Why the processor refused a client's credentials -> the CONNACK reason code that says so.
+_AUTH_FAILURES: Mapping[AuthFailure, ReasonCode] = MappingProxyType(
+    {
+        AuthFailure.BAD_CREDENTIALS: _R.BAD_USER_NAME_OR_PASSWORD,
+        AuthFailure.EXPIRED: _R.BAD_USER_NAME_OR_PASSWORD,
+        AuthFailure.NOT_AUTHORIZED: _R.NOT_AUTHORIZED,
+        AuthFailure.BANNED: _R.BANNED,
+    }
+)
+
+
+def auth_failure_reason(failure: AuthFailure) -> ReasonCode:
+    """The CONNACK reason code (MQTT 5; `v3_connack_code` maps it for older clients) for a
+    client the processor did not admit."""
+    return _AUTH_FAILURES[failure]

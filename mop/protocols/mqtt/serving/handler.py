@@ -28,6 +28,9 @@ from mop.processor import (
     FenceNotifier,
     PublishResult,
 )
+from mop.security.acl import Access
+from mop.security.authorization import ClientPermissions
+from mop.security.identity import AuthenticationError, Credentials, certificate_identity
 from mop.protocols.mqtt.codec import NEED_DATA, NeedData
 from mop.protocols.mqtt.connection import ConnectionState, ServerConnection
 from mop.protocols.mqtt.errors import RemoteProtocolError, UnsupportedProtocolVersion
@@ -53,7 +56,12 @@ from mop.protocols.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-from mop.protocols.mqtt.reason_codes import ReasonCode, backend_reason_code, v3_connack_code
+from mop.protocols.mqtt.reason_codes import (
+    ReasonCode,
+    auth_failure_reason,
+    backend_reason_code,
+    v3_connack_code,
+)
 from mop.protocols.mqtt.serving.outflow import Outflow
 from mop.protocols.mqtt.serving.server import MqttServer
 from mop.protocols.mqtt.serving.subscriptions import SessionSubscriptions
@@ -86,8 +94,10 @@ class ClientHandler:
         "conn",
         "ctx",
         "flow",
+        "info",
         "keep_alive",
         "lease",
+        "permissions",
         "out",
         "server",
         "state",
@@ -101,9 +111,11 @@ class ClientHandler:
         self.stream = stream
         self.conn = ServerConnection(server.limits)
         self.out = OutboundBuffer(stream)
+        self.info = info
         self.ctx = ClientContext(
             client_id="", protocol="mqtt", peer=f"{info.peer[0]}:{info.peer[1]}"
         )
+        self.permissions: ClientPermissions | None = None
         self.state: SessionState | None = None
         self.subs: SessionSubscriptions | None = None
         self.flow: Outflow | None = None
@@ -263,9 +275,30 @@ class ClientHandler:
             await self._refuse_connect(decision.reason_code, decision.why)
             return False
         client_id = decision.client_id
-        self.ctx = ClientContext(
-            client_id=client_id, protocol="mqtt", peer=self.ctx.peer, username=connect.username
+        credentials = Credentials(
+            client_id=client_id,
+            address=self.info.peer[0],
+            username=connect.username,
+            password=connect.password,
+            certificate=certificate_identity(self.info.peer_certificate),
         )
+        processor = self.server.processor
+        try:
+            principal = processor.authenticate(credentials)
+        except AuthenticationError as exc:
+            await self._refuse_connect(auth_failure_reason(exc.failure), "not authorized")
+            return False
+        self.ctx = ClientContext(
+            client_id=client_id,
+            protocol="mqtt",
+            peer=self.ctx.peer,
+            username=connect.username,
+            principal=principal,
+        )
+        self.permissions = permissions = processor.permissions(self.ctx)
+        if decision.will is not None and not permissions.may(Access.WRITE, decision.will.topic):
+            await self._refuse_connect(ReasonCode.NOT_AUTHORIZED, "will topic not allowed")
+            return False
         try:
             self.lease = await self.server.processor.open_client(self.ctx)
         except ConnectionLimitReached as exc:
@@ -298,7 +331,8 @@ class ClientHandler:
         self.state = state
         self.will = decision.will
         self.keep_alive = decision.keep_alive
-        self.subs = SessionSubscriptions(self.server, self.ctx, state)
+        assert self.permissions is not None
+        self.subs = SessionSubscriptions(self.server, self.ctx, state, self.permissions)
         self.flow = Outflow(
             self.server.outflow_context, self.conn, self.out, self.ctx, state, self.subs
         )
@@ -410,6 +444,12 @@ class ClientHandler:
         conn = self.conn
         flow = self._outflow()
         staged = self._staged
+        assert self.permissions is not None
+        permissions = self.permissions
+
+        def may_write(topic: str) -> bool:
+            return permissions.may(Access.WRITE, topic)
+
         while True:
             while True:
                 if staged and conn.inbound_full:
@@ -430,6 +470,7 @@ class ClientHandler:
                     if (
                         not event.retain
                         and event.topic[:1] != "$"
+                        and may_write(event.topic)
                         and (event.qos < 2 or self._stages_qos2(event))
                     ):
                         staged.append(event)
@@ -575,6 +616,14 @@ class ClientHandler:
             if self.conn.protocol_level == 5:
                 return ReasonCode.NOT_AUTHORIZED
             raise _Close(None, f"publishing to {publish.topic!r} is not allowed")
+        assert self.permissions is not None
+        if not self.permissions.may(Access.WRITE, publish.topic):
+            self.server.processor.record_dropped()
+            if publish.qos == 0:
+                return None
+            # MQTT 3.1.1 acks carry no error: the message is acknowledged and dropped, as
+            # mosquitto does, so that the client does not send it again and again.
+            return ReasonCode.NOT_AUTHORIZED if self.conn.protocol_level == 5 else 0
         if publish.retain and not self.server.settings.retain_available:
             raise _Close(ReasonCode.RETAIN_NOT_SUPPORTED, "retained messages are disabled")
         try:

@@ -21,6 +21,8 @@ from mop.protocols.mqtt.mapping import was_retained
 from mop.protocols.mqtt.packets import Subscribe
 from mop.protocols.mqtt.reason_codes import ReasonCode
 from mop.protocols.mqtt.session import SessionState, SubscriptionOptions
+from mop.security.acl import Access
+from mop.security.authorization import ClientPermissions
 from mop.topics import SubscriptionTrie, TopicError, parse_shared, validate_topic_filter
 
 log = logging.getLogger("mop.mqtt")
@@ -67,17 +69,29 @@ class SessionSubscriptions:
         "_deliver",
         "_normal",
         "_nursery",
+        "_permissions",
         "_routes",
+        "_routes_generation",
         "_server",
         "_shared",
         "_state",
         "_trie",
     )
 
-    def __init__(self, server: MqttServer, ctx: ClientContext, state: SessionState) -> None:
+    def __init__(
+        self,
+        server: MqttServer,
+        ctx: ClientContext,
+        state: SessionState,
+        permissions: ClientPermissions,
+    ) -> None:
         self._server = server
         self._ctx = ctx
         self._state = state
+        # What the client may read is checked once per topic, as its route is worked out;
+        # the routes are worked out again when the rules change (their generation).
+        self._permissions = permissions
+        self._routes_generation = permissions.generation
         self._trie: SubscriptionTrie[str, SubscriptionOptions] = SubscriptionTrie()
         # Topic -> how its messages are delivered; emptied whenever the filters change.
         self._routes: dict[str, _Route] = {}
@@ -165,6 +179,9 @@ class SessionSubscriptions:
             shared = parse_shared(topic_filter)
             if shared.group is not None and request.no_local and v5:
                 raise ProtocolViolation("No Local on a shared subscription")
+            if not self._permissions.may(Access.SUBSCRIBE, shared.topic_filter):
+                codes.append(ReasonCode.NOT_AUTHORIZED if v5 else 0x80)
+                continue
             existed = topic_filter in self._state.subscriptions
             if (
                 not existed
@@ -193,9 +210,11 @@ class SessionSubscriptions:
                     continue
                 if request.retain_handling == 0 or (request.retain_handling == 1 and not existed):
                     sub_ids = (identifier,) if identifier else ()
+                    may = self._permissions.may
                     retained.extend(
                         RetainedDelivery(r.topic, r.message, min(granted, r.message.qos), sub_ids)
                         for r in self._server.retained.match(topic_filter)
+                        if may(Access.READ, r.topic)
                     )
             elif not existed:
                 try:
@@ -248,11 +267,13 @@ class SessionSubscriptions:
         subscription identifier (MQTT 5 section 3.3.4); No Local filters skip own messages.
         """
         if shared is not None:
+            if not self._permissions.may(Access.READ, topic):
+                return None
             retain = shared.retain_as_published and was_retained(message)
             ids = (shared.identifier,) if shared.identifier else ()
             return min(shared.qos, message.qos), retain, ids
         route = self._routes.get(topic)
-        if route is None:
+        if route is None or self._routes_generation != self._permissions.generation:
             route = self._route(topic)
         if route.simple:
             return route.plans[message.qos]
@@ -276,9 +297,13 @@ class SessionSubscriptions:
         """Match `topic` against the session's filters once; `plan` reuses the result until
         the subscriptions change."""
         routes = self._routes
-        if len(routes) >= _MAX_ROUTES:
+        generation = self._permissions.generation
+        if len(routes) >= _MAX_ROUTES or generation != self._routes_generation:
             routes.clear()
+            self._routes_generation = generation
         options = tuple(options for _f, _k, options in self._trie.match(topic))
+        if options and not self._permissions.may(Access.READ, topic):
+            options = ()  # subscribed, but not allowed to read this topic: nothing delivered
         simple = not any(o.no_local or o.retain_as_published for o in options)
         qos = max((o.qos for o in options), default=-1)
         ids = tuple(o.identifier for o in options if o.identifier)

@@ -10,6 +10,8 @@ import trio
 from mop.processor import BackendError, ClientContext
 from mop.protocols.mqtt.serving.subscriptions import SessionSubscriptions
 from mop.protocols.mqtt.session import SessionState
+from mop.security.gatekeeper import Gatekeeper
+from mop.security.identity import ANONYMOUS
 
 
 class FakeConsumer:
@@ -35,7 +37,10 @@ class FakeConsumer:
 @pytest.mark.parametrize("unsubscribe", [False, True])
 async def test_every_consumer_is_let_go_of_even_when_one_cannot_be(unsubscribe: bool) -> None:
     subs = SessionSubscriptions(
-        cast(Any, None), ClientContext("c", "mqtt"), SessionState(client_id="c")
+        cast(Any, None),
+        ClientContext("c", "mqtt"),
+        SessionState(client_id="c"),
+        Gatekeeper().permissions(ANONYMOUS, "c", ""),
     )
     failing, shared, normal = FakeConsumer(fails=True), FakeConsumer(), FakeConsumer()
     subs._shared = {
