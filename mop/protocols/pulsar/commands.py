@@ -57,6 +57,8 @@ class CommandType(IntEnum):
     ACTIVE_CONSUMER_CHANGE = 31
     GET_TOPICS_OF_NAMESPACE = 32
     GET_TOPICS_OF_NAMESPACE_RESPONSE = 33
+    AUTH_CHALLENGE = 36
+    AUTH_RESPONSE = 37
     ACK_RESPONSE = 38
 
 
@@ -194,6 +196,34 @@ class Connected:
     protocol_version: int = pb(2, INT32, default=0)
     max_message_size: int | None = pb(3, INT32, default=None)
     feature_flags: FeatureFlags | None = pb(4, FeatureFlags, default=None)
+
+
+@message
+class AuthData:
+    """Credentials in an authentication exchange: what a method name says the bytes are."""
+
+    auth_method_name: str | None = pb(1, STRING, default=None)
+    auth_data: bytes | None = pb(2, BYTES, default=None)
+
+
+@message
+class AuthChallenge:
+    """The broker asks for fresh credentials (a token about to expire, or a SASL round)."""
+
+    TYPE: ClassVar = CommandType.AUTH_CHALLENGE
+    server_version: str | None = pb(1, STRING, default=None)
+    challenge: AuthData | None = pb(2, AuthData, default=None)
+    protocol_version: int = pb(3, INT32, default=0)
+
+
+@message
+class AuthResponse:
+    """The client's answer to AUTH_CHALLENGE: its credentials, fetched anew."""
+
+    TYPE: ClassVar = CommandType.AUTH_RESPONSE
+    client_version: str | None = pb(1, STRING, default=None)
+    response: AuthData | None = pb(2, AuthData, default=None)
+    protocol_version: int = pb(3, INT32, default=0)
 
 
 @message
@@ -507,6 +537,8 @@ class ActiveConsumerChange:
 Command = (
     Connect
     | Connected
+    | AuthChallenge
+    | AuthResponse
     | Ping
     | Pong
     | Success
@@ -544,6 +576,8 @@ COMMAND_CLASSES: Final[dict[int, type[Command]]] = {
     for cls in (
         Connect,
         Connected,
+        AuthChallenge,
+        AuthResponse,
         Ping,
         Pong,
         Success,
@@ -583,6 +617,9 @@ __all__ = [
     "AckResponse",
     "AckType",
     "ActiveConsumerChange",
+    "AuthChallenge",
+    "AuthData",
+    "AuthResponse",
     "CloseConsumer",
     "CloseProducer",
     "Command",

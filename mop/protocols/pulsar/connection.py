@@ -2,7 +2,8 @@
 
 Feed it bytes with `receive_data`, take commands with `next_event`, turn answers into bytes with
 `send`. It enforces what is per connection: CONNECT first and once, CONNECTED before any other
-answer, version negotiation and frame size limits. Producers, consumers and topics live above it.
+answer, an AUTH_RESPONSE only in answer to an AUTH_CHALLENGE, version negotiation and frame size
+limits. Producers, consumers and topics live above it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from mop.protocols.pulsar.commands import (
     Ack,
     AckResponse,
     ActiveConsumerChange,
+    AuthChallenge,
+    AuthData,
+    AuthResponse,
     CloseConsumer,
     CloseProducer,
     Command,
@@ -72,11 +76,16 @@ from mop.protocols.pulsar.metadata import MessageIdData
 # The request id of an ERROR that answers no request (a broken frame, a refused handshake).
 NO_REQUEST_ID: Final = (1 << 64) - 1
 
+# What a broker challenges a client with when its credentials expired: "fetch them again".
+REFRESH_AUTH_DATA: Final = b"PulsarAuthRefresh"
+
 
 class ConnectionState(Enum):
     AWAITING_CONNECT = "awaiting_connect"  # nothing received yet
     CONNECTING = "connecting"  # CONNECT received; the broker owes CONNECTED (or ERROR)
     CONNECTED = "connected"
+    # Connected, and an AUTH_CHALLENGE waits for its AUTH_RESPONSE (everything else goes on).
+    CHALLENGED = "challenged"
     CLOSED = "closed"  # handshake refused or protocol error: nothing more is read
 
 
@@ -100,6 +109,7 @@ class ConnectionLimits:
 # What a client may send, i.e. the events `next_event` returns once connected.
 ClientEvent = (
     Connect
+    | AuthResponse
     | Ping
     | Pong
     | PartitionedMetadata
@@ -161,10 +171,13 @@ _SERVER_COMMANDS: Final[tuple[type, ...]] = (
 )
 
 _S = ConnectionState
+# The states in which the connection serves requests.
+_SERVING: Final = (_S.CONNECTED, _S.CHALLENGED)
 # (state, event type received) -> next state; a missing entry is a protocol violation.
 _RECEIVE: Final[dict[tuple[ConnectionState, type], ConnectionState]] = {
     (_S.AWAITING_CONNECT, Connect): _S.CONNECTING,
-    **{(_S.CONNECTED, event): _S.CONNECTED for event in _CLIENT_EVENTS},
+    **{(state, event): state for state in _SERVING for event in _CLIENT_EVENTS},
+    (_S.CHALLENGED, AuthResponse): _S.CONNECTED,
 }
 # (state, command type sent) -> next state; a missing entry is our own mistake.
 _SEND: Final[dict[tuple[ConnectionState, type], ConnectionState]] = {
@@ -172,7 +185,8 @@ _SEND: Final[dict[tuple[ConnectionState, type], ConnectionState]] = {
     (_S.CONNECTING, Error): _S.CLOSED,
     (_S.AWAITING_CONNECT, Error): _S.CLOSED,
     (_S.CLOSED, Error): _S.CLOSED,
-    **{(_S.CONNECTED, command): _S.CONNECTED for command in _SERVER_COMMANDS},
+    **{(state, command): state for state in _SERVING for command in _SERVER_COMMANDS},
+    (_S.CONNECTED, AuthChallenge): _S.CHALLENGED,
 }
 
 
@@ -214,11 +228,12 @@ class ServerConnection:
         self.frames_received += 1
         next_state = _RECEIVE.get((self.state, type(event)))
         if next_state is None:
-            where = (
-                "before CONNECT"
-                if self.state is ConnectionState.AWAITING_CONNECT
-                else ("from a client")
-            )
+            if self.state is ConnectionState.AWAITING_CONNECT:
+                where = "before CONNECT"
+            elif isinstance(event, AuthResponse):
+                where = "without an AuthChallenge"
+            else:
+                where = "from a client"
             self.state = ConnectionState.CLOSED
             raise ProtocolViolation(f"{_name(event)} is not allowed {where}")
         self.state = next_state
@@ -249,6 +264,25 @@ class ServerConnection:
                 protocol_version=self.protocol_version,
                 max_message_size=self.limits.max_message_size,
             )
+        )
+
+    def auth_challenge(self, method: str, data: bytes = REFRESH_AUTH_DATA) -> bytes:
+        """AUTH_CHALLENGE asking the client for fresh `method` credentials; the connection
+        then takes one AUTH_RESPONSE (and goes on serving meanwhile)."""
+        return self.send(
+            AuthChallenge(
+                server_version=self.limits.server_version,
+                challenge=AuthData(auth_method_name=method, auth_data=data),
+                protocol_version=self.protocol_version,
+            )
+        )
+
+    def auth_refused(self, message: str) -> bytes:
+        """The ERROR AuthenticationError that refuses a client's credentials (its request id
+        answers no request, as Pulsar brokers send it). Refusing CONNECT closes the
+        connection; later, the caller stops reading and closes it once the ERROR is out."""
+        return self.send(
+            Error(request_id=NO_REQUEST_ID, error=ServerError.AuthenticationError, message=message)
         )
 
     def protocol_error(self, error: RemoteProtocolError) -> bytes:
@@ -296,7 +330,7 @@ class ServerConnection:
         )
 
     def _check_connected(self, what: str) -> None:
-        if self.state is not ConnectionState.CONNECTED:
+        if self.state not in _SERVING:
             raise LocalProtocolError(f"cannot send {what} while {self.state.value}")
 
 
@@ -312,13 +346,19 @@ def _name(command: object) -> str:
 
 
 def lookup_connect(
-    request_id: int, broker_url: str, *, authoritative: bool = False
+    request_id: int,
+    broker_url: str,
+    *,
+    broker_url_tls: str | None = None,
+    authoritative: bool = False,
 ) -> LookupResponse:
-    """This broker serves the topic: the client connects to `broker_url` (its pool key)."""
+    """This broker serves the topic: the client connects to `broker_url` (its pool key), or
+    to `broker_url_tls` when it speaks TLS."""
     return LookupResponse(
         request_id=request_id,
         response=LookupType.Connect,
         broker_service_url=broker_url,
+        broker_service_url_tls=broker_url_tls,
         authoritative=authoritative,
     )
 
@@ -365,6 +405,7 @@ def message_id(ledger_id: int, entry_id: int, batch_index: int = -1) -> MessageI
 
 __all__ = [
     "NO_REQUEST_ID",
+    "REFRESH_AUTH_DATA",
     "ClientEvent",
     "ConnectionLimits",
     "ConnectionState",

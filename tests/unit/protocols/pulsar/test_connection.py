@@ -8,6 +8,9 @@ from mop.protocols.pulsar.commands import (
     PROTOCOL_VERSION,
     Ack,
     AckType,
+    AuthChallenge,
+    AuthData,
+    AuthResponse,
     CloseConsumer,
     Command,
     Connect,
@@ -35,6 +38,7 @@ from mop.protocols.pulsar.commands import (
 )
 from mop.protocols.pulsar.connection import (
     NO_REQUEST_ID,
+    REFRESH_AUTH_DATA,
     ConnectionLimits,
     ConnectionState,
     ServerConnection,
@@ -327,3 +331,80 @@ def test_answer_builders() -> None:
     assert answer == GetLastMessageIdResponse(request_id=9, last_message_id=empty)
     [close] = frames(conn.send(CloseConsumer(consumer_id=1, request_id=0)))
     assert close == CloseConsumer(consumer_id=1, request_id=0)
+
+
+def test_auth_challenge_takes_one_auth_response() -> None:
+    conn = connected()
+    [challenge] = frames(conn.auth_challenge("token"))
+    assert challenge == AuthChallenge(
+        server_version="mop",
+        challenge=AuthData(auth_method_name="token", auth_data=REFRESH_AUTH_DATA),
+        protocol_version=20,
+    )
+    assert state(conn) is ConnectionState.CHALLENGED
+    # Requests go on while the answer is awaited, both ways.
+    flow = Flow(consumer_id=0, message_permits=1)
+    assert receive(conn, flow) == [flow]
+    conn.send(Success(request_id=1))
+    conn.send_receipt(0, 1, 2, 3)
+    with pytest.raises(LocalProtocolError, match="AuthChallenge"):
+        conn.auth_challenge("token")  # one at a time
+    response = AuthResponse(response=AuthData(auth_method_name="token", auth_data=b"t"))
+    assert receive(conn, response) == [response]
+    assert state(conn) is ConnectionState.CONNECTED
+    conn.auth_challenge("token")  # the next refresh
+    assert state(conn) is ConnectionState.CHALLENGED
+
+
+def test_auth_response_without_a_challenge_is_refused() -> None:
+    conn = connected()
+    with pytest.raises(ProtocolViolation, match="AuthResponse is not allowed without") as info:
+        receive(conn, AuthResponse())
+    assert info.value.server_error is ServerError.NotAllowedError
+    assert conn.state is ConnectionState.CLOSED
+    conn = connected()
+    conn.auth_challenge("token")
+    receive(conn, AuthResponse())
+    with pytest.raises(ProtocolViolation):
+        receive(conn, AuthResponse())  # a second answer to one challenge
+
+
+def test_auth_challenge_needs_a_connection() -> None:
+    conn = ServerConnection()
+    with pytest.raises(LocalProtocolError, match="AuthChallenge"):
+        conn.auth_challenge("token")
+    receive(conn, CONNECT)
+    with pytest.raises(LocalProtocolError, match="AuthChallenge"):
+        conn.auth_challenge("token")  # CONNECTED first
+    with pytest.raises(ProtocolViolation, match="before CONNECT"):
+        receive(ServerConnection(), AuthResponse())
+
+
+def test_auth_refused_at_connect_closes_and_later_is_an_answer() -> None:
+    conn = ServerConnection()
+    receive(conn, CONNECT)
+    [error] = frames(conn.auth_refused("Unable to authenticate"))
+    assert error == Error(
+        request_id=NO_REQUEST_ID,
+        error=ServerError.AuthenticationError,
+        message="Unable to authenticate",
+    )
+    assert conn.state is ConnectionState.CLOSED
+    # Once connected the caller closes the connection after the ERROR; until it is out,
+    # receipts may still be written.
+    conn = connected()
+    conn.auth_challenge("token")
+    assert isinstance(frames(conn.auth_refused("no"))[0], Error)
+    assert state(conn) is ConnectionState.CHALLENGED
+    conn.send_receipt(0, 1, 2, 3)
+
+
+def test_lookup_connect_with_a_tls_url() -> None:
+    assert lookup_connect(
+        7, "pulsar://h:6650", broker_url_tls="pulsar+ssl://h:6651"
+    ) == LookupResponse(
+        request_id=7,
+        response=LookupType.Connect,
+        broker_service_url="pulsar://h:6650",
+        broker_service_url_tls="pulsar+ssl://h:6651",
+    )

@@ -7,6 +7,9 @@ import struct
 import pytest
 
 from mop.protocols.pulsar.commands import (
+    AuthChallenge,
+    AuthData,
+    AuthResponse,
     Connected,
     Flow,
     Message,
@@ -90,6 +93,39 @@ def test_connected_vector() -> None:
     connected = Connected(server_version="mop", protocol_version=20, max_message_size=5242880)
     body = "08031a0c0a03" + b"mop".hex() + "1014188080c002"
     assert encode_command(connected).hex() == f"{len(body) // 2 + 4:08x}{len(body) // 2:08x}{body}"
+
+
+def test_auth_challenge_vector() -> None:
+    # AUTH_CHALLENGE = 36 (0x24): field 36 has tag 0xa2 0x02; challenge (2) holds AuthData
+    # {method (1) "token", data (2) "PulsarAuthRefresh"}, then protocol_version (3) 20.
+    data = b"PulsarAuthRefresh"
+    auth_data = "0a05" + b"token".hex() + f"12{len(data):02x}" + data.hex()
+    body = f"12{len(auth_data) // 2:02x}{auth_data}1814"
+    command = f"0824a202{len(body) // 2:02x}{body}"
+    frame = bytes.fromhex(f"{len(command) // 2 + 4:08x}{len(command) // 2:08x}{command}")
+    challenge = AuthChallenge(
+        challenge=AuthData(auth_method_name="token", auth_data=data), protocol_version=20
+    )
+    assert encode_command(challenge) == frame
+    assert decode_all(frame) == [challenge]
+
+
+def test_auth_response_vector() -> None:
+    # AUTH_RESPONSE = 37 (0x25): field 37 has tag 0xaa 0x02; client_version (1) "c",
+    # response (2) AuthData {method (1) "token", data (2) "t.k.n"}, protocol_version (3) 21.
+    auth_data = "0a05" + b"token".hex() + "1205" + b"t.k.n".hex()
+    body = "0a0163" + f"12{len(auth_data) // 2:02x}{auth_data}1815"
+    command = f"0825aa02{len(body) // 2:02x}{body}"
+    frame = bytes.fromhex(f"{len(command) // 2 + 4:08x}{len(command) // 2:08x}{command}")
+    response = AuthResponse(
+        client_version="c",
+        response=AuthData(auth_method_name="token", auth_data=b"t.k.n"),
+        protocol_version=21,
+    )
+    assert encode_command(response) == frame
+    assert decode_all(frame) == [response]
+    # Every field is optional: an empty answer decodes too (the handler refuses it).
+    assert decode_all(bytes.fromhex("00000009000000050825aa0200")) == [AuthResponse()]
 
 
 def test_send_vector_with_checksum() -> None:
