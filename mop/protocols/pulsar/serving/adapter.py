@@ -1,11 +1,12 @@
-"""The Pulsar protocol handler: the Pulsar binary protocol over TCP for pulsar-client apps."""
+"""The Pulsar protocol handler: the Pulsar binary protocol over TCP (pulsar://) and TLS
+(pulsar+ssl://, mTLS when it has a CA for client certificates) for pulsar-client apps."""
 
 from __future__ import annotations
 
 from mop.protocols.base import NodeServices
 from mop.protocols.pulsar.serving.server import PulsarServer, Timers
 from mop.settings import PulsarSettings, Settings
-from mop.transport import Handler, ListenerSpec
+from mop.transport import Handler, ListenerSpec, server_ssl_context
 
 
 class PulsarProtocol:
@@ -28,7 +29,10 @@ class PulsarProtocol:
     def advertised_data(self) -> dict[str, str]:
         assert self._settings is not None, "initialize() first"
         url = self._settings.cluster.advertised_url
-        return {"pulsar": url or f"pulsar://{self.pulsar.host}:{self.pulsar.port}"}
+        urls = {"pulsar": url or f"pulsar://{self.pulsar.host}:{self.pulsar.port}"}
+        if self.pulsar.tls.enabled:
+            urls["pulsar+ssl"] = f"pulsar+ssl://{self.pulsar.host}:{self.pulsar.tls_port}"
+        return urls
 
     async def start(self, services: NodeServices) -> None:
         assert self._settings is not None, "initialize() first"
@@ -43,8 +47,26 @@ class PulsarProtocol:
         return self._server
 
     def listeners(self) -> list[tuple[ListenerSpec, Handler]]:
-        spec = ListenerSpec(name="pulsar", kind="tcp", host=self.pulsar.host, port=self.pulsar.port)
-        return [(spec, self.server.handle_connection)]
+        pulsar = self.pulsar
+        specs = [ListenerSpec(name="pulsar", kind="tcp", host=pulsar.host, port=pulsar.port)]
+        if pulsar.tls.enabled:
+            assert pulsar.tls.certfile is not None and pulsar.tls.keyfile is not None
+            context = server_ssl_context(
+                certfile=pulsar.tls.certfile,
+                keyfile=pulsar.tls.keyfile,
+                cafile=pulsar.tls.cafile,
+                require_client_cert=pulsar.tls.require_client_cert,
+            )
+            specs.append(
+                ListenerSpec(
+                    name="pulsar",
+                    kind="tls",
+                    host=pulsar.host,
+                    port=pulsar.tls_port,
+                    ssl_context=context,
+                )
+            )
+        return [(spec, self.server.handle_connection) for spec in specs]
 
     async def close(self) -> None:
         """Nothing to finish: connections close through the node's cancellation."""

@@ -9,6 +9,7 @@ import itertools
 import logging
 import uuid
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import trio
 
@@ -18,7 +19,7 @@ from mop.protocols.pulsar.connection import ConnectionLimits
 from mop.protocols.pulsar.errors import ServerError
 from mop.protocols.pulsar.serving.peers import PeerLinks
 from mop.settings import Settings
-from mop.topic_names import PulsarTopicName
+from mop.topic_names import PulsarTopicName, pulsar_to_mqtt
 from mop.topics import TopicError
 from mop.transport import ConnectionInfo
 from mop.version import SERVER_NAME
@@ -47,6 +48,10 @@ def server_error(exc: BackendError, default: ServerError = ServerError.UnknownEr
     """The ServerError that answers a failed backend call (`default` for a reason without
     one of its own)."""
     return _SERVER_ERRORS.get(exc.reason, default)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 class TopicRefused(Exception):
@@ -107,16 +112,33 @@ class PulsarServer:
         await PulsarConnection(self, stream, info).run()
 
     def service_url(self, info: ConnectionInfo) -> str:
-        """The URL lookups answer with: the configured advertised URL, else this listener."""
+        """The URL lookups answer with: the configured advertised URL, else this node's plain
+        listener (the one `info` came in on, or the one beside it for a TLS connection)."""
         advertised = self.settings.cluster.advertised_url
         if advertised:
             return advertised
+        port = info.local[1]
+        if info.transport != "tcp":
+            # The node advertises the port its plain listener bound (also for port 0).
+            port = urlsplit(self.membership.advertised_url).port or self.settings.pulsar.port
+        return f"pulsar://{self._host(info)}:{port}"
+
+    def service_url_tls(self, info: ConnectionInfo) -> str | None:
+        """The pulsar+ssl:// URL lookups answer a client connected over TLS with (pulsar-client
+        connects to it when its own service URL is pulsar+ssl://); None for other clients."""
+        if info.transport != "tls":
+            return None
+        advertised = self.settings.cluster.advertised_url
+        if advertised:
+            host = _url_host(urlsplit(advertised).hostname or self._host(info))
+            return f"pulsar+ssl://{host}:{self.settings.pulsar.tls_port or info.local[1]}"
+        return f"pulsar+ssl://{self._host(info)}:{info.local[1]}"
+
+    def _host(self, info: ConnectionInfo) -> str:
         host = self.settings.pulsar.host
         if host in _WILDCARD_HOSTS:
             host = info.local[0]
-        if ":" in host:
-            host = f"[{host}]"
-        return f"pulsar://{host}:{info.local[1]}"
+        return _url_host(host)
 
     async def owner(self, topic: str) -> str | None:
         """The URL of the cluster member that owns `topic` (canonical), None for this broker."""
@@ -124,6 +146,11 @@ class PulsarServer:
             return None
         url = await self.processor.lookup(topic)
         return None if normalize_url(url) == self.membership.url else url
+
+    def acl_topic(self, topic: str) -> str:
+        """The name the ACL rules know canonical `topic` by: a topic of the default namespace
+        by its MQTT name (`a%2Fb` is `a/b`), any other by its full name."""
+        return pulsar_to_mqtt(topic, tenant=self.tenant, namespace=self.namespace)
 
     def producer_name(self) -> str:
         return f"mop-{self._boot}-{next(self._names)}"
