@@ -47,6 +47,7 @@ from mop.protocols.pulsar.frames import ack_set_of, unacked_indexes
 from mop.protocols.pulsar.mapping import EARLIEST, LATEST, entry_bytes, from_id_data, to_id_data
 from mop.protocols.pulsar.metadata import MessageIdData
 from mop.protocols.pulsar.serving.server import TopicRefused, server_error
+from mop.security.acl import Access
 
 if TYPE_CHECKING:
     from mop.protocols.pulsar.serving.handler import PulsarConnection
@@ -113,7 +114,7 @@ class ConnectionConsumers:
             link.send(Success(request_id=rid))  # a retried request: it is subscribed already
             return
         try:
-            topic = link.server.topic(cmd.topic)
+            topic = link.authorized_topic(cmd.topic, Access.READ)
         except TopicRefused as exc:
             link.send(Error(request_id=rid, error=exc.error, message=exc.message))
             return

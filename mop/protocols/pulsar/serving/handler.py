@@ -1,14 +1,18 @@
 """One Pulsar client connection: the trio side around the pure `ServerConnection`.
 
-The reader feeds bytes to the state machine and acts on commands (producers and consumers have
-their own modules); one writer task sends everything in batches; a keepalive task PINGs a
-silent client and drops it when it stays silent. A broken frame gets an ERROR, then the
-connection closes; every other problem is answered and the connection goes on.
+CONNECT authenticates the client (its token, user and password, or TLS client certificate) and
+fixes whose rights the connection acts with; topics are then authorized per request. The reader
+feeds bytes to the state machine and acts on commands (producers and consumers have their own
+modules); one writer task sends everything in batches; a keepalive task PINGs a silent client
+and drops it when it stays silent; a client whose token expires is challenged to refresh it, and
+closed when it cannot. A broken frame gets an ERROR, then the connection closes; every other
+problem is answered and the connection goes on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -17,8 +21,15 @@ from typing import Any
 import trio
 
 from mop.processor import ClientContext, ClientLease, ConnectionLimitReached
+from mop.protocols.pulsar.authentication import (
+    REFRESH_METHOD,
+    acting_principal,
+    credentials_of,
+    keeps_identity,
+)
 from mop.protocols.pulsar.commands import (
     Ack,
+    AuthResponse,
     CloseConsumer,
     CloseProducer,
     Command,
@@ -56,6 +67,9 @@ from mop.protocols.pulsar.serving.consumers import ConnectionConsumers
 from mop.protocols.pulsar.serving.peers import is_peer
 from mop.protocols.pulsar.serving.producers import ConnectionProducers
 from mop.protocols.pulsar.serving.server import PulsarServer, TopicRefused
+from mop.security.acl import Access
+from mop.security.authorization import ClientPermissions
+from mop.security.identity import AuthenticationError, Credentials, Principal, certificate_identity
 from mop.transport import ConnectionInfo, OutboundBuffer
 
 log = logging.getLogger("mop.pulsar")
@@ -65,6 +79,11 @@ _DOMAINS = {
     TopicsMode.NON_PERSISTENT: ("non-persistent://",),
     TopicsMode.ALL: ("persistent://", "non-persistent://"),
 }
+# What a refused client is told (the log says why; the client must not learn which part of
+# its credentials was wrong).
+_REFUSED = "Unable to authenticate"
+# Longest wait for the answer to an AUTH_CHALLENGE (else one refresh interval).
+_MAX_CHALLENGE_WAIT = 60.0
 
 
 class _Closed(Exception):
@@ -83,10 +102,23 @@ class PulsarConnection:
             protocol="pulsar",
             peer=f"{info.peer[0]}:{info.peer[1]}",
         )
+        # Who the client proved to be (a proxy role, for a proxy that speaks for a client:
+        # the connection then acts as that client, `ctx.principal`), and what it may do.
+        self.authenticated: Principal = self.ctx.principal
+        self.permissions: ClientPermissions = server.processor.permissions(self.ctx)
+        # What CONNECT said that outlives it: whom a proxy speaks for, and whether the
+        # client answers AUTH_CHALLENGE.
+        self._original_principal: str | None = None
+        self._refreshable = False
+        # Set by the AUTH_RESPONSE that answers the challenge in flight, if any.
+        self._refreshed: trio.Event | None = None
+        # Reading ends when this is cancelled; what was written still goes out.
+        self._reading = trio.CancelScope()
         self.producers = ConnectionProducers(self)
         self.consumers = ConnectionConsumers(self)
         self._nursery: trio.Nursery | None = None
         self._handlers: dict[type, Callable[[Any], Awaitable[None] | None]] = {
+            AuthResponse: self._on_auth_response,
             Ping: self._on_ping,
             Pong: _ignore,
             PartitionedMetadata: self._on_partitioned_metadata,
@@ -118,6 +150,19 @@ class PulsarConnection:
     def send(self, command: Command) -> None:
         self.out.write(self.conn.send(command))
 
+    def authorized_topic(self, name: str, *accesses: Access) -> str:
+        """The canonical name of topic `name` when this client may use it in one of the ways
+        `accesses` names, else TopicRefused (AuthorizationError when only the ACL refuses)."""
+        topic = self.server.topic(name)
+        acl_topic = self.server.acl_topic(topic)
+        if not any(self.permissions.may(access, acl_topic) for access in accesses):
+            raise TopicRefused(
+                ServerError.AuthorizationError,
+                f"{self.ctx.principal.display!r} is not authorized to"
+                f" {' or '.join(a.value for a in accesses)} {topic}",
+            )
+        return topic
+
     # -- lifecycle -------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -129,7 +174,10 @@ class PulsarConnection:
                 self._nursery = nursery
                 nursery.start_soon(self.out.run)
                 nursery.start_soon(self._keepalive, nursery.cancel_scope)
-                await self._serve_reads()
+                if self.ctx.principal.expires_at is not None:
+                    nursery.start_soon(self._watch_credentials)
+                with self._reading:
+                    await self._serve_reads()
                 with trio.move_on_after(2):
                     await self.out.flush()
                 nursery.cancel_scope.cancel()
@@ -142,7 +190,8 @@ class PulsarConnection:
                 await self.server.processor.close_client(self.ctx, lease)
 
     async def _handshake(self) -> ClientLease | None:
-        """Read CONNECT, admit the client and answer CONNECTED; None when that fails."""
+        """Read CONNECT, authenticate and admit the client and answer CONNECTED; None when
+        that fails."""
         with trio.move_on_after(self.server.timers.connect_timeout):
             try:
                 connect = await self._read_connect()
@@ -151,6 +200,9 @@ class PulsarConnection:
                 await self._send_now(self.conn.protocol_error(exc))
                 return None
             if connect is None:
+                return None
+            if not self._authenticate(connect):
+                await self._send_now(self.conn.auth_refused(_REFUSED))
                 return None
             try:
                 lease = await self.server.processor.open_client(self.ctx)
@@ -167,14 +219,53 @@ class PulsarConnection:
                 return None
             self.out.write(self.conn.connected())
             log.debug(
-                "%s: connected (%s, protocol %d)",
+                "%s: connected (%s, protocol %d) as %s",
                 self.ctx.peer,
                 connect.client_version,
                 self.conn.protocol_version,
+                self.ctx.principal.display,
             )
             return lease
         log.info("%s: no CONNECT within %ss", self.ctx.peer, self.server.timers.connect_timeout)
         return None
+
+    def _authenticate(self, connect: Connect) -> bool:
+        """Whom CONNECT's credentials prove the client is (False: refused, logged)."""
+        self._original_principal = connect.original_principal
+        self._refreshable = bool(
+            connect.feature_flags and connect.feature_flags.supports_auth_refresh
+        )
+        try:
+            credentials = self._credentials(connect.auth_method_name, connect.auth_data)
+            self._adopt(self.server.processor.authenticate(credentials))
+        except AuthenticationError as exc:
+            log.info("%s: authentication refused: %s", self.ctx.peer, exc.why)
+            return False
+        self.ctx = dataclasses.replace(self.ctx, username=credentials.username)
+        return True
+
+    def _credentials(self, method: str | None, data: bytes | None) -> Credentials:
+        return credentials_of(
+            method,
+            data,
+            client_id=self.ctx.client_id,
+            address=self.info.peer[0],
+            certificate=certificate_identity(self.info.peer_certificate),
+        )
+
+    def _adopt(self, authenticated: Principal) -> None:
+        """Act as what `authenticated` proves from now on (AuthenticationError when it may not
+        speak for the principal CONNECT named)."""
+        acting = acting_principal(authenticated, self._original_principal)
+        self.authenticated = authenticated
+        self.ctx = dataclasses.replace(self.ctx, principal=acting)
+        self.permissions = self.server.processor.permissions(self.ctx)
+
+    def _end(self, last: bytes = b"") -> None:
+        """Stop reading and close the connection once `last` (and what is queued) is out."""
+        if last:
+            self.out.write(last)
+        self._reading.cancel()
 
     async def _read_connect(self) -> Connect | None:
         while True:
@@ -212,6 +303,65 @@ class PulsarConnection:
                 self.send(Ping())
                 pinged = True
 
+    async def _watch_credentials(self) -> None:
+        """Every refresh interval, check that the client's credentials still hold. Expired
+        ones are challenged (AUTH_CHALLENGE) when the client can refresh them; a client that
+        cannot, or does not answer in time, is closed (Pulsar brokers just close it)."""
+        interval = self.server.settings.pulsar.auth_refresh_interval
+        if interval <= 0:
+            return
+        processor = self.server.processor
+        while True:
+            await trio.sleep(interval)
+            if processor.credential_valid(self.ctx):
+                continue
+            if not self._refreshable:
+                log.info(
+                    "%s: the credentials of %s expired and the client cannot refresh them",
+                    self.ctx.peer,
+                    self.authenticated.display,
+                )
+                self._end()
+                return
+            self._refreshed = refreshed = trio.Event()
+            self.out.write(self.conn.auth_challenge(REFRESH_METHOD))
+            with trio.move_on_after(min(interval, _MAX_CHALLENGE_WAIT)):
+                await refreshed.wait()
+            if not refreshed.is_set():
+                log.info("%s: no answer to the credentials challenge in time", self.ctx.peer)
+                self._end()
+                return
+
+    def _on_auth_response(self, cmd: AuthResponse) -> None:
+        """The answer to our challenge: the same principal goes on with its new credentials;
+        wrong ones are refused with an ERROR, another principal's are closed on."""
+        response = cmd.response
+        try:
+            credentials = self._credentials(
+                response.auth_method_name if response else None,
+                response.auth_data if response else None,
+            )
+            refreshed = self.server.processor.authenticate(credentials)
+            same = keeps_identity(self.authenticated, refreshed)
+            if same:
+                self._adopt(refreshed)
+        except AuthenticationError as exc:
+            log.info("%s: refreshed credentials refused: %s", self.ctx.peer, exc.why)
+            self._end(self.conn.auth_refused(_REFUSED))
+            return
+        if not same:
+            log.info(
+                "%s: refreshed credentials prove %s, not %s: closing",
+                self.ctx.peer,
+                refreshed.display,
+                self.authenticated.display,
+            )
+            self._end()
+            return
+        log.debug("%s: credentials of %s refreshed", self.ctx.peer, refreshed.display)
+        if self._refreshed is not None:
+            self._refreshed.set()
+
     # -- reading ---------------------------------------------------------------------------
 
     async def _serve_reads(self) -> None:
@@ -228,6 +378,8 @@ class PulsarConnection:
         while True:
             while not isinstance(event := self.conn.next_event(), NeedData):
                 await self._handle(event)
+                if self._reading.cancel_called:
+                    return  # closing: what the client sent after that is not served
             await self.out.wait_space()
             data = await self.stream.receive_some(65536)
             if not data:
@@ -250,7 +402,7 @@ class PulsarConnection:
 
     def _on_partitioned_metadata(self, cmd: PartitionedMetadata) -> None:
         try:
-            self.server.topic(cmd.topic)
+            self.authorized_topic(cmd.topic, Access.READ, Access.WRITE)
         except TopicRefused as exc:
             self.send(partitioned_metadata_failed(cmd.request_id, exc.error, exc.message))
             return
@@ -258,7 +410,7 @@ class PulsarConnection:
 
     async def _on_lookup(self, cmd: Lookup) -> None:
         try:
-            topic = self.server.topic(cmd.topic)
+            topic = self.authorized_topic(cmd.topic, Access.READ, Access.WRITE)
         except TopicRefused as exc:
             self.send(lookup_failed(cmd.request_id, exc.error, exc.message))
             return
@@ -268,7 +420,13 @@ class PulsarConnection:
         if owner is not None:
             self.send(lookup_redirect(cmd.request_id, owner))
         else:
-            self.send(lookup_connect(cmd.request_id, self.server.service_url(self.info)))
+            self.send(
+                lookup_connect(
+                    cmd.request_id,
+                    self.server.service_url(self.info),
+                    broker_url_tls=self.server.service_url_tls(self.info),
+                )
+            )
 
     def _on_topics(self, cmd: GetTopicsOfNamespace) -> None:
         try:
@@ -288,8 +446,17 @@ class PulsarConnection:
         self.send(
             GetTopicsOfNamespaceResponse(
                 request_id=cmd.request_id,
-                topics=tuple(sorted(t for t in topics if t.startswith(domains))),
+                topics=tuple(
+                    sorted(t for t in topics if t.startswith(domains) and self._may_see(t))
+                ),
             )
+        )
+
+    def _may_see(self, topic: str) -> bool:
+        """Whether a topic is listed to this client: it may read or write it."""
+        acl_topic = self.server.acl_topic(topic)
+        return self.permissions.may(Access.READ, acl_topic) or self.permissions.may(
+            Access.WRITE, acl_topic
         )
 
     async def _on_checksum_mismatch(self, event: ChecksumMismatch) -> None:

@@ -27,6 +27,7 @@ from mop.protocols.pulsar.commands import Producer as ProducerCommand
 from mop.protocols.pulsar.errors import ServerError
 from mop.protocols.pulsar.mapping import message_from_payload
 from mop.protocols.pulsar.serving.server import TopicRefused, server_error
+from mop.security.acl import Access
 
 if TYPE_CHECKING:
     from mop.protocols.pulsar.serving.handler import PulsarConnection
@@ -92,7 +93,7 @@ class ConnectionProducers:
                 )
             return
         try:
-            topic = link.server.topic(cmd.topic)
+            topic = link.authorized_topic(cmd.topic, Access.WRITE)
         except TopicRefused as exc:
             link.send(Error(request_id=rid, error=exc.error, message=exc.message))
             return
