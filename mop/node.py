@@ -23,6 +23,7 @@ from mop.broker.storage import StorageError, open_durable_storage
 from mop.exception_groups import leaves
 from mop.membership import Membership, MembershipError
 from mop.processor import Backend, BackendError, MessagingProcessor
+from mop.protocols.pulsar.client import cluster_client_auth
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
 from mop.security.gatekeeper import Gatekeeper
 from mop.security.policy import PolicyError, load_policy
@@ -148,8 +149,13 @@ async def _start_cluster_backend(
             "protocols: the Pulsar adapter runs on brokers, not on a separated proxy; set"
             ' protocols = ["mqtt"] (Pulsar clients connect to the brokers directly)'
         )
+    try:
+        auth = cluster_client_auth(cluster)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
     backend = ClusterBackend(
         cluster.service_url,
+        auth=auth,
         tenant=settings.default_tenant,
         namespace=settings.default_namespace,
         tables=tables,
@@ -199,6 +205,15 @@ def _open_gatekeeper(settings: Settings) -> Gatekeeper:
     return Gatekeeper(policy, settings.auth)
 
 
+def _check_client_auth(settings: Settings) -> None:
+    """This node's own credentials towards brokers, if it will need them, must be usable."""
+    if settings.mode == "separated" or settings.cluster.brokers:
+        try:
+            cluster_client_auth(settings.cluster)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -224,6 +239,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
     try:
         async with trio.open_nursery() as nursery:
             gatekeeper = _open_gatekeeper(settings)
+            _check_client_auth(settings)
             membership = cluster_membership(settings)
             tables = tuple(name for h in handlers.values() for name in h.tables)
             backend = await start_backend(settings, nursery, membership, tables=tables)

@@ -180,8 +180,10 @@ class ClusterSettings:
     batching_delay: float = 0.001
     # Messages pulsar-client prefetches per subscribed topic.
     receiver_queue: int = 500
-    # The proxy's own credentials towards the brokers.
+    # A node's own credentials towards the brokers (a proxy's, or a broker's to its peers).
     auth: ClusterAuthSettings = field(default_factory=ClusterAuthSettings)
+    # PEM CA bundle that verifies brokers on pulsar+ssl:// URLs (unset: the system's CAs).
+    tls_cafile: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

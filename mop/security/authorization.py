@@ -74,7 +74,15 @@ class ClientPermissions:
     the log.
     """
 
-    __slots__ = ("_address", "_cache", "_client_id", "_generation", "_rules", "principal")
+    __slots__ = (
+        "_address",
+        "_cache",
+        "_client_id",
+        "_generation",
+        "_generation_offset",
+        "_rules",
+        "principal",
+    )
 
     def __init__(
         self,
@@ -88,12 +96,20 @@ class ClientPermissions:
         self._client_id = client_id
         self._address = address
         self._generation = -1
+        self._generation_offset = 0
         self._cache: dict[tuple[Access, str], bool] | None = None
 
     @property
     def generation(self) -> int:
-        """The rules' generation: it changes when answers given before may no longer hold."""
-        return self._rules.generation
+        """The rules' generation, and the client's: it changes when answers given before may
+        no longer hold (new rules, or the client re-authenticated)."""
+        return self._rules.generation + self._generation_offset
+
+    def become(self, principal: Principal) -> None:
+        """The client re-authenticated (a fresh token): its answers are worked out anew."""
+        self.principal = principal
+        self._cache = None
+        self._generation_offset += 1 << 32
 
     def may(self, access: Access, topic: str) -> bool:
         rules = self._rules

@@ -82,6 +82,7 @@ class Client:
         will_properties: Properties | None = None,
         connect_properties: Properties | None = None,
         username: str | None = None,
+        password: str | None = "secret",
         transport: str = "tcp",
         host: str = "127.0.0.1",
         connect: bool = True,
@@ -111,7 +112,7 @@ class Client:
         if tls is not None:
             self.client.tls_set(**tls)
         if username is not None:
-            self.client.username_pw_set(username, "secret")
+            self.client.username_pw_set(username, password)
         if will is not None:
             self.client.will_set(*will, properties=will_properties)
         self.client.on_connect = self._on_connect

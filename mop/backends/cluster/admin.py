@@ -16,6 +16,8 @@ import trio
 from mop.processor.backend import BackendError
 from mop.protocols.pulsar import client
 from mop.protocols.pulsar.client import (
+    NO_AUTH,
+    ClientAuth,
     LinkFailed,
     LookupFailed,
     PulsarLink,
@@ -36,11 +38,11 @@ def _error(what: str, exc: LinkFailed) -> BackendError:
     return BackendError(f"{what}: {exc}", reason="unavailable")
 
 
-async def _connect(service_url: str, seconds: float) -> PulsarLink:
+async def _connect(service_url: str, seconds: float, auth: ClientAuth) -> PulsarLink:
     """A link to the first broker of `service_url` that completes the handshake."""
     with trio.move_on_after(seconds):
         try:
-            return await client.connect_first(service_url, _CLIENT_VERSION)
+            return await client.connect_first(service_url, _CLIENT_VERSION, auth=auth)
         except ValueError as exc:
             raise BackendError(str(exc), reason="invalid_url") from None
         except Unreachable as exc:
@@ -71,10 +73,12 @@ async def _ask_topics(
     return sorted(topics)
 
 
-async def get_topics(service_url: str, namespace: str, *, seconds: float = 10.0) -> list[str]:
+async def get_topics(
+    service_url: str, namespace: str, *, seconds: float = 10.0, auth: ClientAuth = NO_AUTH
+) -> list[str]:
     """Every topic of `namespace` ("tenant/namespace"), persistent or not, asked within
     `seconds`."""
-    link = await _connect(service_url, seconds)
+    link = await _connect(service_url, seconds, auth)
     try:
         return await _ask_topics(link, namespace, TopicsMode.ALL, seconds)
     except LinkFailed as exc:
@@ -87,9 +91,12 @@ class TopicLister:
     """Lists the persistent topics of namespaces over one link kept between calls (opened on
     first use, opened again after it breaks); one call at a time."""
 
-    def __init__(self, service_url: str, *, seconds: float = 10.0) -> None:
+    def __init__(
+        self, service_url: str, *, seconds: float = 10.0, auth: ClientAuth = NO_AUTH
+    ) -> None:
         self.service_url = service_url
         self.seconds = seconds
+        self.auth = auth
         self._link: PulsarLink | None = None
         self._lock = trio.Lock()
 
@@ -99,7 +106,7 @@ class TopicLister:
             while True:
                 fresh = self._link is None
                 if self._link is None:
-                    self._link = await _connect(self.service_url, self.seconds)
+                    self._link = await _connect(self.service_url, self.seconds, self.auth)
                 try:
                     return await _ask_topics(
                         self._link, namespace, TopicsMode.PERSISTENT, self.seconds
@@ -119,13 +126,15 @@ class TopicLister:
                 await link.aclose()
 
 
-async def lookup(service_url: str, topic: str, *, seconds: float = 10.0) -> str:
+async def lookup(
+    service_url: str, topic: str, *, seconds: float = 10.0, auth: ClientAuth = NO_AUTH
+) -> str:
     """The service URL of the broker that owns `topic`, following redirects, within
     `seconds`."""
     what = f"lookup of {topic}"
     with trio.move_on_after(seconds) as scope:
         try:
-            return await client.lookup(service_url, topic, _CLIENT_VERSION)
+            return await client.lookup(service_url, topic, _CLIENT_VERSION, auth=auth)
         except ValueError as exc:
             raise BackendError(str(exc), reason="invalid_url") from None
         except Unreachable as exc:

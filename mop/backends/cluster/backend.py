@@ -60,6 +60,7 @@ from mop.processor.backend import (
     SubscriptionKind,
     SubscriptionSpec,
 )
+from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
 from mop.protocols.pulsar.driver import ClientOptions, PulsarClient
 from mop.version import VERSION
 
@@ -100,8 +101,10 @@ class ClusterBackend:
         fence_timeout: float = 10.0,
         producers: ProducerOptions | None = None,
         consumers: ConsumerOptions | None = None,
+        auth: ClientAuth = NO_AUTH,
     ) -> None:
         self.service_url = service_url
+        self.auth = auth
         self.tenant = tenant
         self.namespace = namespace
         self.operation_timeout = operation_timeout
@@ -116,7 +119,7 @@ class ClusterBackend:
         self.delays = Delays()
         self.local = LocalTopics(tenant=tenant, namespace=namespace)
         self.discovery = NamespaceDiscovery(
-            lambda: admin.TopicLister(service_url, seconds=operation_timeout),
+            lambda: admin.TopicLister(service_url, seconds=operation_timeout, auth=auth),
             self.consumer_options.pattern_discovery,
         )
         self._tables: dict[str, ClusterTable] = {}
@@ -210,6 +213,7 @@ class ClusterBackend:
                     f"mop-proxy/{VERSION}",
                     operation_timeout=self.operation_timeout,
                     connect_timeout=self.connect_timeout,
+                    auth=self.auth,
                 ),
             )
         except ValueError as exc:
@@ -460,7 +464,9 @@ class ClusterBackend:
 
     async def topics(self, namespace: str) -> list[str]:
         self._check_running()
-        return await admin.get_topics(self.service_url, namespace, seconds=self.operation_timeout)
+        return await admin.get_topics(
+            self.service_url, namespace, seconds=self.operation_timeout, auth=self.auth
+        )
 
     async def delete_subscription(self, name: str, member: str = "") -> None:
         """Delete a subscription no consumer is attached to (an expired session): forget the
@@ -544,7 +550,9 @@ class ClusterBackend:
 
     async def lookup(self, topic: str) -> str:
         self._check_running()
-        return await admin.lookup(self.service_url, topic, seconds=self.operation_timeout)
+        return await admin.lookup(
+            self.service_url, topic, seconds=self.operation_timeout, auth=self.auth
+        )
 
     async def hold_role(self, name: str) -> ClusterRole:
         """Enter this proxy for role `name`; it is granted in the background (see

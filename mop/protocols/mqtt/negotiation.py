@@ -30,9 +30,13 @@ class ConnectPolicy:
     retain_available: bool
     max_topic_length: int
     max_topic_levels: int
+    # MQTT 5 enhanced authentication methods offered (`JWT_METHOD` when tokens are checked).
+    auth_methods: frozenset[str] = frozenset()
 
     @classmethod
-    def from_settings(cls, settings: MqttSettings) -> ConnectPolicy:
+    def from_settings(
+        cls, settings: MqttSettings, *, auth_methods: frozenset[str] = frozenset()
+    ) -> ConnectPolicy:
         return cls(
             max_session_expiry=settings.max_session_expiry,
             default_session_expiry=settings.default_session_expiry,
@@ -43,7 +47,13 @@ class ConnectPolicy:
             retain_available=settings.retain_available,
             max_topic_length=settings.max_topic_length,
             max_topic_levels=settings.max_topic_levels,
+            auth_methods=auth_methods,
         )
+
+
+# The enhanced authentication method mop offers: the client's JWT as Authentication Data, in
+# CONNECT and again in an AUTH packet (Re-authenticate) before it expires.
+JWT_METHOD = "JWT"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +74,8 @@ class ConnectDecision:
     session_expiry: int  # seconds the session outlives the connection
     keep_alive: int  # seconds; 0: no keep-alive check
     will: Will | None
+    # The enhanced authentication method the client uses (one of the policy's), if any.
+    auth_method: str | None
     # The properties of the CONNACK (NO_PROPERTIES below MQTT 5): the assigned client id,
     # the expiry and keep alive where the server changed them, and the server's limits.
     connack_properties: Properties
@@ -83,7 +95,7 @@ def negotiate_connect(
     """Decide what the server accepts of `connect` under `policy`, or why it refuses it.
 
     The refusals come in the order of the checks: an empty client id on a persistent MQTT
-    3.1.1 session, an authentication method (none is offered), an invalid will topic.
+    3.1.1 session, an authentication method not offered, an invalid will topic.
     """
     v5 = connect.protocol_level == 5
     client_id = connect.client_id
@@ -95,7 +107,7 @@ def negotiate_connect(
             )
         client_id = assigned = assign_client_id()
     method = connect.properties.authentication_method
-    if method is not None:
+    if method is not None and method not in policy.auth_methods:
         return ConnectRefusal(
             ReasonCode.BAD_AUTHENTICATION_METHOD,
             f"authentication method {method!r} is not supported",
@@ -128,12 +140,14 @@ def negotiate_connect(
             response_information=(
                 f"response/{client_id}" if connect.properties.request_response_information else None
             ),
+            authentication_method=method,
         )
     return ConnectDecision(
         client_id=client_id,
         session_expiry=expiry,
         keep_alive=keep_alive,
         will=connect.will,
+        auth_method=method,
         connack_properties=props,
     )
 

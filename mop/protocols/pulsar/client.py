@@ -16,7 +16,9 @@ from __future__ import annotations
 import itertools
 import ssl
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import trio
@@ -38,13 +40,16 @@ from mop.protocols.pulsar.commands import (
 )
 from mop.protocols.pulsar.errors import RemoteProtocolError
 from mop.protocols.pulsar.frames import Frame, FrameDecoder, NeedData, encode_command
+from mop.settings import ClusterSettings
 
 __all__ = [
+    "ClientAuth",
     "LinkFailed",
     "LookupFailed",
     "PulsarLink",
     "UnexpectedAnswer",
     "Unreachable",
+    "cluster_client_auth",
     "connect_first",
     "list_topics",
     "lookup",
@@ -75,6 +80,52 @@ class UnexpectedAnswer(LinkFailed):
 class LookupFailed(LinkFailed):
     """A lookup was answered, but without an owner: a failed lookup, no broker URL, or too many
     redirects."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientAuth:
+    """What a client shows the brokers: an authentication method and its data in CONNECT
+    ("token" with a JWT, "basic" with b"user:password"), and the TLS context that verifies
+    brokers on pulsar+ssl:// URLs (None: the system's trust store)."""
+
+    method: str | None = None
+    data: bytes | None = None
+    ssl_context: ssl.SSLContext | None = None
+
+    def tls_context(self) -> ssl.SSLContext:
+        return self.ssl_context or ssl.create_default_context()
+
+
+NO_AUTH: Final = ClientAuth()
+
+
+def cluster_client_auth(settings: ClusterSettings) -> ClientAuth:
+    """The credentials and broker trust `cluster.auth` and `cluster.tls_cafile` describe;
+    ValueError (one line naming the setting) when they cannot be used."""
+    auth = settings.auth
+    context = None
+    if settings.tls_cafile:
+        try:
+            context = ssl.create_default_context(cafile=settings.tls_cafile)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"cluster.tls_cafile {settings.tls_cafile}: {exc}") from None
+    if auth.method == "token":
+        token = auth.token
+        if auth.token_file:
+            try:
+                token = Path(auth.token_file).read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"cluster.auth.token_file {auth.token_file}: {exc}") from None
+        if not token:
+            raise ValueError('cluster.auth: method = "token" needs token or token_file')
+        return ClientAuth("token", token.encode(), context)
+    if auth.method == "basic":
+        if not auth.username or auth.password is None:
+            raise ValueError('cluster.auth: method = "basic" needs username and password')
+        if ":" in auth.username:
+            raise ValueError("cluster.auth.username: must not contain ':'")
+        return ClientAuth("basic", f"{auth.username}:{auth.password}".encode(), context)
+    return ClientAuth(ssl_context=context)
 
 
 def service_addresses(service_url: str) -> tuple[list[tuple[str, int]], bool]:
@@ -109,13 +160,19 @@ class PulsarLink:
 
     @classmethod
     async def connect(
-        cls, host: str, port: int, client_version: str, *, tls: bool = False
+        cls,
+        host: str,
+        port: int,
+        client_version: str,
+        *,
+        tls: bool = False,
+        auth: ClientAuth = NO_AUTH,
     ) -> PulsarLink:
-        """Open a connection and complete the handshake (no authentication)."""
+        """Open a connection and complete the handshake, authenticated as `auth` says."""
         try:
             if tls:
                 stream: trio.abc.Stream = await trio.open_ssl_over_tcp_stream(
-                    host, port, ssl_context=ssl.create_default_context()
+                    host, port, ssl_context=auth.tls_context()
                 )
             else:
                 stream = await trio.open_tcp_stream(host, port)
@@ -124,7 +181,12 @@ class PulsarLink:
         link = cls(stream)
         try:
             await link._send(
-                Connect(client_version=client_version, protocol_version=PROTOCOL_VERSION)
+                Connect(
+                    client_version=client_version,
+                    protocol_version=PROTOCOL_VERSION,
+                    auth_method_name=auth.method,
+                    auth_data=auth.data,
+                )
             )
             answer = await link._next(lambda frame: isinstance(frame, Connected | Error))
             if not isinstance(answer, Connected):
@@ -178,14 +240,16 @@ class PulsarLink:
             await self._stream.aclose()
 
 
-async def connect_first(service_url: str, client_version: str) -> PulsarLink:
+async def connect_first(
+    service_url: str, client_version: str, *, auth: ClientAuth = NO_AUTH
+) -> PulsarLink:
     """A link to the first broker of `service_url` that completes the handshake, its hosts tried
     in turn; Unreachable when none does, ValueError when the URL is not a service URL."""
     addresses, tls = service_addresses(service_url)
     failures = []
     for host, port in addresses:
         try:
-            return await PulsarLink.connect(host, port, client_version, tls=tls)
+            return await PulsarLink.connect(host, port, client_version, tls=tls, auth=auth)
         except LinkFailed as exc:
             failures.append(str(exc))
     raise Unreachable(f"no broker of {service_url} answers: {'; '.join(failures)}")
@@ -205,7 +269,12 @@ async def list_topics(
 
 
 async def lookup(
-    service_url: str, topic: str, client_version: str, *, max_redirects: int = MAX_REDIRECTS
+    service_url: str,
+    topic: str,
+    client_version: str,
+    *,
+    max_redirects: int = MAX_REDIRECTS,
+    auth: ClientAuth = NO_AUTH,
 ) -> str:
     """The service URL of the broker that owns `topic`, asking the first broker of
     `service_url` that answers and following its redirects (one short link per broker asked).
@@ -214,7 +283,7 @@ async def lookup(
     authoritative = False
     what = f"lookup of {topic}"
     for _ in range(max_redirects):
-        link = await connect_first(url, client_version)
+        link = await connect_first(url, client_version, auth=auth)
         try:
             reply = await link.ask(
                 Lookup(topic=topic, request_id=link.request_id(), authoritative=authoritative)

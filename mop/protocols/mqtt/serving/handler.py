@@ -11,8 +11,10 @@ the same whichever backend the node runs on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -85,7 +87,6 @@ class ClientHandler:
     # An idle connection is mostly this object and what hangs off it: no per-instance dict.
     __slots__ = (
         "_close_reason",
-        "_fenced",
         "_read_scope",
         "_reading_since",
         "_send_will",
@@ -122,12 +123,12 @@ class ClientHandler:
         self.lease: ClientLease | None = None
         self.will: Will | None = None
         self.keep_alive = 0
-        # Reads end when it is cancelled: by a takeover (`_fenced`) or by the keep-alive
+        # Reads end when it is cancelled: by a takeover (`_on_fenced`) or an expired
+        # credential (`_credential_expired`), which set `_close_reason`, or by the keep-alive
         # check (`_check_keep_alive`), which looks at when the read under way began to wait
         # (inf: no read waits). A timestamp per read is far cheaper than moving a deadline.
         self._read_scope = trio.CancelScope()
         self._reading_since = math.inf
-        self._fenced = False
         self._close_reason: int | None = None
         self._send_will = True
         # PUBLISHes of the current read waiting for one publish of them all (`_commit`).
@@ -164,7 +165,7 @@ class ClientHandler:
                 try:
                     with self._read_scope:
                         await self._read_loop()
-                    if not self._fenced:  # nothing arrived within the keep-alive limit
+                    if self._close_reason is None:  # nothing arrived within the keep alive
                         raise _Close(
                             ReasonCode.KEEP_ALIVE_TIMEOUT,
                             f"nothing received for {self.keep_alive * 1.5:g}s",
@@ -178,6 +179,7 @@ class ClientHandler:
                     self._reads_ended(exc)
                 finally:
                     self.server.timers.cancel(self._keep_alive_key())
+                    self.server.timers.cancel(self._credential_key())
                 if self._close_reason is not None and self.conn.protocol_level == 5:
                     self.out.write(self.conn.send(Disconnect(reason_code=self._close_reason)))
                 await self._flush_quietly()
@@ -280,6 +282,7 @@ class ClientHandler:
             address=self.info.peer[0],
             username=connect.username,
             password=connect.password,
+            token=_token(decision.auth_method, connect.properties.authentication_data),
             certificate=certificate_identity(self.info.peer_certificate),
         )
         processor = self.server.processor
@@ -317,6 +320,7 @@ class ClientHandler:
             return False
         connack = Connack(session_present=present, properties=decision.connack_properties)
         self.out.write(self.conn.send(connack))
+        self._watch_credential()
         log.debug("%s: %r connected (level %d)", self.ctx.peer, client_id, connect.protocol_level)
         return True
 
@@ -363,7 +367,6 @@ class ClientHandler:
         self._on_fenced()
 
     def _on_fenced(self) -> None:
-        self._fenced = True
         self._close_reason = ReasonCode.SESSION_TAKEN_OVER
         self._read_scope.cancel()
 
@@ -512,9 +515,53 @@ class ClientHandler:
     async def _on_pingreq(self, packet: Pingreq) -> None:
         self.out.write(self.conn.send(Pingresp()))
 
-    async def _on_auth(self, packet: Packet) -> None:
-        # No enhanced authentication method is offered, so none can continue.
-        raise _Close(ReasonCode.PROTOCOL_ERROR, f"unexpected {type(packet).__name__.upper()}")
+    async def _on_auth(self, packet: Auth) -> None:
+        """Re-authentication (MQTT 5 section 4.12.1) with the method of the CONNECT: a fresh
+        token for the same user keeps the connection going past the old one's expiry."""
+        method = packet.properties.authentication_method
+        if method != self.conn.auth_method:
+            raise _Close(ReasonCode.PROTOCOL_ERROR, "AUTH with another authentication method")
+        if packet.reason_code != ReasonCode.REAUTHENTICATE:
+            raise _Close(ReasonCode.PROTOCOL_ERROR, "AUTH that continues no exchange")
+        credentials = Credentials(
+            client_id=self.ctx.client_id,
+            address=self.info.peer[0],
+            username=self.ctx.username,
+            token=_token(method, packet.properties.authentication_data),
+        )
+        try:
+            principal = self.server.processor.authenticate(credentials)
+        except AuthenticationError as exc:
+            raise _Close(ReasonCode.NOT_AUTHORIZED, f"re-authentication: {exc.why}") from None
+        if principal.name != self.ctx.principal.name:
+            raise _Close(ReasonCode.NOT_AUTHORIZED, "re-authenticated as another user")
+        self.ctx = dataclasses.replace(self.ctx, principal=principal)
+        assert self.permissions is not None
+        self.permissions.become(principal)
+        self._watch_credential()
+        self.out.write(
+            self.conn.send(Auth(ReasonCode.SUCCESS, Properties(authentication_method=method)))
+        )
+
+    def _credential_key(self) -> str:
+        return f"credential/{id(self)}"
+
+    def _watch_credential(self) -> None:
+        """Close the connection when the credential it was admitted with expires (a token's
+        `exp`), unless the client re-authenticates first."""
+        expires_at = self.ctx.principal.expires_at
+        if expires_at is None:
+            return
+        delay = max(0.0, expires_at - time.time())
+        self.server.timers.schedule(self._credential_key(), delay, self._credential_expired)
+
+    async def _credential_expired(self) -> None:
+        if self.server.processor.credential_valid(self.ctx):
+            self._watch_credential()  # re-authenticated meanwhile
+            return
+        log.info("%s: %r: the credential expired", self.ctx.peer, self.ctx.client_id)
+        self._close_reason = ReasonCode.NOT_AUTHORIZED
+        self._read_scope.cancel()
 
     async def _on_disconnect(self, packet: Disconnect) -> None:
         assert self.state is not None
@@ -712,3 +759,10 @@ _HANDLERS: dict[type, _Handler] = {
     Disconnect: ClientHandler._on_disconnect,
     Auth: ClientHandler._on_auth,
 }
+
+
+def _token(method: str | None, data: bytes | None) -> str | None:
+    """The token an enhanced authentication exchange carries, if any."""
+    if method is None or data is None:
+        return None
+    return data.decode("utf-8", errors="replace")

@@ -20,7 +20,7 @@ from mop.processor import BackendError, ClientContext, MessagingProcessor, Publi
 from mop.protocols.mqtt.codec import encode_publish
 from mop.protocols.mqtt.connection import ConnectionLimits
 from mop.protocols.mqtt.mapping import publish_to_message
-from mop.protocols.mqtt.negotiation import ConnectPolicy
+from mop.protocols.mqtt.negotiation import JWT_METHOD, ConnectPolicy
 from mop.protocols.mqtt.packets import NO_PROPERTIES, Publish, Will
 from mop.protocols.mqtt.serving.outflow import OutflowContext
 from mop.protocols.mqtt.serving.retained import TABLE as RETAINED_TABLE
@@ -51,7 +51,10 @@ class MqttServer:
             max_topic_length=self.settings.max_topic_length,
             max_topic_levels=self.settings.max_topic_levels,
         )
-        self.connect_policy = ConnectPolicy.from_settings(self.settings)
+        self.connect_policy = ConnectPolicy.from_settings(
+            self.settings,
+            auth_methods=frozenset([JWT_METHOD]) if settings.auth.jwt.enabled else frozenset(),
+        )
         tenant, namespace = settings.default_tenant, settings.default_namespace
         # Topic names repeat endlessly on the hot path: map each one once.
         self.canonical = lru_cache(maxsize=65536)(

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-import ssl
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 import trio
 
-from mop.protocols.pulsar.client import service_addresses
+from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, service_addresses
 from mop.protocols.pulsar.commands import Lookup, LookupResponse, LookupType
 from mop.protocols.pulsar.driver.connection import BrokerConnection
 from mop.protocols.pulsar.driver.errors import (
@@ -54,8 +53,7 @@ class ClientOptions:
     """How a `PulsarClient` talks to the brokers."""
 
     __slots__ = (
-        "auth_data",
-        "auth_method",
+        "auth",
         "client_version",
         "connect_timeout",
         "keepalive",
@@ -68,15 +66,14 @@ class ClientOptions:
         *,
         operation_timeout: float = 30.0,
         connect_timeout: float = 10.0,
-        auth_method: str | None = None,
-        auth_data: bytes | None = None,
+        auth: ClientAuth = NO_AUTH,
         keepalive: float = 30.0,
     ) -> None:
         self.client_version = client_version
         self.operation_timeout = operation_timeout
         self.connect_timeout = connect_timeout
-        self.auth_method = auth_method
-        self.auth_data = auth_data
+        # The credentials shown to every broker, and the trust for pulsar+ssl:// brokers.
+        self.auth = auth
         # A connection silent this long is pinged; twice this long, it is given up as stalled.
         self.keepalive = keepalive
 
@@ -186,7 +183,7 @@ class PulsarClient:
             with trio.fail_after(options.connect_timeout):
                 if tls:
                     stream: trio.abc.Stream = await trio.open_ssl_over_tcp_stream(
-                        host, port, ssl_context=ssl.create_default_context()
+                        host, port, ssl_context=options.auth.tls_context()
                     )
                 else:
                     stream = await trio.open_tcp_stream(host, port)
@@ -194,8 +191,8 @@ class PulsarClient:
                 try:
                     await connection.handshake(
                         options.client_version,
-                        auth_method=options.auth_method,
-                        auth_data=options.auth_data,
+                        auth_method=options.auth.method,
+                        auth_data=options.auth.data,
                         proxy_to_broker_url=proxy_to,
                     )
                 except BaseException:

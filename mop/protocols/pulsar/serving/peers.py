@@ -18,6 +18,8 @@ import trio
 
 from mop.protocols.pulsar import client
 from mop.protocols.pulsar.client import (
+    NO_AUTH,
+    ClientAuth,
     LinkFailed,
     PulsarLink,
     UnexpectedAnswer,
@@ -46,8 +48,11 @@ def is_peer(client_version: str) -> bool:
 class _Peer:
     """One peer broker and the link to it (used by one request at a time)."""
 
-    def __init__(self, url: str, *, connect_timeout: float, request_timeout: float) -> None:
+    def __init__(
+        self, url: str, *, connect_timeout: float, request_timeout: float, auth: ClientAuth
+    ) -> None:
         self.url = url
+        self.auth = auth
         [(self.host, self.port)], self.tls = service_addresses(url)
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
@@ -89,7 +94,7 @@ class _Peer:
             if link is None:
                 with trio.fail_after(self.connect_timeout):
                     link = self._link = await PulsarLink.connect(
-                        self.host, self.port, PEER_CLIENT_VERSION, tls=self.tls
+                        self.host, self.port, PEER_CLIENT_VERSION, tls=self.tls, auth=self.auth
                     )
             try:
                 return await client.list_topics(link, namespace, mode)
@@ -117,9 +122,11 @@ class PeerLinks:
         *,
         connect_timeout: float = CONNECT_TIMEOUT,
         request_timeout: float = REQUEST_TIMEOUT,
+        auth: ClientAuth = NO_AUTH,
     ) -> None:
+        # `auth`: this broker's own credentials (cluster.auth), one of the peers' proxy roles.
         self._peers = [
-            _Peer(url, connect_timeout=connect_timeout, request_timeout=request_timeout)
+            _Peer(url, connect_timeout=connect_timeout, request_timeout=request_timeout, auth=auth)
             for url in urls
         ]
 
