@@ -377,11 +377,14 @@ class ClaimAcl:
     The list format (EMQX 5.5+), `[{"permission": "allow", "action": "publish", "topic":
     "t/${clientid}"}, ...]`, is read in order and the first rule that speaks of the access
     decides. The object format (EMQX 4, older EMQX 5), `{"pub": [...], "sub": [...], "all":
-    [...]}`, lists grants only. `subscribe` grants both holding a subscription and being sent
-    its messages; a topic written `eq FILTER` is compared as text, without wildcards.
+    [...]}`, lists grants only and, as in EMQX, is closed: what it does not grant is denied,
+    without asking the ACL file. `subscribe` grants both holding a subscription and being
+    sent its messages; a topic written `eq FILTER` is compared as text, without wildcards.
     """
 
     _rules: tuple[_ClaimRule, ...]
+    # The object format: no matching grant denies (instead of leaving it to the ACL file).
+    _closed: bool = False
 
     @classmethod
     def from_claim(cls, value: object) -> ClaimAcl:
@@ -389,7 +392,7 @@ class ClaimAcl:
         if isinstance(value, list):
             return cls(_list_claim(value))
         if isinstance(value, dict):
-            return cls(_object_claim(value))
+            return cls(_object_claim(value), _closed=True)
         raise AclError(
             "acl claim must be a list of rules or an object of pub/sub/all lists, "
             f"not {type(value).__name__}"
@@ -403,14 +406,15 @@ class ClaimAcl:
     def decide(
         self, username: str | None, client_id: str, access: Access, topic: str
     ) -> bool | None:
-        """True or False as the first rule that speaks of the access says, None if none does.
-        `topic` is a topic name, or a filter for SUBSCRIBE."""
+        """True or False as the first rule that speaks of the access says; when none does,
+        False for a closed (object format) claim, else None. `topic` is a topic name, or a
+        filter for SUBSCRIBE."""
         for rule in self._rules:
             if access not in rule.accesses:
                 continue
             if rule.reaches(username, client_id, access, topic):
                 return rule.allow
-        return None
+        return False if self._closed else None
 
 
 def _add_rules(
