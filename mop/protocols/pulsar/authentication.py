@@ -45,8 +45,9 @@ def credentials_of(
     and methods mop does not know are refused (AuthenticationError), never taken for none.
     """
     if method not in _METHODS:
+        shown = str(method)[:80]
         raise AuthenticationError(
-            AuthFailure.BAD_CREDENTIALS, f"authentication method {method[:80]!r} is not supported"
+            AuthFailure.BAD_CREDENTIALS, f"authentication method {shown!r} is not supported"
         )
     base = Credentials(client_id=client_id, address=address, certificate=certificate)
     if method == TLS:
@@ -62,7 +63,7 @@ def credentials_of(
             token = data.decode("utf-8")
         except UnicodeDecodeError:
             raise AuthenticationError(
-                AuthFailure.BAD_CREDENTIALS, "the token is not text"
+                AuthFailure.BAD_CREDENTIALS, "the token is not UTF-8 text"
             ) from None
         return Credentials(
             client_id=client_id, address=address, token=token, certificate=certificate
