@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import cast
 
 import trio
 
@@ -159,3 +160,51 @@ async def test_a_peer_that_is_down_is_left_out() -> None:
         # A's link to B points at a port where nobody listens any more.
         a.server.peers = PeerLinks(["pulsar://127.0.0.1:1"])
         assert await list_topics(peer) == {mine}
+
+
+def urls_for(
+    info: ConnectionInfo,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 6650,
+    tls_port: int = 6651,
+    advertised: str | None = None,
+    membership: Membership | None = None,
+) -> tuple[str, str | None]:
+    """What lookups answer a client connected as `info` says: the plain and the TLS URL."""
+    settings = Settings(
+        protocols=("pulsar",),
+        pulsar=PulsarSettings(host=host, port=port, tls_port=tls_port),
+        cluster=ClusterSettings(advertised_url=advertised),
+    )
+    server = PulsarServer(settings, cast(MessagingProcessor, None), membership=membership)
+    return server.service_url(info), server.service_url_tls(info)
+
+
+def test_lookup_urls_of_plain_and_tls_connections() -> None:
+    plain = ConnectionInfo("tcp", ("127.0.0.1", 6650), ("127.0.0.1", 5000))
+    tls = ConnectionInfo("tls", ("127.0.0.1", 7001), ("127.0.0.1", 5000))
+    assert urls_for(plain) == ("pulsar://127.0.0.1:6650", None)
+    # The TLS listener bound 7001 (tls_port 0); the plain one is the one the node advertises.
+    bound = Membership((), "pulsar://127.0.0.1:7000")
+    assert urls_for(tls, port=0, tls_port=0, membership=bound) == (
+        "pulsar://127.0.0.1:7000",
+        "pulsar+ssl://127.0.0.1:7001",
+    )
+    assert urls_for(tls) == ("pulsar://127.0.0.1:6650", "pulsar+ssl://127.0.0.1:7001")
+
+
+def test_lookup_urls_on_wildcard_addresses_name_the_address_the_client_reached() -> None:
+    tls = ConnectionInfo("tls", ("10.1.2.3", 6651), ("10.9.9.9", 5000))
+    assert urls_for(tls, host="0.0.0.0") == ("pulsar://10.1.2.3:6650", "pulsar+ssl://10.1.2.3:6651")
+    tls6 = ConnectionInfo("tls", ("::1", 6651), ("::1", 5000))
+    assert urls_for(tls6, host="::") == ("pulsar://[::1]:6650", "pulsar+ssl://[::1]:6651")
+
+
+def test_lookup_urls_with_an_advertised_url() -> None:
+    tls = ConnectionInfo("tls", ("127.0.0.1", 7001), ("127.0.0.1", 5000))
+    advertised = "pulsar://broker.example:6650"
+    assert urls_for(tls, advertised=advertised) == (advertised, "pulsar+ssl://broker.example:6651")
+    assert urls_for(tls, advertised=advertised, tls_port=0)[1] == "pulsar+ssl://broker.example:7001"
+    plain = ConnectionInfo("tcp", ("127.0.0.1", 6650), ("127.0.0.1", 5000))
+    assert urls_for(plain, advertised=advertised) == (advertised, None)
