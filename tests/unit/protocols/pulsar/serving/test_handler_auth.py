@@ -56,7 +56,12 @@ def token(sub: str, lifetime: float, **claims: Any) -> bytes:
 async def secured_server(
     interval: float = INTERVAL,
 ) -> AsyncIterator[tuple[PulsarServer, trio.Nursery]]:
-    auth = AuthSettings(allow_anonymous=False, jwt=JwtSettings(secret=SECRET), max_failures=0)
+    auth = AuthSettings(
+        allow_anonymous=False,
+        jwt=JwtSettings(secret=SECRET),
+        max_failures=0,
+        proxy_roles=("proxy",),
+    )
     settings = Settings(
         protocols=("pulsar",), pulsar=PulsarSettings(auth_refresh_interval=interval), auth=auth
     )
@@ -70,7 +75,9 @@ async def secured_server(
         nursery.cancel_scope.cancel()
 
 
-async def connect(peer: Peer, credential: bytes, *, refreshable: bool = True) -> None:
+async def connect(
+    peer: Peer, credential: bytes, *, refreshable: bool = True, original: str | None = None
+) -> None:
     flags = FeatureFlags(supports_auth_refresh=True) if refreshable else None
     await peer.send(
         Connect(
@@ -79,6 +86,7 @@ async def connect(peer: Peer, credential: bytes, *, refreshable: bool = True) ->
             auth_method_name="token",
             auth_data=credential,
             feature_flags=flags,
+            original_principal=original,
         )
     )
     assert isinstance(await peer.recv(), Connected)
@@ -205,3 +213,23 @@ async def test_the_rights_of_a_refreshed_token_apply(autojump_clock: trio.abc.Cl
         await peer.send(Producer(topic=a_topic, producer_id=4, request_id=4))
         denied = await peer.recv()
         assert isinstance(denied, Error) and denied.error is ServerError.AuthorizationError
+
+
+async def test_a_proxy_refreshes_its_own_token(autojump_clock: trio.abc.Clock) -> None:
+    async with secured_server() as (server, nursery):
+        peer = open_peer(server, nursery)
+        # The connection acts as alice, with the proxy's credential and its expiry.
+        await connect(peer, token("proxy", lifetime=3), original="alice")
+        await expect_challenge(peer, within=10)
+        await peer.send(answer(token("proxy", lifetime=100)))
+        await still_served(peer)
+        with trio.move_on_after(60):
+            await peer.recv(within=100)
+            raise AssertionError("challenged or closed with a valid token")
+        await still_served(peer)
+        # Alice's own token is another principal than the proxy's.
+        peer = open_peer(server, nursery)
+        await connect(peer, token("proxy", lifetime=3), original="alice")
+        await expect_challenge(peer, within=10)
+        await peer.send(answer(token("alice", lifetime=100)))
+        assert await peer.recv() is None
