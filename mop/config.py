@@ -230,6 +230,7 @@ _UINT32: Final = _Bounds(0, 0xFFFFFFFF)
 _INT_BOUNDS: Final[Mapping[str, _Bounds]] = {
     "port": _PORT,
     "ws_port": _PORT,
+    "wss_port": _PORT,
     "tls_port": _PORT,
     "mqtt.max_packet_size": _Bounds(1, 268_435_460),  # MQTT's largest remaining length + header
     "mqtt.max_inflight": _Bounds(1, 65535),

@@ -32,6 +32,8 @@ class MqttSettings:
     ws_enabled: bool = False
     ws_port: int = 8083
     ws_path: str = "/mqtt"
+    # MQTT over WebSocket over TLS; used when ws_enabled and `tls` has a certfile and keyfile.
+    wss_port: int = 8084
     tls_port: int = 8883
     tls: TlsSettings = field(default_factory=TlsSettings)
     # Limits, with the defaults production brokers ship.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from mop.log_limit import LimitedLog, RateLimit
 from mop.security.abuse import Ban, BanList, FailureLimiter, FlappingDetector
 from mop.security.authorization import Authorizer, ClientPermissions
 from mop.security.identity import (
@@ -19,6 +20,8 @@ from mop.security.policy import SecurityPolicy, open_policy
 from mop.settings import AuthSettings
 
 log = logging.getLogger("mop.security")
+_repeated = LimitedLog(log)
+_every = LimitedLog(log, RateLimit(interval=0.0))
 
 
 class Gatekeeper:
@@ -65,7 +68,10 @@ class Gatekeeper:
             return self._admit(credentials, now)
         except AuthenticationError as exc:
             self.refused += 1
-            log.warning(
+            # Banned clients and blocked addresses retry in loops: a line per interval.
+            logger = _repeated if exc.failure is AuthFailure.BANNED else _every
+            logger.warning(
+                exc.failure.value,
                 "refused client %r (user %r, address %s): %s",
                 credentials.client_id[:200],
                 (credentials.username or "")[:200] or None,

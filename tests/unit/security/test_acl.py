@@ -588,11 +588,18 @@ def test_claim_sys_topics() -> None:
     assert decide_all(acl, "u", "x") == (True, True, True)
 
 
-def test_empty_claims_decide_nothing() -> None:
-    for claim in ([], {}):
+def test_empty_claims_decide_nothing_or_deny_in_the_closed_format() -> None:
+    for claim, decided in (([], None), ({}, False)):
         acl = ClaimAcl.from_claim(claim)
         assert acl.rule_count == 0
-        assert decide_all(acl, "u", "t") == (None, None, None)
+        assert decide_all(acl, "u", "t") == (decided, decided, decided)
+
+
+def test_the_object_format_denies_what_it_does_not_grant() -> None:
+    acl = ClaimAcl.from_claim({"pub": ["out/#"], "sub": ["in/#"]})
+    assert decide_all(acl, "u", "out/x") == (False, True, False)
+    assert decide_all(acl, "u", "in/x") == (True, False, True)
+    assert decide_all(acl, "u", "elsewhere") == (False, False, False)
 
 
 def test_claims_are_hashable_and_compare_by_rules() -> None:
@@ -605,23 +612,23 @@ def test_claims_are_hashable_and_compare_by_rules() -> None:
 # --- claims: the object format -----------------------------------------------------------------
 
 
-def test_object_format() -> None:
+def test_object_format() -> False:
     acl = ClaimAcl.from_claim({"pub": ["p/${clientid}"], "sub": ["s/#"], "all": ["both"]})
     assert acl.rule_count == 3
-    assert decide_all(acl, "u", "p/c1", client="c1") == (None, True, None)
-    assert decide_all(acl, "u", "s/x") == (True, None, True)
+    assert decide_all(acl, "u", "p/c1", client="c1") == (False, True, False)
+    assert decide_all(acl, "u", "s/x") == (True, False, True)
     assert acl.decide("u", "c1", SUBSCRIBE, "s/+") is True
     assert decide_all(acl, "u", "both") == (True, True, True)
-    assert decide_all(acl, "u", "other") == (None, None, None)
+    assert decide_all(acl, "u", "other") == (False, False, False)
 
 
-def test_object_format_accepts_emqx_4_placeholders() -> None:
+def test_object_format_accepts_emqx_4_placeholders() -> False:
     acl = ClaimAcl.from_claim({"pub": ["stats/%c", "users/%u/#"]})
     assert acl.decide("u", "c1", WRITE, "stats/c1") is True
     assert acl.decide("u", "c1", WRITE, "users/u/x") is True
-    assert acl.decide("u", "c1", WRITE, "stats/%c") is None
-    assert acl.decide(None, "c1", WRITE, "users//x") is None
-    assert acl.decide("u", "c+", WRITE, "stats/c+") is None
+    assert acl.decide("u", "c1", WRITE, "stats/%c") is False
+    assert acl.decide(None, "c1", WRITE, "users//x") is False
+    assert acl.decide("u", "c+", WRITE, "stats/c+") is False
 
 
 # --- claims: malformed -------------------------------------------------------------------------

@@ -66,6 +66,7 @@ class MqttProtocol:
         mqtt = self.mqtt
         handler = self.handle_connection
         specs = [ListenerSpec(name="mqtt", kind="tcp", host=mqtt.host, port=mqtt.port)]
+        context = None
         if mqtt.tls.enabled:
             assert mqtt.tls.certfile is not None and mqtt.tls.keyfile is not None
             context = server_ssl_context(
@@ -84,16 +85,24 @@ class MqttProtocol:
                 )
             )
         if mqtt.ws_enabled:
-            specs.append(
-                ListenerSpec(
-                    name="mqtt",
-                    kind="ws",
-                    host=mqtt.host,
-                    port=mqtt.ws_port,
-                    ws_path=mqtt.ws_path,
-                    ws_subprotocols=WS_SUBPROTOCOLS,
+            # WebSocket, and WebSocket over TLS (wss://) where TLS is configured.
+            for kind, port, ssl_context in (
+                ("ws", mqtt.ws_port, None),
+                ("wss", mqtt.wss_port, context),
+            ):
+                if kind == "wss" and ssl_context is None:
+                    continue
+                specs.append(
+                    ListenerSpec(
+                        name="mqtt",
+                        kind=kind,
+                        host=mqtt.host,
+                        port=port,
+                        ssl_context=ssl_context,
+                        ws_path=mqtt.ws_path,
+                        ws_subprotocols=WS_SUBPROTOCOLS,
+                    )
                 )
-            )
         return [(spec, handler) for spec in specs]
 
     async def close(self) -> None:
