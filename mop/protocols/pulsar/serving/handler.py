@@ -154,14 +154,18 @@ class PulsarConnection:
         """The canonical name of topic `name` when this client may use it in one of the ways
         `accesses` names, else TopicRefused (AuthorizationError when only the ACL refuses)."""
         topic = self.server.topic(name)
-        acl_topic = self.server.acl_topic(topic)
-        if not any(self.permissions.may(access, acl_topic) for access in accesses):
+        if not self.may_use(topic, *accesses):
             raise TopicRefused(
                 ServerError.AuthorizationError,
                 f"{self.ctx.principal.display!r} is not authorized to"
                 f" {' or '.join(a.value for a in accesses)} {topic}",
             )
         return topic
+
+    def may_use(self, topic: str, *accesses: Access) -> bool:
+        """Whether this client may use canonical `topic` in one of the ways `accesses` names."""
+        acl_topic = self.server.acl_topic(topic)
+        return any(self.permissions.may(access, acl_topic) for access in accesses)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -447,16 +451,13 @@ class PulsarConnection:
             GetTopicsOfNamespaceResponse(
                 request_id=cmd.request_id,
                 topics=tuple(
-                    sorted(t for t in topics if t.startswith(domains) and self._may_see(t))
+                    sorted(
+                        t
+                        for t in topics
+                        if t.startswith(domains) and self.may_use(t, Access.READ, Access.WRITE)
+                    )
                 ),
             )
-        )
-
-    def _may_see(self, topic: str) -> bool:
-        """Whether a topic is listed to this client: it may read or write it."""
-        acl_topic = self.server.acl_topic(topic)
-        return self.permissions.may(Access.READ, acl_topic) or self.permissions.may(
-            Access.WRITE, acl_topic
         )
 
     async def _on_checksum_mismatch(self, event: ChecksumMismatch) -> None:
