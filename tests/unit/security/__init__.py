@@ -1,0 +1,1 @@
+"""Unit tests of authentication, authorization and abuse protection."""
