@@ -14,9 +14,9 @@ import trio
 
 from mop.membership import Membership, normalize_url
 from mop.processor import BackendError, MessagingProcessor
+from mop.protocols.pulsar.client import cluster_client_auth
 from mop.protocols.pulsar.connection import ConnectionLimits
 from mop.protocols.pulsar.errors import ServerError
-from mop.protocols.pulsar.client import cluster_client_auth
 from mop.protocols.pulsar.serving.peers import PeerLinks
 from mop.settings import Settings
 from mop.topic_names import PulsarTopicName
@@ -91,9 +91,7 @@ class PulsarServer:
         # when not given: a broker alone).
         self.membership = membership or Membership((), "")
         # The node checked `cluster.auth` as it started (`mop.node`).
-        self.peers = PeerLinks(
-            self.membership.peers(), auth=cluster_client_auth(settings.cluster)
-        )
+        self.peers = PeerLinks(self.membership.peers(), auth=cluster_client_auth(settings.cluster))
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled when there are peers, whose connections go with it."""
