@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Final, TypeVar, dataclass_transform
 
 __all__ = [
+    "CATCH_UP_KEY",
     "QOS_PROPERTY",
     "TOMBSTONE_PROPERTY",
     "Delivery",
@@ -21,6 +22,10 @@ _T = TypeVar("_T")
 # A message with this property set to "1" deletes its key from a compacted topic (a table): the
 # broker's compaction and the separated backend's tables read and write it alike.
 TOMBSTONE_PROPERTY: Final = "mop.tombstone"
+# The key of the markers a separated proxy writes to a table's topic to learn that it has read
+# it through (`mop.backends.cluster.tables`): no key of the table (U+0000 is in no MQTT string,
+# so in no client id or topic name). One key, so that compaction keeps one marker per table.
+CATCH_UP_KEY: Final = "\x00catch-up"
 # The QoS an MQTT message was published with, when not 1, on a Pulsar message: a separated
 # proxy writes it, and a broker routes such a QoS 0 message at once, as it does its own MQTT
 # clients' (at most once), instead of holding it until it is written.

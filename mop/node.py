@@ -23,8 +23,10 @@ from mop.broker.storage import StorageError, open_durable_storage
 from mop.exception_groups import leaves
 from mop.membership import Membership, MembershipError
 from mop.processor import Backend, BackendError, MessagingProcessor
-from mop.protocols.pulsar.client import cluster_client_auth
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
+from mop.protocols.pulsar.client import cluster_client_auth
+from mop.security.abuse import BANS_TABLE, Ban
+from mop.security.ban_store import BanStore
 from mop.security.gatekeeper import Gatekeeper
 from mop.security.policy import PolicyError, load_policy
 from mop.security.reloading import PolicyReloader
@@ -205,6 +207,29 @@ def _open_gatekeeper(settings: Settings) -> Gatekeeper:
     return Gatekeeper(policy, settings.auth)
 
 
+async def _serve_bans(
+    gatekeeper: Gatekeeper,
+    store: BanStore,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Enforce the deployment's bans (`mop ban`, other nodes' flapping bans), store this
+    node's own, and remove the expired ones."""
+    async with trio.open_nursery() as nursery:
+
+        async def keep(ban: Ban) -> None:
+            try:
+                await store.add(ban)
+            except BackendError as exc:
+                log.warning(
+                    "ban of %s %s not stored (in force here only): %s", ban.kind, ban.value, exc
+                )
+
+        gatekeeper.share_bans(store.bans, lambda ban: nursery.start_soon(keep, ban))
+        await nursery.start(store.serve_expiry)
+        task_status.started()
+
+
 def _check_client_auth(settings: Settings) -> None:
     """This node's own credentials towards brokers, if it will need them, must be usable."""
     if settings.mode == "separated" or settings.cluster.brokers:
@@ -241,12 +266,13 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
             gatekeeper = _open_gatekeeper(settings)
             _check_client_auth(settings)
             membership = cluster_membership(settings)
-            tables = tuple(name for h in handlers.values() for name in h.tables)
+            tables = (*(name for h in handlers.values() for name in h.tables), BANS_TABLE)
             backend = await start_backend(settings, nursery, membership, tables=tables)
             processor = MessagingProcessor(
                 backend, max_connections=settings.limits.max_connections, gatekeeper=gatekeeper
             )
             await nursery.start(PolicyReloader(gatekeeper, settings.auth).serve)
+            await nursery.start(_serve_bans, gatekeeper, BanStore(processor.table(BANS_TABLE)))
             services = NodeServices(processor=processor, nursery=nursery, membership=membership)
             for handler in handlers.values():
                 handler.initialize(settings)

@@ -8,11 +8,24 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Final
 from urllib.parse import unquote_plus
 
 from mop.topics import TOPIC_NAME_INVALID, TopicError
 
-__all__ = ["PulsarTopicName", "is_exact_selector", "mqtt_to_pulsar", "pulsar_to_mqtt"]
+__all__ = [
+    "SYSTEM_NAMESPACE",
+    "PulsarTopicName",
+    "is_exact_selector",
+    "mqtt_to_pulsar",
+    "pulsar_to_mqtt",
+    "system_topic",
+    "table_topic",
+]
+
+# The namespace of each tenant where a deployment keeps its own state (tables, roles): its
+# topics are compacted by mop brokers (the latest message of each key is kept).
+SYSTEM_NAMESPACE: Final = "__mop"
 
 _SCHEMES = ("persistent://", "non-persistent://")
 _DOMAINS = ("persistent", "non-persistent")
@@ -61,6 +74,20 @@ def mqtt_to_pulsar(mqtt_topic: str, *, tenant: str = "public", namespace: str = 
     if mqtt_topic.startswith(_SCHEMES):
         return mqtt_topic
     return f"persistent://{tenant}/{namespace}/{_encode(mqtt_topic)}"
+
+
+def system_topic(tenant: str, namespace: str, kind: str, name: str) -> str:
+    """`persistent://{tenant}/__mop/{namespace}/{kind}/{name}`, the last part percent-encoded
+    (a space as %20, since brokers refuse "+" in topic names)."""
+    local = f"{namespace}/{kind}/{name}"
+    return mqtt_to_pulsar(local, tenant=tenant, namespace=SYSTEM_NAMESPACE).replace("+", "%20")
+
+
+def table_topic(tenant: str, namespace: str, name: str) -> str:
+    """The compacted topic that holds table `name` of a deployment's default `namespace`: each
+    message sets its key to its payload, or deletes it (see `mop.message.TOMBSTONE_PROPERTY`).
+    A separated proxy reads it into memory; a merged node's table is this topic of its broker."""
+    return system_topic(tenant, namespace, "table", name)
 
 
 def pulsar_to_mqtt(pulsar_topic: str, *, tenant: str = "public", namespace: str = "default") -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -22,6 +22,7 @@ from mop.broker.storage.api import Storage
 from mop.broker.storage.ranges import IdRanges
 from mop.broker.storage.records import decode_message, encode_message
 from mop.message import TOMBSTONE_PROPERTY, Message, MessageId
+from mop.topic_names import SYSTEM_NAMESPACE
 
 __all__ = [
     "COMPACTED_TABLE_PREFIX",
@@ -29,7 +30,6 @@ __all__ = [
     "CompactedTopics",
 ]
 
-SYSTEM_NAMESPACE: Final = "__mop"
 # One storage table per compacted topic, named after it (under the broker's reserved prefix).
 COMPACTED_TABLE_PREFIX: Final = "$broker/compacted/"
 # ledger, entry, batch index (-1: not a batch member), then the message record.
@@ -157,6 +157,9 @@ class CompactedTopics:
         self._storage = storage
         self.prefix = f"persistent://{tenant}/{SYSTEM_NAMESPACE}/"
         self._tables: dict[str, _Table] = {}
+        # Told `(topic, key, before, after)` (None: no live message) as `record` changes a key,
+        # whoever wrote it: the local backend's tables follow their topics through it.
+        self.on_change: Callable[[str, str, Message | None, Message | None], None] | None = None
 
     def __contains__(self, topic: str) -> bool:
         """Whether `topic` (a full name) is compacted."""
@@ -185,14 +188,21 @@ class CompactedTopics:
             key = member.key
             if key is None:
                 continue
+            before = kept_table.latest.get(key)
             if _is_tombstone(member):
                 if kept_table.delete(key):
                     self._storage.table_put(table, key, None)
+                    self._changed(topic, key, before, None)
                 continue
             position = MessageId(message_id.ledger, message_id.entry, index)
             kept = _Latest(position, member)
             kept_table.put(key, kept)
             self._storage.table_put(table, key, _encode(kept))
+            self._changed(topic, key, before, member)
+
+    def _changed(self, topic: str, key: str, before: _Latest | None, after: Message | None) -> None:
+        if self.on_change is not None:
+            self.on_change(topic, key, None if before is None else before.message, after)
 
     def backlog(
         self,
@@ -231,3 +241,16 @@ class CompactedTopics:
         """The live keys of `topic`."""
         kept_table = self._tables.get(topic)
         return iter([] if kept_table is None else list(kept_table.latest))
+
+    def latest(self, topic: str, key: str) -> Message | None:
+        """The live message of `key` in `topic` (None: the key has none)."""
+        kept_table = self._tables.get(topic)
+        kept = None if kept_table is None else kept_table.latest.get(key)
+        return None if kept is None else kept.message
+
+    def items(self, topic: str) -> list[tuple[str, Message]]:
+        """Every live key of `topic` with its message."""
+        kept_table = self._tables.get(topic)
+        if kept_table is None:
+            return []
+        return [(key, kept.message) for key, kept in kept_table.latest.items()]

@@ -205,9 +205,10 @@ class Table(Protocol):
         ...
 
     def watch(self, callback: Callable[[str, bytes | None], None]) -> None:
-        """Call `callback(key, value)` (None: deleted), on the trio thread, whenever another
-        node changes a key, so that state derived from the table can follow. Writes made
-        through this object are not reported; with a single node there are no others."""
+        """Call `callback(key, value)` (None: deleted), on the trio thread, whenever a key is
+        changed by another node, or by a Pulsar client that writes the table's topic
+        (`mop.topic_names.table_topic`), so that state derived from the table can follow.
+        Writes made through this object are not reported."""
         ...
 
 

@@ -57,6 +57,17 @@ class Gatekeeper:
         self.on_ban: Callable[[Ban], None] = self.bans.put
         self.refused = 0
 
+    def share_bans(self, bans: BanList, store: Callable[[Ban], None]) -> None:
+        """Follow the deployment's banned list (`BanStore.bans`) and hand the bans this node
+        decides to `store`, which keeps them for every node."""
+        self.bans = bans
+
+        def decided(ban: Ban) -> None:
+            bans.put(ban)  # in force here at once, before it is stored
+            store(ban)
+
+        self.on_ban = decided
+
     def replace(self, policy: SecurityPolicy) -> None:
         self.policy = policy
         self.authorizer = policy.authorizer
@@ -97,9 +108,7 @@ class Gatekeeper:
         try:
             principal = self.policy.authenticator.authenticate(credentials, now)
         except AuthenticationError as exc:
-            if exc.failure is not AuthFailure.NOT_AUTHORIZED and self.failures.failed(
-                address, now
-            ):
+            if exc.failure is not AuthFailure.NOT_AUTHORIZED and self.failures.failed(address, now):
                 log.warning("address %s refused for a while: too many failed logins", address)
             raise
         self.failures.succeeded(address)

@@ -6,8 +6,8 @@ Pure data shared by the authentication providers, the ACLs and every protocol ad
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:

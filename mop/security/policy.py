@@ -32,9 +32,7 @@ class SecurityPolicy:
 
 def open_policy() -> SecurityPolicy:
     """Everyone may connect and do anything: a node without security settings (and tests)."""
-    return SecurityPolicy(
-        Authenticator(allow_anonymous=True, order=()), Authorizer(None)
-    )
+    return SecurityPolicy(Authenticator(allow_anonymous=True, order=()), Authorizer(None))
 
 
 def policy_files(settings: AuthSettings) -> tuple[str, ...]:
@@ -92,4 +90,6 @@ def _read(setting: str, path: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise PolicyError(f"{setting} {path}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+        raise PolicyError(
+            f"{setting} {path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None

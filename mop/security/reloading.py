@@ -87,4 +87,3 @@ class PolicyReloader:
 def _can_receive_signals() -> bool:
     """Signals reach only the main thread's trio run (a node embedded in a thread has none)."""
     return hasattr(signal, "SIGHUP") and threading.current_thread() is threading.main_thread()
-

@@ -27,7 +27,7 @@ class ClusterContext:
     """The running backend's settings and shared services."""
 
     # The default tenant and namespace: MQTT names map into them, system topics are kept
-    # per namespace (`mop.backends.cluster.tables.system_topic`).
+    # per namespace (`mop.topic_names.system_topic`).
     tenant: str
     namespace: str
     # How long a request to the brokers may take, and a takeover may wait for the previous

@@ -52,7 +52,6 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from mop.backends.cluster.errors import error_for
-from mop.backends.cluster.tables import system_topic
 from mop.processor.backend import BackendError
 from mop.protocols.pulsar.commands import SubType
 from mop.protocols.pulsar.driver import (
@@ -63,6 +62,7 @@ from mop.protocols.pulsar.driver import (
     Received,
 )
 from mop.protocols.pulsar.driver.connection import BrokerConnection
+from mop.topic_names import system_topic
 
 if TYPE_CHECKING:
     from mop.backends.cluster.context import ClusterContext

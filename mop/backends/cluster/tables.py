@@ -26,12 +26,12 @@ import logging
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
 
 from mop.backends.cluster.errors import error_for
-from mop.message import TOMBSTONE_PROPERTY, Message, MessageId
+from mop.message import CATCH_UP_KEY, TOMBSTONE_PROPERTY, Message, MessageId
 from mop.processor.backend import BackendError, SubscriptionKind, SubscriptionSpec
 from mop.protocols.pulsar.commands import InitialPosition, SubType
 from mop.protocols.pulsar.driver import (
@@ -42,27 +42,23 @@ from mop.protocols.pulsar.driver import (
     Received,
     subscribe,
 )
-from mop.topic_names import mqtt_to_pulsar
+from mop.topic_names import table_topic
 
 if TYPE_CHECKING:
-    from mop.backends.cluster.context import ClusterContext
+    from mop.backends.cluster.producers import ProducerCache
+    from mop.protocols.pulsar.driver import PulsarClient
 
 __all__ = [
     "REGISTRY_TABLE",
-    "SYSTEM_NAMESPACE",
     "ClusterTable",
     "Position",
     "SubscriptionRegistry",
-    "system_topic",
+    "TableContext",
 ]
 
 log = logging.getLogger("mop.cluster")
 
-SYSTEM_NAMESPACE: Final = "__mop"
 REGISTRY_TABLE: Final = "mop.subscriptions"
-# The key of the markers `catch_up` writes: no table key can be it (U+0000 is in no MQTT string,
-# so in no client id or topic name). One key, so that compaction keeps one marker per table.
-CATCH_UP_KEY: Final = "\x00catch-up"
 # The subscription names of table readers: this prefix and a random part, one per reader.
 READER_PREFIX: Final = "mop-table-"
 # The id the reader starts from: the topic's earliest message.
@@ -85,11 +81,18 @@ class _CatchUp:
         self.finished = False
 
 
-def system_topic(tenant: str, namespace: str, kind: str, name: str) -> str:
-    """`persistent://{tenant}/__mop/{namespace}/{kind}/{name}`, the last part percent-encoded
-    (a space as %20, since brokers refuse "+" in topic names)."""
-    local = f"{namespace}/{kind}/{name}"
-    return mqtt_to_pulsar(local, tenant=tenant, namespace=SYSTEM_NAMESPACE).replace("+", "%20")
+class TableContext(Protocol):
+    """What a table needs of whoever runs it: a `ClusterContext` (in a proxy), or
+    `mop.backends.cluster.table_client` (for a command that edits a deployment's table)."""
+
+    @property
+    def operation_timeout(self) -> float: ...
+
+    @property
+    def producers(self) -> ProducerCache: ...
+
+    @property
+    def client(self) -> Callable[[], PulsarClient]: ...
 
 
 class ClusterTable:
@@ -100,9 +103,9 @@ class ClusterTable:
     """
 
     def __init__(self, name: str, *, tenant: str, namespace: str) -> None:
-        self._context: ClusterContext | None = None  # set by `serve`
+        self._context: TableContext | None = None  # set by `serve`
         self._name = name
-        self.topic = system_topic(tenant, namespace, "table", name)
+        self.topic = table_topic(tenant, namespace, name)
         self._items: dict[str, bytes] = {}
         # The id of the write each key's value comes from, so that the reader never undoes a
         # newer `put` with an older message it reaches later.
@@ -135,7 +138,7 @@ class ClusterTable:
         return self._name
 
     @property
-    def _running(self) -> ClusterContext:
+    def _running(self) -> TableContext:
         assert self._context is not None, "serve() has started"
         return self._context
 
@@ -280,7 +283,7 @@ class ClusterTable:
 
     async def serve(
         self,
-        context: ClusterContext,
+        context: TableContext,
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:

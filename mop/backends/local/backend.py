@@ -17,7 +17,6 @@ from mop.backends.local.producer import LocalProducer
 from mop.backends.local.role import LocalRole
 from mop.backends.local.table import LocalTable
 from mop.broker import (
-    BROKER_TABLE_PREFIX,
     NON_PERSISTENT,
     Broker,
     BrokerError,
@@ -83,6 +82,7 @@ class LocalBackend:
             storage, tenant=tenant, namespace=namespace, unsubscribed_grace=unsubscribed_grace
         )
         self.broker.on_scheduled = self._delays_changed
+        self.broker.compacted.on_change = self._table_changed
         # This broker's URL, and the members of its cluster (none or one: it owns every topic).
         self.membership = membership or Membership((), DEFAULT_URL)
         self.receiver_queue = receiver_queue
@@ -91,6 +91,7 @@ class LocalBackend:
         self._leases: dict[str, LocalLease] = {}
         self._consumers: set[LocalConsumer] = set()
         self._tables: dict[str, LocalTable] = {}
+        self._table_topics: dict[str, LocalTable] = {}
         self._delay_event = trio.Event()
         self._stop = trio.Event()
         self._running = False
@@ -269,12 +270,19 @@ class LocalBackend:
             await self.broker.delete_subscription(name, member)
 
     def table(self, name: str) -> LocalTable:
-        if name.startswith(BROKER_TABLE_PREFIX):
-            raise ValueError(f"table {name!r} is reserved for the broker")
+        """Table `name`: its compacted topic in the broker (see `LocalTable`)."""
         table = self._tables.get(name)
         if table is None:
-            table = self._tables[name] = LocalTable(self.storage, name)
+            table = LocalTable(self.broker, name, check_running=self._check_running)
+            self._tables[name] = self._table_topics[table.topic] = table
         return table
+
+    def _table_changed(
+        self, topic: str, key: str, before: Message | None, after: Message | None
+    ) -> None:
+        table = self._table_topics.get(topic)
+        if table is not None:
+            table._changed(key, before, after)
 
     async def lookup(self, topic: str) -> str:
         """The URL of the cluster member that owns `topic` (an MQTT or a full Pulsar name)."""

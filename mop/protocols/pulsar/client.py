@@ -17,8 +17,8 @@ import itertools
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
 from pathlib import Path
+from typing import Final
 from urllib.parse import urlsplit
 
 import trio

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import jwt
 import pytest
-from mop.security.passwords import update_password_file
 
 from mop.protocols.mqtt.packets import Auth, Connack, Pingreq, Pingresp, Properties
+from mop.security.passwords import update_password_file
 from mop.settings import AuthSettings, FlappingSettings, JwtSettings, TlsSettings
 from mop.testing.certs import CLIENT_COMMON_NAME, make_test_certificates
 from mop.testing.node import RunningNode, node_settings

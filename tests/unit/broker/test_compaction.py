@@ -225,3 +225,33 @@ def test_last_skips_entries_whose_keys_all_died() -> None:
     tombstone = member("churn", True)
     tables.record(TOPIC, storage.append(TOPIC, (tombstone,))[0], tombstone)
     assert tables.last(TOPIC) == kept_id
+
+
+async def test_changes_of_keys_are_told_with_the_message_before_and_after() -> None:
+    broker = new_broker(MemoryStorage())
+    changes: list[tuple[str, str, str | None, str | None]] = []
+
+    def told(topic: str, key: str, before: Message | None, after: Message | None) -> None:
+        text = [None if m is None else m.payload.decode() for m in (before, after)]
+        changes.append((topic, key, text[0], text[1]))
+
+    broker.compacted.on_change = told
+    await broker.publish(TABLE, put("a", "1"))
+    await broker.publish(TABLE, put("a", "2"))
+    await broker.publish(TABLE, delete("a"))
+    await broker.publish(TABLE, delete("a"))  # no live key: no change
+    await broker.publish(TABLE, Message(b"no key"))
+    await broker.publish(TABLE, Message(b"", batch=(put("b", "1"), put("c", "1"))))
+    await broker.publish("persistent://public/default/t", put("d", "1"))  # not compacted
+    assert changes == [
+        (TABLE, "a", None, "1"),
+        (TABLE, "a", "1", "2"),
+        (TABLE, "a", "2", None),
+        (TABLE, "b", None, "1"),
+        (TABLE, "c", None, "1"),
+    ]
+    assert broker.compacted.latest(TABLE, "b") == put("b", "1")
+    assert broker.compacted.latest(TABLE, "a") is None
+    assert broker.compacted.latest("persistent://public/__mop/other", "b") is None
+    assert broker.compacted.items(TABLE) == [("b", put("b", "1")), ("c", put("c", "1"))]
+    assert broker.compacted.items("persistent://public/__mop/other") == []

@@ -30,9 +30,6 @@ from mop.processor import (
     FenceNotifier,
     PublishResult,
 )
-from mop.security.acl import Access
-from mop.security.authorization import ClientPermissions
-from mop.security.identity import AuthenticationError, Credentials, certificate_identity
 from mop.protocols.mqtt.codec import NEED_DATA, NeedData
 from mop.protocols.mqtt.connection import ConnectionState, ServerConnection
 from mop.protocols.mqtt.errors import RemoteProtocolError, UnsupportedProtocolVersion
@@ -43,7 +40,6 @@ from mop.protocols.mqtt.packets import (
     Connack,
     Connect,
     Disconnect,
-    Packet,
     Pingreq,
     Pingresp,
     Properties,
@@ -68,6 +64,9 @@ from mop.protocols.mqtt.serving.outflow import Outflow
 from mop.protocols.mqtt.serving.server import MqttServer
 from mop.protocols.mqtt.serving.subscriptions import SessionSubscriptions
 from mop.protocols.mqtt.session import SessionState
+from mop.security.acl import Access
+from mop.security.authorization import ClientPermissions
+from mop.security.identity import AuthenticationError, Credentials, certificate_identity
 from mop.transport import ConnectionInfo, OutboundBuffer, read_ready, receiver
 
 log = logging.getLogger("mop.mqtt")
@@ -98,8 +97,8 @@ class ClientHandler:
         "info",
         "keep_alive",
         "lease",
-        "permissions",
         "out",
+        "permissions",
         "server",
         "state",
         "stream",

@@ -182,8 +182,6 @@ async def test_tables_write_through(storage: MemoryStorage) -> None:
         assert table.get("a/b") == b"1"
         assert table.get("c") is None
         assert backend.table("retained") is table
-        with pytest.raises(ValueError):
-            backend.table("$broker/subscriptions")
     storage.reopen()
     async with open_local_backend(storage) as backend:
         assert list(backend.table("retained").items()) == [("a/b", b"1")]
