@@ -23,6 +23,8 @@ from dynaconf.utils.parse_conf import boolean_fix, parse_conf_data
 from mop.settings import Settings, TlsSettings
 
 ENV_PREFIX: Final = "MOP_"
+# Names of the fields that hold secrets, never echoed in an error.
+_SECRET_NAMES: Final = frozenset({"secret", "token", "password"})
 ENV_NESTING: Final = "__"
 # The dynaconf environment (top-level TOML table) that holds mop's settings.
 ENVIRONMENT: Final = "default"
@@ -369,7 +371,21 @@ _SCALARS: Final[Mapping[Any, Callable[[str, Any], Any]]] = {
 
 
 def _invalid(key: str, problem: str, value: Any) -> ConfigError:
-    return ConfigError(key, f"{problem} (got {value!r})")
+    shown = "a value that is not shown" if key.rpartition(".")[2] in _SECRET_NAMES else repr(value)
+    return ConfigError(key, f"{problem} (got {shown})")
+
+
+def hide_secrets(settings: _T) -> _T:
+    """`settings` with every secret (see `mop.settings.SECRET`) that is set replaced by
+    "<hidden>", for printing."""
+    changes: dict[str, Any] = {}
+    for field in dataclasses.fields(settings):  # type: ignore[arg-type]
+        value = getattr(settings, field.name)
+        if dataclasses.is_dataclass(value):
+            changes[field.name] = hide_secrets(value)
+        elif field.metadata.get("secret") and value is not None:
+            changes[field.name] = "<hidden>"
+    return dataclasses.replace(settings, **changes)  # type: ignore[type-var]
 
 
 # --- writing -------------------------------------------------------------------------------------

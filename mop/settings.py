@@ -7,9 +7,12 @@ them as arguments (there is no global configuration object).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from types import MappingProxyType
+from typing import Final, Literal
 
 Mode = Literal["merged", "separated"]
+# Field metadata of a setting that is a secret: never in a repr, hidden by `mop config`.
+SECRET: Final = MappingProxyType({"secret": True})
 FsyncPolicy = Literal["always", "interval", "never"]
 
 
@@ -82,7 +85,7 @@ class JwtSettings:
     """JSON Web Tokens as credentials (MQTT password, Pulsar AuthenticationToken)."""
 
     # HS256/384/512: the shared secret (base64 when `secret_base64`, as Pulsar's tokens use).
-    secret: str | None = None
+    secret: str | None = field(default=None, repr=False, metadata=SECRET)
     secret_base64: bool = False
     # RS256/ES256 (and RS/ES/PS 384/512): a PEM public key file, or a JWKS file of keys.
     public_key_file: str | None = None
@@ -153,11 +156,11 @@ class ClusterAuthSettings:
 
     # "none", "token" (a JWT, like pulsar-client's AuthenticationToken) or "basic".
     method: Literal["none", "token", "basic"] = "none"
-    token: str | None = None
+    token: str | None = field(default=None, repr=False, metadata=SECRET)
     # A file holding the token (read at start; preferred over `token` in a settings file).
     token_file: str | None = None
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False, metadata=SECRET)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from mop.cli.exits import (
     fail,
     with_settings,
 )
-from mop.config import dump_settings
+from mop.config import dump_settings, hide_secrets
 from mop.exception_groups import leaves
 from mop.node import StartupError, serve_node
 from mop.settings import Settings
@@ -65,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
 
     show = commands.add_parser("config", help="print the effective settings")
     show.add_argument("--json", action="store_true", help="print JSON instead of TOML")
+    show.add_argument(
+        "--show-secrets", action="store_true", help="print secrets (JWT secret, passwords) too"
+    )
     show.set_defaults(command=with_settings(_show_config))
     for command in (run, show):
         add_config_argument(command)
@@ -74,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _show_config(settings: Settings, args: argparse.Namespace) -> int:
+    if not args.show_secrets:
+        settings = hide_secrets(settings)
     if args.json:
         print(json.dumps(dataclasses.asdict(settings), indent=2))
     else:

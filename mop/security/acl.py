@@ -367,7 +367,13 @@ class _ClaimRule:
         rule_filter = self.template.fill(username, client_id)
         if rule_filter is None:
             return False
-        return rule_filter == topic if self.exact else _reaches(rule_filter, access, topic)
+        if not self.exact:
+            return _reaches(rule_filter, access, topic)
+        if access is Access.READ:
+            # Being sent the messages of a subscription the rule allowed: the topics its filter
+            # matches. (A deny of one literal filter keeps nothing else from being delivered.)
+            return self.allow and matches(rule_filter, topic)
+        return rule_filter == topic
 
 
 @dataclass(frozen=True, slots=True)

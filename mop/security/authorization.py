@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from mop.log_limit import LimitedLog, RateLimit
 from mop.security.acl import Access, AclRules
 from mop.security.identity import Principal
 
@@ -17,6 +18,11 @@ log = logging.getLogger("mop.security")
 
 # Answers a client remembers; past this it starts again (a client touching ever new topics).
 _MAX_CACHED = 256
+# Longer topics are checked each time rather than kept (bounds the memory per client).
+_MAX_CACHED_TOPIC = 1024
+# A client denied topic after topic (or a subscriber of many) must not fill the log: a line
+# per kind of access per second at most, with the count of those held back.
+_denials = LimitedLog(log, RateLimit(interval=1.0))
 
 
 class Authorizer:
@@ -71,7 +77,7 @@ class ClientPermissions:
     `rules` holds the authorizer in force and its generation; a new generation (a reload)
     forgets every remembered answer. A denial is logged the first time it is decided, with
     the client id, user, address and topic, so a client retrying a denied topic does not fill
-    the log.
+    the log (nor does one trying topic after topic: those lines are rate limited).
     """
 
     __slots__ = (
@@ -125,11 +131,13 @@ class ClientPermissions:
         allowed = cache.get(key)
         if allowed is None:
             allowed = authorizer.allows(self.principal, self._client_id, access, topic)
-            if len(cache) >= _MAX_CACHED:
-                cache.clear()
-            cache[key] = allowed
+            if len(topic) <= _MAX_CACHED_TOPIC:
+                if len(cache) >= _MAX_CACHED:
+                    cache.clear()
+                cache[key] = allowed
             if not allowed:
-                log.warning(
+                _denials.warning(
+                    access.value,
                     "denied %s of %r to client %r (user %s, address %s)",
                     access.value,
                     topic[:200],

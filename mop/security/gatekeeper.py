@@ -39,6 +39,7 @@ class Gatekeeper:
         bans: BanList | None = None,
     ) -> None:
         settings = settings or AuthSettings()
+        self.leeway = settings.jwt.leeway
         self.policy = policy or open_policy()
         self.authorizer: Authorizer = self.policy.authorizer
         # Bumped with every new policy: clients forget what the old one allowed them.
@@ -111,7 +112,8 @@ class Gatekeeper:
             if exc.failure is not AuthFailure.NOT_AUTHORIZED and self.failures.failed(address, now):
                 log.warning("address %s refused for a while: too many failed logins", address)
             raise
-        self.failures.succeeded(address)
+        # Failures are not forgotten on a success: an attacker's own good login between
+        # guesses must not reset the count (they age out of the window instead).
         if principal.name is not None and principal.name != credentials.username:
             # A user the credentials prove (token subject, certificate) may itself be banned.
             ban = self.bans.match(client_id="", username=principal.name, address="", now=now)
@@ -128,5 +130,6 @@ class Gatekeeper:
         return ClientPermissions(self, principal, client_id, address)
 
     def still_valid(self, principal: Principal, now: float) -> bool:
-        """Whether a connected client's credential still holds (a token's expiry)."""
-        return principal.expires_at is None or principal.expires_at > now
+        """Whether a connected client's credential still holds (a token's expiry, with the
+        clock difference the tokens are allowed)."""
+        return principal.expires_at is None or principal.expires_at + self.leeway > now

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
@@ -89,7 +89,7 @@ class ClientAuth:
     brokers on pulsar+ssl:// URLs (None: the system's trust store)."""
 
     method: str | None = None
-    data: bytes | None = None
+    data: bytes | None = field(default=None, repr=False)
     ssl_context: ssl.SSLContext | None = None
 
     def tls_context(self) -> ssl.SSLContext:

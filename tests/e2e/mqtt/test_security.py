@@ -256,6 +256,33 @@ def test_a_subscription_delivers_only_the_topics_the_client_may_read(secured: Ru
     alice.expect_none(0.3)
 
 
+def test_no_spelling_of_a_topic_escapes_its_rules(secured: RunningNode) -> None:
+    port = port_of(secured)
+    alice = Client(port, "alice-7", username="alice", password="a1")
+    bob = Client(port, "bob-7", username="bob", password="b2")
+    assert bob.subscribe("inbox/bob", 1) == [1]
+    # alice may write inbox/bob, not inbox/carol, however she spells it.
+    namespace = f"persistent://public/{secured.node.settings.default_namespace}"
+    assert alice.publish(f"{namespace}/inbox%2Fcarol", b"x", qos=1) == 0x87
+    assert alice.publish(f"{namespace}/inbox%2Fbob", b"via full name", qos=1) == 0
+    [message] = bob.expect(1)
+    assert message.payload == b"via full name"
+    # $SYS and the node's own tables are nobody's to write or read, by any name.
+    assert (
+        alice.publish("persistent://public/default/%24SYS%2Fbroker%2Fversion", b"x", qos=1) == 0x87
+    )
+    assert alice.subscribe("persistent://public/__mop/default%2Ftable%2Fretained", 1) == [0x87]
+    will = Client(
+        port,
+        "w2",
+        username="alice",
+        password="a1",
+        will=("$SYS/broker/version", b"x", 0, True),
+        connect=False,
+    )
+    assert will.connect().reason_code == 0x87
+
+
 def test_sys_topics_only_where_granted(secured: RunningNode) -> None:
     port = port_of(secured)
     alice = Client(port, "alice-3", username="alice", password="a1")

@@ -543,7 +543,7 @@ def test_eq_topics_match_as_text() -> None:
     assert acl.decide("u", "c", SUBSCRIBE, "t/1/#") is True
     assert acl.decide("u", "c", SUBSCRIBE, "t/1/x") is None
     assert acl.decide("u", "c", SUBSCRIBE, "t/1/+") is None
-    assert acl.decide("u", "c", READ, "t/1/x") is None
+    assert acl.decide("u", "c", READ, "t/1/x") is True  # delivered through that filter
     assert acl.decide("u", "c", WRITE, "t/1") is None
     plain = ClaimAcl.from_claim([{"permission": "allow", "action": "all", "topic": "eq a/b"}])
     assert decide_all(plain, "u", "a/b") == (True, True, True)
@@ -690,3 +690,17 @@ def test_claims_are_bounded() -> None:
     assert "more than 1000 rules" in claim_error({"pub": ["t"] * half, "sub": ["t"] * (half + 1)})
     assert ClaimAcl.from_claim([rule(topic="t" * 65535)]).rule_count == 1
     assert "longer than 65535 bytes" in claim_error([rule(topic="t" * 65536)])
+
+
+def test_an_exact_subscribe_grant_delivers_what_its_filter_matches() -> None:
+    acl = ClaimAcl.from_claim(
+        [
+            {"permission": "allow", "action": "subscribe", "topic": "eq sensors/#"},
+            {"permission": "deny", "action": "subscribe", "topic": "eq secret/#"},
+        ]
+    )
+    assert acl.decide("u", "c", SUBSCRIBE, "sensors/#") is True
+    assert acl.decide("u", "c", SUBSCRIBE, "sensors/+") is None  # only the literal filter
+    assert acl.decide("u", "c", READ, "sensors/kitchen") is True
+    assert acl.decide("u", "c", SUBSCRIBE, "secret/#") is False
+    assert acl.decide("u", "c", READ, "secret/x") is None

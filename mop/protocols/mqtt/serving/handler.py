@@ -190,6 +190,7 @@ class ClientHandler:
                 await self._say_goodbye(ReasonCode.SERVER_SHUTTING_DOWN)
             raise
         finally:
+            self.server.timers.cancel(self._credential_key())
             with trio.CancelScope(shield=True), trio.move_on_after(10):
                 await self._close_session()
 
@@ -297,8 +298,8 @@ class ClientHandler:
             username=connect.username,
             principal=principal,
         )
-        self.permissions = permissions = processor.permissions(self.ctx)
-        if decision.will is not None and not permissions.may(Access.WRITE, decision.will.topic):
+        self.permissions = processor.permissions(self.ctx)
+        if decision.will is not None and not self._may_write(decision.will.topic):
             await self._refuse_connect(ReasonCode.NOT_AUTHORIZED, "will topic not allowed")
             return False
         try:
@@ -399,14 +400,26 @@ class ClientHandler:
                 # be left.
                 for entry in state.outbound.values():
                     entry.delivery = None
-                will = self.will if self._send_will else None
-                await self.server.sessions.release(state, will=will)
+                await self.server.sessions.release(state, will=self._will_to_send())
         finally:
             # Also when the session could not be saved: the client id is let go of all the
             # same (a lease releases itself shielded), or its next connection would wait for
             # it, and the connection would stay counted.
             if self.lease is not None:
                 await self.server.processor.close_client(self.ctx, self.lease)
+
+    def _will_to_send(self) -> Will | None:
+        """The will, unless the client said not to send it, or may not publish to its topic
+        any more (new rules, or the credential that allowed it expired)."""
+        will = self.will if self._send_will else None
+        if will is None:
+            return None
+        if not self.server.processor.credential_valid(self.ctx) or not self._may_write(will.topic):
+            log.info(
+                "%s: the will of %r is not sent: not allowed", self.ctx.peer, self.ctx.client_id
+            )
+            return None
+        return will
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -446,11 +459,7 @@ class ClientHandler:
         conn = self.conn
         flow = self._outflow()
         staged = self._staged
-        assert self.permissions is not None
-        permissions = self.permissions
-
-        def may_write(topic: str) -> bool:
-            return permissions.may(Access.WRITE, topic)
+        may_write = self._may_write
 
         while True:
             while True:
@@ -471,7 +480,6 @@ class ClientHandler:
                     assert isinstance(event, Publish)
                     if (
                         not event.retain
-                        and event.topic[:1] != "$"
                         and may_write(event.topic)
                         and (event.qos < 2 or self._stages_qos2(event))
                     ):
@@ -541,6 +549,14 @@ class ClientHandler:
         self.out.write(
             self.conn.send(Auth(ReasonCode.SUCCESS, Properties(authentication_method=method)))
         )
+
+    def _may_write(self, topic: str) -> bool:
+        """Whether this client may publish to `topic` (also a will): not a `$` or system
+        topic, and allowed by the ACL under its MQTT name, however the client spelt it."""
+        permissions = self.permissions
+        assert permissions is not None
+        name = self.server.acl_name(topic)
+        return not self.server.reserved(name) and permissions.may(Access.WRITE, name)
 
     def _credential_key(self) -> str:
         return f"credential/{id(self)}"
@@ -656,14 +672,13 @@ class ClientHandler:
 
     async def _publish(self, publish: Publish) -> int | None:
         """Publish; the reason code for the ack, or None when nothing is to be answered."""
-        if publish.topic.startswith("$"):
+        if self.server.reserved(self.server.acl_name(publish.topic)):
             if publish.qos == 0:
                 return None
             if self.conn.protocol_level == 5:
                 return ReasonCode.NOT_AUTHORIZED
             raise _Close(None, f"publishing to {publish.topic!r} is not allowed")
-        assert self.permissions is not None
-        if not self.permissions.may(Access.WRITE, publish.topic):
+        if not self._may_write(publish.topic):
             self.server.processor.record_dropped()
             if publish.qos == 0:
                 return None

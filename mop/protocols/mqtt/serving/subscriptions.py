@@ -179,7 +179,10 @@ class SessionSubscriptions:
             shared = parse_shared(topic_filter)
             if shared.group is not None and request.no_local and v5:
                 raise ProtocolViolation("No Local on a shared subscription")
-            if not self._permissions.may(Access.SUBSCRIBE, shared.topic_filter):
+            acl_name = self._server.acl_name(shared.topic_filter)
+            if self._server.is_system(acl_name) or not self._permissions.may(
+                Access.SUBSCRIBE, acl_name
+            ):
                 codes.append(ReasonCode.NOT_AUTHORIZED if v5 else 0x80)
                 continue
             existed = topic_filter in self._state.subscriptions

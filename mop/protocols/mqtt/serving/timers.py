@@ -30,8 +30,18 @@ class Timers:
         self._live[key] = (seq, callback)
         entry = (trio.current_time() + max(0.0, delay), seq, key)
         heapq.heappush(self._heap, entry)
+        if len(self._heap) > 2 * len(self._live) + 1024:
+            self._drop_stale()
         if self._heap[0] is entry:  # a later one is seen when the task next wakes anyway
             self._wake.set()
+
+    def _drop_stale(self) -> None:
+        """Forget the entries of timers cancelled or rescheduled since, which would otherwise
+        stay until their time comes (a timer rescheduled again and again, far ahead)."""
+        live = self._live
+        self._heap = [e for e in self._heap if (t := live.get(e[2])) is not None and t[0] == e[1]]
+        heapq.heapify(self._heap)
+        self._wake.set()
 
     def cancel(self, key: str) -> bool:
         return self._live.pop(key, None) is not None
