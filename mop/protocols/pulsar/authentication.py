@@ -1,6 +1,7 @@
 """Pulsar authentication, the protocol's part: the credentials a CONNECT or an AUTH_RESPONSE
-carries, whose rights a proxy's connection acts with, and which refreshed credentials a
-connection may go on with. Who the credentials prove is the processor's decision.
+carries, whose rights a proxy's connection acts with, which refreshed credentials a connection
+may go on with, and who may use the deployment's own topics. Who the credentials prove, and
+what the ACL allows, is the processor's decision.
 """
 
 from __future__ import annotations
@@ -112,6 +113,14 @@ def acting_principal(authenticated: Principal, original_principal: str | None) -
     return Principal(original_principal or None, PROXIED, expires_at=authenticated.expires_at)
 
 
+def may_use_system_topics(principal: Principal) -> bool:
+    """Whether a connection may touch the deployment's own topics (its tables: sessions,
+    retained messages, bans): a proxy role or the node itself, which read and write them for
+    everyone, or an anonymous client, which is all a deployment without credentials has. A
+    named user never does, whatever its ACL says."""
+    return principal.is_proxy or principal.superuser or principal.name is None
+
+
 def keeps_identity(current: Principal, refreshed: Principal) -> bool:
     """Whether refreshed credentials may replace a connection's current ones: they must prove
     the same principal (a refresh renews a credential; it does not change who is connected)."""
@@ -128,4 +137,5 @@ __all__ = [
     "acting_principal",
     "credentials_of",
     "keeps_identity",
+    "may_use_system_topics",
 ]

@@ -47,7 +47,7 @@ from mop.security.passwords import update_password_file
 from mop.settings import AuthSettings, JwtSettings, PulsarSettings, Settings, TlsSettings
 from mop.testing.certs import CLIENT_COMMON_NAME, TestCertificates, make_test_certificates
 from mop.testing.node import RunningNode
-from mop.topic_names import mqtt_to_pulsar
+from mop.topic_names import mqtt_to_pulsar, table_topic
 from tests.e2e.pulsar_support import (
     TIMEOUT_MS,
     RawPulsar,
@@ -75,6 +75,9 @@ topic read inbox
 
 user {CLIENT_COMMON_NAME}
 topic readwrite certified/#
+
+user root
+topic readwrite #
 """
 # A refused client retries until this many seconds have passed.
 REFUSED_TIMEOUT = 1
@@ -396,6 +399,29 @@ def test_topic_lists_show_what_the_client_may_use(secured: RunningNode, clients:
     assert isinstance(answer, GetTopicsOfNamespaceResponse)
     listed = {name for name in names if topic(name) in answer.topics}
     assert listed == {"alice/listed", "shared/listed", "inbox"}
+
+
+def test_the_deployments_own_topics_are_for_proxies_only(
+    secured: RunningNode, clients: Clients
+) -> None:
+    sessions = table_topic("public", "default", "sessions")
+    # root may use every topic the ACL names, but not the node's tables.
+    root = clients(pulsar.AuthenticationToken(token("root")))
+    root.create_producer(topic("anything/at/all"))
+    with pytest.raises(pulsar.AuthorizationError):
+        root.create_producer(sessions)
+    with pytest.raises(pulsar.AuthorizationError):
+        root.create_reader(sessions, pulsar.MessageId.earliest)
+    proxy = clients(pulsar.AuthenticationToken(token("proxy")))
+    proxy.create_reader(sessions, pulsar.MessageId.earliest)
+    for who, expected in (("proxy", True), ("root", False)):
+        raw = accepted(connect_raw(pulsar_port(secured), **as_token(who)))
+        try:
+            answer = ask(raw, GetTopicsOfNamespace(request_id=1, namespace="public/__mop"))
+        finally:
+            raw.close()
+        assert isinstance(answer, GetTopicsOfNamespaceResponse)
+        assert (sessions in answer.topics) is expected, (who, answer.topics)
 
 
 # -- TLS and client certificates ---------------------------------------------------------------

@@ -26,6 +26,7 @@ from mop.protocols.pulsar.authentication import (
     acting_principal,
     credentials_of,
     keeps_identity,
+    may_use_system_topics,
 )
 from mop.protocols.pulsar.commands import (
     Ack,
@@ -163,7 +164,10 @@ class PulsarConnection:
         return topic
 
     def may_use(self, topic: str, *accesses: Access) -> bool:
-        """Whether this client may use canonical `topic` in one of the ways `accesses` names."""
+        """Whether this client may use canonical `topic` in one of the ways `accesses` names
+        (the deployment's own topics only when it may use those at all)."""
+        if self.server.is_system(topic) and not may_use_system_topics(self.ctx.principal):
+            return False
         acl_topic = self.server.acl_topic(topic)
         return any(self.permissions.may(access, acl_topic) for access in accesses)
 

@@ -20,7 +20,7 @@ from mop.protocols.pulsar.connection import ConnectionLimits
 from mop.protocols.pulsar.errors import ServerError
 from mop.protocols.pulsar.serving.peers import PeerLinks
 from mop.settings import Settings
-from mop.topic_names import PulsarTopicName, pulsar_to_mqtt
+from mop.topic_names import SYSTEM_NAMESPACE, PulsarTopicName, pulsar_to_mqtt
 from mop.topics import TopicError
 from mop.transport import ConnectionInfo
 from mop.version import SERVER_NAME
@@ -148,6 +148,10 @@ class PulsarServer:
             return None
         url = await self.processor.lookup(topic)
         return None if normalize_url(url) == self.membership.url else url
+
+    def is_system(self, topic: str) -> bool:
+        """Whether canonical `topic` is one of the deployment's own (its tables)."""
+        return topic.partition("://")[2].startswith(f"{self.tenant}/{SYSTEM_NAMESPACE}/")
 
     def acl_topic(self, topic: str) -> str:
         """The name the ACL rules know canonical `topic` by: a topic of the default namespace

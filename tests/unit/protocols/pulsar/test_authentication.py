@@ -10,8 +10,11 @@ from mop.protocols.pulsar.authentication import (
     acting_principal,
     credentials_of,
     keeps_identity,
+    may_use_system_topics,
 )
 from mop.security.identity import (
+    ANONYMOUS,
+    INTERNAL,
     AuthenticationError,
     AuthFailure,
     CertificateIdentity,
@@ -116,3 +119,11 @@ def test_a_refresh_keeps_the_principal() -> None:
     assert keeps_identity(ALICE, Principal("alice", "jwt", expires_at=300.0))
     assert not keeps_identity(ALICE, Principal("bob", "jwt"))
     assert not keeps_identity(ALICE, Principal(None, "anonymous"))
+
+
+def test_only_proxies_the_node_and_open_deployments_use_system_topics() -> None:
+    assert may_use_system_topics(PROXY)
+    assert may_use_system_topics(INTERNAL)
+    assert may_use_system_topics(ANONYMOUS)  # what a deployment without credentials has
+    assert not may_use_system_topics(ALICE)
+    assert not may_use_system_topics(acting_principal(PROXY, "alice"))
