@@ -75,7 +75,10 @@ class ClientPermissions:
     """What one client may do, remembered per topic until the rules change.
 
     `rules` holds the authorizer in force and its generation; a new generation (a reload)
-    forgets every remembered answer. A denial is logged the first time it is decided, with
+    forgets every remembered answer. Whether any rule applies to the client at all
+    (`restricted`) is settled when it connects or re-authenticates: a reload reads the same
+    files again, so it cannot turn an ACL on or off (and a client no rule restricts costs
+    nothing per message). A denial is logged the first time it is decided, with
     the client id, user, address and topic, so a client retrying a denied topic does not fill
     the log (nor does one trying topic after topic: those lines are rate limited).
     """
@@ -88,6 +91,7 @@ class ClientPermissions:
         "_generation_offset",
         "_rules",
         "principal",
+        "restricted",
     )
 
     def __init__(
@@ -104,6 +108,7 @@ class ClientPermissions:
         self._generation = -1
         self._generation_offset = 0
         self._cache: dict[tuple[Access, str], bool] | None = None
+        self.restricted = rules.authorizer.restricts(principal)
 
     @property
     def generation(self) -> int:
@@ -114,14 +119,15 @@ class ClientPermissions:
     def become(self, principal: Principal) -> None:
         """The client re-authenticated (a fresh token): its answers are worked out anew."""
         self.principal = principal
+        self.restricted = self._rules.authorizer.restricts(principal)
         self._cache = None
         self._generation_offset += 1 << 32
 
     def may(self, access: Access, topic: str) -> bool:
+        if not self.restricted:
+            return True
         rules = self._rules
         authorizer = rules.authorizer
-        if not authorizer.restricts(self.principal):
-            return True
         generation = rules.generation
         cache = self._cache
         if cache is None or generation != self._generation:

@@ -113,12 +113,15 @@ def acting_principal(authenticated: Principal, original_principal: str | None) -
     return Principal(original_principal or None, PROXIED, expires_at=authenticated.expires_at)
 
 
-def may_use_system_topics(principal: Principal) -> bool:
+def may_use_system_topics(principal: Principal, *, restricted: bool) -> bool:
     """Whether a connection may touch the deployment's own topics (its tables: sessions,
     retained messages, bans): a proxy role or the node itself, which read and write them for
-    everyone, or an anonymous client, which is all a deployment without credentials has. A
-    named user never does, whatever its ACL says."""
-    return principal.is_proxy or principal.superuser or principal.name is None
+    everyone, or an anonymous client where no ACL restricts it (all a deployment without
+    credentials has; `restricted` says whether rules apply to this client). A named user
+    never does, whatever its ACL says."""
+    if principal.is_proxy or principal.superuser:
+        return True
+    return principal.name is None and not restricted
 
 
 def keeps_identity(current: Principal, refreshed: Principal) -> bool:

@@ -70,6 +70,9 @@ from mop.security.identity import AuthenticationError, Credentials, certificate_
 from mop.transport import ConnectionInfo, OutboundBuffer, read_ready, receiver
 
 log = logging.getLogger("mop.mqtt")
+# Topic names that may be other spellings of a reserved topic, or of a topic the ACL names
+# otherwise (every other name is its own ACL name, and not reserved).
+_SPELT_SPECIALLY = ("$", "persistent://", "non-persistent://")
 # One line per kind of refusal per interval: a full disk refuses every publish of every client.
 _refusals = LimitedLog(log)
 
@@ -553,10 +556,14 @@ class ClientHandler:
     def _may_write(self, topic: str) -> bool:
         """Whether this client may publish to `topic` (also a will): not a `$` or system
         topic, and allowed by the ACL under its MQTT name, however the client spelt it."""
+        name = topic
+        if topic.startswith(_SPELT_SPECIALLY):  # `$`, or a full Pulsar name
+            name = self.server.acl_name(topic)
+            if self.server.reserved(name):
+                return False
         permissions = self.permissions
         assert permissions is not None
-        name = self.server.acl_name(topic)
-        return not self.server.reserved(name) and permissions.may(Access.WRITE, name)
+        return not permissions.restricted or permissions.may(Access.WRITE, name)
 
     def _credential_key(self) -> str:
         return f"credential/{id(self)}"

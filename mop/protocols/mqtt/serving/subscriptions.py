@@ -276,7 +276,10 @@ class SessionSubscriptions:
             ids = (shared.identifier,) if shared.identifier else ()
             return min(shared.qos, message.qos), retain, ids
         route = self._routes.get(topic)
-        if route is None or self._routes_generation != self._permissions.generation:
+        permissions = self._permissions
+        if route is None or (
+            permissions.restricted and self._routes_generation != permissions.generation
+        ):
             route = self._route(topic)
         if route.simple:
             return route.plans[message.qos]

@@ -166,7 +166,9 @@ class PulsarConnection:
     def may_use(self, topic: str, *accesses: Access) -> bool:
         """Whether this client may use canonical `topic` in one of the ways `accesses` names
         (the deployment's own topics only when it may use those at all)."""
-        if self.server.is_system(topic) and not may_use_system_topics(self.ctx.principal):
+        if self.server.is_system(topic) and not may_use_system_topics(
+            self.ctx.principal, restricted=self.permissions.restricted
+        ):
             return False
         acl_topic = self.server.acl_topic(topic)
         return any(self.permissions.may(access, acl_topic) for access in accesses)

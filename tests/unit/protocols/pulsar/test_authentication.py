@@ -122,8 +122,11 @@ def test_a_refresh_keeps_the_principal() -> None:
 
 
 def test_only_proxies_the_node_and_open_deployments_use_system_topics() -> None:
-    assert may_use_system_topics(PROXY)
-    assert may_use_system_topics(INTERNAL)
-    assert may_use_system_topics(ANONYMOUS)  # what a deployment without credentials has
-    assert not may_use_system_topics(ALICE)
-    assert not may_use_system_topics(acting_principal(PROXY, "alice"))
+    for restricted in (False, True):
+        assert may_use_system_topics(PROXY, restricted=restricted)
+        assert may_use_system_topics(INTERNAL, restricted=restricted)
+        assert not may_use_system_topics(ALICE, restricted=restricted)
+        assert not may_use_system_topics(acting_principal(PROXY, "alice"), restricted=restricted)
+    # Anonymous: what a deployment without credentials has, unless an ACL applies to it.
+    assert may_use_system_topics(ANONYMOUS, restricted=False)
+    assert not may_use_system_topics(ANONYMOUS, restricted=True)
