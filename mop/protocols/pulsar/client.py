@@ -91,9 +91,24 @@ class ClientAuth:
     method: str | None = None
     data: bytes | None = field(default=None, repr=False)
     ssl_context: ssl.SSLContext | None = None
+    # A file the token is read from again when a broker asks for fresh credentials
+    # (AUTH_CHALLENGE), so that a token replaced there keeps the connections going.
+    token_file: str | None = None
 
     def tls_context(self) -> ssl.SSLContext:
         return self.ssl_context or ssl.create_default_context()
+
+    def current_data(self) -> bytes | None:
+        """The credentials to show now: the token file's current token, if it can be read,
+        else what was read at start."""
+        if self.token_file:
+            try:
+                token = Path(self.token_file).read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError):
+                return self.data
+            if token:
+                return token.encode()
+        return self.data
 
 
 NO_AUTH: Final = ClientAuth()
@@ -118,7 +133,7 @@ def cluster_client_auth(settings: ClusterSettings) -> ClientAuth:
                 raise ValueError(f"cluster.auth.token_file {auth.token_file}: {exc}") from None
         if not token:
             raise ValueError('cluster.auth: method = "token" needs token or token_file')
-        return ClientAuth("token", token.encode(), context)
+        return ClientAuth("token", token.encode(), context, token_file=auth.token_file)
     if auth.method == "basic":
         if not auth.username or auth.password is None:
             raise ValueError('cluster.auth: method = "basic" needs username and password')
@@ -185,7 +200,7 @@ class PulsarLink:
                     client_version=client_version,
                     protocol_version=PROTOCOL_VERSION,
                     auth_method_name=auth.method,
-                    auth_data=auth.data,
+                    auth_data=auth.current_data(),
                 )
             )
             answer = await link._next(lambda frame: isinstance(frame, Connected | Error))

@@ -4,6 +4,7 @@ rights and cannot pass for a proxy or speak for somebody else."""
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -138,3 +139,38 @@ def test_only_proxy_roles_may_speak_for_another_principal(secured_broker: NodePr
     assert isinstance(as_proxy, Connected)
     nothing = _connect(port)
     assert isinstance(nothing, Error) and nothing.error is ServerError.AuthenticationError
+
+
+def test_a_proxy_answers_the_brokers_token_refresh_from_its_token_file(tmp_path: Path) -> None:
+    broker = broker_process(
+        tmp_path / "broker",
+        MOP_AUTH__ALLOW_ANONYMOUS="false",
+        MOP_AUTH__JWT__SECRET=SECRET,
+        MOP_AUTH__PROXY_ROLES='["proxy"]',
+        MOP_PULSAR__AUTH_REFRESH_INTERVAL="1",
+    )
+    token_file = tmp_path / "proxy.token"
+    short = jwt.encode({"sub": "proxy", "exp": int(time.time()) + 3}, SECRET, algorithm="HS256")
+    token_file.write_text(short)
+    proxy = proxy_process(
+        tmp_path / "proxy",
+        "",
+        MOP_CLUSTER__AUTH__METHOD="token",
+        MOP_CLUSTER__AUTH__TOKEN_FILE=str(token_file),
+    )
+    try:
+        broker.start()
+        port = proxy.start(MOP_CLUSTER__SERVICE_URL=broker.service_url)
+        sub = Client(port, "refresh-sub")
+        assert sub.subscribe("refresh/+", 1) == [1]
+        token_file.write_text(token("proxy"))  # the operator's fresh token
+        time.sleep(5)  # past the first token's expiry: the brokers have challenged the proxy
+        assert Client(port, "refresh-pub").publish("refresh/a", b"still here", qos=1) == 0
+        [message] = sub.expect(1)
+        assert message.payload == b"still here"
+        # Nothing was refused: links that cannot answer a challenge (the topic lister's) are
+        # closed and come back with the file's current token.
+        assert not broker.find(re.compile(r"authentication refused"))
+    finally:
+        proxy.close()
+        broker.close()

@@ -190,10 +190,7 @@ class PulsarClient:
                 connection = BrokerConnection(stream, url, keepalive=options.keepalive)
                 try:
                     await connection.handshake(
-                        options.client_version,
-                        auth_method=options.auth.method,
-                        auth_data=options.auth.data,
-                        proxy_to_broker_url=proxy_to,
+                        options.client_version, auth=options.auth, proxy_to_broker_url=proxy_to
                     )
                 except BaseException:
                     with trio.CancelScope(shield=True):

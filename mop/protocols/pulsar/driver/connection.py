@@ -23,15 +23,20 @@ from typing import Final, Protocol
 
 import trio
 
+from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
 from mop.protocols.pulsar.commands import (
     PROTOCOL_VERSION,
     ActiveConsumerChange,
+    AuthChallenge,
+    AuthData,
+    AuthResponse,
     CloseConsumer,
     CloseProducer,
     Command,
     Connect,
     Connected,
     Error,
+    FeatureFlags,
     Message,
     Ping,
     Pong,
@@ -97,6 +102,8 @@ class BrokerConnection:
         self.address = address
         self.keepalive = keepalive
         self._stream = stream
+        self._auth = NO_AUTH
+        self._client_version = ""
         self._decoder = FrameDecoder()
         self._ids = itertools.count(1)
         self._out: list[bytes] = []
@@ -125,19 +132,24 @@ class BrokerConnection:
         self,
         client_version: str,
         *,
-        auth_method: str | None = None,
-        auth_data: bytes | None = None,
+        auth: ClientAuth = NO_AUTH,
         proxy_to_broker_url: str | None = None,
     ) -> None:
-        """CONNECT and its answer, before `serve`; ServerRefused or ConnectionLost."""
+        """CONNECT and its answer, before `serve`; ServerRefused or ConnectionLost. With
+        credentials, the connection answers the broker's AUTH_CHALLENGE with fresh ones."""
+        self._auth = auth
+        self._client_version = client_version
         await self._write(
             encode_command(
                 Connect(
                     client_version=client_version,
                     protocol_version=PROTOCOL_VERSION,
-                    auth_method_name=auth_method,
-                    auth_data=auth_data,
+                    auth_method_name=auth.method,
+                    auth_data=auth.current_data(),
                     proxy_to_broker_url=proxy_to_broker_url,
+                    feature_flags=(
+                        FeatureFlags(supports_auth_refresh=True) if auth.method else None
+                    ),
                 )
             )
         )
@@ -360,6 +372,17 @@ class BrokerConnection:
                 producer.on_send_error(frame)
         elif kind is Ping:
             self.send_command(Pong())
+        elif kind is AuthChallenge:
+            # A token is about to expire: show the current one (read anew from its file).
+            self.send_command(
+                AuthResponse(
+                    client_version=self._client_version,
+                    response=AuthData(
+                        auth_method_name=self._auth.method, auth_data=self._auth.current_data()
+                    ),
+                    protocol_version=PROTOCOL_VERSION,
+                )
+            )
         elif kind is Pong:
             pass
         elif kind is CloseProducer:
