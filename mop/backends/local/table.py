@@ -39,6 +39,29 @@ class LocalTable:
         self.topic = table_topic(broker.tenant, broker.namespace, name)
         self._watchers: list[Callable[[str, bytes | None], None]] = []
         self._writing = False  # while a write of this object is being stored
+        self._adopt_earlier_rows()
+
+    def _adopt_earlier_rows(self) -> None:
+        """Earlier versions kept a table in a storage table of its own name: its rows move
+        into the topic, once (a key the topic has already is not overwritten), so that an
+        upgrade keeps retained messages and sessions. The old rows are deleted after the
+        messages are stored, in the one log, so a crash in between loses neither."""
+        storage = self._broker.storage
+        rows = list(storage.table_items(self._name))
+        if not rows:
+            return
+        moved = 0
+        for key, value in rows:
+            if key != CATCH_UP_KEY and self._broker.compacted.latest(self.topic, key) is None:
+                message = Message(value, key=key, publish_time=now_ms())
+                self._writing = True
+                try:
+                    self._broker.store(self.topic, message)
+                finally:
+                    self._writing = False
+                moved += 1
+            storage.table_put(self._name, key, None)
+        log.info("table %r: %d entries moved from the earlier storage table", self._name, moved)
 
     @property
     def name(self) -> str:

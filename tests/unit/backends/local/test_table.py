@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from mop.backends.local import LocalBackend
+from mop.backends.local import LocalBackend, open_local_backend
+from mop.backends.local.table import LocalTable
 from mop.broker.storage import MemoryStorage
 from mop.message import CATCH_UP_KEY, TOMBSTONE_PROPERTY, Message
 from mop.processor.backend import BackendError, StartPosition, SubscriptionSpec
@@ -122,3 +123,19 @@ async def test_a_write_before_the_backend_runs_is_refused() -> None:
     backend = LocalBackend(MemoryStorage())
     with pytest.raises(BackendError, match="not running"):
         await backend.table("t").put("k", b"v")
+
+
+async def test_rows_of_an_earlier_storage_table_move_into_the_topic_once() -> None:
+    storage = MemoryStorage()
+    storage.table_put("retained", "a/b", b"kept")
+    storage.table_put("retained", "c", b"also kept")
+    async with open_local_backend(storage) as backend:
+        table = backend.table("retained")
+        assert sorted(table.items()) == [("a/b", b"kept"), ("c", b"also kept")]
+        assert list(storage.table_items("retained")) == []
+        await table.put("a/b", b"newer")
+        # Rows an interrupted move left behind never overwrite what the topic has.
+        storage.table_put("retained", "a/b", b"stale")
+        again = LocalTable(backend.broker, "retained", check_running=lambda: None)
+        assert again.get("a/b") == b"newer"
+        assert list(storage.table_items("retained")) == []
