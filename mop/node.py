@@ -226,6 +226,14 @@ async def _serve_bans(
                 )
 
         gatekeeper.share_bans(store.bans, lambda ban: nursery.start_soon(keep, ban))
+
+        # A ban stored by `mop ban` or another node closes the clients it covers (the store's
+        # own watcher, which puts it in force, runs first).
+        def stored_elsewhere(_key: str, value: bytes | None) -> None:
+            if value is not None:
+                gatekeeper.bans_added()
+
+        store.table.watch(stored_elsewhere)
         await nursery.start(store.serve_expiry)
         task_status.started()
 

@@ -57,6 +57,8 @@ class Gatekeeper:
         # Called with each ban this node decides (flapping) so that it is stored for all.
         self.on_ban: Callable[[Ban], None] = self.bans.put
         self.refused = 0
+        # Told whenever a ban comes into force, so that adapters close the clients it covers.
+        self._ban_listeners: list[Callable[[], None]] = []
 
     def share_bans(self, bans: BanList, store: Callable[[Ban], None]) -> None:
         """Follow the deployment's banned list (`BanStore.bans`) and hand the bans this node
@@ -68,6 +70,29 @@ class Gatekeeper:
             store(ban)
 
         self.on_ban = decided
+
+    def on_bans_added(self, listener: Callable[[], None]) -> None:
+        """Call `listener` whenever a ban may have come into force (`bans_added`)."""
+        self._ban_listeners.append(listener)
+
+    def bans_added(self) -> None:
+        """A ban came into force (from `mop ban`, or another node): the listeners look for
+        connected clients it covers."""
+        for listener in self._ban_listeners:
+            try:
+                listener()
+            except Exception:
+                log.exception("closing the clients of a new ban failed")
+
+    def ban_of(
+        self, *, client_id: str, usernames: tuple[str | None, ...], address: str, now: float
+    ) -> Ban | None:
+        """The ban in force that covers a connected client, if any."""
+        for username in usernames:
+            ban = self.bans.match(client_id=client_id, username=username, address=address, now=now)
+            if ban is not None:
+                return ban
+        return None
 
     def replace(self, policy: SecurityPolicy) -> None:
         self.policy = policy

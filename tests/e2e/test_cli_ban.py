@@ -24,6 +24,7 @@ from mop.security.abuse import BANS_TABLE, Ban, decode_ban
 from mop.security.ban_store import BanStore
 from mop.settings import StorageSettings
 from mop.topic_names import table_topic
+from tests.e2e.clients import Client
 from tests.e2e.nodeproc import PULSAR_LISTENING, NodeProcess, broker_process, node_environ
 
 pytestmark = pytest.mark.e2e
@@ -215,3 +216,43 @@ def test_the_proxies_of_a_separated_deployment_follow_the_bans(tmp_path: Path) -
         trio.run(proxy)
     finally:
         broker.close()
+
+
+def test_a_new_ban_closes_the_connections_it_covers(tmp_path: Path) -> None:
+    node = NodeProcess(tmp_path / "data", MOP_PROTOCOLS='["mqtt", "pulsar"]')
+    mqtt_port = node.start()
+    try:
+        # The Pulsar listener's line comes before or after the MQTT one.
+        found = node.find(PULSAR_LISTENING) or [node.wait_for(PULSAR_LISTENING, DEADLINE)]
+        pulsar_port = int(found[0]["port"])
+        victim = Client(mqtt_port, "victim")
+        bystander = Client(mqtt_port, "bystander")
+        assert bystander.subscribe("still/+", 1) == [1]
+        service_url = f"pulsar://127.0.0.1:{pulsar_port}"
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mop",
+                "ban",
+                "add",
+                "--clientid",
+                "victim",
+                "--service-url",
+                service_url,
+            ],
+            cwd=node.cwd,
+            env=node_environ(node.data_dir),
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        # MQTT 5 DISCONNECT 0x98, administrative action; the others go on.
+        assert victim.disconnects.get(timeout=DEADLINE) == 0x98
+        assert Client(mqtt_port, "victim", connect=False).connect().reason_code == 0x8A
+        assert bystander.publish("still/here", b"yes", qos=1) == 0
+        assert [m.payload for m in bystander.expect(1)] == [b"yes"]
+    finally:
+        node.close()

@@ -150,6 +150,7 @@ class ClientHandler:
             return
         assert self.subs is not None and self.flow is not None
         flow = self.flow
+        self.server.clients.add(self)
         try:
             # CONNACK goes out from this task: a connection that then stays idle never
             # starts a writer task.
@@ -193,6 +194,7 @@ class ClientHandler:
                 await self._say_goodbye(ReasonCode.SERVER_SHUTTING_DOWN)
             raise
         finally:
+            self.server.clients.discard(self)
             self.server.timers.cancel(self._credential_key())
             with trio.CancelScope(shield=True), trio.move_on_after(10):
                 await self._close_session()
@@ -576,6 +578,13 @@ class ClientHandler:
             return
         delay = max(0.0, expires_at - time.time())
         self.server.timers.schedule(self._credential_key(), delay, self._credential_expired)
+
+    def close_for(self, reason: int, why: str) -> None:
+        """End the connection from outside its reads (a ban): MQTT 5 clients are told
+        `reason` in a DISCONNECT."""
+        log.info("%s: closing %r: %s", self.ctx.peer, self.ctx.client_id, why)
+        self._close_reason = reason
+        self._read_scope.cancel()
 
     async def _credential_expired(self) -> None:
         if self.server.processor.credential_valid(self.ctx):

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -22,6 +24,7 @@ from mop.protocols.mqtt.connection import ConnectionLimits
 from mop.protocols.mqtt.mapping import publish_to_message
 from mop.protocols.mqtt.negotiation import JWT_METHOD, ConnectPolicy
 from mop.protocols.mqtt.packets import NO_PROPERTIES, Publish, Will
+from mop.protocols.mqtt.reason_codes import ReasonCode
 from mop.protocols.mqtt.serving.outflow import OutflowContext
 from mop.protocols.mqtt.serving.retained import TABLE as RETAINED_TABLE
 from mop.protocols.mqtt.serving.retained import RetainedStore
@@ -31,6 +34,9 @@ from mop.protocols.mqtt.serving.timers import Timers
 from mop.settings import MqttSettings, Settings
 from mop.topic_names import SYSTEM_NAMESPACE, mqtt_to_pulsar, pulsar_to_mqtt
 from mop.version import SERVER_NAME
+
+if TYPE_CHECKING:  # the handler module imports this one
+    from mop.protocols.mqtt.serving.handler import ClientHandler
 
 log = logging.getLogger("mop.mqtt")
 _FULL_NAME_SCHEMES = ("persistent://", "non-persistent://")
@@ -45,6 +51,9 @@ class MqttServer:
     def __init__(self, settings: Settings, processor: MessagingProcessor) -> None:
         self.settings: MqttSettings = settings.mqtt
         self.processor = processor
+        # The connections with a session, so that a new ban can close those it covers.
+        self.clients: set[ClientHandler] = set()
+        processor.gatekeeper.on_bans_added(self._close_banned)
         self.limits = ConnectionLimits(
             max_packet_size=self.settings.max_packet_size,
             receive_maximum=self.settings.max_inflight,
@@ -102,6 +111,20 @@ class MqttServer:
             if self.settings.sys_interval > 0:
                 await nursery.start(self.sys.serve, self.settings.sys_interval)
             task_status.started()
+
+    def _close_banned(self) -> None:
+        now = time.time()
+        gatekeeper = self.processor.gatekeeper
+        for client in list(self.clients):
+            ctx = client.ctx
+            ban = gatekeeper.ban_of(
+                client_id=ctx.client_id,
+                usernames=(ctx.username, ctx.principal.name),
+                address=client.info.peer[0],
+                now=now,
+            )
+            if ban is not None:
+                client.close_for(ReasonCode.ADMINISTRATIVE_ACTION, f"banned {ban.kind}")
 
     def acl_name(self, topic: str) -> str:
         """The name the ACL knows a topic or filter by: its MQTT name, also when the client
