@@ -12,7 +12,12 @@ from mop.transport.listeners import (
     serve_listeners,
 )
 from mop.transport.outbound import OutboundBuffer
-from mop.transport.tls import peer_certificate_info, server_ssl_context, subject_common_name
+from mop.transport.tls import (
+    listener_ssl_context,
+    peer_certificate_info,
+    server_ssl_context,
+    subject_common_name,
+)
 from mop.transport.websocket import WebSocketHandshakeError, WebSocketStream, accept_websocket
 
 __all__ = [
@@ -32,6 +37,7 @@ __all__ = [
     "sender",
     "serve_listener",
     "serve_listeners",
+    "listener_ssl_context",
     "server_ssl_context",
     "subject_common_name",
 ]

@@ -11,7 +11,14 @@ from typing import Any
 
 import trio
 
-__all__ = ["peer_certificate_info", "server_ssl_context", "subject_common_name"]
+from mop.settings import TlsSettings
+
+__all__ = [
+    "listener_ssl_context",
+    "peer_certificate_info",
+    "server_ssl_context",
+    "subject_common_name",
+]
 
 
 def server_ssl_context(
@@ -54,6 +61,19 @@ def server_ssl_context(
     else:
         context.verify_mode = ssl.CERT_NONE
     return context
+
+
+def listener_ssl_context(tls: TlsSettings) -> ssl.SSLContext | None:
+    """The server context a protocol's `tls` settings describe, or None when they configure
+    no TLS listener (no certificate and key)."""
+    if tls.certfile is None or tls.keyfile is None:
+        return None
+    return server_ssl_context(
+        certfile=tls.certfile,
+        keyfile=tls.keyfile,
+        cafile=tls.cafile,
+        require_client_cert=tls.require_client_cert,
+    )
 
 
 def peer_certificate_info(stream: trio.SSLStream[Any]) -> dict[str, Any] | None:

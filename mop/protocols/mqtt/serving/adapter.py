@@ -13,7 +13,7 @@ from mop.protocols.mqtt.serving.handler import ClientHandler
 from mop.protocols.mqtt.serving.node_liveness import NODES_TABLE
 from mop.protocols.mqtt.serving.server import MqttServer
 from mop.settings import MqttSettings, Settings
-from mop.transport import ConnectionInfo, Handler, ListenerSpec, server_ssl_context
+from mop.transport import ConnectionInfo, Handler, ListenerSpec, listener_ssl_context
 
 WS_SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 
@@ -66,15 +66,8 @@ class MqttProtocol:
         mqtt = self.mqtt
         handler = self.handle_connection
         specs = [ListenerSpec(name="mqtt", kind="tcp", host=mqtt.host, port=mqtt.port)]
-        context = None
-        if mqtt.tls.enabled:
-            assert mqtt.tls.certfile is not None and mqtt.tls.keyfile is not None
-            context = server_ssl_context(
-                certfile=mqtt.tls.certfile,
-                keyfile=mqtt.tls.keyfile,
-                cafile=mqtt.tls.cafile,
-                require_client_cert=mqtt.tls.require_client_cert,
-            )
+        context = listener_ssl_context(mqtt.tls)
+        if context is not None:
             specs.append(
                 ListenerSpec(
                     name="mqtt",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from mop.protocols.base import NodeServices
 from mop.protocols.pulsar.serving.server import PulsarServer, Timers
 from mop.settings import PulsarSettings, Settings
-from mop.transport import Handler, ListenerSpec, server_ssl_context
+from mop.transport import Handler, ListenerSpec, listener_ssl_context
 
 
 class PulsarProtocol:
@@ -49,14 +49,8 @@ class PulsarProtocol:
     def listeners(self) -> list[tuple[ListenerSpec, Handler]]:
         pulsar = self.pulsar
         specs = [ListenerSpec(name="pulsar", kind="tcp", host=pulsar.host, port=pulsar.port)]
-        if pulsar.tls.enabled:
-            assert pulsar.tls.certfile is not None and pulsar.tls.keyfile is not None
-            context = server_ssl_context(
-                certfile=pulsar.tls.certfile,
-                keyfile=pulsar.tls.keyfile,
-                cafile=pulsar.tls.cafile,
-                require_client_cert=pulsar.tls.require_client_cert,
-            )
+        context = listener_ssl_context(pulsar.tls)
+        if context is not None:
             specs.append(
                 ListenerSpec(
                     name="pulsar",
