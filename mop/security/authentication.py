@@ -123,12 +123,12 @@ class Authenticator:
         username, password = credentials.username, credentials.password
         if username is None or password is None:
             return _Miss(None, "no user name and password")
-        if username not in self._passwords:
-            # Not refused outright: the password may be a token for the next provider.
-            self._passwords.verify(username, password)  # the same cost as for a known user
-            return _Miss(AuthFailure.BAD_CREDENTIALS, f"unknown user {username!r:.80}")
+        # An unknown user costs `verify` the same hashing as a known one.
         if self._passwords.verify(username, password):
             return Principal(username, "password_file")
+        # Not refused outright: the password may be a token for the next provider.
+        if username not in self._passwords:
+            return _Miss(AuthFailure.BAD_CREDENTIALS, f"unknown user {username!r:.80}")
         return _Miss(AuthFailure.BAD_CREDENTIALS, f"wrong password for {username!r:.80}")
 
     def _token(self, credentials: Credentials, now: float) -> Principal | _Miss:

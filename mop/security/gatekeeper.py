@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from mop.log_limit import LimitedLog, RateLimit
+from mop.log_limit import LimitedLog
 from mop.security.abuse import Ban, BanList, FailureLimiter, FlappingDetector
 from mop.security.authorization import Authorizer, ClientPermissions
 from mop.security.identity import (
@@ -20,8 +20,7 @@ from mop.security.policy import SecurityPolicy, open_policy
 from mop.settings import AuthSettings
 
 log = logging.getLogger("mop.security")
-_repeated = LimitedLog(log)
-_every = LimitedLog(log, RateLimit(interval=0.0))
+_banned_refusals = LimitedLog(log)
 
 
 class Gatekeeper:
@@ -105,16 +104,18 @@ class Gatekeeper:
             return self._admit(credentials, now)
         except AuthenticationError as exc:
             self.refused += 1
-            # Banned clients and blocked addresses retry in loops: a line per interval.
-            logger = _repeated if exc.failure is AuthFailure.BANNED else _every
-            logger.warning(
-                exc.failure.value,
+            line = (
                 "refused client %r (user %r, address %s): %s",
                 credentials.client_id[:200],
                 (credentials.username or "")[:200] or None,
                 credentials.address,
                 exc.why,
             )
+            if exc.failure is AuthFailure.BANNED:
+                # Banned clients and blocked addresses retry in loops: a line per interval.
+                _banned_refusals.warning("banned", *line)
+            else:
+                log.warning(*line)
             raise
 
     def _admit(self, credentials: Credentials, now: float) -> Principal:
