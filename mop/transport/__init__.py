@@ -16,7 +16,6 @@ from mop.transport.tls import (
     listener_ssl_context,
     peer_certificate_info,
     server_ssl_context,
-    subject_common_name,
 )
 from mop.transport.websocket import WebSocketHandshakeError, WebSocketStream, accept_websocket
 
@@ -39,5 +38,4 @@ __all__ = [
     "serve_listeners",
     "listener_ssl_context",
     "server_ssl_context",
-    "subject_common_name",
 ]

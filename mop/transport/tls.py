@@ -5,7 +5,6 @@ connection in the shape ``ssl.SSLSocket.getpeercert()`` uses.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ __all__ = [
     "listener_ssl_context",
     "peer_certificate_info",
     "server_ssl_context",
-    "subject_common_name",
 ]
 
 
@@ -86,16 +84,6 @@ def peer_certificate_info(stream: trio.SSLStream[Any]) -> dict[str, Any] | None:
     """
     certificate: dict[str, Any] | None = stream.getpeercert()
     return certificate or None
-
-
-def subject_common_name(certificate: Mapping[str, Any]) -> str | None:
-    """The subject's commonName from a ``getpeercert()`` dict (the last one if several)."""
-    common_name: str | None = None
-    for rdn in certificate.get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                common_name = str(value)
-    return common_name
 
 
 def _require_file(path: str, setting: str) -> None:

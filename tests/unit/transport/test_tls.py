@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from mop.security.identity import certificate_identity
 from mop.testing import TestCertificates
-from mop.transport import ListenerSpec, server_ssl_context, subject_common_name
+from mop.transport import ListenerSpec, server_ssl_context
 
 from .servers import Recorder, exchange, running
 
@@ -62,7 +63,8 @@ async def test_mtls_reports_the_client_certificate(certificates: TestCertificate
             assert await exchange(client, b"who am i") == b"who am i"
     [info] = recorder.infos
     assert info.peer_certificate is not None
-    assert subject_common_name(info.peer_certificate) == "client-1"
+    identity = certificate_identity(info.peer_certificate)
+    assert identity is not None and identity.common_name == "client-1"
 
 
 async def test_mtls_rejects_a_client_without_certificate(
