@@ -24,7 +24,7 @@ from mop.exception_groups import leaves
 from mop.membership import Membership, MembershipError
 from mop.processor import Backend, BackendError, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
-from mop.protocols.pulsar.client import cluster_client_auth
+from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, cluster_client_auth
 from mop.security.abuse import BANS_TABLE, Ban
 from mop.security.ban_store import BanStore
 from mop.security.gatekeeper import Gatekeeper
@@ -61,14 +61,17 @@ async def start_backend(
     membership: Membership | None = None,
     *,
     tables: tuple[str, ...] = (),
+    auth: ClientAuth | None = None,
 ) -> Backend:
     """The constructor switch: merged mode gets the colocated broker over durable storage in
     `data_dir`, separated mode remote brokers through lookup (with `tables`, those the
-    protocol handlers read as they start, loaded before it returns). Background work runs in
-    `nursery`; the caller closes the backend with `aclose()`. `membership` is the node's
-    (made from `settings` when not given)."""
+    protocol handlers read as they start, loaded before it returns, and `auth`, the node's
+    credentials, from `broker_auth` when not given). Background work runs in `nursery`; the
+    caller closes the backend with `aclose()`. `membership` is the node's (made from
+    `settings` when not given)."""
     if settings.mode == "separated":
-        return await _start_cluster_backend(settings, nursery, tables)
+        auth = auth if auth is not None else broker_auth(settings)
+        return await _start_cluster_backend(settings, nursery, tables, auth)
     if membership is None:
         membership = cluster_membership(settings)
     _check_cluster(settings, membership)
@@ -133,7 +136,7 @@ def _advertise_bound_port(
 
 
 async def _start_cluster_backend(
-    settings: Settings, nursery: trio.Nursery, tables: tuple[str, ...]
+    settings: Settings, nursery: trio.Nursery, tables: tuple[str, ...], auth: ClientAuth
 ) -> Backend:
     """Separated mode: a stateless proxy whose backend reaches the brokers through
     pulsar-client (which reconnects on its own: a broker restart needs no proxy restart)."""
@@ -151,10 +154,6 @@ async def _start_cluster_backend(
             "protocols: the Pulsar adapter runs on brokers, not on a separated proxy; set"
             ' protocols = ["mqtt"] (Pulsar clients connect to the brokers directly)'
         )
-    try:
-        auth = cluster_client_auth(cluster)
-    except ValueError as exc:
-        raise StartupError(str(exc)) from None
     backend = ClusterBackend(
         cluster.service_url,
         auth=auth,
@@ -238,13 +237,16 @@ async def _serve_bans(
         task_status.started()
 
 
-def _check_client_auth(settings: Settings) -> None:
-    """This node's own credentials towards brokers, if it will need them, must be usable."""
-    if settings.mode == "separated" or settings.cluster.brokers:
-        try:
-            cluster_client_auth(settings.cluster)
-        except ValueError as exc:
-            raise StartupError(str(exc)) from None
+def broker_auth(settings: Settings) -> ClientAuth:
+    """This node's own credentials towards brokers (`cluster.auth`), read once: a separated
+    proxy's, or a broker's towards its peers (none for a node alone). StartupError when they
+    cannot be used."""
+    if settings.mode != "separated" and not settings.cluster.brokers:
+        return NO_AUTH
+    try:
+        return cluster_client_auth(settings.cluster)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -272,16 +274,18 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
     try:
         async with trio.open_nursery() as nursery:
             gatekeeper = _open_gatekeeper(settings)
-            _check_client_auth(settings)
+            auth = broker_auth(settings)
             membership = cluster_membership(settings)
             tables = (*(name for h in handlers.values() for name in h.tables), BANS_TABLE)
-            backend = await start_backend(settings, nursery, membership, tables=tables)
+            backend = await start_backend(settings, nursery, membership, tables=tables, auth=auth)
             processor = MessagingProcessor(
                 backend, max_connections=settings.limits.max_connections, gatekeeper=gatekeeper
             )
             await nursery.start(PolicyReloader(gatekeeper, settings.auth).serve)
             await nursery.start(_serve_bans, gatekeeper, BanStore(processor.table(BANS_TABLE)))
-            services = NodeServices(processor=processor, nursery=nursery, membership=membership)
+            services = NodeServices(
+                processor=processor, nursery=nursery, membership=membership, broker_auth=auth
+            )
             for handler in handlers.values():
                 handler.initialize(settings)
                 log.debug("%s advertises %s", handler.name, handler.advertised_data())

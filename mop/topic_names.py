@@ -14,9 +14,11 @@ from urllib.parse import unquote_plus
 from mop.topics import TOPIC_NAME_INVALID, TopicError
 
 __all__ = [
+    "FULL_NAME_SCHEMES",
     "SYSTEM_NAMESPACE",
     "PulsarTopicName",
     "is_exact_selector",
+    "is_system_topic",
     "mqtt_to_pulsar",
     "pulsar_to_mqtt",
     "system_topic",
@@ -27,7 +29,8 @@ __all__ = [
 # topics are compacted by mop brokers (the latest message of each key is kept).
 SYSTEM_NAMESPACE: Final = "__mop"
 
-_SCHEMES = ("persistent://", "non-persistent://")
+# The prefixes of full Pulsar topic names (anything else is an MQTT name).
+FULL_NAME_SCHEMES: Final = ("persistent://", "non-persistent://")
 _DOMAINS = ("persistent", "non-persistent")
 
 # URLEncoder keeps ASCII letters, digits and ".-*_", turns a space into "+" and every other
@@ -60,7 +63,7 @@ def _encode(name: str) -> str:
 def is_exact_selector(selector: str) -> bool:
     """Whether a subscription selector names one topic (it is no MQTT filter with wildcards).
     A full Pulsar name is always exact: its "+" is an encoded space, never a wildcard."""
-    if selector.startswith(_SCHEMES):
+    if selector.startswith(FULL_NAME_SCHEMES):
         return True
     return "+" not in selector and "#" not in selector
 
@@ -71,7 +74,7 @@ def mqtt_to_pulsar(mqtt_topic: str, *, tenant: str = "public", namespace: str = 
     A name that already starts with `persistent://` or `non-persistent://` is used as given.
     Raises `TopicError` (0x90) for a string that has no UTF-8 encoding (a lone surrogate).
     """
-    if mqtt_topic.startswith(_SCHEMES):
+    if mqtt_topic.startswith(FULL_NAME_SCHEMES):
         return mqtt_topic
     return f"persistent://{tenant}/{namespace}/{_encode(mqtt_topic)}"
 
@@ -81,6 +84,14 @@ def system_topic(tenant: str, namespace: str, kind: str, name: str) -> str:
     (a space as %20, since brokers refuse "+" in topic names)."""
     local = f"{namespace}/{kind}/{name}"
     return mqtt_to_pulsar(local, tenant=tenant, namespace=SYSTEM_NAMESPACE).replace("+", "%20")
+
+
+def is_system_topic(topic: str, tenant: str) -> bool:
+    """Whether `topic` (a full name, or a filter spelt as one) is in `tenant`'s system
+    namespace, which holds the deployment's own topics (its tables): no client's business."""
+    return topic.startswith(
+        tuple(f"{scheme}{tenant}/{SYSTEM_NAMESPACE}/" for scheme in FULL_NAME_SCHEMES)
+    )
 
 
 def table_topic(tenant: str, namespace: str, name: str) -> str:

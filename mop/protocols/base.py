@@ -15,6 +15,7 @@ import trio
 
 from mop.membership import Membership
 from mop.processor import MessagingProcessor
+from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
 from mop.settings import Settings
 from mop.transport import Handler, ListenerSpec
 
@@ -30,6 +31,8 @@ class NodeServices:
     nursery: trio.Nursery
     # The node's cluster: its members, this broker's URL, which member owns a topic.
     membership: Membership
+    # The node's own credentials towards other brokers (`cluster.auth`, read once).
+    broker_auth: ClientAuth = NO_AUTH
 
 
 class ProtocolHandler(Protocol):

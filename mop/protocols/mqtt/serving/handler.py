@@ -67,12 +67,13 @@ from mop.protocols.mqtt.session import SessionState
 from mop.security.acl import Access
 from mop.security.authorization import ClientPermissions
 from mop.security.identity import AuthenticationError, Credentials, certificate_identity
+from mop.topic_names import FULL_NAME_SCHEMES
 from mop.transport import ConnectionInfo, OutboundBuffer, read_ready, receiver
 
 log = logging.getLogger("mop.mqtt")
 # Topic names that may be other spellings of a reserved topic, or of a topic the ACL names
 # otherwise (every other name is its own ACL name, and not reserved).
-_SPELT_SPECIALLY = ("$", "persistent://", "non-persistent://")
+_SPELT_SPECIALLY = ("$", *FULL_NAME_SCHEMES)
 # One line per kind of refusal per interval: a full disk refuses every publish of every client.
 _refusals = LimitedLog(log)
 

@@ -32,14 +32,13 @@ from mop.protocols.mqtt.serving.session_registry import SessionRegistry
 from mop.protocols.mqtt.serving.sys_topics import SysPublisher
 from mop.protocols.mqtt.serving.timers import Timers
 from mop.settings import MqttSettings, Settings
-from mop.topic_names import SYSTEM_NAMESPACE, mqtt_to_pulsar, pulsar_to_mqtt
+from mop.topic_names import FULL_NAME_SCHEMES, is_system_topic, mqtt_to_pulsar, pulsar_to_mqtt
 from mop.version import SERVER_NAME
 
 if TYPE_CHECKING:  # the handler module imports this one
     from mop.protocols.mqtt.serving.handler import ClientHandler
 
 log = logging.getLogger("mop.mqtt")
-_FULL_NAME_SCHEMES = ("persistent://", "non-persistent://")
 
 
 # Bounds of the memory of encoded QoS 0 PUBLISHes: it only needs to outlive one fan-out.
@@ -73,10 +72,7 @@ class MqttServer:
         self.mqtt_name = lru_cache(maxsize=65536)(
             lambda topic: pulsar_to_mqtt(topic, tenant=tenant, namespace=namespace)
         )
-        # Where the node's own tables live (retained messages, sessions, bans, presence).
-        self._system_prefixes = tuple(
-            f"{scheme}{tenant}/{SYSTEM_NAMESPACE}/" for scheme in _FULL_NAME_SCHEMES
-        )
+        self._tenant = tenant
         # QoS 0 PUBLISH bytes by (message, topic, retain, protocol level), so that a message
         # fanned out to many clients is encoded once (`encoded_qos0`).
         self._encoded: dict[tuple[int, str, bool, int], tuple[Message, bytes]] = {}
@@ -130,19 +126,19 @@ class MqttServer:
         """The name the ACL knows a topic or filter by: its MQTT name, also when the client
         gave the full Pulsar name (`persistent://public/default/a%2Fb` is `a/b`), so that no
         spelling of a topic escapes a rule about it."""
-        if topic.startswith(_FULL_NAME_SCHEMES):
+        if topic.startswith(FULL_NAME_SCHEMES):
             return self.mqtt_name(topic)
         return topic
 
     def is_system(self, acl_name: str) -> bool:
         """Whether a topic (or filter) of this name is in the system namespace, which holds
         the node's tables (retained messages, sessions, bans): no MQTT client's business."""
-        return acl_name.startswith(self._system_prefixes)
+        return is_system_topic(acl_name, self._tenant)
 
     def reserved(self, acl_name: str) -> bool:
         """Whether MQTT clients may not publish to a topic of this name: `$` topics are the
         server's (`$SYS`), and the system namespace is the node's."""
-        return acl_name[:1] == "$" or acl_name.startswith(self._system_prefixes)
+        return acl_name[:1] == "$" or self.is_system(acl_name)
 
     def encoded_qos0(self, topic: str, message: Message, retain: bool, level: int) -> bytes:
         """A QoS 0 PUBLISH of `message` without properties, as sent to every client at

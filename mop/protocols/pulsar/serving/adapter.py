@@ -37,7 +37,11 @@ class PulsarProtocol:
     async def start(self, services: NodeServices) -> None:
         assert self._settings is not None, "initialize() first"
         self._server = PulsarServer(
-            self._settings, services.processor, self._timers, membership=services.membership
+            self._settings,
+            services.processor,
+            self._timers,
+            membership=services.membership,
+            broker_auth=services.broker_auth,
         )
         await services.nursery.start(self._server.serve)
 

@@ -15,12 +15,12 @@ import trio
 
 from mop.membership import Membership, normalize_url
 from mop.processor import BackendError, MessagingProcessor
-from mop.protocols.pulsar.client import cluster_client_auth
+from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
 from mop.protocols.pulsar.connection import ConnectionLimits
 from mop.protocols.pulsar.errors import ServerError
 from mop.protocols.pulsar.serving.peers import PeerLinks
 from mop.settings import Settings
-from mop.topic_names import SYSTEM_NAMESPACE, PulsarTopicName, pulsar_to_mqtt
+from mop.topic_names import PulsarTopicName, is_system_topic, pulsar_to_mqtt
 from mop.topics import TopicError
 from mop.transport import ConnectionInfo
 from mop.version import SERVER_NAME
@@ -81,6 +81,7 @@ class PulsarServer:
         timers: Timers | None = None,
         *,
         membership: Membership | None = None,
+        broker_auth: ClientAuth = NO_AUTH,
     ) -> None:
         self.processor = processor
         self.settings = settings
@@ -95,8 +96,8 @@ class PulsarServer:
         # This broker's URL as the cluster lists it, and the other members, if any (none
         # when not given: a broker alone).
         self.membership = membership or Membership((), "")
-        # The node checked `cluster.auth` as it started (`mop.node`).
-        self.peers = PeerLinks(self.membership.peers(), auth=cluster_client_auth(settings.cluster))
+        # The peers are asked with this broker's own credentials (`cluster.auth`).
+        self.peers = PeerLinks(self.membership.peers(), auth=broker_auth)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled when there are peers, whose connections go with it."""
@@ -151,7 +152,7 @@ class PulsarServer:
 
     def is_system(self, topic: str) -> bool:
         """Whether canonical `topic` is one of the deployment's own (its tables)."""
-        return topic.partition("://")[2].startswith(f"{self.tenant}/{SYSTEM_NAMESPACE}/")
+        return is_system_topic(topic, self.tenant)
 
     def acl_topic(self, topic: str) -> str:
         """The name the ACL rules know canonical `topic` by: a topic of the default namespace
