@@ -20,7 +20,7 @@ from typing import Any, Final, Literal, TypeVar, get_args, get_origin, get_type_
 
 from dynaconf.utils.parse_conf import boolean_fix, parse_conf_data
 
-from mop.settings import Settings, TlsSettings
+from mop.settings import Settings, TelemetrySettings, TlsSettings
 
 ENV_PREFIX: Final = "MOP_"
 # Names of the fields that hold secrets, never echoed in an error.
@@ -258,6 +258,15 @@ _STRING_RULES: Final[Mapping[str, tuple[Callable[[str], bool], str]]] = {
     "advertised_url": (lambda value: value.startswith(_PULSAR_SCHEMES), "must be a pulsar:// URL"),
     "brokers": (lambda value: value.startswith(_PULSAR_SCHEMES), "must be pulsar:// URLs"),
     "protocols": (bool, "must be protocol names"),
+    "otlp_metrics_endpoint": (
+        lambda value: value.startswith(("http://", "https://")),
+        "must be an http:// or https:// URL",
+    ),
+    "otlp_traces_endpoint": (
+        lambda value: value.startswith(("http://", "https://")),
+        "must be an http:// or https:// URL",
+    ),
+    "roles": (bool, "must be user names"),
     "providers": (
         lambda value: value in ("password_file", "jwt", "certificate"),
         'must be "password_file", "jwt" or "certificate"',
@@ -270,6 +279,12 @@ _TABLE_RULES: Final[Mapping[type, tuple[tuple[Callable[[Any], bool], str], ...]]
         (
             lambda tls: (tls.certfile is None) == (tls.keyfile is None),
             "certfile and keyfile must be set together",
+        ),
+    ),
+    TelemetrySettings: (
+        (
+            lambda telemetry: telemetry.trace_sample_ratio <= 1.0,
+            "trace_sample_ratio must be between 0 and 1",
         ),
     ),
 }
@@ -341,6 +356,7 @@ _ZERO_DISABLES: Final = frozenset(
         "storage.unsubscribed_grace",
         "auth.jwt.leeway",
         "auth.reload_interval",
+        "telemetry.trace_sample_ratio",
     }
 )
 

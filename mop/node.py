@@ -18,10 +18,14 @@ from typing import NoReturn
 
 import trio
 
+from mop.admin import AdminContext, serve_admin
 from mop.backends.local import LocalBackend
 from mop.broker.storage import StorageError, open_durable_storage
 from mop.exception_groups import leaves
 from mop.membership import Membership, MembershipError
+from mop.observability import Telemetry, open_telemetry
+from mop.observability.processor_metrics import register_processor_metrics
+from mop.observability.telemetry import TelemetryError
 from mop.processor import Backend, BackendError, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, cluster_client_auth
@@ -45,10 +49,13 @@ class Node:
     settings: Settings
     processor: MessagingProcessor
     protocols: dict[str, ProtocolHandler]
+    # The protocols' listeners and, last, the admin HTTP listener ("admin" over "tcp").
     listeners: tuple[BoundListener, ...]
+    telemetry: Telemetry
 
     def address(self, protocol: str = "mqtt", kind: str = "tcp") -> tuple[str, int]:
-        """Where the node listens for `protocol` over `kind` (handy with port 0)."""
+        """Where the node listens for `protocol` over `kind` (handy with port 0);
+        `address("admin")` is the admin API's."""
         for bound in self.listeners:
             if bound.spec.name == protocol and bound.spec.kind == kind:
                 return bound.host, bound.port
@@ -271,6 +278,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
     settings = _with_default_protocols(settings)
     handlers = _load_handlers(settings)
     backend: Backend | None = None
+    telemetry = _open_telemetry(settings)
     try:
         async with trio.open_nursery() as nursery:
             gatekeeper = _open_gatekeeper(settings)
@@ -281,6 +289,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
             processor = MessagingProcessor(
                 backend, max_connections=settings.limits.max_connections, gatekeeper=gatekeeper
             )
+            register_processor_metrics(telemetry.meter, processor)
             await nursery.start(PolicyReloader(gatekeeper, settings.auth).serve)
             await nursery.start(_serve_bans, gatekeeper, BanStore(processor.table(BANS_TABLE)))
             services = NodeServices(
@@ -295,6 +304,16 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
             for handler in handlers.values():
                 bound.extend(await _serve(nursery, handler))
             _advertise_bound_port(membership, settings, bound)
+            if settings.admin.enabled:
+                context = AdminContext(
+                    settings=settings,
+                    processor=processor,
+                    telemetry=telemetry,
+                    protocols=handlers,
+                    listeners=lambda: tuple(bound),
+                    not_ready=list,
+                )
+                bound.append(await _serve_admin(nursery, context))
             for entry in bound:
                 log.info(
                     "%s listening on %s %s:%d",
@@ -304,7 +323,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                     entry.port,
                 )
             try:
-                yield Node(settings, processor, handlers, tuple(bound))
+                yield Node(settings, processor, handlers, tuple(bound), telemetry)
             finally:
                 for handler in handlers.values():
                     await handler.close()
@@ -316,6 +335,33 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
         if backend is not None:
             with trio.CancelScope(shield=True):
                 await backend.aclose()
+        telemetry.shutdown()
+
+
+def _open_telemetry(settings: Settings) -> Telemetry:
+    try:
+        return open_telemetry(
+            settings.telemetry,
+            mode=settings.mode,
+            node_name=cluster_membership(settings).advertised_url,
+        )
+    except TelemetryError as exc:
+        raise StartupError(str(exc)) from None
+
+
+async def _serve_admin(nursery: trio.Nursery, context: AdminContext) -> BoundListener:
+    admin = context.settings.admin
+    try:
+        bound: BoundListener = await nursery.start(serve_admin, context)
+    except OSError as exc:
+        raise StartupError(f"admin {admin.host}:{admin.port}: {exc}") from None
+    except BaseExceptionGroup as group:
+        # hypercorn binds inside its own nurseries.
+        errors = leaves(group)
+        if len(errors) == 1 and isinstance(errors[0], OSError):
+            raise StartupError(f"admin {admin.host}:{admin.port}: {errors[0]}") from None
+        raise
+    return bound
 
 
 async def serve_node(

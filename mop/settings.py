@@ -146,8 +146,30 @@ class AuthSettings:
 
 @dataclass(frozen=True, slots=True)
 class AdminSettings:
+    """The admin HTTP listener: /metrics, /healthz, /readyz, the admin API and the dashboard."""
+
+    enabled: bool = True
     host: str = "127.0.0.1"
     port: int = 8080
+    # Users (roles) allowed to use the admin API and the dashboard once authentication is
+    # configured (`auth.password_file` or `auth.jwt`); without it, the API is open to whoever
+    # reaches `host` (loopback by default).
+    roles: tuple[str, ...] = ("admin",)
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetrySettings:
+    """OpenTelemetry: metrics (always served on the admin port as Prometheus text), an optional
+    OTLP export, and traces."""
+
+    # OTLP/HTTP endpoint for metrics (e.g. "http://127.0.0.1:4318/v1/metrics"); unset: none.
+    otlp_metrics_endpoint: str | None = None
+    # Seconds between OTLP metric exports.
+    otlp_interval: float = 15.0
+    # Fraction of published messages traced (0 = tracing off, 1 = every message).
+    trace_sample_ratio: float = 0.0
+    # OTLP/HTTP endpoint for spans (e.g. "http://127.0.0.1:4318/v1/traces"); unset: none.
+    otlp_traces_endpoint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +236,7 @@ class Settings:
     mqtt: MqttSettings = field(default_factory=MqttSettings)
     pulsar: PulsarSettings = field(default_factory=PulsarSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)

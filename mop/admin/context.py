@@ -1,0 +1,26 @@
+"""What the admin API may see of a node: a small explicit context, not the node itself."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from mop.observability import Telemetry
+from mop.processor import MessagingProcessor
+from mop.protocols.base import ProtocolHandler
+from mop.settings import Settings
+from mop.transport import BoundListener
+
+
+@dataclass(frozen=True, slots=True)
+class AdminContext:
+    settings: Settings
+    processor: MessagingProcessor
+    telemetry: Telemetry
+    protocols: Mapping[str, ProtocolHandler]
+    # The node's protocol listeners once bound (empty while the node starts).
+    listeners: Callable[[], tuple[BoundListener, ...]]
+    # Why the node is not ready to take clients now (empty: ready).
+    not_ready: Callable[[], list[str]]
+    started_at: float = field(default_factory=time.time)

@@ -1,0 +1,51 @@
+"""Serving the admin application with hypercorn's trio worker."""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from mop.admin.context import AdminContext
+from mop.admin.http import AsgiApp, Router
+from mop.admin.routes_health import add_health_routes
+from mop.transport import BoundListener, ListenerSpec
+
+log = logging.getLogger("mop.admin")
+
+ADMIN_LISTENER = "admin"
+
+
+def build_admin_app(context: AdminContext) -> AsgiApp:
+    router = Router()
+    add_health_routes(router, context)
+    return AsgiApp(router)
+
+
+async def serve_admin(
+    context: AdminContext,
+    *,
+    task_status: trio.TaskStatus[BoundListener] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the admin API on `admin.host`/`admin.port` until cancelled; `started` gets the
+    bound address (the real port when the setting is 0). OSError when it cannot bind."""
+    settings = context.settings.admin
+    config = Config()
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    config.bind = [f"{host}:{settings.port}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("mop.admin.http")
+    config.graceful_timeout = 1.0
+    config.keep_alive_timeout = 30.0
+    app = build_admin_app(context)
+
+    class _Status:
+        def started(self, binds: list[str]) -> None:
+            address = binds[0].rpartition("://")[2]
+            bound_host, _, port = address.rpartition(":")
+            spec = ListenerSpec(ADMIN_LISTENER, "tcp", settings.host, settings.port)
+            task_status.started(BoundListener(spec, bound_host.strip("[]"), int(port)))
+
+    await serve(app, config, task_status=_Status())  # type: ignore[arg-type]
