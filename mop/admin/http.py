@@ -102,8 +102,9 @@ class Router:
 
     def add(self, method: str, template: str, handler: Handler, *, public: bool = False) -> None:
         """Route `method template` to `handler`. `{name}` in the template matches one path
-        segment (percent-decoded into `request.params[name]`); a `public` route skips the
-        guard (health checks, the page's static files)."""
+        segment, percent-encoded (`a%2Fb` for the topic `a/b`), decoded into
+        `request.params[name]`; a `public` route skips the guard (health checks, the page's
+        static files)."""
         regex = _PARAM.sub(lambda match: f"(?P<{match.group(1)}>[^/]+)", re.escape(template))
         regex = regex.replace(r"\{", "{").replace(r"\}", "}")
         self._routes.append(_Route(method, template, re.compile(f"^{regex}$"), handler, public))
@@ -154,7 +155,10 @@ class AsgiApp:
 
     async def _respond(self, scope: Scope, receive: Receive) -> Response:
         method: str = scope["method"]
-        path: str = scope["path"]
+        # Matched still percent-encoded, so that a parameter may hold "/" as %2F (MQTT topic
+        # names in `/api/v1/retained/{topic}`); parameters are decoded after matching.
+        raw_path: bytes | None = scope.get("raw_path")
+        path: str = raw_path.decode("latin-1").partition("?")[0] if raw_path else scope["path"]
         try:
             route, params = self.router.match(method, path)
             body = await _read_body(receive)
