@@ -105,8 +105,10 @@ class Router:
         segment, percent-encoded (`a%2Fb` for the topic `a/b`), decoded into
         `request.params[name]`; a `public` route skips the guard (health checks, the page's
         static files)."""
-        regex = _PARAM.sub(lambda match: f"(?P<{match.group(1)}>[^/]+)", re.escape(template))
-        regex = regex.replace(r"\{", "{").replace(r"\}", "}")
+        parts = _PARAM.split(template)  # literal, name, literal, name, ..., literal
+        regex = "".join(
+            f"(?P<{part}>[^/]+)" if i % 2 else re.escape(part) for i, part in enumerate(parts)
+        )
         self._routes.append(_Route(method, template, re.compile(f"^{regex}$"), handler, public))
 
     def match(self, method: str, path: str) -> tuple[_Route, dict[str, str]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 
 import trio
 from hypercorn.config import Config
@@ -33,8 +34,9 @@ async def serve_admin(
     bound address (the real port when the setting is 0). OSError when it cannot bind."""
     settings = context.settings.admin
     config = Config()
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    config.bind = [f"{host}:{settings.port}"]
+    # Bound here rather than by hypercorn, which leaks the socket of a failed bind; hypercorn
+    # takes the file descriptor over.
+    config.bind = [f"fd://{_bind(settings.host, settings.port).detach()}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("mop.admin.http")
     config.graceful_timeout = 1.0
@@ -49,3 +51,17 @@ async def serve_admin(
             task_status.started(BoundListener(spec, bound_host.strip("[]"), int(port)))
 
     await serve(app, config, task_status=_Status())  # type: ignore[arg-type]
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
