@@ -30,6 +30,7 @@ from mop.processor import (
     FenceNotifier,
     PublishResult,
 )
+from mop.protocols.introspection import ClientInfo
 from mop.protocols.mqtt.codec import NEED_DATA, NeedData
 from mop.protocols.mqtt.connection import ConnectionState, ServerConnection
 from mop.protocols.mqtt.errors import RemoteProtocolError, UnsupportedProtocolVersion
@@ -76,6 +77,8 @@ log = logging.getLogger("mop.mqtt")
 _SPELT_SPECIALLY = ("$", *FULL_NAME_SCHEMES)
 # One line per kind of refusal per interval: a full disk refuses every publish of every client.
 _refusals = LimitedLog(log)
+# Protocol levels as the admin API names them.
+_VERSIONS = {3: "3.1", 4: "3.1.1", 5: "5.0"}
 
 
 class _Close(Exception):
@@ -90,17 +93,21 @@ class ClientHandler:
     # An idle connection is mostly this object and what hangs off it: no per-instance dict.
     __slots__ = (
         "_close_reason",
+        "_closed",
         "_read_scope",
         "_reading_since",
         "_send_will",
         "_staged",
         "_staged_qos2",
+        "clean_start",
         "conn",
+        "connected_at",
         "ctx",
         "flow",
         "info",
         "keep_alive",
         "lease",
+        "messages_in",
         "out",
         "permissions",
         "server",
@@ -126,6 +133,10 @@ class ClientHandler:
         self.lease: ClientLease | None = None
         self.will: Will | None = None
         self.keep_alive = 0
+        # What the admin API shows of the connection (`describe`).
+        self.clean_start = True
+        self.connected_at = 0.0  # seconds since the epoch, once CONNACK is sent
+        self.messages_in = 0  # PUBLISHes received
         # Reads end when it is cancelled: by a takeover (`_on_fenced`) or an expired
         # credential (`_credential_expired`), which set `_close_reason`, or by the keep-alive
         # check (`_check_keep_alive`), which looks at when the read under way began to wait
@@ -133,6 +144,8 @@ class ClientHandler:
         self._read_scope = trio.CancelScope()
         self._reading_since = math.inf
         self._close_reason: int | None = None
+        # Set once the connection and its session are closed; made only when someone waits.
+        self._closed: trio.Event | None = None
         self._send_will = True
         # PUBLISHes of the current read waiting for one publish of them all (`_commit`).
         self._staged: list[Publish] = []
@@ -197,8 +210,12 @@ class ClientHandler:
         finally:
             self.server.clients.discard(self)
             self.server.timers.cancel(self._credential_key())
-            with trio.CancelScope(shield=True), trio.move_on_after(10):
-                await self._close_session()
+            try:
+                with trio.CancelScope(shield=True), trio.move_on_after(10):
+                    await self._close_session()
+            finally:
+                if self._closed is not None:
+                    self._closed.set()
 
     async def _say_goodbye(self, reason: int) -> None:
         if self.conn.protocol_level != 5 or self.conn.state is not ConnectionState.CONNECTED:
@@ -326,6 +343,8 @@ class ClientHandler:
             return False
         connack = Connack(session_present=present, properties=decision.connack_properties)
         self.out.write(self.conn.send(connack))
+        self.clean_start = connect.clean_start
+        self.connected_at = time.time()
         self._watch_credential()
         log.debug("%s: %r connected (level %d)", self.ctx.peer, client_id, connect.protocol_level)
         return True
@@ -580,12 +599,41 @@ class ClientHandler:
         delay = max(0.0, expires_at - time.time())
         self.server.timers.schedule(self._credential_key(), delay, self._credential_expired)
 
+    def describe(self) -> ClientInfo:
+        """The connection as the admin API shows it."""
+        ctx, state, flow = self.ctx, self.state, self.flow
+        return ClientInfo(
+            client_id=ctx.client_id,
+            protocol="mqtt",
+            username=ctx.username,
+            peer=ctx.peer,
+            connected_at=self.connected_at,
+            protocol_version=_VERSIONS.get(self.conn.protocol_level, "5.0"),
+            keep_alive=self.keep_alive,
+            clean_start=self.clean_start,
+            subscriptions=len(state.subscriptions) if state is not None else 0,
+            inflight=len(state.outbound) if state is not None else 0,
+            queued=flow.queued if flow is not None else 0,
+            messages_in=self.messages_in,
+            messages_out=flow.messages_out if flow is not None else 0,
+        )
+
     def close_for(self, reason: int, why: str) -> None:
         """End the connection from outside its reads (a ban): MQTT 5 clients are told
         `reason` in a DISCONNECT."""
         log.info("%s: closing %r: %s", self.ctx.peer, self.ctx.client_id, why)
         self._close_reason = reason
         self._read_scope.cancel()
+
+    async def end_session(self, reason: int, why: str) -> None:
+        """Close the connection as `close_for` does, end its session whatever its expiry
+        says, and return once both are done."""
+        if self._closed is None:
+            self._closed = trio.Event()
+        if self.state is not None:
+            self.state.expiry_interval = 0
+        self.close_for(reason, why)
+        await self._closed.wait()
 
     async def _credential_expired(self) -> None:
         if self.server.processor.credential_valid(self.ctx):
@@ -630,6 +678,7 @@ class ClientHandler:
         staged = self._staged[:]
         self._staged.clear()
         self._staged_qos2.clear()
+        self.messages_in += len(staged)
         results = await self.server.publish_batch(self.ctx, staged)
         conn = self.conn
         v5 = conn.protocol_level == 5
@@ -689,6 +738,7 @@ class ClientHandler:
 
     async def _publish(self, publish: Publish) -> int | None:
         """Publish; the reason code for the ack, or None when nothing is to be answered."""
+        self.messages_in += 1
         if self.server.reserved(self.server.acl_name(publish.topic)):
             if publish.qos == 0:
                 return None

@@ -70,6 +70,7 @@ class Outflow:
         "_subs",
         "_waiting",
         "_window_open",
+        "messages_out",
     )
 
     def __init__(
@@ -101,6 +102,13 @@ class Outflow:
         self._drain_lock: trio.Lock | None = None
         # Deliveries the client has, to acknowledge to their consumers (`flush_acks`).
         self._acks: list[tuple[Consumer, Delivery]] = []
+        self.messages_out = 0  # PUBLISHes sent (for the admin API)
+
+    @property
+    def queued(self) -> int:
+        """PUBLISHes waiting for room in the client's Receive Maximum."""
+        waiting = self._waiting
+        return len(waiting) if waiting else 0
 
     def room(self) -> int:
         waiting = self._waiting
@@ -178,6 +186,7 @@ class Outflow:
     def _write_chunks(self, chunks: list[bytes]) -> None:
         data = b"".join(chunks)
         self._out.add(data)  # pushed by the caller (see `deliver` and the read loop)
+        self.messages_out += len(chunks)
         self._context.record_sent(len(chunks), len(data))
 
     def send(
@@ -359,6 +368,7 @@ class Outflow:
             )
             return False
         self._out.add(data)  # pushed by the caller (see `deliver` and the read loop)
+        self.messages_out += 1
         self._context.record_sent(1, len(data))
         return True
 

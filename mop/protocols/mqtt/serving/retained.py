@@ -84,6 +84,17 @@ class RetainedStore:
             await self._table.put(topic, None)
             self._keep(topic, None)
 
+    def get(self, topic: str) -> Message | None:
+        """The unexpired retained message of `topic`, if any."""
+        message = self._messages.get(topic)
+        if message is None or (message.expires_at and message.expires_at <= now_ms()):
+            return None
+        return message
+
+    def is_local(self, topic: str) -> bool:
+        """Whether this node retains `topic` for itself alone (`keep_local`)."""
+        return topic in self._local
+
     def match(self, topic_filter: str) -> Iterator[Retained]:
         """Every unexpired retained message on a topic matching the filter."""
         now = now_ms()

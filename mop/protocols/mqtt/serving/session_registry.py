@@ -36,13 +36,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Final
 
 import trio
 
 from mop.clock import now_ms
 from mop.processor import BackendError, MessagingProcessor
+from mop.protocols.introspection import SessionBusy
 from mop.protocols.mqtt.packets import Will
 from mop.protocols.mqtt.serving.node_liveness import NODES_TABLE, NodeLiveness, heartbeat_interval
 from mop.protocols.mqtt.serving.timers import Callback, Timers
@@ -297,6 +298,30 @@ class SessionRegistry:
         end of `client_id` is under way when this returns, until the caller next waits."""
         while (ending := self._ending.get(client_id)) is not None:
             await ending.wait()
+
+    def offline_here(self) -> Mapping[str, SessionState]:
+        """The offline sessions whose timers run on this node (on the holder of `ROLE`, every
+        offline session of the deployment; elsewhere none), by client id."""
+        return self._offline
+
+    async def discard(self, client_id: str) -> bool:
+        """End an offline session now, as its expiry would (a will waiting for the end goes
+        out); False when there is none. SessionBusy when the session is recorded as connected
+        through a node (not this one's clients: their connections end their sessions)."""
+        await self._end_finished(client_id)
+        state = self._offline.get(client_id)
+        if state is None or self._role_moves:
+            stored = self._stored(client_id)
+            if stored is not None and stored.disconnected_at is None and state is None:
+                raise SessionBusy(f"session {client_id!r} is connected through another node")
+            state = stored if stored is not None else state
+        if state is None:
+            return False
+        self._disarm(client_id)
+        self._offline.pop(client_id, None)
+        log.info("session %r ended on request", client_id)
+        await self._end(state)
+        return True
 
     def _disarm(self, client_id: str) -> None:
         self._timers.cancel(f"expire:{client_id}")

@@ -92,6 +92,18 @@ class ConnectionConsumers:
         # seek put it, for the client's subscribe that follows, by (topic, subscription).
         self._resume: dict[tuple[str, str], MessageId] = {}
 
+    def __len__(self) -> int:
+        return len(self._states)
+
+    @property
+    def inflight(self) -> int:
+        """Entries sent to the client and not yet acknowledged."""
+        return sum(len(state.outstanding) for state in self._states.values())
+
+    def subscriptions(self) -> list[tuple[str, str]]:
+        """(topic, subscription) of each consumer."""
+        return [(state.topic, state.subscription) for state in self._states.values()]
+
     def _state(self, consumer_id: int, request_id: int) -> _ConsumerState | None:
         """The consumer, or None after answering ERROR ConsumerNotFound."""
         state = self._states.get(consumer_id)
@@ -197,7 +209,9 @@ class ConnectionConsumers:
                 )
             data = b"".join(frames)
             link.write(data)
-            link.server.processor.record_sent(sum(d.message.count for d in deliveries), len(data))
+            count = sum(d.message.count for d in deliveries)
+            link.messages_out += count
+            link.server.processor.record_sent(count, len(data))
 
     async def _watch_active(self, state: _ConsumerState) -> None:
         while True:

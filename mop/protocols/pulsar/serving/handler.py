@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import trio
 
 from mop.processor import ClientContext, ClientLease, ConnectionLimitReached
+from mop.protocols.introspection import ClientInfo, SubscriptionInfo
 from mop.protocols.pulsar.authentication import (
     REFRESH_METHOD,
     acting_principal,
@@ -118,6 +120,10 @@ class PulsarConnection:
         self.producers = ConnectionProducers(self)
         self.consumers = ConnectionConsumers(self)
         self._nursery: trio.Nursery | None = None
+        # What the admin API shows of the connection (`describe`).
+        self.connected_at = 0.0
+        self.messages_in = 0
+        self.messages_out = 0
         self._handlers: dict[type, Callable[[Any], Awaitable[None] | None]] = {
             AuthResponse: self._on_auth_response,
             Ping: self._on_ping,
@@ -175,10 +181,49 @@ class PulsarConnection:
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    @property
+    def admin_id(self) -> str:
+        """The connection's name in the admin API: a Pulsar client names no connection, so
+        it is "pulsar:" and the client's address and port."""
+        return f"pulsar:{self.ctx.peer}"
+
+    def describe(self) -> ClientInfo:
+        ctx = self.ctx
+        return ClientInfo(
+            client_id=self.admin_id,
+            protocol="pulsar",
+            username=ctx.username if ctx.username is not None else ctx.principal.name,
+            peer=ctx.peer,
+            connected_at=self.connected_at,
+            protocol_version="pulsar",
+            keep_alive=int(self.server.timers.keepalive_interval),
+            clean_start=True,
+            subscriptions=len(self.consumers),
+            inflight=self.consumers.inflight,
+            queued=0,
+            messages_in=self.messages_in,
+            messages_out=self.messages_out,
+        )
+
+    def subscriptions(self) -> list[SubscriptionInfo]:
+        """The connection's consumers: their topics (by MQTT name in the default namespace)
+        and subscription names."""
+        return [
+            SubscriptionInfo(self.admin_id, self.server.acl_topic(topic), 1, subscription)
+            for topic, subscription in self.consumers.subscriptions()
+        ]
+
+    def close(self) -> None:
+        """Close the connection from outside its reads (the admin API)."""
+        log.info("%s: closing the connection on request", self.ctx.peer)
+        self._end()
+
     async def run(self) -> None:
         lease = await self._handshake()
         if lease is None:
             return
+        self.connected_at = time.time()
+        self.server.connections.add(self)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -194,6 +239,7 @@ class PulsarConnection:
         except* (trio.BrokenResourceError, trio.ClosedResourceError):
             log.debug("%s: connection lost", self.ctx.peer)
         finally:
+            self.server.connections.discard(self)
             with trio.CancelScope(shield=True), trio.move_on_after(10):
                 await self.producers.close_all()
                 await self.consumers.close_all()

@@ -241,6 +241,7 @@ class ConnectionProducers:
             )
             return
         message = message_from_payload(cmd.payload, limit=self._link.server.limits.max_message_size)
+        self._link.messages_in += message.count
         first = cmd.sequence_id
         highest = cmd.highest_sequence_id or first + max(0, cmd.num_messages - 1)
         meta = cmd.payload.metadata
