@@ -145,12 +145,13 @@ class AsgiApp:
         if scope["type"] != "http":
             return  # no WebSocket routes
         response = await self._respond(scope, receive)
-        headers = [
-            (b"content-type", response.content_type.encode()),
-            (b"content-length", str(len(response.body)).encode()),
-            (b"cache-control", b"no-store"),
-            *((name.encode(), value.encode()) for name, value in response.headers),
-        ]
+        headers = [(name.encode(), value.encode()) for name, value in response.headers]
+        if response.status != 304:  # a 304 describes the stored response; it has no body
+            headers.append((b"content-type", response.content_type.encode()))
+            headers.append((b"content-length", str(len(response.body)).encode()))
+        # API answers are never cached; a route may decide otherwise (the dashboard's files).
+        if not any(name.lower() == "cache-control" for name, _ in response.headers):
+            headers.append((b"cache-control", b"no-store"))
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         body = b"" if scope["method"] == "HEAD" else response.body
         await send({"type": "http.response.body", "body": body})

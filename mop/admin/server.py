@@ -13,6 +13,7 @@ from mop.admin.context import AdminContext
 from mop.admin.http import AsgiApp, Router
 from mop.admin.routes_clients import add_clients_routes
 from mop.admin.routes_health import add_health_routes
+from mop.admin.routes_page import add_page_routes
 from mop.admin.routes_stats import add_stats_routes
 from mop.transport import BoundListener, ListenerSpec
 
@@ -26,6 +27,7 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
     add_health_routes(router, context)
     add_stats_routes(router, context)
     add_clients_routes(router, context)
+    add_page_routes(router, context)
     return AsgiApp(router)
 
 
