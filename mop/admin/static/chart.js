@@ -39,7 +39,9 @@ export class Chart {
 
   /** The largest value shown now (0 when there is none). */
   peak() {
-    return this.samples.reduce((max, [, value]) => (value === null ? max : Math.max(max, value)), 0);
+    let peak = 0;
+    for (const [, value] of this.samples) if (value !== null) peak = Math.max(peak, value);
+    return peak;
   }
 
   draw() {
@@ -48,9 +50,9 @@ export class Chart {
     const width = canvas.clientWidth;
     const height = canvas.clientHeight;
     if (width === 0 || height === 0) return;
-    if (canvas.width !== Math.round(width * ratio) || canvas.height !== Math.round(height * ratio)) {
-      canvas.width = Math.round(width * ratio);
-      canvas.height = Math.round(height * ratio);
+    const pixels = [Math.round(width * ratio), Math.round(height * ratio)];
+    if (canvas.width !== pixels[0] || canvas.height !== pixels[1]) {
+      [canvas.width, canvas.height] = pixels;
     }
     const context = canvas.getContext("2d");
     context.setTransform(ratio, 0, 0, ratio, 0, 0);
@@ -112,7 +114,8 @@ export class Chart {
       context.fill();
 
       context.beginPath();
-      points.forEach(([px, py], index) => (index ? context.lineTo(px, py) : context.moveTo(px, py)));
+      context.moveTo(...points[0]);
+      for (const point of points.slice(1)) context.lineTo(...point);
       context.strokeStyle = colour("--chart-line");
       context.lineWidth = 1.75;
       context.lineJoin = "round";

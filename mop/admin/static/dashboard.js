@@ -14,14 +14,12 @@ const WINDOW_SECONDS = 180;
 
 const $ = (id) => document.getElementById(id);
 
+const rateChart = { windowSeconds: WINDOW_SECONDS, format: format.rate, minimumScale: 1 };
+const countChart = { windowSeconds: WINDOW_SECONDS, format: format.count, minimumScale: 5 };
 const charts = {
-  in: new Chart($("chart-in"), { windowSeconds: WINDOW_SECONDS, format: format.rate, minimumScale: 1 }),
-  out: new Chart($("chart-out"), { windowSeconds: WINDOW_SECONDS, format: format.rate, minimumScale: 1 }),
-  connections: new Chart($("chart-connections"), {
-    windowSeconds: WINDOW_SECONDS,
-    format: format.count,
-    minimumScale: 5,
-  }),
+  in: new Chart($("chart-in"), rateChart),
+  out: new Chart($("chart-out"), rateChart),
+  connections: new Chart($("chart-connections"), countChart),
 };
 
 const state = {
@@ -77,15 +75,14 @@ function explain(error, what) {
     case "unauthorized":
       return [
         "Sign-in needed",
-        "The admin API asks for a user name and password (HTTP 401). Sign in with a user " +
-          "that has a role listed in admin.roles when the browser asks; if the prompt was " +
-          "closed, try again.",
+        "The admin API asks for a user name and password (HTTP 401). Sign in as a user that " +
+          "admin.roles allows when the browser asks; if the prompt was closed, try again.",
       ];
     case "forbidden":
       return [
         "Not allowed",
-        "The node refuses this user the admin API (HTTP 403): it needs a role listed in " +
-          "admin.roles. A private window lets you sign in as another user.",
+        "The node refuses this user the admin API (HTTP 403): admin.roles does not list it. " +
+          "A private window lets you sign in as another user.",
       ];
     case "unreachable":
       return [
@@ -199,10 +196,17 @@ function renderStats(stats) {
   show("connections", stats.connections, format.count(stats.connections));
   describeChart("chart-in", "Messages received per second", charts.in, rateIn, format.rate);
   describeChart("chart-out", "Messages sent per second", charts.out, rateOut, format.rate);
-  describeChart("chart-connections", "Open connections", charts.connections, stats.connections, format.count);
+  describeChart(
+    "chart-connections",
+    "Open connections",
+    charts.connections,
+    stats.connections,
+    format.count,
+  );
   const minutes = WINDOW_SECONDS / 60;
-  $("chart-in-note").textContent = `peak ${format.rate(charts.in.peak())}/s in the last ${minutes} min`;
-  $("chart-out-note").textContent = `peak ${format.rate(charts.out.peak())}/s in the last ${minutes} min`;
+  for (const [id, chart] of [["chart-in-note", charts.in], ["chart-out-note", charts.out]]) {
+    $(id).textContent = `peak ${format.rate(chart.peak())}/s in the last ${minutes} min`;
+  }
   $("connections-note").textContent = Object.entries(stats.connections_by_protocol ?? {})
     .map(([protocol, count]) => `${protocolName(protocol)} ${format.count(count)}`)
     .join(" · ");
@@ -250,7 +254,9 @@ function renderNode(node) {
   state.skew = node.started_at + node.uptime - Date.now() / 1000;
   $("node-version").textContent = node.version;
   $("node-mode").textContent = node.mode;
-  if ($("node-uptime").textContent === "—") $("node-uptime").textContent = format.duration(node.uptime);
+  if ($("node-uptime").textContent === "—") {
+    $("node-uptime").textContent = format.duration(node.uptime);
+  }
   $("node-namespace").textContent = `${node.tenant}/${node.namespace}`;
   $("node-protocols").textContent = node.protocols.map(protocolName).join(", ");
   const list = $("listeners");
@@ -286,7 +292,8 @@ async function loadClients() {
     const page = await getJson(clientsPath());
     if (request !== state.clients.request) return; // a newer search has been sent
     // Past the end (the last clients of the last page left): show the last page instead.
-    const lastPage = Math.floor(Math.max(0, page.total - 1) / state.clients.limit) * state.clients.limit;
+    const limit = state.clients.limit;
+    const lastPage = Math.floor(Math.max(0, page.total - 1) / limit) * limit;
     if (!page.items.length && lastPage < state.clients.offset) {
       state.clients.offset = lastPage;
       await loadClients();
@@ -305,8 +312,9 @@ async function loadClients() {
 
 async function pollClients(generation) {
   const table = $("clients-table");
-  const busy = table.contains(document.activeElement) && document.activeElement !== document.body;
-  // Rows do not move under a user who is about to press one of their buttons.
+  // Rows do not move under a user about to press one of their buttons (pointer over the table,
+  // or keyboard focus in it).
+  const busy = table.matches(":hover") || table.querySelector(":focus-visible") !== null;
   if (!document.hidden && !busy) await loadClients();
   later(generation, pollClients, CLIENTS_EVERY_MS);
 }
@@ -351,9 +359,8 @@ function renderClients(page) {
   if (rows.length) {
     body.replaceChildren(...rows);
   } else {
-    showEmpty(
-      clients.query ? `No connected client matches “${clients.query}”.` : "No clients are connected.",
-    );
+    const query = clients.query;
+    showEmpty(query ? `No connected client matches “${query}”.` : "No clients are connected.");
   }
 
   const first = page.total ? clients.offset + 1 : 0;
