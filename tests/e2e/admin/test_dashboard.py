@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 import threading
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from mop.testing.node import RunningNode, node_settings, running_node
 from tests.e2e import browser
+from tests.e2e.admin.api import Api
 from tests.e2e.clients import Client
 
 browser.skip_unless_available()
@@ -26,11 +25,6 @@ pytestmark = pytest.mark.e2e
 def origin(node: RunningNode) -> str:
     host, port = node.node.address("admin")
     return f"http://{host}:{port}"
-
-
-def api(node: RunningNode, path: str) -> Any:
-    with urllib.request.urlopen(origin(node) + path, timeout=10) as answer:
-        return json.load(answer)
 
 
 @pytest.fixture
@@ -76,9 +70,10 @@ def test_dashboard_agrees_with_the_api_and_kicks_a_client(
     problems = browser.Problems(origin(node))
     problems.watch(page)
     page.goto(origin(node) + "/")
-    stats = api(node, "/api/v1/stats")
-    clients = api(node, "/api/v1/clients")
-    info = api(node, "/api/v1/node")
+    api = Api(node)
+    stats = api.get("/api/v1/stats")
+    clients = api.get("/api/v1/clients")
+    info = api.get("/api/v1/node")
 
     # Totals and the node, as the API reports them.
     assert stats["connections"] == 5
@@ -127,7 +122,7 @@ def test_dashboard_agrees_with_the_api_and_kicks_a_client(
     page.get_by_label("Search clients").fill("METER")
     expect(rows).to_have_count(1)
     expect(rows.first).to_have_attribute("data-client-id", "dash-meter-7")
-    assert api(node, "/api/v1/clients?q=METER")["total"] == 1
+    assert api.get("/api/v1/clients", q="METER")["total"] == 1
 
     # The kick button asks first, then disconnects the client and the row goes.
     page.once("dialog", lambda dialog: dialog.accept())
@@ -136,7 +131,7 @@ def test_dashboard_agrees_with_the_api_and_kicks_a_client(
     expect(rows).to_have_count(0)
     expect(page.locator("#clients-body")).to_contain_text("No connected client matches")
     expect(page.locator("#clients-notice")).to_have_text("Disconnected “dash-meter-7”.")
-    assert api(node, "/api/v1/clients?q=meter")["total"] == 0
+    assert api.get("/api/v1/clients", q="meter")["total"] == 0
     expect(page.locator("#connections")).to_have_text("4")
     page.screenshot(path=tmp_path / "dashboard-after-kick.png", full_page=True)
 
