@@ -81,8 +81,9 @@ function explain(error, what) {
     case "forbidden":
       return [
         "Not allowed",
-        "The node refuses this user the admin API (HTTP 403): admin.roles does not list it. " +
-          "A private window lets you sign in as another user.",
+        `The node refuses the admin API to this user: ${error.message} (HTTP 403). ` +
+          "Only users listed in admin.roles may use it; a private window lets you sign in " +
+          "as another user.",
       ];
     case "unreachable":
       return [

@@ -160,6 +160,8 @@ def test_dashboard_explains_refusals_and_an_unreachable_node(page: Page) -> None
         for status, title, live in refusals:
             page.route("**/api/v1/**", refuse(status))
             expect(alert).to_contain_text(title, timeout=10_000)
+            if status == 403:  # the node's reason is passed on
+                expect(alert).to_contain_text("refused by the test")
             expect(page.locator("#live-text")).to_have_text(live)
             page.unroute("**/api/v1/**")
             page.get_by_role("button", name="Try again").click()
@@ -169,3 +171,4 @@ def test_dashboard_explains_refusals_and_an_unreachable_node(page: Page) -> None
     # The node stopped: the page says so, and keeps the last numbers.
     expect(alert).to_contain_text("The node does not answer", timeout=10_000)
     expect(page.locator("#live-text")).to_have_text("Offline")
+    expect(page.locator("#connections")).to_have_text("0")
