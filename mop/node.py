@@ -291,7 +291,8 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
             )
             register_processor_metrics(telemetry.meter, processor)
             await nursery.start(PolicyReloader(gatekeeper, settings.auth).serve)
-            await nursery.start(_serve_bans, gatekeeper, BanStore(processor.table(BANS_TABLE)))
+            bans = BanStore(processor.table(BANS_TABLE))
+            await nursery.start(_serve_bans, gatekeeper, bans)
             services = NodeServices(
                 processor=processor, nursery=nursery, membership=membership, broker_auth=auth
             )
@@ -312,6 +313,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                     protocols=handlers,
                     listeners=lambda: tuple(bound),
                     not_ready=list,
+                    bans=bans,
                 )
                 bound.append(await _serve_admin(nursery, context))
             for entry in bound:

@@ -111,6 +111,10 @@ class Router:
         )
         self._routes.append(_Route(method, template, re.compile(f"^{regex}$"), handler, public))
 
+    def routes(self) -> list[tuple[str, str, bool]]:
+        """(method, template, public) of every route, in the order they were added."""
+        return [(route.method, route.template, route.public) for route in self._routes]
+
     def match(self, method: str, path: str) -> tuple[_Route, dict[str, str]]:
         allowed: list[str] = []
         for route in self._routes:

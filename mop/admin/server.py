@@ -9,11 +9,17 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from mop.admin.auth import AdminGuard
 from mop.admin.context import AdminContext
 from mop.admin.http import AsgiApp, Router
+from mop.admin.routes_bans import add_bans_routes
 from mop.admin.routes_clients import add_clients_routes
+from mop.admin.routes_docs import add_docs_routes
 from mop.admin.routes_health import add_health_routes
 from mop.admin.routes_page import add_page_routes
+from mop.admin.routes_publish import add_publish_routes
+from mop.admin.routes_retained import add_retained_routes
+from mop.admin.routes_sessions import add_sessions_routes
 from mop.admin.routes_stats import add_stats_routes
 from mop.transport import BoundListener, ListenerSpec
 
@@ -27,8 +33,13 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
     add_health_routes(router, context)
     add_stats_routes(router, context)
     add_clients_routes(router, context)
+    add_sessions_routes(router, context)
+    add_retained_routes(router, context)
+    add_publish_routes(router, context)
+    add_bans_routes(router, context)
+    add_docs_routes(router, context)
     add_page_routes(router, context)
-    return AsgiApp(router)
+    return AsgiApp(router, AdminGuard(context.settings, context.processor))
 
 
 async def serve_admin(

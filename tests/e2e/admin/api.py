@@ -27,7 +27,7 @@ def encoded(segment: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Answer:
     status: int
-    headers: Mapping[str, str]
+    headers: Mapping[str, str]  # lower-case names
     body: bytes
 
     def json(self) -> Any:
@@ -62,9 +62,9 @@ class Api:
         request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=TIMEOUT) as answer:
-                result = Answer(answer.status, dict(answer.headers), answer.read())
+                result = Answer(answer.status, _lower(answer.headers), answer.read())
         except urllib.error.HTTPError as error:
-            result = Answer(error.code, dict(error.headers), error.read())
+            result = Answer(error.code, _lower(error.headers), error.read())
         _check(method, path, result)
         return result
 
@@ -84,9 +84,13 @@ class Api:
         return answer
 
 
+def _lower(headers: Mapping[str, str]) -> dict[str, str]:
+    return {name.lower(): value for name, value in headers.items()}
+
+
 def _check(method: str, path: str, answer: Answer) -> None:
     """Every JSON answer is what the OpenAPI document says it is."""
-    if answer.headers.get("Content-Type") != "application/json":
+    if answer.headers.get("content-type") != "application/json" or not answer.body:
         return
     check_response(method, path, answer.status, json.loads(answer.body) if answer.body else None)
 

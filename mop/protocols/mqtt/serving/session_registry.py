@@ -111,6 +111,8 @@ class SessionRegistry:
         self._offline: dict[str, SessionState] = {}
         # Sessions being ended on this node, by client id: a take waits for the end.
         self._ending: dict[str, trio.Event] = {}
+        # Sessions whose connections are being let go of on this node (`release`).
+        self._releasing: dict[str, trio.Event] = {}
         self._role: Role | None = None
         self._holding = False  # acting as the holder: between a gain and a loss
         self._nursery: trio.Nursery | None = None
@@ -308,12 +310,15 @@ class SessionRegistry:
         """End an offline session now, as its expiry would (a will waiting for the end goes
         out); False when there is none. SessionBusy when the session is recorded as connected
         through a node (not this one's clients: their connections end their sessions)."""
+        while (releasing := self._releasing.get(client_id)) is not None:
+            await releasing.wait()
         await self._end_finished(client_id)
         state = self._offline.get(client_id)
         if state is None or self._role_moves:
             stored = self._stored(client_id)
             if stored is not None and stored.disconnected_at is None and state is None:
-                raise SessionBusy(f"session {client_id!r} is connected through another node")
+                where = "closing here" if client_id in self._attached else "through another node"
+                raise SessionBusy(f"session {client_id!r} is connected ({where})")
             state = stored if stored is not None else state
         if state is None:
             return False
@@ -429,7 +434,17 @@ class SessionRegistry:
 
     async def release(self, state: SessionState, *, will: Will | None) -> None:
         """The connection of `state` is gone: keep the session or end it, and handle the will
-        (a will without delay goes out from here, at once)."""
+        (a will without delay goes out from here, at once). `discard` waits for it."""
+        client_id = state.client_id
+        released = self._releasing[client_id] = trio.Event()
+        try:
+            await self._release(state, will)
+        finally:
+            if self._releasing.get(client_id) is released:
+                del self._releasing[client_id]
+            released.set()
+
+    async def _release(self, state: SessionState, will: Will | None) -> None:
         self._detach(state)
         state.disconnected_at = self._now()
         if state.expiry_interval == 0:
