@@ -67,7 +67,7 @@ def load_static_files() -> dict[str, StaticFile]:
 
 
 def add_page_routes(router: Router, context: AdminContext) -> None:
-    """`GET /`: the dashboard page; `GET /static/{name}`: its scripts, styles and icon. The
+    """`GET /`: the dashboard page; `GET /static/{file}`: its scripts, styles and icon. The
     page needs nothing of `context`: everything it shows comes from the API."""
     files = load_static_files()
     if INDEX not in files:
@@ -78,13 +78,14 @@ def add_page_routes(router: Router, context: AdminContext) -> None:
         return _serve(request, index)
 
     async def static(request: Request) -> Response:
-        found = files.get(request.params["name"])
+        name = request.params["file"]
+        found = files.get(name)
         if found is None:
-            raise HttpError(404, f"no such file: {request.params['name']}")
+            raise HttpError(404, f"no such file: {name}")
         return _serve(request, found)
 
     router.add("GET", "/", page, public=True)
-    router.add("GET", "/static/{name}", static, public=True)
+    router.add("GET", "/static/{file}", static, public=True)
 
 
 def _serve(request: Request, file: StaticFile) -> Response:

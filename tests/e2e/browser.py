@@ -89,9 +89,15 @@ class Problems:
 
 @contextmanager
 def open_browser(
-    profile: Path, *, width: int = 1366, height: int = 860
+    profile: Path,
+    *,
+    width: int = 1366,
+    height: int = 860,
+    user: tuple[str, str] | None = None,
 ) -> Iterator[BrowserContext]:
-    """A browser (one context, a fresh profile in `profile`) at laptop size, English locale."""
+    """A browser (one context, a fresh profile in `profile`) at laptop size, English locale;
+    with `user`, it answers HTTP authentication challenges with that name and password, as a
+    person would at the browser's prompt."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -102,6 +108,7 @@ def open_browser(
             viewport={"width": width, "height": height},
             locale="en-US",
             timezone_id="UTC",
+            http_credentials=None if user is None else {"username": user[0], "password": user[1]},
         )
         try:
             yield context

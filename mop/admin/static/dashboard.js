@@ -10,6 +10,8 @@ const RETRY_EVERY_MS = 3000;
 const CLIENTS_EVERY_MS = 5000;
 const NODE_EVERY_MS = 30000;
 const SEARCH_DELAY_MS = 300;
+// A stats request unanswered this long makes the node "not answering" until it answers.
+const SILENCE_MS = 10000;
 const WINDOW_SECONDS = 180;
 
 const $ = (id) => document.getElementById(id);
@@ -35,6 +37,8 @@ const state = {
   // What went wrong, by source ("stats", "clients", ...); the most serious one is shown.
   problems: new Map(),
   clients: { query: "", offset: 0, limit: 25, total: 0, ids: [], request: 0 },
+  // When the pending stats request was sent (performance.now()), or null.
+  waitingSince: null,
 };
 
 // -- scheduling ------------------------------------------------------------------------------
@@ -149,9 +153,11 @@ function setLive(status, text) {
 
 async function pollStats(generation) {
   let stats;
+  state.waitingSince = performance.now();
   try {
     stats = await getJson("api/v1/stats");
   } catch (error) {
+    state.waitingSince = null;
     report("stats", error, "/api/v1/stats");
     const now = performance.now() / 1000;
     for (const chart of Object.values(charts)) chart.push(now, null);
@@ -159,11 +165,22 @@ async function pollStats(generation) {
     later(generation, pollStats, RETRY_EVERY_MS);
     return;
   }
+  state.waitingSince = null;
   resolved("stats");
   if (!state.blocked) setLive("live", "Live");
   $("updated").textContent = `updated ${format.clockTime(new Date())}`;
   renderStats(stats);
   later(generation, pollStats, STATS_EVERY_MS);
+}
+
+/** A node that takes connections but does not answer is reported while its answer is due. */
+function watchSilence() {
+  const waiting = state.waitingSince;
+  if (waiting === null || state.problems.has("stats")) return;
+  if (performance.now() - waiting > SILENCE_MS) {
+    const silence = new ApiError("unreachable", 0, `silent for ${SILENCE_MS / 1000} s`);
+    report("stats", silence, "/api/v1/stats");
+  }
 }
 
 function show(id, value, text) {
@@ -463,4 +480,5 @@ $("next-page").addEventListener("click", () => {
 });
 $("alert-retry").addEventListener("click", start);
 
+setInterval(watchSilence, 1000);
 start();

@@ -3,6 +3,7 @@ shows agrees with the API, searching finds a client, and its kick button disconn
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -10,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from mop.security.passwords import update_password_file
+from mop.settings import AuthSettings
 from mop.testing.node import RunningNode, node_settings, running_node
+from mop.version import VERSION
 from tests.e2e import browser
 from tests.e2e.admin.api import Api
 from tests.e2e.clients import Client
@@ -172,3 +176,57 @@ def test_dashboard_explains_refusals_and_an_unreachable_node(page: Page) -> None
     expect(alert).to_contain_text("The node does not answer", timeout=10_000)
     expect(page.locator("#live-text")).to_have_text("Offline")
     expect(page.locator("#connections")).to_have_text("0")
+
+
+def test_dashboard_notices_a_node_that_stops_answering(node: RunningNode, page: Page) -> None:
+    """A request is never cut short (it may be waiting at a sign-in prompt), but a long silence
+    is reported until the answer comes."""
+    page.goto(origin(node) + "/")
+    expect(page.locator("#live-text")).to_have_text("Live")
+    held: list[Route] = []
+
+    def hold(route: Route) -> None:
+        held.append(route)
+
+    page.route("**/api/v1/stats", hold)
+    alert = page.get_by_role("alert")
+    expect(alert).to_contain_text("silent for 10 s", timeout=20_000)
+    expect(page.locator("#live-text")).to_have_text("Offline")
+    held[0].continue_()  # the answer comes at last
+    page.unroute("**/api/v1/stats", hold)
+    expect(alert).to_be_hidden()
+    expect(page.locator("#live-text")).to_have_text("Live")
+
+
+def test_dashboard_behind_basic_authentication(tmp_path: Path) -> None:
+    """The page is public; its requests to the API carry what the browser's prompt got."""
+    text = ""
+    for user, password in {"admin": "a1", "bob": "b2"}.items():
+        text = update_password_file(text, user, password.encode())
+    (tmp_path / "passwords").write_text(text)
+    auth = AuthSettings(password_file=str(tmp_path / "passwords"), max_failures=0)
+    settings = dataclasses.replace(node_settings(), auth=auth)  # admin.roles: ("admin",)
+    # A browser without credentials would wait at its prompt; headless, it has none to show.
+    # Wrong ones are refused, and the prompt given up on: the page hears 401.
+    cases = [
+        (("admin", "wrong"), "Signed out", "Sign-in needed"),
+        (("bob", "b2"), "Not allowed", "is not one of admin.roles"),
+        (("admin", "a1"), "Live", None),
+    ]
+    with running_node(settings) as node:
+        for n, (user, live, alert) in enumerate(cases):
+            with browser.open_browser(tmp_path / f"profile-{n}", user=user) as context:
+                page = context.pages[0] if context.pages else context.new_page()
+                problems = browser.Problems(origin(node))
+                problems.watch(page)
+                page.goto(origin(node) + "/")
+                expect(page.locator("#live-text")).to_have_text(live)
+                if alert is None:
+                    expect(page.get_by_role("alert")).to_be_hidden()
+                    expect(page.locator("#connections")).to_have_text("0")
+                    expect(page.locator("#node-version")).to_have_text(VERSION)
+                    assert problems.console == []
+                else:
+                    expect(page.get_by_role("alert")).to_contain_text(alert)
+                    expect(page.get_by_role("button", name="Try again")).to_be_visible()
+                assert problems.errors == []

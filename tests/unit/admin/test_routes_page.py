@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 from typing import Any, cast
 
@@ -147,3 +148,9 @@ def test_no_shipped_file_is_left_out() -> None:
     """A file of a type the routes do not know would be silently missing from the page."""
     shipped = {path.name for path in (Path(mop.admin.__file__).parent / "static").iterdir()}
     assert set(load_static_files()) == shipped
+
+
+def test_the_files_ship_in_the_package() -> None:
+    pyproject = Path(__file__).parents[3] / "pyproject.toml"
+    package_data = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-data"]
+    assert "admin/static/*" in package_data["mop"]
