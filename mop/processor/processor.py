@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from mop.message import Message
+from mop.overload.guard import OverloadGuard
 from mop.processor.at_most_once import AtMostOnceConsumer
 from mop.processor.backend import (
     Backend,
@@ -117,12 +118,16 @@ class MessagingProcessor:
         max_connections: int = 0,
         gatekeeper: Gatekeeper | None = None,
         clock: Callable[[], float] = time.time,
+        overload: OverloadGuard | None = None,
     ) -> None:
         self.backend = backend
         self.max_connections = max_connections
         # Authentication, ACLs and bans, the same for every adapter; without one, everyone is
         # anonymous and allowed everything.
         self.gatekeeper = gatekeeper or Gatekeeper()
+        # Overload protection, the same for every adapter: per-client rates and the memory
+        # high-water mark (`mop.overload`); without one, nothing is limited.
+        self.overload = overload or OverloadGuard()
         self._clock = clock
         self.stats = ProcessorStats(started_at=time.monotonic())
         # What the backend does beyond the contract's required methods, as it declares it.

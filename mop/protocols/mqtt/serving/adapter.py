@@ -8,6 +8,7 @@ from collections.abc import Awaitable
 import trio
 
 from mop.protocols.base import NodeServices
+from mop.protocols.mqtt.overload import rate_refusal
 from mop.protocols.mqtt.serving import retained, session_registry
 from mop.protocols.mqtt.serving.handler import ClientHandler
 from mop.protocols.mqtt.serving.node_liveness import NODES_TABLE
@@ -65,7 +66,11 @@ class MqttProtocol:
     def listeners(self) -> list[tuple[ListenerSpec, Handler]]:
         mqtt = self.mqtt
         handler = self.handle_connection
-        specs = [ListenerSpec(name="mqtt", kind="tcp", host=mqtt.host, port=mqtt.port)]
+        specs = [
+            ListenerSpec(
+                name="mqtt", kind="tcp", host=mqtt.host, port=mqtt.port, refusal=rate_refusal
+            )
+        ]
         context = listener_ssl_context(mqtt.tls)
         if context is not None:
             specs.append(

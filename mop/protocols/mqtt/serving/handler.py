@@ -34,6 +34,7 @@ from mop.protocols.mqtt.codec import NEED_DATA, NeedData
 from mop.protocols.mqtt.connection import ConnectionState, ServerConnection
 from mop.protocols.mqtt.errors import RemoteProtocolError, UnsupportedProtocolVersion
 from mop.protocols.mqtt.negotiation import ConnectDecision, ConnectRefusal, negotiate_connect
+from mop.protocols.mqtt.overload import refused_when_overloaded
 from mop.protocols.mqtt.packets import (
     NO_PROPERTIES,
     Auth,
@@ -292,6 +293,12 @@ class ClientHandler:
             certificate=certificate_identity(self.info.peer_certificate),
         )
         processor = self.server.processor
+        if processor.overload.memory_high:
+            processor.overload.refused_busy(self.ctx.peer)
+            await self._refuse_connect(
+                ReasonCode.SERVER_BUSY, "server busy: memory is over its high-water mark"
+            )
+            return False
         try:
             principal = processor.authenticate(credentials)
         except AuthenticationError as exc:
@@ -455,6 +462,12 @@ class ClientHandler:
         one each. Any other packet commits what is staged first, so that acks, deliveries
         and session changes keep the order of the packets; so does a QoS 2 PUBLISH that is
         received again (its packet id is taken), which is answered without publishing.
+
+        Overload protection holds the client back. Over its message or byte rate, packets
+        read already wait (their acks too) until the rates allow them, and the next read
+        waits for that. While the node is over its memory high-water mark, a read with
+        PUBLISHes is answered (0x97 for those that `refused_when_overloaded` names), then the
+        client is not read from until memory is below the low-water mark.
         """
         keep_alive = self.keep_alive > 0
         if keep_alive:
@@ -466,9 +479,17 @@ class ClientHandler:
         flow = self._outflow()
         staged = self._staged
         may_write = self._may_write
+        overload = self.server.processor.overload
+        rates = overload.client_rates()
+        read_size = 65536 if rates is None else rates.read_size(65536)
+        level = conn.protocol_level
+        published = 0  # the PUBLISHes taken since the last read
+        pause = 0.0  # seconds the client's rates hold it back before more is taken
 
         while True:
-            while True:
+            refusing = overload.memory_high
+            more = True  # what was read may hold more packets
+            while not pause:
                 if staged and conn.inbound_full:
                     # Answer what is staged before a PUBLISH beyond our Receive Maximum, so
                     # a client is held to it only as it was before the batching.
@@ -480,13 +501,18 @@ class ClientHandler:
                         await self._commit()
                     raise
                 if event is NEED_DATA:
+                    more = False
                     break
                 kind = type(event)
                 if kind is Publish:
                     assert isinstance(event, Publish)
+                    published += 1
+                    if rates is not None:
+                        pause = rates.charge(1, 0, now())
                     if (
                         not event.retain
                         and may_write(event.topic)
+                        and not (refusing and refused_when_overloaded(level, event.qos))
                         and (event.qos < 2 or self._stages_qos2(event))
                     ):
                         staged.append(event)
@@ -508,15 +534,25 @@ class ClientHandler:
             # What this read produced leaves from this task, before it waits again.
             await self.out.push()
             await self.out.wait_space()
+            if pause:
+                await overload.throttle(pause, self.ctx.client_id)
+                pause = 0.0
+            if more:
+                continue  # the rest of what was read first
+            if published and overload.memory_high:
+                await overload.wait_memory(self.ctx.client_id)
+            published = 0
             if keep_alive:
                 self._reading_since = now()
-                data = await receive(65536)
+                data = await receive(read_size)
                 self._reading_since = inf
             else:
-                data = await receive(65536)
+                data = await receive(read_size)
             if not data:
                 raise _Close(None, "connection closed by the client")
             self.server.processor.record_received_bytes(len(data))
+            if rates is not None:
+                pause = rates.charge(0, len(data), now())
             conn.receive_data(data)
 
     async def _on_pubcomp(self, packet: Pubcomp) -> None:
@@ -704,6 +740,11 @@ class ClientHandler:
             return ReasonCode.NOT_AUTHORIZED if self.conn.protocol_level == 5 else 0
         if publish.retain and not self.server.settings.retain_available:
             raise _Close(ReasonCode.RETAIN_NOT_SUPPORTED, "retained messages are disabled")
+        overload = self.server.processor.overload
+        if overload.memory_high and refused_when_overloaded(self.conn.protocol_level, publish.qos):
+            overload.refused_publishes(self.ctx.client_id)
+            self.server.processor.record_dropped()
+            return ReasonCode.QUOTA_EXCEEDED
         try:
             result: PublishResult | BackendError = await self.server.publish(self.ctx, publish)
         except BackendError as exc:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from mop.protocols.base import NodeServices
+from mop.protocols.pulsar.overload import rate_refusal
 from mop.protocols.pulsar.serving.server import PulsarServer, Timers
 from mop.settings import PulsarSettings, Settings
 from mop.transport import Handler, ListenerSpec, listener_ssl_context
@@ -52,7 +53,15 @@ class PulsarProtocol:
 
     def listeners(self) -> list[tuple[ListenerSpec, Handler]]:
         pulsar = self.pulsar
-        specs = [ListenerSpec(name="pulsar", kind="tcp", host=pulsar.host, port=pulsar.port)]
+        specs = [
+            ListenerSpec(
+                name="pulsar",
+                kind="tcp",
+                host=pulsar.host,
+                port=pulsar.port,
+                refusal=rate_refusal,
+            )
+        ]
         context = listener_ssl_context(pulsar.tls)
         if context is not None:
             specs.append(
