@@ -50,17 +50,20 @@ def default_node_name() -> str:
 
 
 class ClientEvents:
+    """The connect and disconnect lines and events of one node's MQTT clients; `publishes`
+    says whether events are published (`serve` must run then)."""
+
     def __init__(
         self,
         processor: MessagingProcessor,
         canonical: Callable[[str], str],
         *,
-        publish: bool,
+        publishes: bool,
         node: str,
     ) -> None:
         self._processor = processor
         self._canonical = canonical
-        self.publish = publish
+        self.publishes = publishes
         self.node = node
         self._lines = LineBudget(LINES_PER_SECOND)
         # Lines the budget held back before the line being written, which says so.
@@ -98,7 +101,7 @@ class ClientEvents:
                     "clean_start": clean_start,
                 },
             )
-        if self.publish:
+        if self.publishes:
             self._queue(
                 ClientConnected(
                     client_id=ctx.client_id,
@@ -133,7 +136,7 @@ class ClientEvents:
                     "reason": reason,
                 },
             )
-        if self.publish:
+        if self.publishes:
             self._queue(
                 ClientDisconnected(
                     client_id=ctx.client_id,

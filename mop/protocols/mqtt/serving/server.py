@@ -89,7 +89,7 @@ class MqttServer:
         self.events = ClientEvents(
             processor,
             lambda topic: mqtt_to_pulsar(topic, tenant=tenant, namespace=namespace),
-            publish=self.settings.sys_events,
+            publishes=self.settings.sys_events,
             node=self.settings.sys_node_name or default_node_name(),
         )
         self.outflow_context = OutflowContext(
@@ -115,7 +115,7 @@ class MqttServer:
             )
             if self.settings.sys_interval > 0:
                 await nursery.start(self.sys.serve, self.settings.sys_interval)
-            if self.events.publish:
+            if self.events.publishes:
                 await nursery.start(self.events.serve)
             task_status.started()
 
