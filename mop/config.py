@@ -270,6 +270,10 @@ _STRING_RULES: Final[Mapping[str, tuple[Callable[[str], bool], str]]] = {
         "must be an http:// or https:// URL",
     ),
     "roles": (bool, "must be user names"),
+    "sys_node_name": (
+        lambda value: bool(value) and not any(c in value for c in "/+#"),
+        'must be one topic level (not empty, no "/", "+" or "#")',
+    ),
     "providers": (
         lambda value: value in ("password_file", "jwt", "certificate"),
         'must be "password_file", "jwt" or "certificate"',

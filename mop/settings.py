@@ -14,6 +14,7 @@ Mode = Literal["merged", "separated"]
 # Field metadata of a setting that is a secret: never in a repr, hidden by `mop config`.
 SECRET: Final = MappingProxyType({"secret": True})
 FsyncPolicy = Literal["always", "interval", "never"]
+LogFormat = Literal["text", "json"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,10 @@ class MqttSettings:
     max_session_expiry: int = 0xFFFFFFFF
     retain_available: bool = True
     sys_interval: float = 10.0
+    # Client connected/disconnected events under `$SYS/brokers/{node}/clients/{clientid}/...`.
+    sys_events: bool = False
+    # The {node} of those topics; unset: "mop@" and the host name.
+    sys_node_name: str | None = None
     # Separated mode: seconds a proxy may send no heartbeat before the others take it for dead
     # and the sessions of its clients go offline (their wills, their expiry).
     node_timeout: float = 10.0
@@ -252,6 +257,8 @@ class Settings:
     default_tenant: str = "public"
     default_namespace: str = "default"
     log_level: str = "INFO"
+    # "text" lines, or "json": one object per line (`mop.observability.logs`).
+    log_format: LogFormat = "text"
     mqtt: MqttSettings = field(default_factory=MqttSettings)
     pulsar: PulsarSettings = field(default_factory=PulsarSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)

@@ -12,6 +12,7 @@ from hypercorn.trio import serve
 from mop.admin.context import AdminContext
 from mop.admin.http import AsgiApp, Router
 from mop.admin.routes_health import add_health_routes
+from mop.admin.routes_logging import add_logging_routes
 from mop.transport import BoundListener, ListenerSpec
 
 log = logging.getLogger("mop.admin")
@@ -22,6 +23,7 @@ ADMIN_LISTENER = "admin"
 def build_admin_app(context: AdminContext) -> AsgiApp:
     router = Router()
     add_health_routes(router, context)
+    add_logging_routes(router, context)
     return AsgiApp(router)
 
 

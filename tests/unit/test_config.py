@@ -171,6 +171,10 @@ def test_dump_loads_back(tmp_path: Path) -> None:
         ({"MOP_MQTT__WS_ENABLED": "yes"}, "mqtt.ws_enabled", "must be true or false"),
         ({"MOP_DATA_DIR": "1"}, "data_dir", "must be a string (got 1)"),
         ({"MOP_LOG_LEVEL": "LOUD"}, "log_level", "must be one of 'DEBUG'"),
+        ({"MOP_LOG_FORMAT": "xml"}, "log_format", "must be one of 'text', 'json' (got 'xml')"),
+        ({"MOP_MQTT__SYS_EVENTS": "1"}, "mqtt.sys_events", "must be true or false"),
+        ({"MOP_MQTT__SYS_NODE_NAME": "a/b"}, "mqtt.sys_node_name", "one topic level"),
+        ({"MOP_MQTT__SYS_NODE_NAME": '""'}, "mqtt.sys_node_name", "not empty"),
         ({"MOP_PROTOCOLS": "mqtt"}, "protocols", "must be a list (got 'mqtt')"),
         ({"MOP_PROTOCOLS": '[""]'}, "protocols", "protocol names"),
         ({"MOP_CLUSTER__BROKERS": '["http://a:1"]'}, "cluster.brokers", "pulsar:// URLs"),
@@ -260,6 +264,19 @@ def test_port_range(port: int) -> None:
     else:
         with pytest.raises(ConfigError, match=r"^mqtt\.port: "):
             load_settings(environ=environ)
+
+
+def test_log_format_and_sys_events() -> None:
+    settings = load_settings(
+        environ={
+            "MOP_LOG_FORMAT": "json",
+            "MOP_MQTT__SYS_EVENTS": "true",
+            "MOP_MQTT__SYS_NODE_NAME": "mop@edge-1",
+        }
+    )
+    assert settings.log_format == "json"
+    assert settings.mqtt.sys_events is True
+    assert settings.mqtt.sys_node_name == "mop@edge-1"
 
 
 def test_sys_interval_zero_turns_sys_off() -> None:

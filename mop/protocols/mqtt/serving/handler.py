@@ -65,6 +65,7 @@ from mop.protocols.mqtt.serving.outflow import Outflow
 from mop.protocols.mqtt.serving.server import MqttServer
 from mop.protocols.mqtt.serving.subscriptions import SessionSubscriptions
 from mop.protocols.mqtt.session import SessionState
+from mop.protocols.mqtt.sys_tree import CLIENT_DISCONNECTED, NODE_STOPPING, disconnect_reason
 from mop.security.acl import Access
 from mop.security.authorization import ClientPermissions
 from mop.security.identity import AuthenticationError, Credentials, certificate_identity
@@ -91,6 +92,7 @@ class ClientHandler:
     # An idle connection is mostly this object and what hangs off it: no per-instance dict.
     __slots__ = (
         "_close_reason",
+        "_disconnect_reason",
         "_read_scope",
         "_reading_since",
         "_send_will",
@@ -134,6 +136,9 @@ class ClientHandler:
         self._read_scope = trio.CancelScope()
         self._reading_since = math.inf
         self._close_reason: int | None = None
+        # Why the connection ended when no reason code says it: the client's DISCONNECT, or the
+        # node stopping.
+        self._disconnect_reason: str | None = None
         self._send_will = True
         # PUBLISHes of the current read waiting for one publish of them all (`_commit`).
         self._staged: list[Publish] = []
@@ -192,12 +197,19 @@ class ClientHandler:
                 self.out.write_from(None)
         except* trio.Cancelled:
             # The node is stopping: tell MQTT 5 clients why before the socket closes.
+            self._disconnect_reason = NODE_STOPPING
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await self._say_goodbye(ReasonCode.SERVER_SHUTTING_DOWN)
             raise
         finally:
             self.server.clients.discard(self)
             self.server.timers.cancel(self._credential_key())
+            self.server.events.disconnected(
+                self.ctx,
+                self.info,
+                protocol_level=self.conn.protocol_level,
+                reason=self._disconnect_reason or disconnect_reason(self._close_reason),
+            )
             with trio.CancelScope(shield=True), trio.move_on_after(10):
                 await self._close_session()
 
@@ -334,7 +346,14 @@ class ClientHandler:
         connack = Connack(session_present=present, properties=decision.connack_properties)
         self.out.write(self.conn.send(connack))
         self._watch_credential()
-        log.debug("%s: %r connected (level %d)", self.ctx.peer, client_id, connect.protocol_level)
+        self.server.events.connected(
+            self.ctx,
+            self.info,
+            protocol_level=connect.protocol_level,
+            keep_alive=decision.keep_alive,
+            clean_start=connect.clean_start,
+            expiry_interval=decision.session_expiry,
+        )
         return True
 
     async def _attach(
@@ -639,6 +658,7 @@ class ClientHandler:
                 raise _Close(ReasonCode.PROTOCOL_ERROR, "session expiry set on DISCONNECT after 0")
             self.state.expiry_interval = min(expiry, self.server.settings.max_session_expiry)
         self._send_will = packet.reason_code == ReasonCode.DISCONNECT_WITH_WILL
+        self._disconnect_reason = CLIENT_DISCONNECTED
         raise _Close(None, "DISCONNECT")
 
     # -- inbound publishes -----------------------------------------------------------------

@@ -197,7 +197,11 @@ class ConnectionConsumers:
                 )
             data = b"".join(frames)
             link.write(data)
-            link.server.processor.record_sent(sum(d.message.count for d in deliveries), len(data))
+            link.server.processor.record_sent(
+                sum(d.message.count for d in deliveries),
+                len(data),
+                sum(len(d.message.payload) for d in deliveries),
+            )
 
     async def _watch_active(self, state: _ConsumerState) -> None:
         while True:
