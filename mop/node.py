@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import NoReturn
 
@@ -24,8 +25,11 @@ from mop.broker.storage import StorageError, open_durable_storage
 from mop.exception_groups import leaves
 from mop.membership import Membership, MembershipError
 from mop.observability import Telemetry, open_telemetry
+from mop.observability.overload_metrics import register_overload_metrics
 from mop.observability.processor_metrics import register_processor_metrics
 from mop.observability.telemetry import TelemetryError
+from mop.overload.guard import OverloadGuard
+from mop.overload.memory import open_guard, serve_memory_watch
 from mop.processor import Backend, BackendError, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, cluster_client_auth
@@ -34,7 +38,7 @@ from mop.security.ban_store import BanStore
 from mop.security.gatekeeper import Gatekeeper
 from mop.security.policy import PolicyError, load_policy
 from mop.security.reloading import PolicyReloader
-from mop.settings import Settings
+from mop.settings import LimitsSettings, Settings
 from mop.transport import BoundListener, Handler, ListenerSpec, serve_listeners
 
 log = logging.getLogger("mop.node")
@@ -285,11 +289,20 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
             auth = broker_auth(settings)
             membership = cluster_membership(settings)
             tables = (*(name for h in handlers.values() for name in h.tables), BANS_TABLE)
+            overload = _open_overload(settings.limits)
             backend = await start_backend(settings, nursery, membership, tables=tables, auth=auth)
             processor = MessagingProcessor(
-                backend, max_connections=settings.limits.max_connections, gatekeeper=gatekeeper
+                backend,
+                max_connections=settings.limits.max_connections,
+                gatekeeper=gatekeeper,
+                overload=overload,
             )
             register_processor_metrics(telemetry.meter, processor)
+            register_overload_metrics(telemetry.meter, overload)
+            if overload.watches_memory:
+                await nursery.start(
+                    serve_memory_watch, overload, settings.limits.memory_check_interval
+                )
             await nursery.start(PolicyReloader(gatekeeper, settings.auth).serve)
             bans = BanStore(processor.table(BANS_TABLE))
             await nursery.start(_serve_bans, gatekeeper, bans)
@@ -303,7 +316,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                 await handler.start(services)
             bound: list[BoundListener] = []
             for handler in handlers.values():
-                bound.extend(await _serve(nursery, handler))
+                bound.extend(await _serve(nursery, handler, settings.limits, overload))
             _advertise_bound_port(membership, settings, bound)
             if settings.admin.enabled:
                 context = AdminContext(
@@ -312,7 +325,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                     telemetry=telemetry,
                     protocols=handlers,
                     listeners=lambda: tuple(bound),
-                    not_ready=list,
+                    not_ready=overload.not_ready,
                     bans=bans,
                 )
                 bound.append(await _serve_admin(nursery, context))
@@ -385,14 +398,36 @@ def _load_handlers(settings: Settings) -> dict[str, ProtocolHandler]:
     return handlers
 
 
-async def _serve(nursery: trio.Nursery, handler: ProtocolHandler) -> list[BoundListener]:
+def _open_overload(limits: LimitsSettings) -> OverloadGuard:
+    try:
+        return open_guard(limits)
+    except ValueError as exc:
+        raise StartupError(f"limits.memory_low_watermark: {exc}") from None
+
+
+async def _serve(
+    nursery: trio.Nursery,
+    handler: ProtocolHandler,
+    limits: LimitsSettings,
+    overload: OverloadGuard,
+) -> list[BoundListener]:
+    """Serve the listeners of `handler`, each held to `limits.connection_rate`."""
     bound: list[BoundListener] = []
     by_handler: dict[Handler, list[ListenerSpec]] = {}
     for spec, connection_handler in handler.listeners():
+        spec = dataclasses.replace(
+            spec, connection_rate=limits.connection_rate, connection_burst=limits.connection_burst
+        )
         by_handler.setdefault(connection_handler, []).append(spec)
+
+    def refused(spec: ListenerSpec) -> None:
+        overload.refused_connection(f"{spec.name} ({spec.kind})")
+
     for connection_handler, specs in by_handler.items():
         try:
-            bound += await nursery.start(serve_listeners, specs, connection_handler)
+            bound += await nursery.start(
+                partial(serve_listeners, specs, connection_handler, on_refused=refused)
+            )
         except OSError as exc:
             raise StartupError(f"{handler.name}: {exc}") from None
     return bound

@@ -16,6 +16,7 @@ from mop.admin.routes_bans import add_bans_routes
 from mop.admin.routes_clients import add_clients_routes
 from mop.admin.routes_docs import add_docs_routes
 from mop.admin.routes_health import add_health_routes
+from mop.admin.routes_logging import add_logging_routes
 from mop.admin.routes_page import add_page_routes
 from mop.admin.routes_publish import add_publish_routes
 from mop.admin.routes_retained import add_retained_routes
@@ -38,6 +39,7 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
     add_publish_routes(router, context)
     add_bans_routes(router, context)
     add_docs_routes(router, context)
+    add_logging_routes(router, context)
     add_page_routes(router, context)
     return AsgiApp(router, AdminGuard(context.settings, context.processor))
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from mop.message import Message
+from mop.overload.guard import OverloadGuard
 from mop.processor.at_most_once import AtMostOnceConsumer
 from mop.processor.backend import (
     Backend,
@@ -53,11 +54,16 @@ class ProcessorStats:
     started_at: float
     connections: int = 0
     connections_total: int = 0
+    # The most connections open at once since the node started.
+    connections_peak: int = 0
     messages_received: int = 0
     messages_sent: int = 0
     bytes_received: int = 0
     bytes_sent: int = 0
     messages_dropped: int = 0
+    # The payloads alone of the messages received from and sent to clients.
+    payload_bytes_received: int = 0
+    payload_bytes_sent: int = 0
 
     @property
     def uptime(self) -> float:
@@ -97,6 +103,7 @@ class CountedProducer:
         self, message: Message, *, sequence_id: int = -1, highest_sequence_id: int = -1
     ) -> Awaitable[PublishResult]:
         self._stats.messages_received += message.count
+        self._stats.payload_bytes_received += len(message.payload)
         return self._producer.send(
             message, sequence_id=sequence_id, highest_sequence_id=highest_sequence_id
         )
@@ -117,12 +124,16 @@ class MessagingProcessor:
         max_connections: int = 0,
         gatekeeper: Gatekeeper | None = None,
         clock: Callable[[], float] = time.time,
+        overload: OverloadGuard | None = None,
     ) -> None:
         self.backend = backend
         self.max_connections = max_connections
         # Authentication, ACLs and bans, the same for every adapter; without one, everyone is
         # anonymous and allowed everything.
         self.gatekeeper = gatekeeper or Gatekeeper()
+        # Overload protection, the same for every adapter: per-client rates and the memory
+        # high-water mark (`mop.overload`); without one, nothing is limited.
+        self.overload = overload or OverloadGuard()
         self._clock = clock
         self.stats = ProcessorStats(started_at=time.monotonic())
         # What the backend does beyond the contract's required methods, as it declares it.
@@ -160,6 +171,7 @@ class MessagingProcessor:
             self.stats.connections -= 1
             raise
         self.stats.connections_total += 1
+        self.stats.connections_peak = max(self.stats.connections_peak, self.stats.connections)
         return lease
 
     async def close_client(self, ctx: ClientContext, lease: ClientLease) -> None:
@@ -169,6 +181,7 @@ class MessagingProcessor:
     async def publish(self, ctx: ClientContext, topic: str, message: Message) -> PublishResult:
         if not ctx.internal:
             self.stats.messages_received += 1
+            self.stats.payload_bytes_received += len(message.payload)
         return await self.backend.publish(topic, message)
 
     async def publish_batch(
@@ -178,6 +191,7 @@ class MessagingProcessor:
         per item, a BackendError for an item that was refused (see `BatchPublisher`)."""
         if not ctx.internal:
             self.stats.messages_received += len(items)
+            self.stats.payload_bytes_received += sum(len(item[1].payload) for item in items)
         if self._batches is not None:
             return await self._batches.publish_batch(items)
         results: list[PublishResult | BackendError] = []
@@ -215,9 +229,12 @@ class MessagingProcessor:
         `Role`): the adapters' cluster-wide duties, such as the timers of offline sessions."""
         return await self.backend.hold_role(name)
 
-    def record_sent(self, messages: int, nbytes: int) -> None:
+    def record_sent(self, messages: int, nbytes: int, payload_bytes: int = 0) -> None:
+        """Count messages sent to clients: `nbytes` on the wire, `payload_bytes` of them
+        their payloads."""
         self.stats.messages_sent += messages
         self.stats.bytes_sent += nbytes
+        self.stats.payload_bytes_sent += payload_bytes
 
     def record_received_bytes(self, nbytes: int) -> None:
         self.stats.bytes_received += nbytes

@@ -127,7 +127,8 @@ class Publisher(Protocol):
     async def publish(self, request: PublishRequest) -> str:
         """Publish as the protocol's own clients would (a retained message is retained) and
         return the message id; BadTopic when the topic is not valid or not allowed,
-        BackendError when the message could not be stored."""
+        ValueError for another request the protocol does not take (retained messages turned
+        off), BackendError when the message could not be stored."""
         ...
 
 

@@ -60,7 +60,9 @@ def test_admins_only(secured: RunningNode) -> None:
     refused = Api(secured, user=("bob", "b2")).call("GET", "/api/v1/clients")
     assert refused.status == 403
     assert "admin.roles" in refused.json()["error"]
-    assert Api(secured, user=("admin", "a1")).get("/api/v1/stats")["connections"] == 0
+    admin = Api(secured, user=("admin", "a1"))
+    assert admin.get("/api/v1/stats")["connections"] == 0
+    assert admin.get("/api/v1/log-level")["level"]
 
 
 def test_bearer_tokens(secured: RunningNode) -> None:

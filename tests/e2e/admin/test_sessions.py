@@ -12,6 +12,7 @@ from paho.mqtt.packettypes import PacketTypes
 from mop.testing.node import RunningNode
 from tests.e2e.admin.api import Api, encoded, eventually
 from tests.e2e.clients import Client, props, session_present
+from tests.e2e.conftest import Topology
 
 pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
 
@@ -96,3 +97,28 @@ def test_stats_count_offline_sessions(node: RunningNode) -> None:
     client.disconnect()
     stats = eventually(lambda: (found := api.get("/api/v1/stats"))["connections"] == 0 and found)
     assert (stats["sessions"], stats["subscriptions"]) == (1, 1)
+
+
+def test_another_proxy_shows_the_session_but_not_the_client(
+    node: RunningNode, topology: Topology, mode: str
+) -> None:
+    if mode == "merged":
+        pytest.skip("one node: no client is connected through another")
+    here = Api(node)
+    with topology.running_node() as other_node:
+        other = Api(other_node)
+        client = persistent(node, "sess-far")
+        client.subscribe("far/#", qos=1)
+        assert other.get("/api/v1/clients")["total"] == 0
+        assert eventually(lambda: other.get("/api/v1/sessions", q="sess-far")["items"])
+        assert other.get("/api/v1/sessions/sess-far")["connected"] is True
+        assert "another node" in other.delete("/api/v1/sessions/sess-far", 409).json()["error"]
+        other.delete("/api/v1/clients/sess-far", 404)
+
+        here.delete("/api/v1/clients/sess-far")
+        client.disconnects.get(timeout=10)
+        eventually(lambda: other.get("/api/v1/sessions/sess-far")["connected"] is False)
+        other.delete("/api/v1/sessions/sess-far")
+        eventually(lambda: here.call("GET", "/api/v1/sessions/sess-far").status == 404)
+        client.close()
+        assert not session_present(persistent(node, "sess-far"))

@@ -16,13 +16,11 @@ from mop.settings import Settings
 from tests.openapi import check_response, document, template_of
 
 # Documented in openapi.yaml, served by routes of other modules still on their way: the topics
-# API and the log level.
+# API.
 DOCUMENTED_AHEAD = {
     ("GET", "/api/v1/topics"),
     ("GET", "/api/v1/topics/{topic}"),
     ("DELETE", "/api/v1/topics/{topic}"),
-    ("GET", "/api/v1/log-level"),
-    ("PUT", "/api/v1/log-level"),
 }
 
 

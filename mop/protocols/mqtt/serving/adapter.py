@@ -9,6 +9,7 @@ import trio
 
 from mop.protocols.base import NodeServices
 from mop.protocols.introspection import AdminView
+from mop.protocols.mqtt.overload import rate_refusal
 from mop.protocols.mqtt.serving import retained, session_registry
 from mop.protocols.mqtt.serving.admin_view import MqttAdminView
 from mop.protocols.mqtt.serving.handler import ClientHandler
@@ -68,7 +69,11 @@ class MqttProtocol:
     def listeners(self) -> list[tuple[ListenerSpec, Handler]]:
         mqtt = self.mqtt
         handler = self.handle_connection
-        specs = [ListenerSpec(name="mqtt", kind="tcp", host=mqtt.host, port=mqtt.port)]
+        specs = [
+            ListenerSpec(
+                name="mqtt", kind="tcp", host=mqtt.host, port=mqtt.port, refusal=rate_refusal
+            )
+        ]
         context = listener_ssl_context(mqtt.tls)
         if context is not None:
             specs.append(

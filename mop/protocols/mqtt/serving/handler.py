@@ -35,6 +35,7 @@ from mop.protocols.mqtt.codec import NEED_DATA, NeedData
 from mop.protocols.mqtt.connection import ConnectionState, ServerConnection
 from mop.protocols.mqtt.errors import RemoteProtocolError, UnsupportedProtocolVersion
 from mop.protocols.mqtt.negotiation import ConnectDecision, ConnectRefusal, negotiate_connect
+from mop.protocols.mqtt.overload import refused_when_overloaded
 from mop.protocols.mqtt.packets import (
     NO_PROPERTIES,
     Auth,
@@ -65,6 +66,7 @@ from mop.protocols.mqtt.serving.outflow import Outflow
 from mop.protocols.mqtt.serving.server import MqttServer
 from mop.protocols.mqtt.serving.subscriptions import SessionSubscriptions
 from mop.protocols.mqtt.session import SessionState
+from mop.protocols.mqtt.sys_tree import CLIENT_DISCONNECTED, NODE_STOPPING, disconnect_reason
 from mop.security.acl import Access
 from mop.security.authorization import ClientPermissions
 from mop.security.identity import AuthenticationError, Credentials, certificate_identity
@@ -94,6 +96,7 @@ class ClientHandler:
     __slots__ = (
         "_close_reason",
         "_closed",
+        "_disconnect_reason",
         "_read_scope",
         "_reading_since",
         "_send_will",
@@ -146,6 +149,9 @@ class ClientHandler:
         self._close_reason: int | None = None
         # Set once the connection and its session are closed; made only when someone waits.
         self._closed: trio.Event | None = None
+        # Why the connection ended when no reason code says it: the client's DISCONNECT, or the
+        # node stopping.
+        self._disconnect_reason: str | None = None
         self._send_will = True
         # PUBLISHes of the current read waiting for one publish of them all (`_commit`).
         self._staged: list[Publish] = []
@@ -204,12 +210,19 @@ class ClientHandler:
                 self.out.write_from(None)
         except* trio.Cancelled:
             # The node is stopping: tell MQTT 5 clients why before the socket closes.
+            self._disconnect_reason = NODE_STOPPING
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await self._say_goodbye(ReasonCode.SERVER_SHUTTING_DOWN)
             raise
         finally:
             self.server.clients.discard(self)
             self.server.timers.cancel(self._credential_key())
+            self.server.events.disconnected(
+                self.ctx,
+                self.info,
+                protocol_level=self.conn.protocol_level,
+                reason=self._disconnect_reason or disconnect_reason(self._close_reason),
+            )
             try:
                 with trio.CancelScope(shield=True), trio.move_on_after(10):
                     await self._close_session()
@@ -309,6 +322,12 @@ class ClientHandler:
             certificate=certificate_identity(self.info.peer_certificate),
         )
         processor = self.server.processor
+        if processor.overload.memory_high:
+            processor.overload.refused_busy(self.ctx.peer)
+            await self._refuse_connect(
+                ReasonCode.SERVER_BUSY, "server busy: memory is over its high-water mark"
+            )
+            return False
         try:
             principal = processor.authenticate(credentials)
         except AuthenticationError as exc:
@@ -346,7 +365,14 @@ class ClientHandler:
         self.clean_start = connect.clean_start
         self.connected_at = time.time()
         self._watch_credential()
-        log.debug("%s: %r connected (level %d)", self.ctx.peer, client_id, connect.protocol_level)
+        self.server.events.connected(
+            self.ctx,
+            self.info,
+            protocol_level=connect.protocol_level,
+            keep_alive=decision.keep_alive,
+            clean_start=connect.clean_start,
+            expiry_interval=decision.session_expiry,
+        )
         return True
 
     async def _attach(
@@ -474,6 +500,12 @@ class ClientHandler:
         one each. Any other packet commits what is staged first, so that acks, deliveries
         and session changes keep the order of the packets; so does a QoS 2 PUBLISH that is
         received again (its packet id is taken), which is answered without publishing.
+
+        Overload protection holds the client back. Over its message or byte rate, packets
+        read already wait (their acks too) until the rates allow them, and the next read
+        waits for that. While the node is over its memory high-water mark, a read with
+        PUBLISHes is answered (0x97 for those that `refused_when_overloaded` names), then the
+        client is not read from until memory is below the low-water mark.
         """
         keep_alive = self.keep_alive > 0
         if keep_alive:
@@ -485,9 +517,17 @@ class ClientHandler:
         flow = self._outflow()
         staged = self._staged
         may_write = self._may_write
+        overload = self.server.processor.overload
+        rates = overload.client_rates()
+        read_size = 65536 if rates is None else rates.read_size(65536)
+        level = conn.protocol_level
+        published = 0  # the PUBLISHes taken since the last read
+        pause = 0.0  # seconds the client's rates hold it back before more is taken
 
         while True:
-            while True:
+            refusing = overload.memory_high
+            more = True  # what was read may hold more packets
+            while not pause:
                 if staged and conn.inbound_full:
                     # Answer what is staged before a PUBLISH beyond our Receive Maximum, so
                     # a client is held to it only as it was before the batching.
@@ -499,13 +539,18 @@ class ClientHandler:
                         await self._commit()
                     raise
                 if event is NEED_DATA:
+                    more = False
                     break
                 kind = type(event)
                 if kind is Publish:
                     assert isinstance(event, Publish)
+                    published += 1
+                    if rates is not None:
+                        pause = rates.charge(1, 0, now())
                     if (
                         not event.retain
                         and may_write(event.topic)
+                        and not (refusing and refused_when_overloaded(level, event.qos))
                         and (event.qos < 2 or self._stages_qos2(event))
                     ):
                         staged.append(event)
@@ -527,15 +572,25 @@ class ClientHandler:
             # What this read produced leaves from this task, before it waits again.
             await self.out.push()
             await self.out.wait_space()
+            if pause:
+                await overload.throttle(pause, self.ctx.client_id)
+                pause = 0.0
+            if more:
+                continue  # the rest of what was read first
+            if published and overload.memory_high:
+                await overload.wait_memory(self.ctx.client_id)
+            published = 0
             if keep_alive:
                 self._reading_since = now()
-                data = await receive(65536)
+                data = await receive(read_size)
                 self._reading_since = inf
             else:
-                data = await receive(65536)
+                data = await receive(read_size)
             if not data:
                 raise _Close(None, "connection closed by the client")
             self.server.processor.record_received_bytes(len(data))
+            if rates is not None:
+                pause = rates.charge(0, len(data), now())
             conn.receive_data(data)
 
     async def _on_pubcomp(self, packet: Pubcomp) -> None:
@@ -651,6 +706,7 @@ class ClientHandler:
                 raise _Close(ReasonCode.PROTOCOL_ERROR, "session expiry set on DISCONNECT after 0")
             self.state.expiry_interval = min(expiry, self.server.settings.max_session_expiry)
         self._send_will = packet.reason_code == ReasonCode.DISCONNECT_WITH_WILL
+        self._disconnect_reason = CLIENT_DISCONNECTED
         raise _Close(None, "DISCONNECT")
 
     # -- inbound publishes -----------------------------------------------------------------
@@ -754,6 +810,11 @@ class ClientHandler:
             return ReasonCode.NOT_AUTHORIZED if self.conn.protocol_level == 5 else 0
         if publish.retain and not self.server.settings.retain_available:
             raise _Close(ReasonCode.RETAIN_NOT_SUPPORTED, "retained messages are disabled")
+        overload = self.server.processor.overload
+        if overload.memory_high and refused_when_overloaded(self.conn.protocol_level, publish.qos):
+            overload.refused_publishes(self.ctx.client_id)
+            self.server.processor.record_dropped()
+            return ReasonCode.QUOTA_EXCEEDED
         try:
             result: PublishResult | BackendError = await self.server.publish(self.ctx, publish)
         except BackendError as exc:

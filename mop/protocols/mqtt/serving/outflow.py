@@ -49,7 +49,7 @@ class OutflowContext:
     canonical: Callable[[str], str]  # MQTT topic name -> canonical topic
     # A QoS 0 PUBLISH without properties: (topic, message, retain, protocol level) -> bytes.
     encoded_qos0: Callable[[str, Message, bool, int], bytes]
-    record_sent: Callable[[int, int], None]  # (messages, bytes)
+    record_sent: Callable[[int, int, int], None]  # (messages, bytes, payload bytes)
     record_dropped: Callable[[], None]
     # Make a QoS 2 delivery durable in the session / forget it once PUBCOMP came.
     record_flow: Callable[[SessionState, Outbound], Awaitable[None]]
@@ -142,6 +142,7 @@ class Outflow:
             level = conn.protocol_level
             plain = level != 5
             chunks: list[bytes] = []
+            payload = 0  # the bytes of their payloads
             # Deliveries finished here, to acknowledge; QoS 0 messages need none (the
             # consumers are `auto_ack_qos0`).
             done: list[Delivery] = []
@@ -159,19 +160,21 @@ class Outflow:
                 qos, retain, sub_ids = how
                 if qos == 0 and plain and not self._waiting and not self._draining:
                     chunks.append(encoded_qos0(topic, message, retain, level))
+                    payload += len(message.payload)
                     if message.qos:
                         done.append(delivery)
                     continue
                 if chunks:  # what came before goes first
-                    self._write_chunks(chunks)
+                    self._write_chunks(chunks, payload)
                     chunks = []
+                    payload = 0
                 if (
                     not send(topic, message, qos, retain, sub_ids, now, delivery, consumer)
                     and message.qos
                 ):
                     done.append(delivery)
             if chunks:
-                self._write_chunks(chunks)
+                self._write_chunks(chunks, payload)
             if done:
                 consumer.ack(done)
             if self._waiting:
@@ -183,11 +186,11 @@ class Outflow:
         """Whether a drain is between taking messages from the window and writing them."""
         return self._drain_lock is not None and self._drain_lock.locked()
 
-    def _write_chunks(self, chunks: list[bytes]) -> None:
+    def _write_chunks(self, chunks: list[bytes], payload: int) -> None:
         data = b"".join(chunks)
         self._out.add(data)  # pushed by the caller (see `deliver` and the read loop)
         self.messages_out += len(chunks)
-        self._context.record_sent(len(chunks), len(data))
+        self._context.record_sent(len(chunks), len(data), payload)
 
     def send(
         self,
@@ -369,7 +372,7 @@ class Outflow:
             return False
         self._out.add(data)  # pushed by the caller (see `deliver` and the read loop)
         self.messages_out += 1
-        self._context.record_sent(1, len(data))
+        self._context.record_sent(1, len(data), len(message.payload))
         return True
 
     @property

@@ -1,8 +1,8 @@
 """What the MQTT adapter shares between connections: sessions, retained messages, topic names.
 
 `MqttServer.serve` runs the background work (sessions and, where this node runs them, their
-timers; `$SYS`); the adapter serves each client with a `ClientHandler` on top of it.
-Everything goes through the MessagingProcessor, never a backend directly.
+timers; `$SYS` values and client events); the adapter serves each client with a `ClientHandler`
+on top of it. Everything goes through the MessagingProcessor, never a backend directly.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from mop.protocols.mqtt.mapping import publish_to_message
 from mop.protocols.mqtt.negotiation import JWT_METHOD, ConnectPolicy
 from mop.protocols.mqtt.packets import NO_PROPERTIES, Publish, Will
 from mop.protocols.mqtt.reason_codes import ReasonCode
+from mop.protocols.mqtt.serving.client_events import ClientEvents, default_node_name
 from mop.protocols.mqtt.serving.outflow import OutflowContext
 from mop.protocols.mqtt.serving.retained import TABLE as RETAINED_TABLE
 from mop.protocols.mqtt.serving.retained import RetainedStore
@@ -83,6 +84,14 @@ class MqttServer:
             processor, self.timers, self._publish_will, node_timeout=self.settings.node_timeout
         )
         self.sys = SysPublisher(self, SERVER_NAME)
+        # Not through `canonical`: each client id's event topics would crowd the hot topics
+        # out of its cache.
+        self.events = ClientEvents(
+            processor,
+            lambda topic: mqtt_to_pulsar(topic, tenant=tenant, namespace=namespace),
+            publishes=self.settings.sys_events,
+            node=self.settings.sys_node_name or default_node_name(),
+        )
         self.outflow_context = OutflowContext(
             mqtt_name=self.mqtt_name,
             canonical=self.canonical,
@@ -106,6 +115,8 @@ class MqttServer:
             )
             if self.settings.sys_interval > 0:
                 await nursery.start(self.sys.serve, self.settings.sys_interval)
+            if self.events.publishes:
+                await nursery.start(self.events.serve)
             task_status.started()
 
     def _close_banned(self) -> None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Final
 
 import trio
@@ -117,9 +117,15 @@ class SessionRegistry:
         self._holding = False  # acting as the holder: between a gain and a loss
         self._nursery: trio.Nursery | None = None
         self._table.watch(self._changed_elsewhere)
+        # Sessions this node ended at their expiry, since it started (`$SYS`).
+        self.expired = 0
 
     def __len__(self) -> int:
         return len(self._offline)
+
+    def offline(self) -> Iterator[SessionState]:
+        """The offline sessions whose timers run on this node (none unless it holds `ROLE`)."""
+        return iter(self._offline.values())
 
     @property
     def _role_moves(self) -> bool:
@@ -262,6 +268,7 @@ class SessionRegistry:
             state = self._stored(client_id)
         if state is not None and state.expired(self._now()):
             log.info("session %r expired", client_id)
+            self.expired += 1
             await self._end(state)
             state = None
         if state is not None:
@@ -551,6 +558,7 @@ class SessionRegistry:
             state = self._offline.pop(client_id, None)
             if state is not None:
                 log.info("session %r expired", client_id)
+                self.expired += 1
                 await self._end(state)
 
         return expire

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from mop.protocols.base import NodeServices
 from mop.protocols.introspection import AdminView
+from mop.protocols.pulsar.overload import rate_refusal
 from mop.protocols.pulsar.serving.admin_view import PulsarAdminView
 from mop.protocols.pulsar.serving.server import PulsarServer, Timers
 from mop.settings import PulsarSettings, Settings
@@ -54,7 +55,15 @@ class PulsarProtocol:
 
     def listeners(self) -> list[tuple[ListenerSpec, Handler]]:
         pulsar = self.pulsar
-        specs = [ListenerSpec(name="pulsar", kind="tcp", host=pulsar.host, port=pulsar.port)]
+        specs = [
+            ListenerSpec(
+                name="pulsar",
+                kind="tcp",
+                host=pulsar.host,
+                port=pulsar.port,
+                refusal=rate_refusal,
+            )
+        ]
         context = listener_ssl_context(pulsar.tls)
         if context is not None:
             specs.append(

@@ -211,7 +211,9 @@ class ConnectionConsumers:
             link.write(data)
             count = sum(d.message.count for d in deliveries)
             link.messages_out += count
-            link.server.processor.record_sent(count, len(data))
+            link.server.processor.record_sent(
+                count, len(data), sum(len(d.message.payload) for d in deliveries)
+            )
 
     async def _watch_active(self, state: _ConsumerState) -> None:
         while True:

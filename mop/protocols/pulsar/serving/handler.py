@@ -430,17 +430,39 @@ class PulsarConnection:
             pass
 
     async def _read_loop(self) -> None:
+        """Act on the commands of each read, then read again. A client over its message or
+        byte rate is held back: what was read waits until the rates allow it, and so does the
+        next read (a proxy's connection, which carries many clients that the proxy holds to
+        their rates, is not limited)."""
         processor = self.server.processor
+        overload = processor.overload
+        rates = None if self.authenticated.is_proxy else overload.client_rates()
+        read_size = 65536 if rates is None else rates.read_size(65536)
+        pause = 0.0  # seconds the client's rates hold it back before more is taken
         while True:
-            while not isinstance(event := self.conn.next_event(), NeedData):
+            more = True  # what was read may hold more commands
+            while not pause:
+                event = self.conn.next_event()
+                if isinstance(event, NeedData):
+                    more = False
+                    break
+                if rates is not None and isinstance(event, Send):
+                    pause = rates.charge(max(event.num_messages, 1), 0, trio.current_time())
                 await self._handle(event)
                 if self._reading.cancel_called:
                     return  # closing: what the client sent after that is not served
             await self.out.wait_space()
-            data = await self.stream.receive_some(65536)
+            if pause:
+                await overload.throttle(pause, self.ctx.peer)
+                pause = 0.0
+            if more:
+                continue  # the rest of what was read first
+            data = await self.stream.receive_some(read_size)
             if not data:
                 raise _Closed
             processor.record_received_bytes(len(data))
+            if rates is not None:
+                pause = rates.charge(0, len(data), trio.current_time())
             self.conn.receive_data(data)
 
     async def _handle(self, event: ClientEvent) -> None:

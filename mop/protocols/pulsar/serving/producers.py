@@ -45,6 +45,11 @@ _MAX_PENDING: Final = 10_000
 _MASK64: Final = (1 << 64) - 1
 # SENDs answered together at most (their receipts leave in one write).
 _RUN: Final = 1000
+# Why a SEND is refused while the node is over its memory high-water mark.
+_OVERLOADED: Final = (
+    ServerError.TooManyRequests,
+    "the broker is over its memory high-water mark: try again later",
+)
 
 
 @dataclass(slots=True)
@@ -239,6 +244,14 @@ class ConnectionProducers:
                     message="no such producer on this connection",
                 )
             )
+            return
+        overload = self._link.server.processor.overload
+        if overload.memory_high:
+            # Not stored: pulsar-client connects again and sends it again, by which time the
+            # node may be below its low-water mark.
+            overload.refused_publishes(self._link.ctx.peer, max(cmd.num_messages, 1))
+            refused = _Pending(cmd.sequence_id, cmd.highest_sequence_id, error=_OVERLOADED)
+            await self._queue(state, refused)
             return
         message = message_from_payload(cmd.payload, limit=self._link.server.limits.max_message_size)
         self._link.messages_in += message.count

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from mop.backends.cluster.errors import error_for
 from mop.processor import BackendError, QuotaExceeded
 from mop.protocols.mqtt.packets import PacketType
 from mop.protocols.mqtt.reason_codes import REASON_CODES_BY_PACKET, ReasonCode, backend_reason_code
+from mop.protocols.pulsar.driver import ServerRefused
+from mop.protocols.pulsar.errors import ServerError
 
 
 def test_a_quota_refusal_is_answered_quota_exceeded() -> None:
@@ -26,3 +29,11 @@ def test_a_message_too_large_for_the_brokers_is_answered_unspecified_error() -> 
     assert ReasonCode.PACKET_TOO_LARGE not in REASON_CODES_BY_PACKET[PacketType.PUBACK]
     for ack in (PacketType.PUBACK, PacketType.PUBREC):
         assert code in REASON_CODES_BY_PACKET[ack]
+
+
+def test_a_broker_over_its_memory_mark_is_answered_quota_exceeded() -> None:
+    """A separated proxy's broker over its memory high-water mark refuses SENDs with
+    TooManyRequests; the proxy's MQTT 5 clients get 0x97, as from an overloaded merged node."""
+    error = error_for(ServerRefused(ServerError.TooManyRequests, "over the mark"), "publish")
+    assert error.reason == "overloaded"
+    assert backend_reason_code(error) is ReasonCode.QUOTA_EXCEEDED
