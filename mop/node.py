@@ -287,7 +287,10 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
             tables = (*(name for h in handlers.values() for name in h.tables), BANS_TABLE)
             backend = await start_backend(settings, nursery, membership, tables=tables, auth=auth)
             processor = MessagingProcessor(
-                backend, max_connections=settings.limits.max_connections, gatekeeper=gatekeeper
+                backend,
+                max_connections=settings.limits.max_connections,
+                gatekeeper=gatekeeper,
+                tracing=telemetry.tracing,
             )
             register_processor_metrics(telemetry.meter, processor)
             await nursery.start(PolicyReloader(gatekeeper, settings.auth).serve)
