@@ -296,6 +296,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                 max_connections=settings.limits.max_connections,
                 gatekeeper=gatekeeper,
                 overload=overload,
+                tracing=telemetry.tracing,
             )
             register_processor_metrics(telemetry.meter, processor)
             register_overload_metrics(telemetry.meter, overload)

@@ -30,6 +30,7 @@ from mop.processor.backend import (
     Table,
 )
 from mop.processor.drops import DropLog
+from mop.processor.tracing import MessageTracing
 from mop.security.authorization import ClientPermissions
 from mop.security.gatekeeper import Gatekeeper
 from mop.security.identity import ANONYMOUS, Credentials, Principal
@@ -125,6 +126,7 @@ class MessagingProcessor:
         gatekeeper: Gatekeeper | None = None,
         clock: Callable[[], float] = time.time,
         overload: OverloadGuard | None = None,
+        tracing: MessageTracing | None = None,
     ) -> None:
         self.backend = backend
         self.max_connections = max_connections
@@ -135,6 +137,9 @@ class MessagingProcessor:
         # high-water mark (`mop.overload`); without one, nothing is limited.
         self.overload = overload or OverloadGuard()
         self._clock = clock
+        # Traces of messages (publish -> store -> deliver), which the adapters record; None
+        # when the node does not trace, so that the message paths pay one None check.
+        self.tracing = tracing
         self.stats = ProcessorStats(started_at=time.monotonic())
         # What the backend does beyond the contract's required methods, as it declares it.
         self.capabilities: BackendCapabilities = backend.capabilities
