@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from mop.membership import Membership
 from mop.observability import Telemetry
 from mop.processor import MessagingProcessor
 from mop.protocols.base import ProtocolHandler
@@ -24,3 +25,6 @@ class AdminContext:
     # Why the node is not ready to take clients now (empty: ready).
     not_ready: Callable[[], list[str]]
     started_at: float = field(default_factory=time.time)
+    # On a broker (a merged node serving the Pulsar protocol): its cluster, for the routes of
+    # Pulsar's admin REST API, which answer for the topics it owns. None on other nodes.
+    broker: Membership | None = None

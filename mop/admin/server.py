@@ -13,6 +13,8 @@ from mop.admin.context import AdminContext
 from mop.admin.http import AsgiApp, Router
 from mop.admin.routes_health import add_health_routes
 from mop.admin.routes_logging import add_logging_routes
+from mop.admin.routes_pulsar import add_pulsar_admin_routes
+from mop.admin.routes_topics import add_topic_routes
 from mop.transport import BoundListener, ListenerSpec
 
 log = logging.getLogger("mop.admin")
@@ -24,6 +26,9 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
     router = Router()
     add_health_routes(router, context)
     add_logging_routes(router, context)
+    add_topic_routes(router, context)
+    if context.broker is not None:
+        add_pulsar_admin_routes(router, context, context.broker)
     return AsgiApp(router)
 
 

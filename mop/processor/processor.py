@@ -28,6 +28,7 @@ from mop.processor.backend import (
     Role,
     SubscriptionSpec,
     Table,
+    TopicStats,
 )
 from mop.processor.drops import DropLog
 from mop.processor.tracing import MessageTracing
@@ -225,6 +226,19 @@ class MessagingProcessor:
 
     def table(self, name: str) -> Table:
         return self.backend.table(name)
+
+    async def topic_stats(self, topic: str) -> TopicStats | None:
+        """What the brokers know of `topic` (a full name), for the admin API; None when it
+        does not exist."""
+        return await self.backend.topic_stats(topic)
+
+    async def delete_topic(self, topic: str, *, force: bool = False) -> bool:
+        """Delete `topic` (a full name; see `Backend.delete_topic`), for the admin API."""
+        return await self.backend.delete_topic(topic, force=force)
+
+    def not_ready(self) -> list[str]:
+        """Why the backend cannot serve clients now (empty: it can), for `/readyz`."""
+        return self.backend.not_ready()
 
     async def lookup(self, topic: str) -> str:
         return await self.backend.lookup(topic)

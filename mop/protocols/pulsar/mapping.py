@@ -1,4 +1,5 @@
-"""Pulsar messages <-> protocol-neutral `Message`s, and Pulsar message ids <-> `MessageId`s.
+"""Pulsar messages <-> protocol-neutral `Message`s, Pulsar message ids <-> `MessageId`s, and
+Pulsar subscriptions <-> the processor's.
 
 A SEND becomes a Message whose neutral fields serve every protocol and whose `wire` keeps the
 metadata block as sent, so Pulsar consumers get the very bytes the producer wrote (and its
@@ -265,3 +266,18 @@ __all__ = [
     "with_member_properties",
     "with_properties",
 ]
+
+
+# --- subscriptions -------------------------------------------------------------------------------
+
+
+def subscription_name(topic: str, subscription: str) -> str:
+    """The processor subscription behind Pulsar subscription `subscription` of `topic` (a
+    Pulsar subscription belongs to one topic; the processor's are named across topics)."""
+    return f"{topic}::{subscription}"
+
+
+def pulsar_subscription(topic: str, name: str) -> str:
+    """The name a Pulsar client knows processor subscription `name` by on `topic`: the
+    subscription it made there, else the name as it is (an MQTT client id, say)."""
+    return name.removeprefix(f"{topic}::")

@@ -45,7 +45,14 @@ from mop.protocols.pulsar.commands import (
 )
 from mop.protocols.pulsar.errors import ServerError
 from mop.protocols.pulsar.frames import ack_set_of, unacked_indexes
-from mop.protocols.pulsar.mapping import EARLIEST, LATEST, entry_bytes, from_id_data, to_id_data
+from mop.protocols.pulsar.mapping import (
+    EARLIEST,
+    LATEST,
+    entry_bytes,
+    from_id_data,
+    subscription_name,
+    to_id_data,
+)
 from mop.protocols.pulsar.metadata import MessageIdData
 from mop.protocols.pulsar.serving.server import TopicRefused, server_error
 from mop.security.acl import Access
@@ -66,11 +73,6 @@ _RECEIVE_BATCH: Final = 1000
 _MASK64: Final = (1 << 64) - 1
 # The request id of a CLOSE_CONSUMER the broker sends on its own (the client ignores it).
 _BROKER_REQUEST: Final = 0
-
-
-def subscription_name(topic: str, subscription: str) -> str:
-    """The processor subscription behind Pulsar subscription `subscription` of `topic`."""
-    return f"{topic}::{subscription}"
 
 
 @dataclass(slots=True)
