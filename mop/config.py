@@ -251,6 +251,20 @@ _INT_BOUNDS: Final[Mapping[str, _Bounds]] = {
 
 _LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _PULSAR_SCHEMES: Final = ("pulsar://", "pulsar+ssl://")
+_HTTP_SCHEMES: Final = ("http://", "https://")
+
+
+def _http_urls(value: str) -> bool:
+    """One http(s):// URL, or several comma-separated (later ones may leave the scheme out,
+    as in Pulsar's "http://host1:8080,host2:8080")."""
+    first, *rest = (part.strip() for part in value.split(","))
+    return (
+        first.startswith(_HTTP_SCHEMES)
+        and len(first) > len("https://")
+        and all(part and ("://" not in part or part.startswith(_HTTP_SCHEMES)) for part in rest)
+    )
+
+
 # Rules for string values (and the strings in lists), by field name: (accepts, problem).
 _STRING_RULES: Final[Mapping[str, tuple[Callable[[str], bool], str]]] = {
     "log_level": (
@@ -260,6 +274,7 @@ _STRING_RULES: Final[Mapping[str, tuple[Callable[[str], bool], str]]] = {
     "service_url": (lambda value: value.startswith(_PULSAR_SCHEMES), "must be a pulsar:// URL"),
     "advertised_url": (lambda value: value.startswith(_PULSAR_SCHEMES), "must be a pulsar:// URL"),
     "brokers": (lambda value: value.startswith(_PULSAR_SCHEMES), "must be pulsar:// URLs"),
+    "admin_url": (_http_urls, "must be http:// or https:// URLs, comma-separated"),
     "protocols": (bool, "must be protocol names"),
     "otlp_metrics_endpoint": (
         lambda value: value.startswith(("http://", "https://")),

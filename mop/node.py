@@ -165,9 +165,17 @@ async def _start_cluster_backend(
             "protocols: the Pulsar adapter runs on brokers, not on a separated proxy; set"
             ' protocols = ["mqtt"] (Pulsar clients connect to the brokers directly)'
         )
+    if cluster.admin_url is not None:
+        from mop.backends.cluster.topic_admin import admin_urls
+
+        try:
+            admin_urls(cluster.admin_url)
+        except ValueError as exc:
+            raise StartupError(f"cluster.admin_url: {exc}") from None
     backend = ClusterBackend(
         cluster.service_url,
         auth=auth,
+        admin_url=cluster.admin_url,
         tenant=settings.default_tenant,
         namespace=settings.default_namespace,
         tables=tables,
@@ -260,6 +268,14 @@ def broker_auth(settings: Settings) -> ClientAuth:
         raise StartupError(str(exc)) from None
 
 
+def _broker_membership(settings: Settings, membership: Membership) -> Membership | None:
+    """The membership of a broker node (merged, serving the Pulsar protocol), whose admin
+    listener answers Pulsar's admin REST API for its topics; None for other nodes."""
+    if settings.mode == "merged" and "pulsar" in settings.protocols:
+        return membership
+    return None
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -296,6 +312,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                 max_connections=settings.limits.max_connections,
                 gatekeeper=gatekeeper,
                 overload=overload,
+                tracing=telemetry.tracing,
             )
             register_processor_metrics(telemetry.meter, processor)
             register_overload_metrics(telemetry.meter, overload)
@@ -325,7 +342,8 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                     telemetry=telemetry,
                     protocols=handlers,
                     listeners=lambda: tuple(bound),
-                    not_ready=overload.not_ready,
+                    not_ready=lambda: [*processor.not_ready(), *overload.not_ready()],
+                    broker=_broker_membership(settings, membership),
                     bans=bans,
                 )
                 bound.append(await _serve_admin(nursery, context))

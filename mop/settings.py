@@ -213,6 +213,10 @@ class ClusterAuthSettings:
 class ClusterSettings:
     # Separated mode: the brokers, "pulsar://host1:6650,host2:6650" (required there).
     service_url: str | None = None
+    # Separated mode: the brokers' HTTP admin service, for the admin API's topic stats and
+    # deletion: Apache Pulsar's webServiceUrl ("http://pulsar:8080"), or each mop broker's
+    # admin URL, comma-separated ("http://broker-1:8080,http://broker-2:8080").
+    admin_url: str | None = None
     brokers: tuple[str, ...] = ()
     advertised_url: str | None = None
     # Separated mode: seconds between the topic-list polls that find new topics for wildcard

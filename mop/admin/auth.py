@@ -5,7 +5,9 @@ Credentials are checked like any client's, by the processor (`authenticate`): HT
 user of the password file) or `Authorization: Bearer <JWT>`. So bans and the limit of failed
 logins per address apply to the admin API as to MQTT and Pulsar clients. Once authentication
 is configured (`auth.password_file`, `auth.jwt`, or `auth.allow_anonymous = false`), the user
-must also be one of `admin.roles`; until then the API is open to whoever reaches it.
+must also be one of `admin.roles`, or, for the part of Pulsar's admin REST API a broker serves
+(`/admin/v2/...`), a proxy of the deployment (`auth.proxy_roles`), which asks it for topics;
+until then the API is open to whoever reaches it.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from typing import Final
 
 from mop.admin.http import HttpError, Request
 from mop.processor import MessagingProcessor
+from mop.protocols.pulsar.admin_rest import ADMIN_PREFIX
 from mop.security.identity import AuthenticationError, AuthFailure, Credentials
 from mop.settings import AuthSettings, Settings
 
 # What a browser needs to ask for a user name and password.
 CHALLENGE: Final = (("www-authenticate", 'Basic realm="mop"'),)
+_PULSAR_ADMIN: Final = ADMIN_PREFIX + "/"
 
 
 def authentication_configured(settings: AuthSettings) -> bool:
@@ -74,5 +78,8 @@ class AdminGuard:
             return
         if principal.name is None:
             raise HttpError(401, "authentication required", CHALLENGE)
-        if principal.name not in self._roles:
-            raise HttpError(403, f"{principal.name!r} is not one of admin.roles")
+        if principal.name in self._roles:
+            return
+        if principal.is_proxy and request.path.startswith(_PULSAR_ADMIN):
+            return
+        raise HttpError(403, f"{principal.name!r} is not one of admin.roles")

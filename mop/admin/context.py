@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from mop.membership import Membership
 from mop.observability import Telemetry
 from mop.processor import MessagingProcessor
 from mop.protocols.base import ProtocolHandler
@@ -28,6 +29,9 @@ class AdminContext:
     started_at: float = field(default_factory=time.time)
     # The deployment's bans (None: the API cannot change them).
     bans: BanStore | None = None
+    # On a broker (a merged node serving the Pulsar protocol): its cluster, for the routes of
+    # Pulsar's admin REST API, which answer for the topics it owns. None on other nodes.
+    broker: Membership | None = None
 
     def views(self) -> dict[str, AdminView]:
         """Each protocol's clients and state, by protocol name."""

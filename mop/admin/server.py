@@ -19,9 +19,11 @@ from mop.admin.routes_health import add_health_routes
 from mop.admin.routes_logging import add_logging_routes
 from mop.admin.routes_page import add_page_routes
 from mop.admin.routes_publish import add_publish_routes
+from mop.admin.routes_pulsar import add_pulsar_admin_routes
 from mop.admin.routes_retained import add_retained_routes
 from mop.admin.routes_sessions import add_sessions_routes
 from mop.admin.routes_stats import add_stats_routes
+from mop.admin.routes_topics import add_topic_routes
 from mop.transport import BoundListener, ListenerSpec
 
 log = logging.getLogger("mop.admin")
@@ -40,6 +42,9 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
     add_bans_routes(router, context)
     add_docs_routes(router, context)
     add_logging_routes(router, context)
+    add_topic_routes(router, context)
+    if context.broker is not None:
+        add_pulsar_admin_routes(router, context, context.broker)
     add_page_routes(router, context)
     return AsgiApp(router, AdminGuard(context.settings, context.processor))
 

@@ -28,8 +28,10 @@ from mop.processor.backend import (
     Role,
     SubscriptionSpec,
     Table,
+    TopicStats,
 )
 from mop.processor.drops import DropLog
+from mop.processor.tracing import MessageTracing
 from mop.security.authorization import ClientPermissions
 from mop.security.gatekeeper import Gatekeeper
 from mop.security.identity import ANONYMOUS, Credentials, Principal
@@ -125,6 +127,7 @@ class MessagingProcessor:
         gatekeeper: Gatekeeper | None = None,
         clock: Callable[[], float] = time.time,
         overload: OverloadGuard | None = None,
+        tracing: MessageTracing | None = None,
     ) -> None:
         self.backend = backend
         self.max_connections = max_connections
@@ -135,6 +138,9 @@ class MessagingProcessor:
         # high-water mark (`mop.overload`); without one, nothing is limited.
         self.overload = overload or OverloadGuard()
         self._clock = clock
+        # Traces of messages (publish -> store -> deliver), which the adapters record; None
+        # when the node does not trace, so that the message paths pay one None check.
+        self.tracing = tracing
         self.stats = ProcessorStats(started_at=time.monotonic())
         # What the backend does beyond the contract's required methods, as it declares it.
         self.capabilities: BackendCapabilities = backend.capabilities
@@ -220,6 +226,19 @@ class MessagingProcessor:
 
     def table(self, name: str) -> Table:
         return self.backend.table(name)
+
+    async def topic_stats(self, topic: str) -> TopicStats | None:
+        """What the brokers know of `topic` (a full name), for the admin API; None when it
+        does not exist."""
+        return await self.backend.topic_stats(topic)
+
+    async def delete_topic(self, topic: str, *, force: bool = False) -> bool:
+        """Delete `topic` (a full name; see `Backend.delete_topic`), for the admin API."""
+        return await self.backend.delete_topic(topic, force=force)
+
+    def not_ready(self) -> list[str]:
+        """Why the backend cannot serve clients now (empty: it can), for `/readyz`."""
+        return self.backend.not_ready()
 
     async def lookup(self, topic: str) -> str:
         return await self.backend.lookup(topic)

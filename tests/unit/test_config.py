@@ -179,6 +179,8 @@ def test_dump_loads_back(tmp_path: Path) -> None:
         ({"MOP_PROTOCOLS": '[""]'}, "protocols", "protocol names"),
         ({"MOP_CLUSTER__BROKERS": '["http://a:1"]'}, "cluster.brokers", "pulsar:// URLs"),
         ({"MOP_CLUSTER__SERVICE_URL": "a:1"}, "cluster.service_url", "pulsar:// URL"),
+        ({"MOP_CLUSTER__ADMIN_URL": "b1:8080"}, "cluster.admin_url", "http:// or https:// URLs"),
+        ({"MOP_CLUSTER__ADMIN_URL": "http://b1:1,pulsar://b2:2"}, "cluster.admin_url", "http://"),
         ({"MOP_MQTT": "5"}, "mqtt", "must be a table (got 5)"),
         ({"MOP_MQTT__TLS__CERTFILE": "/c"}, "mqtt.tls", "certfile and keyfile must be set"),
         ({"MOP_MQTT__TLS__KEYFILE": "/k"}, "mqtt.tls", "certfile and keyfile must be set"),
@@ -203,6 +205,11 @@ def test_invalid_values(environ: dict[str, str], key: str, problem: str) -> None
     assert error.key == key
     assert problem in error.problem
     assert str(error) == f"{key}: {error.problem}"
+
+
+def test_admin_url_takes_one_url_or_several() -> None:
+    for value in ("http://b1:8080", "https://b1:8443,b2:8443", "http://b1:1,http://b2:2"):
+        assert load_settings(environ={"MOP_CLUSTER__ADMIN_URL": value}).cluster.admin_url == value
 
 
 def test_message_format() -> None:

@@ -54,6 +54,9 @@ def test_a_pulsar_client_is_listed_and_can_be_disconnected(node: RunningNode) ->
         assert subscriptions == [
             {"client_id": client_id, "filter": "admin-pulsar", "qos": 1, "group": "watch"}
         ]
+        # A node with the Pulsar protocol answers Pulsar's admin API too.
+        assert TOPIC in api.get("/admin/v2/persistent/public/default")
+        assert api.get("/admin/v2/persistent/public/default/admin-pulsar/stats")
         stats = api.get("/api/v1/stats")
         assert stats["connections_by_protocol"] == {"mqtt": 0, "pulsar": 1}
         assert stats["subscriptions"] == 1

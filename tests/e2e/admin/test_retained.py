@@ -81,6 +81,12 @@ def test_published_messages_reach_subscribers(node: RunningNode) -> None:
     [kept] = late.expect(1)
     assert (kept.payload, kept.retain) == (b"last", True)
 
+    # The topics the API published to are the topics API's (its answers checked against the
+    # document too; a proxy without cluster.admin_url has no numbers for them).
+    listed = api.get("/api/v1/topics", prefix="pub/")["items"]
+    assert [item["topic"] for item in listed] == ["pub/a", "pub/b", "pub/kept"]
+    assert api.call("GET", f"/api/v1/topics/{encoded('pub/a')}").status in (200, 501)
+
 
 @pytest.mark.parametrize(
     ("body", "status", "error"),

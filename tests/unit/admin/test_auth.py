@@ -22,9 +22,13 @@ from mop.security.identity import (
 from mop.settings import AuthSettings, Settings
 
 
-def request(authorization: str | None = None, client: str = "10.1.2.3:5555") -> Request:
+def request(
+    authorization: str | None = None,
+    client: str = "10.1.2.3:5555",
+    path: str = "/api/v1/stats",
+) -> Request:
     headers = {} if authorization is None else {"authorization": authorization}
-    return Request("GET", "/api/v1/stats", {}, headers, b"", client=client)
+    return Request("GET", path, {}, headers, b"", client=client)
 
 
 def basic(user: str, password: str) -> str:
@@ -61,9 +65,9 @@ def guard(outcome: Principal | AuthFailure, **auth: Any) -> tuple[AdminGuard, li
     return AdminGuard(settings, SimpleNamespace(authenticate=authenticate)), seen  # type: ignore[arg-type]
 
 
-def status(admin: AdminGuard, authorization: str | None = None) -> int:
+def status(admin: AdminGuard, authorization: str | None = None, path: str = "/api/v1/x") -> int:
     try:
-        admin(request(authorization))
+        admin(request(authorization, path=path))
     except HttpError as exc:
         return exc.status
     return 200
@@ -84,3 +88,12 @@ def test_with_authentication_configured_admins_only() -> None:
     assert status(guard(AuthFailure.BAD_CREDENTIALS, password_file="p")[0], "Bearer t") == 401
     assert status(guard(AuthFailure.EXPIRED, allow_anonymous=False)[0], "Bearer t") == 401
     assert status(guard(AuthFailure.BANNED, allow_anonymous=False)[0], "Bearer t") == 403
+
+
+def test_proxies_may_ask_the_pulsar_admin_api_only() -> None:
+    proxy = Principal("proxy-1", "jwt", is_proxy=True)
+    admin, _ = guard(proxy, allow_anonymous=False)
+    assert status(admin, "Bearer t", "/admin/v2/persistent/public/default") == 200
+    assert status(admin, "Bearer t", "/api/v1/clients") == 403
+    user, _ = guard(Principal("bob", "jwt"), allow_anonymous=False)
+    assert status(user, "Bearer t", "/admin/v2/persistent/public/default") == 403

@@ -866,6 +866,7 @@ class ClientHandler:
         codes, retained = await self.subs.subscribe(packet, v5=self.conn.protocol_level == 5)
         self.out.write(self.conn.send(Suback(packet.packet_id, tuple(codes))))
         now = now_ms()
+        traces = self._outflow().delivering(retained)
         for item in retained:
             self._outflow().send(
                 item.topic,
@@ -878,6 +879,8 @@ class ClientHandler:
                 consumer=None,
             )
         await self._outflow().drain()
+        for trace in traces:
+            trace.sent()
 
     async def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         assert self.subs is not None

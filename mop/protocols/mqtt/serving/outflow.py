@@ -18,11 +18,12 @@ import trio
 from mop.clock import now_ms
 from mop.message import Delivery, Message
 from mop.processor import ClientContext, Consumer, ConsumerClosed
+from mop.processor.tracing import DeliveryTrace, MessageTracing
 from mop.protocols.mqtt.connection import ServerConnection
 from mop.protocols.mqtt.mapping import message_properties
 from mop.protocols.mqtt.packets import NO_PROPERTIES, Properties, Pubrec, Pubrel
 from mop.protocols.mqtt.reason_codes import ReasonCode
-from mop.protocols.mqtt.serving.subscriptions import SessionSubscriptions
+from mop.protocols.mqtt.serving.subscriptions import RetainedDelivery, SessionSubscriptions
 from mop.protocols.mqtt.session import Outbound, SessionState, SubscriptionOptions
 from mop.transport import OutboundBuffer
 
@@ -54,6 +55,8 @@ class OutflowContext:
     # Make a QoS 2 delivery durable in the session / forget it once PUBCOMP came.
     record_flow: Callable[[SessionState, Outbound], Awaitable[None]]
     forget_flow: Callable[[SessionState, int], Awaitable[None]]
+    # Traces of messages ("deliver" spans); None when the node does not trace.
+    tracing: MessageTracing | None = None
 
 
 class Outflow:
@@ -127,6 +130,7 @@ class Outflow:
         send = self.send
         conn = self._conn
         out = self._out
+        tracing = context.tracing
         while True:
             while self.room() <= 0:
                 window = self._window_open = trio.Event()
@@ -146,6 +150,7 @@ class Outflow:
             # Deliveries finished here, to acknowledge; QoS 0 messages need none (the
             # consumers are `auto_ack_qos0`).
             done: list[Delivery] = []
+            traces: list[DeliveryTrace] | None = None
             for delivery in deliveries:
                 if self._released_ids and self._was_released(delivery):
                     done.append(delivery)
@@ -158,6 +163,12 @@ class Outflow:
                         done.append(delivery)
                     continue
                 qos, retain, sub_ids = how
+                if tracing is not None and message.properties:
+                    trace = tracing.delivering(self._ctx, topic, qos, message.properties)
+                    if trace is not None:
+                        if traces is None:
+                            traces = []
+                        traces.append(trace)
                 if qos == 0 and plain and not self._waiting and not self._draining:
                     chunks.append(encoded_qos0(topic, message, retain, level))
                     payload += len(message.payload)
@@ -180,6 +191,22 @@ class Outflow:
             if self._waiting:
                 await self.drain()
             await out.push()
+            if traces is not None:
+                for trace in traces:
+                    trace.sent()
+
+    def delivering(self, retained: list[RetainedDelivery]) -> list[DeliveryTrace]:
+        """The "deliver" spans of retained messages about to be sent (none without tracing)."""
+        tracing = self._context.tracing
+        if tracing is None:
+            return []
+        traces = []
+        for item in retained:
+            properties = item.message.properties
+            trace = tracing.delivering(self._ctx, item.topic, item.qos, properties)
+            if trace is not None:
+                traces.append(trace)
+        return traces
 
     @property
     def _draining(self) -> bool:

@@ -19,9 +19,10 @@ import trio
 from mop.clock import now_ms
 from mop.message import Message
 from mop.processor import BackendError, ClientContext, MessagingProcessor, PublishResult
+from mop.processor.tracing import MessageTracing, PublishTrace
 from mop.protocols.mqtt.codec import encode_publish
 from mop.protocols.mqtt.connection import ConnectionLimits
-from mop.protocols.mqtt.mapping import publish_to_message
+from mop.protocols.mqtt.mapping import publish_to_message, with_properties
 from mop.protocols.mqtt.negotiation import JWT_METHOD, ConnectPolicy
 from mop.protocols.mqtt.packets import NO_PROPERTIES, Publish, Will
 from mop.protocols.mqtt.reason_codes import ReasonCode
@@ -100,6 +101,7 @@ class MqttServer:
             record_dropped=processor.record_dropped,
             record_flow=self.sessions.record_flow,
             forget_flow=self.sessions.forget_flow,
+            tracing=processor.tracing,
         )
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -178,9 +180,26 @@ class MqttServer:
     async def publish(self, ctx: ClientContext, publish: Publish) -> PublishResult:
         """Publish an MQTT message (and update the retained table when it is retained)."""
         message = publish_to_message(publish, client_id=ctx.client_id, now_ms=now_ms())
-        result = await self.processor.publish(ctx, self.canonical(publish.topic), message)
-        if publish.retain and self.settings.retain_available:
-            await self.retained.set(publish.topic, message if publish.payload else None)
+        trace: PublishTrace | None = None
+        tracing = self.processor.tracing
+        if tracing is not None and not ctx.internal:
+            trace = tracing.received(ctx, publish.topic, publish.qos, message.properties)
+            if trace is not None:
+                if trace.carrier:
+                    message = with_properties(message, trace.carrier)
+                trace.storing()
+        try:
+            result = await self.processor.publish(ctx, self.canonical(publish.topic), message)
+            if trace is not None:
+                trace.stored()
+            if publish.retain and self.settings.retain_available:
+                await self.retained.set(publish.topic, message if publish.payload else None)
+        except BaseException as exc:
+            if trace is not None:
+                trace.end(exc)
+            raise
+        if trace is not None:
+            trace.end()
         return result
 
     async def publish_batch(
@@ -188,6 +207,9 @@ class MqttServer:
     ) -> list[PublishResult | BackendError]:
         """Publish messages that are not retained, in order, with one wait for durability;
         one result per message (see `MessagingProcessor.publish_batch`)."""
+        tracing = self.processor.tracing
+        if tracing is not None and not ctx.internal:
+            return await self._publish_batch_traced(tracing, ctx, publishes)
         now = now_ms()
         canonical = self.canonical
         client_id = ctx.client_id
@@ -196,6 +218,36 @@ class MqttServer:
             for p in publishes
         ]
         return await self.processor.publish_batch(ctx, items)
+
+    async def _publish_batch_traced(
+        self, tracing: MessageTracing, ctx: ClientContext, publishes: Sequence[Publish]
+    ) -> list[PublishResult | BackendError]:
+        """`publish_batch` with a trace for each message the tracing samples."""
+        now = now_ms()
+        items: list[tuple[str, Message]] = []
+        traces: list[PublishTrace | None] = []
+        for publish in publishes:
+            message = publish_to_message(publish, client_id=ctx.client_id, now_ms=now)
+            trace = tracing.received(ctx, publish.topic, publish.qos, message.properties)
+            if trace is not None and trace.carrier:
+                message = with_properties(message, trace.carrier)
+            items.append((self.canonical(publish.topic), message))
+            traces.append(trace)
+        sampled = [trace for trace in traces if trace is not None]
+        for trace in sampled:
+            trace.storing()
+        try:
+            results = await self.processor.publish_batch(ctx, items)
+        except BaseException as exc:
+            for trace in sampled:
+                trace.end(exc)
+            raise
+        for trace, result in zip(traces, results, strict=True):
+            if trace is not None:
+                error = result if isinstance(result, BackendError) else None
+                trace.stored(error)
+                trace.end(error)
+        return results
 
     async def _publish_will(self, client_id: str, will: Will) -> None:
         props = dataclasses.replace(will.properties, will_delay_interval=None)

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
+from mop.message import Message
 from mop.processor import BackendError, Producer, ProducerAccess, ProducerSpec, PublishResult
+from mop.processor.tracing import MessageTracing, PublishTrace
 from mop.protocols.pulsar.commands import (
     CloseProducer,
     Error,
@@ -25,7 +27,11 @@ from mop.protocols.pulsar.commands import (
 )
 from mop.protocols.pulsar.commands import Producer as ProducerCommand
 from mop.protocols.pulsar.errors import ServerError
-from mop.protocols.pulsar.mapping import message_from_payload
+from mop.protocols.pulsar.mapping import (
+    message_from_payload,
+    with_member_properties,
+    with_properties,
+)
 from mop.protocols.pulsar.serving.server import TopicRefused, server_error
 from mop.security.acl import Access
 
@@ -61,6 +67,8 @@ class _Pending:
     stored: Awaitable[PublishResult] | None = None
     error: tuple[ServerError, str] | None = None
     close_request: int | None = None
+    # The traces of the messages of the SEND, ended with its answer (see `MessageTracing`).
+    traces: tuple[PublishTrace, ...] = ()
 
 
 @dataclass(slots=True)
@@ -77,6 +85,7 @@ class ConnectionProducers:
     def __init__(self, link: PulsarConnection) -> None:
         self._link = link
         self._states: dict[int, _ProducerState] = {}
+        self._tracing = link.server.processor.tracing
 
     # -- PRODUCER --------------------------------------------------------------------------
 
@@ -206,6 +215,8 @@ class ConnectionProducers:
         try:
             result = await item.stored
         except BackendError as exc:
+            if item.traces:
+                _end(item.traces, exc)
             return conn.send(
                 SendError(
                     producer_id=pid,
@@ -214,6 +225,8 @@ class ConnectionProducers:
                     message=str(exc),
                 )
             )
+        if item.traces:
+            _end(item.traces)
         mid = result.message_id
         return conn.send_receipt(
             pid,
@@ -261,13 +274,48 @@ class ConnectionProducers:
         if cmd.is_chunk and (meta.chunk_id or 0) + 1 < (meta.num_chunks_from_msg or 1):
             first = -1  # every chunk shares the sequence id: the last one counts
         item = _Pending(cmd.sequence_id, cmd.highest_sequence_id)
+        if self._tracing is not None:
+            message, item.traces = self._traced(self._tracing, state.producer.spec.topic, message)
         try:
             item.stored = state.producer.send(
                 message, sequence_id=first, highest_sequence_id=highest
             )
         except BackendError as exc:
             item.error = (server_error(exc), str(exc))
+            if item.traces:
+                _end(item.traces, exc)
         await self._queue(state, item)
+
+    def _traced(
+        self, tracing: MessageTracing, topic: str, message: Message
+    ) -> tuple[Message, tuple[PublishTrace, ...]]:
+        """The message to store and the traces of its messages (of each message of a batch),
+        which are now storing. A message that starts a trace carries it on (`with_properties`);
+        the node's own tables are not traced."""
+        link = self._link
+        if link.server.is_system(topic):
+            return message, ()
+        ctx = link.ctx
+        traces: list[PublishTrace] = []
+        if not message.batch:
+            trace = tracing.received(ctx, topic, message.qos, message.properties)
+            if trace is None:
+                return message, ()
+            if trace.carrier:
+                message = with_properties(message, trace.carrier)
+            traces.append(trace)
+        else:
+            extras: list[tuple[tuple[str, str], ...]] = []
+            for member in message.batch:
+                trace = tracing.received(ctx, topic, member.qos, member.properties)
+                extras.append(() if trace is None else trace.carrier)
+                if trace is not None:
+                    traces.append(trace)
+            if any(extras):
+                message = with_member_properties(message, tuple(extras))
+        for trace in traces:
+            trace.storing()
+        return message, tuple(traces)
 
     @staticmethod
     async def _queue(state: _ProducerState, item: _Pending) -> bool:
@@ -324,3 +372,9 @@ class ConnectionProducers:
         for state in list(self._states.values()):
             state.scope.cancel()
             await self._forget(state)
+
+
+def _end(traces: tuple[PublishTrace, ...], error: BaseException | None = None) -> None:
+    for trace in traces:
+        trace.stored(error)
+        trace.end(error)
