@@ -22,6 +22,7 @@ from mop.protocols.pulsar.commands import (
     ProducerSuccess,
     Send,
     SendError,
+    SendReceipt,
 )
 from mop.protocols.pulsar.errors import ServerError
 from mop.protocols.pulsar.frames import make_payload
@@ -175,3 +176,53 @@ def test_pulsar_client_sends_again_once_memory_is_below_the_low_mark(
         producer.send(b"after")
         received = receive_all(consumer, 3)
         assert [m.data() for m in received] == [b"before", b"during", b"after"]
+
+
+def test_sends_after_a_refused_one_are_refused_too(node: RunningNode, topic: str) -> None:
+    """A client that gets SEND_ERROR drops the connection and sends every pending message
+    again, in order. A later SEND of the same pipeline stored meanwhile (memory went below the
+    low mark between the two) would make the broker's deduplication drop the resent first one."""
+
+    def send(raw: RawPulsar, sequence_id: int, body: bytes) -> None:
+        metadata = MessageMetadata(
+            producer_name="overload-order", sequence_id=sequence_id, publish_time=1
+        )
+        payload = make_payload(metadata, body)
+        raw.send(Send(producer_id=1, sequence_id=sequence_id, payload=payload))
+
+    def open_producer() -> RawPulsar:
+        raw = RawPulsar(pulsar_port(node))
+        assert isinstance(raw.connect(), Connected)
+        raw.send(Producer(topic=topic, producer_id=1, request_id=1, producer_name="overload-order"))
+        assert isinstance(raw.recv(), ProducerSuccess)
+        return raw
+
+    with pulsar_client(node) as client:
+        consumer = client.subscribe(topic, "order")
+        raw = open_producer()
+        try:
+            set_memory(node, 2 * HIGH)
+            try:
+                send(raw, 0, b"zero")
+                refused = raw.recv()
+                assert isinstance(refused, SendError) and refused.sequence_id == 0
+            finally:
+                set_memory(node, LOW / 2)
+            # Sent before the client learnt of the refusal.
+            send(raw, 1, b"one")
+            answer = raw.recv()
+            assert isinstance(answer, SendError), answer
+            assert answer.sequence_id == 1
+        finally:
+            raw.close()
+        # What pulsar-client does next: connect again, send both again.
+        again = open_producer()
+        try:
+            send(again, 0, b"zero")
+            send(again, 1, b"one")
+            assert isinstance(again.recv(), SendReceipt)
+            assert isinstance(again.recv(), SendReceipt)
+        finally:
+            again.close()
+        received = receive_all(consumer, 2)
+        assert [m.data() for m in received] == [b"zero", b"one"]

@@ -79,6 +79,10 @@ class _ProducerState:
     receive: trio.MemoryReceiveChannel[_Pending]
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     ready: bool = False
+    # A SEND was refused for memory: the client sends it and every later one again on a new
+    # connection, so none of the later ones is stored here (deduplication would then drop
+    # the refused one when it comes again).
+    refusing: bool = False
 
 
 class ConnectionProducers:
@@ -259,7 +263,8 @@ class ConnectionProducers:
             )
             return
         overload = self._link.server.processor.overload
-        if overload.memory_high:
+        if state.refusing or overload.memory_high:
+            state.refusing = True
             # Not stored: pulsar-client connects again and sends it again, by which time the
             # node may be below its low-water mark.
             overload.refused_publishes(self._link.ctx.peer, max(cmd.num_messages, 1))
