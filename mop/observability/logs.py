@@ -53,7 +53,30 @@ class JsonFormatter(logging.Formatter):
             document["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             document["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(document, default=str, ensure_ascii=False)
+        try:
+            return _dumps(document)
+        except Exception:  # a field JSON cannot hold: each such one as text
+            return _dumps({name: _field(value) for name, value in document.items()})
+
+
+def _dumps(document: dict[str, Any]) -> str:
+    return json.dumps(document, default=_text, ensure_ascii=False, allow_nan=False)
+
+
+def _field(value: object) -> object:
+    """`value` when JSON holds it as it is, else its text."""
+    try:
+        json.dumps(value, default=_text, allow_nan=False)
+    except Exception:  # non-string keys, cycles, NaN, a failing __str__
+        return _text(value)
+    return value
+
+
+def _text(value: object) -> str:
+    try:
+        return str(value)
+    except Exception:
+        return f"<{type(value).__name__} without text>"
 
 
 def _utc(timestamp: float) -> str:

@@ -121,3 +121,35 @@ def test_unknown_levels_are_refused(level: str, logger: str | None) -> None:
     with pytest.raises(ValueError, match="unknown log level"):
         set_log_level(level, logger)
     assert log_levels() == before
+
+
+class _Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+    __repr__ = __str__
+
+
+def test_extra_fields_json_cannot_hold_still_give_a_valid_line() -> None:
+    looped: list[object] = []
+    looped.append(looped)
+    line = JsonFormatter().format(
+        record(
+            "odd fields",
+            client_id="c1",
+            keyed={("a", 1): 2},
+            ratio=float("nan"),
+            looped=looped,
+            broken=_Unprintable(),
+        )
+    )
+    assert "\n" not in line
+
+    def strict(constant: str) -> object:
+        raise ValueError(f"not JSON: {constant}")
+
+    document = json.loads(line, parse_constant=strict)
+    assert document["message"] == "odd fields"
+    assert document["client_id"] == "c1"
+    assert set(document) >= {"keyed", "ratio", "looped", "broken"}
+    assert all(isinstance(document[name], str) for name in ("keyed", "ratio", "looped"))
