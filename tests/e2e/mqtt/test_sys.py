@@ -373,3 +373,24 @@ def test_events_reach_only_clients_the_acl_lets_read_them(tmp_path: Path) -> Non
             "disconnected",
         ]
         stats.expect_none(0.5)
+
+
+def test_a_client_id_too_long_for_an_event_topic_harms_no_watcher() -> None:
+    """A client id may be up to 65535 bytes, and its "/"s take three each in the event topic:
+    an event whose topic no MQTT packet can carry is not published (the watchers' connections
+    would fail on it, and a persistent one again after each reconnect)."""
+    settings = node_settings(sys_interval=0, sys_events=True, sys_node_name="edge-1")
+    with running_node(settings) as node:
+        watchers = [Client(node.mqtt_port, f"ev-long-{qos}") for qos in (0, 1)]
+        for qos, watcher in enumerate(watchers):
+            assert watcher.subscribe(EVENTS, qos) == [qos]
+        long = Client(node.mqtt_port, "/" * 25_000, version=4)
+        assert long.connack is not None and long.connack.reason_code == 0
+        long.disconnect()
+        Client(node.mqtt_port, "ev-after", version=4).disconnect()
+        for watcher in watchers:
+            assert [topic.rpartition("/")[2] for topic, _ in events_of(watcher, "ev-after", 2)] == [
+                "connected",
+                "disconnected",
+            ]
+            watcher.disconnect()

@@ -41,6 +41,8 @@ LINES_PER_SECOND: Final = 100
 # ones are dropped, and counted in `$SYS/broker/messages/dropped`.
 QUEUE_SIZE: Final = 10_000
 _BATCH: Final = 256
+# The longest topic name an MQTT packet carries, in bytes.
+_MAX_TOPIC: Final = 0xFFFF
 _PROPERTIES: Final = Properties(content_type="application/json", payload_format_indicator=1)
 
 
@@ -165,6 +167,13 @@ class ClientEvents:
 
     def _queue(self, event: ClientEvent) -> None:
         topic = event_topic(self.node, event)
+        if len(topic.encode()) > _MAX_TOPIC:
+            # A long client id whose "/"s took three bytes each: no PUBLISH carries the topic.
+            self._processor.record_dropped()
+            _failures.warning(
+                "client-events-topic", "client event not published: its topic is too long"
+            )
+            return
         publish = Publish(topic, event_payload(event), properties=_PROPERTIES)
         message = publish_to_message(publish, client_id=SYS_CONTEXT.client_id, now_ms=event.at_ms)
         try:
