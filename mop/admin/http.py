@@ -55,6 +55,8 @@ class Request:
             return json.loads(self.body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise HttpError(400, f"the body is not JSON: {exc}") from None
+        except RecursionError:
+            raise HttpError(400, "the body is not JSON: nested too deeply") from None
 
 
 @dataclass(frozen=True, slots=True)
