@@ -14,10 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import parse_qs, unquote
 
+import trio
+
 log = logging.getLogger("mop.admin")
 
 # Larger bodies are refused with 413; the API takes small JSON documents only.
 MAX_BODY: Final = 1024 * 1024
+# Seconds a client has to send a request's body: one that stops sending part-way through would
+# otherwise hold its connection open for as long as it likes (hypercorn bounds only the head).
+BODY_TIMEOUT: Final = 30.0
 JSON_TYPE: Final = "application/json"
 
 
@@ -140,9 +145,12 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 class AsgiApp:
     """The router as an ASGI 3 application (what hypercorn serves)."""
 
-    def __init__(self, router: Router, guard: Guard | None = None) -> None:
+    def __init__(
+        self, router: Router, guard: Guard | None = None, *, body_timeout: float = BODY_TIMEOUT
+    ) -> None:
         self.router = router
         self._guard = guard
+        self._body_timeout = body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -170,7 +178,11 @@ class AsgiApp:
         path: str = raw_path.decode("latin-1").partition("?")[0] if raw_path else scope["path"]
         try:
             route, params = self.router.match(method, path)
-            body = await _read_body(receive)
+            body: bytes | None = None
+            with trio.move_on_after(self._body_timeout):
+                body = await _read_body(receive)
+            if body is None:
+                raise HttpError(408, "the request's body did not arrive in time", _CLOSE)
             client = scope.get("client")
             request = Request(
                 method=method,
@@ -193,6 +205,9 @@ class AsgiApp:
         except Exception:
             log.exception("admin API: %s %s failed", method, path)
             return json_response({"error": "internal error (logged by the node)"}, 500)
+
+
+_CLOSE: Final = (("connection", "close"),)
 
 
 async def _read_body(receive: Receive) -> bytes:

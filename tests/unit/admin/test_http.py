@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+import trio
 
 from mop.admin.http import MAX_BODY, AsgiApp, HttpError, Request, Response, Router, json_response
 
@@ -135,3 +136,39 @@ async def test_guard_refuses_private_routes_only() -> None:
     assert headers["www-authenticate"] == 'Basic realm="x"'
     status, _, _ = await call(app, "GET", "/public")
     assert status == 200
+
+
+async def test_a_body_that_stops_arriving_is_408_and_closes_the_connection() -> None:
+    router = Router()
+
+    async def body(request: Request) -> Response:
+        return json_response({"got": request.json()}, 201)
+
+    router.add("POST", "/items", body)
+    app = AsgiApp(router, body_timeout=0.2)
+    events: list[dict[str, Any]] = [{"type": "http.request", "body": b"{", "more_body": True}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if events:
+            return events.pop(0)
+        await trio.sleep_forever()
+        raise AssertionError
+
+    async def send(event: dict[str, Any]) -> None:
+        sent.append(event)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/items",
+        "raw_path": b"/items",
+        "query_string": b"",
+        "headers": [],
+        "client": ("127.0.0.1", 50000),
+    }
+    with trio.fail_after(5):
+        await app(scope, receive, send)
+    start, _ = sent
+    assert start["status"] == 408
+    assert (b"connection", b"close") in start["headers"]
