@@ -196,6 +196,8 @@ class AsgiApp:
                 params=params,
                 client=f"{client[0]}:{client[1]}" if client else "",
             )
+            if method not in _SAFE_METHODS and _from_another_site(request.headers):
+                raise HttpError(403, "refused: a request of a page of another site")
             if not route.public and self._guard is not None:
                 self._guard(request)
             return await route.handler(request)
@@ -208,6 +210,24 @@ class AsgiApp:
 
 
 _CLOSE: Final = (("connection", "close"),)
+_SAFE_METHODS: Final = frozenset({"GET", "HEAD"})
+
+
+def _from_another_site(headers: Mapping[str, str]) -> bool:
+    """Whether a browser sends the request for a page of another origin. Such a page may post
+    a form or a "simple" fetch without asking (no CORS preflight), and the browser adds the
+    user's cached credentials: without this check any site the operator visits could ban or
+    publish. Browsers say where a request comes from (`Sec-Fetch-Site`, else `Origin`); tools
+    that are not browsers send neither and are served."""
+    site = headers.get("sec-fetch-site")
+    if site is not None:
+        return site not in ("same-origin", "none")
+    origin = headers.get("origin")
+    if origin is None:
+        return False
+    scheme, separator, authority = origin.partition("://")
+    host = headers.get("host", "")
+    return not separator or scheme not in ("http", "https") or authority.lower() != host.lower()
 
 
 async def _read_body(receive: Receive) -> bytes:
