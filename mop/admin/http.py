@@ -160,7 +160,8 @@ class AsgiApp:
             return  # no WebSocket routes
         response = await self._respond(scope, receive)
         headers = [(name.encode(), value.encode()) for name, value in response.headers]
-        if response.status != 304:  # a 304 describes the stored response; it has no body
+        # A 304 describes the stored response and a 204 has no body: neither says a length.
+        if response.status not in (204, 304):
             headers.append((b"content-type", response.content_type.encode()))
             headers.append((b"content-length", str(len(response.body)).encode()))
         # API answers are never cached; a route may decide otherwise (the dashboard's files).

@@ -172,3 +172,15 @@ async def test_a_body_that_stops_arriving_is_408_and_closes_the_connection() -> 
     start, _ = sent
     assert start["status"] == 408
     assert (b"connection", b"close") in start["headers"]
+
+
+async def test_a_204_has_no_content_length_or_type() -> None:
+    router = Router()
+
+    async def gone(_request: Request) -> Response:
+        return Response(204)
+
+    router.add("DELETE", "/items/{name}", gone)
+    status, headers, body = await call(AsgiApp(router), "DELETE", "/items/x")
+    assert (status, body) == (204, b"")
+    assert "content-length" not in headers and "content-type" not in headers
