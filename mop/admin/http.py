@@ -14,10 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import parse_qs, unquote
 
+import trio
+
 log = logging.getLogger("mop.admin")
 
 # Larger bodies are refused with 413; the API takes small JSON documents only.
 MAX_BODY: Final = 1024 * 1024
+# Seconds a client has to send a request's body: one that stops sending part-way through would
+# otherwise hold its connection open for as long as it likes (hypercorn bounds only the head).
+BODY_TIMEOUT: Final = 30.0
 JSON_TYPE: Final = "application/json"
 
 
@@ -55,6 +60,8 @@ class Request:
             return json.loads(self.body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise HttpError(400, f"the body is not JSON: {exc}") from None
+        except RecursionError:
+            raise HttpError(400, "the body is not JSON: nested too deeply") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +145,12 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 class AsgiApp:
     """The router as an ASGI 3 application (what hypercorn serves)."""
 
-    def __init__(self, router: Router, guard: Guard | None = None) -> None:
+    def __init__(
+        self, router: Router, guard: Guard | None = None, *, body_timeout: float = BODY_TIMEOUT
+    ) -> None:
         self.router = router
         self._guard = guard
+        self._body_timeout = body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -150,7 +160,8 @@ class AsgiApp:
             return  # no WebSocket routes
         response = await self._respond(scope, receive)
         headers = [(name.encode(), value.encode()) for name, value in response.headers]
-        if response.status != 304:  # a 304 describes the stored response; it has no body
+        # A 304 describes the stored response and a 204 has no body: neither says a length.
+        if response.status not in (204, 304):
             headers.append((b"content-type", response.content_type.encode()))
             headers.append((b"content-length", str(len(response.body)).encode()))
         # API answers are never cached; a route may decide otherwise (the dashboard's files).
@@ -168,7 +179,11 @@ class AsgiApp:
         path: str = raw_path.decode("latin-1").partition("?")[0] if raw_path else scope["path"]
         try:
             route, params = self.router.match(method, path)
-            body = await _read_body(receive)
+            body: bytes | None = None
+            with trio.move_on_after(self._body_timeout):
+                body = await _read_body(receive)
+            if body is None:
+                raise HttpError(408, "the request's body did not arrive in time", _CLOSE)
             client = scope.get("client")
             request = Request(
                 method=method,
@@ -182,6 +197,8 @@ class AsgiApp:
                 params=params,
                 client=f"{client[0]}:{client[1]}" if client else "",
             )
+            if method not in _SAFE_METHODS and _from_another_site(request.headers):
+                raise HttpError(403, "refused: a request of a page of another site")
             if not route.public and self._guard is not None:
                 self._guard(request)
             return await route.handler(request)
@@ -191,6 +208,27 @@ class AsgiApp:
         except Exception:
             log.exception("admin API: %s %s failed", method, path)
             return json_response({"error": "internal error (logged by the node)"}, 500)
+
+
+_CLOSE: Final = (("connection", "close"),)
+_SAFE_METHODS: Final = frozenset({"GET", "HEAD"})
+
+
+def _from_another_site(headers: Mapping[str, str]) -> bool:
+    """Whether a browser sends the request for a page of another origin. Such a page may post
+    a form or a "simple" fetch without asking (no CORS preflight), and the browser adds the
+    user's cached credentials: without this check any site the operator visits could ban or
+    publish. Browsers say where a request comes from (`Sec-Fetch-Site`, else `Origin`); tools
+    that are not browsers send neither and are served."""
+    site = headers.get("sec-fetch-site")
+    if site is not None:
+        return site not in ("same-origin", "none")
+    origin = headers.get("origin")
+    if origin is None:
+        return False
+    scheme, separator, authority = origin.partition("://")
+    host = headers.get("host", "")
+    return not separator or scheme not in ("http", "https") or authority.lower() != host.lower()
 
 
 async def _read_body(receive: Receive) -> bytes:

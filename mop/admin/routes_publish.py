@@ -40,7 +40,7 @@ def publish_request(body: Any) -> PublishRequest:
     else:
         raise HttpError(400, 'payload_encoding must be "utf-8" or "base64"')
     qos = body.get("qos", 0)
-    if qos not in (0, 1) or isinstance(qos, bool):
+    if type(qos) is not int or qos not in (0, 1):
         raise HttpError(400, "qos must be 0 or 1")
     retain = body.get("retain", False)
     if not isinstance(retain, bool):

@@ -83,7 +83,7 @@ def add_topic_routes(router: Router, context: AdminContext) -> None:
     async def list_topics(request: Request) -> Response:
         prefix = request.arg("prefix", "") or ""
         offset = request.int_arg("offset", 0)
-        limit = request.int_arg("limit", DEFAULT_LIMIT, low=1, high=MAX_LIMIT)
+        limit = request.int_arg("limit", DEFAULT_LIMIT, high=MAX_LIMIT)
         try:
             names = await processor.topics(ADMIN_CONTEXT, f"{tenant}/{namespace}")
         except BackendError as exc:

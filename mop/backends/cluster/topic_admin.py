@@ -3,8 +3,9 @@ HTTP admin service in Apache Pulsar's admin REST API v2 (`mop.protocols.pulsar.a
 
 `cluster.admin_url` names one admin URL or several, comma-separated. Each question goes to them
 in turn until one answers for the topic:
-- Apache Pulsar: any broker answers, redirecting (307) to the topic's owner, which httpx follows;
-  the next URL is tried only when one cannot be reached.
+- Apache Pulsar: any broker answers, redirecting (307) to the topic's owner, which is asked
+  with the proxy's credentials too (as Pulsar's own admin client does; never from https to
+  http); the next URL is tried only when one cannot be reached.
 - mop brokers: the owner answers; another member of the cluster answers 421 Misdirected Request
   (it holds no topic it does not own), and the next URL is asked. One URL for a single broker,
   every member's for a cluster.
@@ -33,6 +34,9 @@ NOT_OWNER: Final = 421
 _BUSY: Final = frozenset({409, 412})  # Pulsar answers 412 to a delete of a topic in use
 _REFUSED: Final = frozenset({401, 403})
 _SCHEMES: Final = ("http://", "https://")
+# Redirects that keep the method (Pulsar's are 307), followed up to _MAX_REDIRECTS times.
+_REDIRECTS: Final = frozenset({301, 302, 307, 308})
+_MAX_REDIRECTS: Final = 5
 
 
 def admin_urls(value: str) -> tuple[str, ...]:
@@ -86,7 +90,7 @@ class BrokerAdmin:
         self.auth = auth
         self._client = httpx.AsyncClient(
             timeout=timeout,
-            follow_redirects=True,
+            follow_redirects=False,
             verify=auth.ssl_context or True,
             transport=transport,
         )
@@ -120,10 +124,8 @@ class BrokerAdmin:
         failures: list[str] = []
         for base in self.urls:
             try:
-                response = await self._client.request(
-                    method, base + path, params=params, headers=_headers(self.auth)
-                )
-            except httpx.HTTPError as exc:
+                response = await self._follow(method, base + path, params)
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 failures.append(f"{base}: {exc or type(exc).__name__}")
                 continue
             status = response.status_code
@@ -150,6 +152,24 @@ class BrokerAdmin:
         raise BackendError(
             f"no broker of cluster.admin_url owns {topic} (list every broker's admin URL)",
             reason="unavailable",
+        )
+
+    async def _follow(self, method: str, url: str, params: dict[str, str] | None) -> httpx.Response:
+        """The answer to `method url`, redirects followed with the proxy's credentials (httpx
+        would drop them on the way to another broker); TooManyRedirects for a loop."""
+        headers = _headers(self.auth)
+        response = await self._client.request(method, url, params=params, headers=headers)
+        for _ in range(_MAX_REDIRECTS):
+            location = response.headers.get("location")
+            if response.status_code not in _REDIRECTS or not location:
+                return response
+            target = response.url.join(location)
+            if response.url.scheme == "https" and target.scheme != "https":
+                headers = {}  # never sent in the clear
+            await response.aclose()
+            response = await self._client.request(method, target, headers=headers)
+        raise httpx.TooManyRedirects(
+            f"more than {_MAX_REDIRECTS} redirects", request=response.request
         )
 
     async def aclose(self) -> None:

@@ -3,7 +3,10 @@ keeps them out until it is lifted; bans are the deployment's, as `mop ban` keeps
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -80,3 +83,40 @@ def test_a_ban_of_the_address_keeps_the_admin_out_too(node: RunningNode) -> None
     assert "banned" in api.get("/api/v1/stats", 403)["error"]
     api.get("/healthz")  # public: no credentials checked
     eventually(lambda: api.call("GET", "/api/v1/stats").status == 200)
+
+
+def _browser_post(node: RunningNode, path: str, body: bytes, headers: dict[str, str]) -> int:
+    """A POST as a browser sends it for a page: a form's or a fetch's without preflight."""
+    host, port = node.node.address("admin")
+    request = urllib.request.Request(
+        f"http://{host}:{port}{path}",
+        data=body,
+        method="POST",
+        headers={"content-type": "text/plain", **headers},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+
+
+def test_pages_of_other_sites_cannot_ban_or_publish(node: RunningNode) -> None:
+    """A page of another site the operator visits may post to the API (a form, or a fetch
+    of a "simple" request, goes without asking): the browser says where it comes from."""
+    api = Api(node)
+    host, port = node.node.address("admin")
+    ban = json.dumps({"kind": "address", "value": "0.0.0.0/0"}).encode()
+    publish = json.dumps({"topic": "site/cmd", "payload": "reboot"}).encode()
+    for headers in (
+        {"origin": "http://evil.example"},
+        {"origin": "null"},
+        {"origin": f"http://{host}:{port}", "sec-fetch-site": "cross-site"},
+    ):
+        assert _browser_post(node, "/api/v1/bans", ban, headers) == 403
+        assert _browser_post(node, "/api/v1/publish", publish, headers) == 403
+    assert api.get("/api/v1/bans")["total"] == 0
+    # The node's own page, and tools that are no browser (curl), are served.
+    same = {"origin": f"http://{host}:{port}", "sec-fetch-site": "same-origin"}
+    assert _browser_post(node, "/api/v1/publish", publish, same) == 200
+    assert _browser_post(node, "/api/v1/publish", publish, {}) == 200

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+import trio
 
 from mop.admin.http import MAX_BODY, AsgiApp, HttpError, Request, Response, Router, json_response
 
@@ -110,7 +111,8 @@ async def test_json_body_in_chunks() -> None:
 
 
 @pytest.mark.parametrize(
-    ("body", "status"), [(b"", 400), (b"{nope", 400), (b"x" * (MAX_BODY + 1), 413)]
+    ("body", "status"),
+    [(b"", 400), (b"{nope", 400), (b"[" * 100_000, 400), (b"x" * (MAX_BODY + 1), 413)],
 )
 async def test_missing_broken_or_huge_bodies_are_refused(body: bytes, status: int) -> None:
     answer, _, text = await call(echo_app(), "POST", "/items", body=body, chunk=65536)
@@ -134,3 +136,51 @@ async def test_guard_refuses_private_routes_only() -> None:
     assert headers["www-authenticate"] == 'Basic realm="x"'
     status, _, _ = await call(app, "GET", "/public")
     assert status == 200
+
+
+async def test_a_body_that_stops_arriving_is_408_and_closes_the_connection() -> None:
+    router = Router()
+
+    async def body(request: Request) -> Response:
+        return json_response({"got": request.json()}, 201)
+
+    router.add("POST", "/items", body)
+    app = AsgiApp(router, body_timeout=0.2)
+    events: list[dict[str, Any]] = [{"type": "http.request", "body": b"{", "more_body": True}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if events:
+            return events.pop(0)
+        await trio.sleep_forever()
+        raise AssertionError
+
+    async def send(event: dict[str, Any]) -> None:
+        sent.append(event)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/items",
+        "raw_path": b"/items",
+        "query_string": b"",
+        "headers": [],
+        "client": ("127.0.0.1", 50000),
+    }
+    with trio.fail_after(5):
+        await app(scope, receive, send)
+    start, _ = sent
+    assert start["status"] == 408
+    assert (b"connection", b"close") in start["headers"]
+
+
+async def test_a_204_has_no_content_length_or_type() -> None:
+    router = Router()
+
+    async def gone(_request: Request) -> Response:
+        return Response(204)
+
+    router.add("DELETE", "/items/{name}", gone)
+    status, headers, body = await call(AsgiApp(router), "DELETE", "/items/x")
+    assert (status, body) == (204, b"")
+    assert "content-length" not in headers and "content-type" not in headers

@@ -76,6 +76,9 @@ async def test_list_pages_and_filters_by_prefix(
     second = (await api.get("/api/v1/topics?prefix=a/&offset=1&limit=1")).json()
     assert [item["topic"] for item in second["items"]] == ["a/2"]
     assert (await api.get("/api/v1/topics?limit=1001")).status_code == 400
+    # As every page of the API (and openapi.yaml) has it: limit 0 counts without listing.
+    counted = (await api.get("/api/v1/topics?prefix=a/&limit=0")).json()
+    assert (counted["items"], counted["total"], counted["limit"]) == ([], 2, 0)
 
 
 async def test_one_topic_with_its_subscriptions(

@@ -126,3 +126,56 @@ async def test_a_garbled_answer_is_an_error() -> None:
         await brokers.stats(TOPIC)
     assert raised.value.reason == "bad_answer"
     await brokers.aclose()
+
+
+async def test_the_proxys_credentials_follow_a_redirect_to_the_owner() -> None:
+    """Apache Pulsar's brokers redirect to the topic's owner, which checks the credentials
+    too (as Pulsar's own admin client does, they go along)."""
+    seen: list[tuple[str, str | None]] = []
+
+    def any_broker(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.host, request.headers.get("authorization")))
+        return httpx.Response(307, headers={"location": f"http://b2:2{STATS_PATH}"})
+
+    def secured_owner(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.host, request.headers.get("authorization")))
+        if request.headers.get("authorization") != "Bearer jwt":
+            return httpx.Response(401, json={"reason": "authentication required"})
+        return owner(request)
+
+    brokers = admin(
+        {"b1": any_broker, "b2": secured_owner}, "http://b1:1", ClientAuth("token", b"jwt")
+    )
+    assert await brokers.stats(TOPIC) is not None
+    assert seen == [("b1", "Bearer jwt"), ("b2", "Bearer jwt")]
+    await brokers.aclose()
+
+
+async def test_credentials_do_not_follow_a_redirect_from_https_to_http() -> None:
+    seen: list[str | None] = []
+
+    def any_broker(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(307, headers={"location": f"http://b2:2{STATS_PATH}"})
+
+    def plain_owner(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(401, json={"reason": "authentication required"})
+
+    brokers = admin(
+        {"b1": any_broker, "b2": plain_owner}, "https://b1:1", ClientAuth("token", b"jwt")
+    )
+    with pytest.raises(BackendError):
+        await brokers.stats(TOPIC)
+    assert seen == [None]
+    await brokers.aclose()
+
+
+async def test_a_redirect_loop_is_an_error() -> None:
+    def looping(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(307, headers={"location": f"http://b1:1{STATS_PATH}"})
+
+    brokers = admin({"b1": looping}, "http://b1:1")
+    with pytest.raises(BackendError) as raised:
+        await brokers.stats(TOPIC)
+    assert raised.value.reason == "unavailable"
+    await brokers.aclose()
