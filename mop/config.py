@@ -244,6 +244,8 @@ _INT_BOUNDS: Final[Mapping[str, _Bounds]] = {
     "storage.retention_bytes": _Bounds(0),
     "storage.retention_seconds": _Bounds(0),
     "auth.max_failures": _Bounds(0),
+    "telemetry.backlog_top": _Bounds(0, 1000),
+    "telemetry.latency_sampling": _Bounds(1, 1_000_000),
 }
 
 _LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -20,11 +20,17 @@ import trio
 
 from mop.admin import AdminContext, serve_admin
 from mop.backends.local import LocalBackend
-from mop.broker.storage import StorageError, open_durable_storage
+from mop.broker.storage import DurableStorage, StorageError, open_durable_storage
+from mop.counters import Drop
 from mop.exception_groups import leaves
 from mop.membership import Membership, MembershipError
 from mop.observability import Telemetry, open_telemetry
-from mop.observability.processor_metrics import register_processor_metrics
+from mop.observability.backend_metrics import (
+    BrokerReadings,
+    register_broker_metrics,
+    register_link_metrics,
+)
+from mop.observability.processor_metrics import Cached, register_processor_metrics
 from mop.observability.telemetry import TelemetryError
 from mop.processor import Backend, BackendError, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
@@ -289,7 +295,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
             processor = MessagingProcessor(
                 backend, max_connections=settings.limits.max_connections, gatekeeper=gatekeeper
             )
-            register_processor_metrics(telemetry.meter, processor)
+            _register_metrics(telemetry, processor, backend, settings)
             await nursery.start(PolicyReloader(gatekeeper, settings.auth).serve)
             await nursery.start(_serve_bans, gatekeeper, BanStore(processor.table(BANS_TABLE)))
             services = NodeServices(
@@ -336,6 +342,41 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
             with trio.CancelScope(shield=True):
                 await backend.aclose()
         telemetry.shutdown()
+
+
+def _register_metrics(
+    telemetry: Telemetry, processor: MessagingProcessor, backend: Backend, settings: Settings
+) -> None:
+    """Serve the node's metrics: the processor's and the adapters' counters, and those of the
+    backend (the colocated broker and its storage, or the links to the brokers)."""
+    sampling = settings.telemetry.latency_sampling
+    processor.stats.sample_every(sampling)
+    if isinstance(backend, LocalBackend):
+        storage = backend.storage
+        # One walk over the broker per collection, for every instrument that reads it.
+        stats = Cached(backend.stats)
+        register_broker_metrics(
+            telemetry,
+            BrokerReadings(
+                stats=stats,
+                largest_backlogs=backend.largest_backlogs,
+                sync_latency=storage.sync_latency if isinstance(storage, DurableStorage) else None,
+            ),
+            top=settings.telemetry.backlog_top,
+        )
+        register_processor_metrics(
+            telemetry,
+            processor,
+            backend_drops=lambda: {Drop.EXPIRED: stats().messages_expired},
+        )
+        return
+    register_processor_metrics(telemetry, processor)
+    if settings.mode == "separated":
+        from mop.backends.cluster import ClusterBackend
+
+        if isinstance(backend, ClusterBackend):
+            backend.links.sample_every(sampling)
+            register_link_metrics(telemetry, backend.links)
 
 
 def _open_telemetry(settings: Settings) -> Telemetry:

@@ -6,6 +6,7 @@ over a `Storage`. It imports no trio: callers supply the time for delays and do 
 from __future__ import annotations
 
 import functools
+import heapq
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -702,3 +703,16 @@ class Broker:
             messages_dropped=self._books.dropped,
             messages_expired=self._books.expired,
         )
+
+    def largest_backlogs(self, limit: int) -> list[tuple[str, str, int]]:
+        """The `limit` largest backlogs (messages waiting for a consumer) as (subscription,
+        topic, messages), largest first: a walk over every cursor, for the metrics."""
+        if limit <= 0:
+            return []
+        backlogs = (
+            (len(cursor.backlog), name, topic)
+            for name, sub in self._subs.items()
+            for topic, cursor in sub.cursors.items()
+            if cursor.backlog
+        )
+        return [(name, topic, size) for size, name, topic in heapq.nlargest(limit, backlogs)]

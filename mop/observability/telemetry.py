@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import Meter
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from mop.observability.histograms import BucketHistograms
 from mop.settings import TelemetrySettings
 from mop.version import VERSION
 
@@ -40,10 +49,19 @@ class Telemetry:
     """A node's meter provider and what reads it: the Prometheus registry behind `/metrics`
     and, when configured, a periodic OTLP export."""
 
-    def __init__(self, provider: MeterProvider, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        provider: MeterProvider,
+        registry: CollectorRegistry,
+        histograms: BucketHistograms | None = None,
+    ) -> None:
         self._provider = provider
         self._registry = registry
         self.meter: Meter = provider.get_meter(METER_NAME, VERSION)
+        # Histograms the hot path keeps itself, served with the meter's metrics.
+        self.histograms = histograms or BucketHistograms(
+            Resource.create({}), InstrumentationScope(METER_NAME, VERSION)
+        )
 
     def prometheus(self) -> PrometheusPage:
         """The current value of every metric in the Prometheus text format."""
@@ -61,9 +79,6 @@ def open_telemetry(settings: TelemetrySettings, *, mode: str, node_name: str) ->
     """A node's telemetry: Prometheus always, OTLP metrics when `otlp_metrics_endpoint` is set.
     The resource names the service "mop" with the node's mode and name."""
     registry = CollectorRegistry(auto_describe=True)
-    readers: list[MetricReader] = [PrometheusMetricReader(registry=registry)]
-    if settings.otlp_metrics_endpoint:
-        readers.append(_otlp_reader(settings))
     resource = Resource.create(
         {
             "service.name": "mop",
@@ -72,11 +87,55 @@ def open_telemetry(settings: TelemetrySettings, *, mode: str, node_name: str) ->
             "mop.mode": mode,
         }
     )
+    histograms = BucketHistograms(resource, InstrumentationScope(METER_NAME, VERSION))
+    readers: list[MetricReader] = [_PrometheusReader(registry, histograms)]
+    if settings.otlp_metrics_endpoint:
+        readers.append(_otlp_reader(settings, histograms))
     provider = MeterProvider(metric_readers=readers, resource=resource)
-    return Telemetry(provider, registry)
+    return Telemetry(provider, registry, histograms)
 
 
-def _otlp_reader(settings: TelemetrySettings) -> MetricReader:
+class _PrometheusReader(PrometheusMetricReader):
+    """OpenTelemetry's Prometheus reader, given the bucket histograms with what it collects."""
+
+    def __init__(self, registry: CollectorRegistry, histograms: BucketHistograms) -> None:
+        self._histograms = histograms
+        super().__init__(registry=registry)
+
+    def _receive_metrics(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> None:
+        # (Not called when the meter has no instrument at all: a node always has some.)
+        super()._receive_metrics(self._histograms.extend(metrics_data), timeout_millis, **kwargs)
+
+
+class _WithHistograms(MetricExporter):
+    """An exporter that exports the bucket histograms with what the SDK collected."""
+
+    def __init__(self, exporter: MetricExporter, histograms: BucketHistograms) -> None:
+        # The reader asks the exporter which temporality and aggregation it prefers.
+        super().__init__(
+            preferred_temporality=exporter._preferred_temporality,
+            preferred_aggregation=exporter._preferred_aggregation,
+        )
+        self._exporter = exporter
+        self._histograms = histograms
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        return self._exporter.export(
+            self._histograms.extend(metrics_data), timeout_millis=timeout_millis, **kwargs
+        )
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self._exporter.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._exporter.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+def _otlp_reader(settings: TelemetrySettings, histograms: BucketHistograms) -> MetricReader:
     try:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     except ImportError:
@@ -85,5 +144,6 @@ def _otlp_reader(settings: TelemetrySettings) -> MetricReader:
         ) from None
     exporter = OTLPMetricExporter(endpoint=settings.otlp_metrics_endpoint)
     return PeriodicExportingMetricReader(
-        exporter, export_interval_millis=settings.otlp_interval * 1000
+        _WithHistograms(exporter, histograms),
+        export_interval_millis=settings.otlp_interval * 1000,
     )

@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Final
 
 import trio
@@ -117,6 +117,17 @@ class SessionRegistry:
 
     def __len__(self) -> int:
         return len(self._offline)
+
+    @property
+    def connected(self) -> int:
+        """Sessions connected through this node."""
+        return len(self._attached)
+
+    def states(self) -> Iterator[SessionState]:
+        """The sessions this node holds: connected through it, and offline with their timers
+        here."""
+        yield from self._attached.values()
+        yield from self._offline.values()
 
     @property
     def _role_moves(self) -> bool:

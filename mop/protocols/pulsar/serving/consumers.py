@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
+from mop.clock import now_ms
 from mop.message import Delivery, MessageId
 from mop.processor import (
     BackendError,
@@ -197,7 +198,11 @@ class ConnectionConsumers:
                 )
             data = b"".join(frames)
             link.write(data)
-            link.server.processor.record_sent(sum(d.message.count for d in deliveries), len(data))
+            stats = link.server.stats
+            count = sum(d.message.count for d in deliveries)
+            stats.record_sent(count, len(data))
+            if deliveries and stats.delivery_latency.due(count):
+                stats.delivery_latency.record_age(now_ms(), deliveries[-1].message.publish_time)
 
     async def _watch_active(self, state: _ConsumerState) -> None:
         while True:

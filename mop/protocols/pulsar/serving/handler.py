@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 
+from mop.counters import Refusal, refusal_of
 from mop.processor import ClientContext, ClientLease, ConnectionLimitReached
 from mop.protocols.pulsar.authentication import (
     REFRESH_METHOD,
@@ -207,6 +208,7 @@ class PulsarConnection:
                 connect = await self._read_connect()
             except RemoteProtocolError as exc:
                 log.info("%s: bad first frame: %s", self.ctx.peer, exc)
+                self.server.stats.refuse(Refusal.PROTOCOL_ERROR)
                 await self._send_now(self.conn.protocol_error(exc))
                 return None
             if connect is None:
@@ -217,6 +219,7 @@ class PulsarConnection:
             try:
                 lease = await self.server.processor.open_client(self.ctx)
             except ConnectionLimitReached as exc:
+                self.server.stats.refuse(Refusal.LIMIT_REACHED)
                 await self._send_now(
                     self.conn.send(
                         Error(
@@ -237,6 +240,7 @@ class PulsarConnection:
             )
             return lease
         log.info("%s: no CONNECT within %ss", self.ctx.peer, self.server.timers.connect_timeout)
+        self.server.stats.refuse(Refusal.TIMEOUT)
         return None
 
     def _authenticate(self, connect: Connect) -> bool:
@@ -250,6 +254,7 @@ class PulsarConnection:
             self._adopt(self.server.processor.authenticate(credentials))
         except AuthenticationError as exc:
             log.info("%s: authentication refused: %s", self.ctx.peer, exc.why)
+            self.server.stats.refuse(refusal_of(exc.failure))
             return False
         self.ctx = dataclasses.replace(self.ctx, username=credentials.username)
         return True
@@ -285,7 +290,7 @@ class PulsarConnection:
             data = await self.stream.receive_some(65536)
             if not data:
                 return None
-            self.server.processor.record_received_bytes(len(data))
+            self.server.stats.record_received_bytes(len(data))
             self.conn.receive_data(data)
 
     async def _send_now(self, data: bytes) -> None:
@@ -384,9 +389,10 @@ class PulsarConnection:
             pass
 
     async def _read_loop(self) -> None:
-        processor = self.server.processor
+        stats = self.server.stats
         while True:
             while not isinstance(event := self.conn.next_event(), NeedData):
+                stats.requests += 1
                 await self._handle(event)
                 if self._reading.cancel_called:
                     return  # closing: what the client sent after that is not served
@@ -394,7 +400,7 @@ class PulsarConnection:
             data = await self.stream.receive_some(65536)
             if not data:
                 raise _Closed
-            processor.record_received_bytes(len(data))
+            stats.bytes_received += len(data)
             self.conn.receive_data(data)
 
     async def _handle(self, event: ClientEvent) -> None:

@@ -5,6 +5,7 @@ links to the other members). `handle_connection` serves one client.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import uuid
@@ -13,6 +14,7 @@ from urllib.parse import urlsplit
 
 import trio
 
+from mop.counters import ProtocolStats
 from mop.membership import Membership, normalize_url
 from mop.processor import BackendError, MessagingProcessor
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
@@ -98,6 +100,11 @@ class PulsarServer:
         self.membership = membership or Membership((), "")
         # The peers are asked with this broker's own credentials (`cluster.auth`).
         self.peers = PeerLinks(self.membership.peers(), auth=broker_auth)
+
+    @functools.cached_property
+    def stats(self) -> ProtocolStats:
+        """This protocol's counters, which the connections add to."""
+        return self.processor.stats.protocol("pulsar")
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled when there are peers, whose connections go with it."""
