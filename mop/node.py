@@ -367,7 +367,10 @@ def _register_metrics(
         register_processor_metrics(
             telemetry,
             processor,
-            backend_drops=lambda: {Drop.EXPIRED: stats().messages_expired},
+            backend_drops=lambda: {
+                Drop.NO_SUBSCRIBERS: stats().messages_unrouted,
+                Drop.EXPIRED: stats().messages_expired,
+            },
         )
         return
     register_processor_metrics(telemetry, processor)

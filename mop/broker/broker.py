@@ -77,6 +77,7 @@ class BrokerStats:
     messages_unacked: int  # dispatched to a consumer and not yet acknowledged
     messages_dropped: int  # by the max_backlog rule, since start
     messages_expired: int  # dropped at dispatch because `expires_at` had passed, since start
+    messages_unrouted: int = 0  # stored where no subscription took them, since start
 
 
 class Broker:
@@ -105,6 +106,9 @@ class Broker:
         self._trie: SubscriptionTrie[str, Subscription] = SubscriptionTrie()
         self._delayed = DelayQueue()
         self._trim_dirty: set[Topic] = set()
+        # Messages stored where no subscription took them, tables' records apart
+        # (`stats().messages_unrouted`).
+        self.unrouted = 0
         # Topics with messages routed once the storage has written them, and how many calls.
         self._held: dict[Topic, int] = {}
         # Told when messages with a `deliver_at` were offered after their write, so that the
@@ -170,6 +174,8 @@ class Broker:
             self._route(node, [Entry(topic, message_id, message)], hold=bool(message.qos))
         else:
             self._trim_dirty.add(node)
+            if topic not in self.compacted:  # a table's record is no message
+                self.unrouted += 1
         return Published(message_id, count)
 
     def store_many(self, topic: str, messages: Sequence[Message]) -> tuple[list[MessageId], int]:
@@ -205,6 +211,8 @@ class Broker:
             self._route(node, entries, hold=any(m.qos for m in messages))
         else:
             self._trim_dirty.add(node)
+            if topic not in self.compacted:
+                self.unrouted += len(messages)
         return ids, count
 
     def _route(self, node: Topic, entries: list[Entry], *, hold: bool) -> None:
@@ -702,6 +710,7 @@ class Broker:
             messages_unacked=sum(len(att.queue) + len(att.unacked) for att in attachments),
             messages_dropped=self._books.dropped,
             messages_expired=self._books.expired,
+            messages_unrouted=self.unrouted,
         )
 
     def largest_backlogs(self, limit: int) -> list[tuple[str, str, int]]:

@@ -14,7 +14,6 @@ from typing import Generic, TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from mop.counters import Drop
 from mop.observability.histograms import HistogramReading
 from mop.observability.telemetry import Telemetry
 from mop.processor import AdapterCounts, MessagingProcessor, ProcessorStats
@@ -50,7 +49,8 @@ def register_processor_metrics(
     backend_drops: Callable[[], Mapping[str, int]] | None = None,
 ) -> None:
     """Instruments over `processor.stats`; `backend_drops` adds drops the backend counts
-    itself (the merged broker's expired messages), by reason."""
+    itself (the colocated broker's messages without subscribers and expired ones), by
+    reason."""
     stats = processor.stats
     meter = telemetry.meter
     _connections(meter, stats)
@@ -152,7 +152,6 @@ def _traffic(
 
     def dropped(_options: CallbackOptions) -> Iterable[Observation]:
         reasons = dict(stats.dropped)
-        reasons[Drop.NO_SUBSCRIBERS] = stats.unrouted
         if backend_drops is not None:
             for reason, count in backend_drops().items():
                 reasons[reason] = reasons.get(reason, 0) + count

@@ -193,8 +193,6 @@ class MessagingProcessor:
             latency.record(time.perf_counter() - start)
         else:
             result = await self.backend.publish(topic, message)
-        if result.subscriptions == 0 and not ctx.internal:
-            stats.unrouted += 1
         return result
 
     async def publish_batch(
@@ -219,10 +217,6 @@ class MessagingProcessor:
                     results.append(exc)
         if start:
             latency.record(time.perf_counter() - start)
-        if not ctx.internal:
-            for result in results:
-                if type(result) is PublishResult and result.subscriptions == 0:
-                    stats.unrouted += 1
         return results
 
     async def subscribe(self, ctx: ClientContext, spec: SubscriptionSpec) -> Consumer:

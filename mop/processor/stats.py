@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mop.counters import Drop, LatencyHistogram, ProtocolStats
+from mop.counters import LatencyHistogram, ProtocolStats
 
 __all__ = ["AdapterCounts", "ProcessorStats"]
 
@@ -33,11 +33,9 @@ class ProcessorStats:
 
     started_at: float
     protocols: dict[str, ProtocolStats] = field(default_factory=dict)
-    # Messages not published or not delivered, by reason (`mop.counters.Drop`), except:
+    # Messages not published or not delivered, by reason (`mop.counters.Drop`). Those
+    # published where no subscription took them are the backend's to count (the broker knows).
     dropped: dict[str, int] = field(default_factory=dict)
-    # Messages published where no subscription took them: counted apart, as mosquitto's
-    # `$SYS/broker/messages/dropped` leaves them out.
-    unrouted: int = 0
     # From the processor receiving a publish to its PublishResult (sampled).
     publish_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     # What each adapter holds now, by protocol: read when metrics are collected.
@@ -61,10 +59,7 @@ class ProcessorStats:
             stats.delivery_latency.sample_every(self.sampling)
 
     def drop(self, reason: str, messages: int = 1) -> None:
-        if reason == Drop.NO_SUBSCRIBERS:
-            self.unrouted += messages
-        else:
-            self.dropped[reason] = self.dropped.get(reason, 0) + messages
+        self.dropped[reason] = self.dropped.get(reason, 0) + messages
 
     @property
     def uptime(self) -> float:
@@ -96,5 +91,4 @@ class ProcessorStats:
 
     @property
     def messages_dropped(self) -> int:
-        """Messages dropped for every reason but a lack of subscribers."""
         return sum(self.dropped.values())

@@ -507,6 +507,15 @@ async def test_stats_count_what_the_broker_holds() -> None:
     assert broker.stats().messages_backlog == 2
 
 
+async def test_messages_no_subscription_takes_are_counted() -> None:
+    broker = new_broker()
+    await subscribe(broker, "c1", ["a"])
+    await broker.publish(topic("a"), msg("routed"))
+    await broker.publish(topic("b"), msg("unrouted"))
+    broker.store_many(topic("c"), [msg("1"), msg("2")])
+    assert broker.stats().messages_unrouted == 3
+
+
 async def test_the_largest_backlogs_are_named_by_subscription_and_topic() -> None:
     broker = new_broker()
     for name, selectors in (("large", ["a/#"]), ("small", ["a/2"])):

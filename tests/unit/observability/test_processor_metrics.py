@@ -38,7 +38,9 @@ async def processor() -> AsyncIterator[MessagingProcessor]:
 
 async def test_counters_are_read_by_protocol_and_reason(processor: MessagingProcessor) -> None:
     telemetry = open_telemetry(TelemetrySettings(), mode="merged", node_name="test")
-    register_processor_metrics(telemetry, processor, backend_drops=lambda: {Drop.EXPIRED: 4})
+    register_processor_metrics(
+        telemetry, processor, backend_drops=lambda: {Drop.EXPIRED: 4, Drop.NO_SUBSCRIBERS: 6}
+    )
     stats = processor.stats
     mqtt, pulsar = stats.protocol("mqtt"), stats.protocol("pulsar")
     mqtt.connections, mqtt.opened = 2, 5
@@ -48,7 +50,6 @@ async def test_counters_are_read_by_protocol_and_reason(processor: MessagingProc
     mqtt.record_sent(3, 30)
     pulsar.messages_received, pulsar.bytes_received = 11, 110
     processor.record_dropped(Drop.DENIED)
-    stats.unrouted = 6
     stats.adapters["mqtt"] = lambda: AdapterCounts(
         sessions=2, offline_sessions=1, subscriptions=3, shared_subscriptions=1, retained=9
     )
