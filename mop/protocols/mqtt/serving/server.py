@@ -134,15 +134,16 @@ class MqttServer:
 
     def counts(self) -> AdapterCounts:
         """Sessions, subscriptions, retained messages and deliveries in flight or queued on
-        this node now, for the metrics: a walk over the sessions when they are collected."""
+        this node now, for the metrics: a walk over the sessions when they are collected (on
+        copies: an OTLP export reads them from its own thread)."""
         subscriptions = shared = inflight = queued = 0
         for state in self.sessions.states():
-            for topic_filter in state.subscriptions:
+            for topic_filter in list(state.subscriptions):
                 if topic_filter.startswith("$share/"):
                     shared += 1
                 else:
                     subscriptions += 1
-        for client in self.clients:
+        for client in list(self.clients):
             if client.state is not None:
                 inflight += len(client.state.outbound)
             if client.flow is not None:

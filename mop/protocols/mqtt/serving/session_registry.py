@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
 import trio
@@ -123,11 +123,10 @@ class SessionRegistry:
         """Sessions connected through this node."""
         return len(self._attached)
 
-    def states(self) -> Iterator[SessionState]:
+    def states(self) -> list[SessionState]:
         """The sessions this node holds: connected through it, and offline with their timers
         here."""
-        yield from self._attached.values()
-        yield from self._offline.values()
+        return [*self._attached.values(), *self._offline.values()]
 
     @property
     def _role_moves(self) -> bool:
