@@ -20,7 +20,7 @@ from typing import Any, Final, Literal, TypeVar, get_args, get_origin, get_type_
 
 from dynaconf.utils.parse_conf import boolean_fix, parse_conf_data
 
-from mop.settings import Settings, TelemetrySettings, TlsSettings
+from mop.settings import LimitsSettings, Settings, TelemetrySettings, TlsSettings
 
 ENV_PREFIX: Final = "MOP_"
 # Names of the fields that hold secrets, never echoed in an error.
@@ -244,12 +244,29 @@ _INT_BOUNDS: Final[Mapping[str, _Bounds]] = {
     "storage.retention_bytes": _Bounds(0),
     "storage.retention_seconds": _Bounds(0),
     "auth.max_failures": _Bounds(0),
+    "limits.connection_burst": _Bounds(0),
+    "limits.client_message_burst": _Bounds(0),
+    "limits.client_byte_burst": _Bounds(0),
     "telemetry.backlog_top": _Bounds(0, 1000),
     "telemetry.latency_sampling": _Bounds(1, 1_000_000),
 }
 
 _LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _PULSAR_SCHEMES: Final = ("pulsar://", "pulsar+ssl://")
+_HTTP_SCHEMES: Final = ("http://", "https://")
+
+
+def _http_urls(value: str) -> bool:
+    """One http(s):// URL, or several comma-separated (later ones may leave the scheme out,
+    as in Pulsar's "http://host1:8080,host2:8080")."""
+    first, *rest = (part.strip() for part in value.split(","))
+    return (
+        first.startswith(_HTTP_SCHEMES)
+        and len(first) > len("https://")
+        and all(part and ("://" not in part or part.startswith(_HTTP_SCHEMES)) for part in rest)
+    )
+
+
 # Rules for string values (and the strings in lists), by field name: (accepts, problem).
 _STRING_RULES: Final[Mapping[str, tuple[Callable[[str], bool], str]]] = {
     "log_level": (
@@ -259,6 +276,7 @@ _STRING_RULES: Final[Mapping[str, tuple[Callable[[str], bool], str]]] = {
     "service_url": (lambda value: value.startswith(_PULSAR_SCHEMES), "must be a pulsar:// URL"),
     "advertised_url": (lambda value: value.startswith(_PULSAR_SCHEMES), "must be a pulsar:// URL"),
     "brokers": (lambda value: value.startswith(_PULSAR_SCHEMES), "must be pulsar:// URLs"),
+    "admin_url": (_http_urls, "must be http:// or https:// URLs, comma-separated"),
     "protocols": (bool, "must be protocol names"),
     "otlp_metrics_endpoint": (
         lambda value: value.startswith(("http://", "https://")),
@@ -269,6 +287,10 @@ _STRING_RULES: Final[Mapping[str, tuple[Callable[[str], bool], str]]] = {
         "must be an http:// or https:// URL",
     ),
     "roles": (bool, "must be user names"),
+    "sys_node_name": (
+        lambda value: bool(value) and not any(c in value for c in "/+#"),
+        'must be one topic level (not empty, no "/", "+" or "#")',
+    ),
     "providers": (
         lambda value: value in ("password_file", "jwt", "certificate"),
         'must be "password_file", "jwt" or "certificate"',
@@ -289,7 +311,23 @@ _TABLE_RULES: Final[Mapping[type, tuple[tuple[Callable[[Any], bool], str], ...]]
             "trace_sample_ratio must be between 0 and 1",
         ),
     ),
+    LimitsSettings: (
+        (
+            lambda limits: _watermarks_agree(
+                limits.memory_high_watermark, limits.memory_low_watermark
+            ),
+            "memory_low_watermark must be below memory_high_watermark and in the same unit"
+            " (both fractions of the memory up to 1, or both bytes)",
+        ),
+    ),
 }
+
+
+def _watermarks_agree(high: float, low: float) -> bool:
+    """A low-water mark of 0 (90% of the high one), or one below the high one in its unit."""
+    if low == 0:
+        return True
+    return high > 0 and (low <= 1) == (high <= 1) and low < high
 
 
 def _build(cls: type[_T], data: Mapping[str, Any], prefix: str) -> _T:
@@ -359,6 +397,11 @@ _ZERO_DISABLES: Final = frozenset(
         "auth.jwt.leeway",
         "auth.reload_interval",
         "telemetry.trace_sample_ratio",
+        "limits.connection_rate",
+        "limits.client_message_rate",
+        "limits.client_byte_rate",
+        "limits.memory_high_watermark",
+        "limits.memory_low_watermark",
     }
 )
 

@@ -62,6 +62,7 @@ class Drop(StrEnum):
     TOO_LARGE = "too_large"  # larger than the client accepts
     DENIED = "denied"  # the ACL does not let the client publish there
     REFUSED = "refused"  # the backend refused it (disk full, quota)
+    OVERLOADED = "overloaded"  # refused while the node is over its memory high-water mark
 
 
 # A backend's reason for a drop (`DropNotifier`) -> the name counted.
@@ -168,20 +169,27 @@ class ProtocolStats:
     protocol: str
     connections: int = 0  # admitted and open now
     opened: int = 0  # admitted since the node started
+    connections_peak: int = 0  # the most open at once since the node started
     # By reason (`Refusal`, `Closing`).
     refused: dict[str, int] = field(default_factory=dict)
     closed: dict[str, int] = field(default_factory=dict)
     requests: int = 0  # packets or commands received from clients
     messages_received: int = 0
     messages_sent: int = 0
-    bytes_received: int = 0
+    bytes_received: int = 0  # read from and written to the connections
     bytes_sent: int = 0
+    # The payloads alone of the messages received from and sent to clients.
+    payload_bytes_received: int = 0
+    payload_bytes_sent: int = 0
     # From a message's publish time to its delivery to a client of this protocol (sampled).
     delivery_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
-    def record_sent(self, messages: int, nbytes: int) -> None:
+    def record_sent(self, messages: int, nbytes: int, payload_bytes: int = 0) -> None:
+        """Count messages sent to clients: `nbytes` on the wire, `payload_bytes` of them
+        their payloads."""
         self.messages_sent += messages
         self.bytes_sent += nbytes
+        self.payload_bytes_sent += payload_bytes
 
     def record_received_bytes(self, nbytes: int) -> None:
         self.bytes_received += nbytes

@@ -1,6 +1,7 @@
 """Rate-limited log lines: at most one line per kind of event per interval, the next line saying
 how many like it were held back, so that a flood (every publish refused while the disk is full)
-costs one line per interval instead of one per event.
+costs one line per interval instead of one per event. `LineBudget` bounds events that are each
+worth a line (clients connecting) to a number of lines per interval instead.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable
 
-__all__ = ["LimitedLog", "RateLimit"]
+__all__ = ["LimitedLog", "LineBudget", "RateLimit"]
 
 
 class RateLimit:
@@ -35,6 +36,38 @@ class RateLimit:
             return None
         self._last[kind] = now
         return self._held.pop(kind, 0)
+
+
+class LineBudget:
+    """Admits at most `lines` events per window of `interval` seconds and holds back the rest,
+    counting them, so that a storm of events that each deserve a line costs a bounded number
+    of lines. Pure; `clock` returns seconds."""
+
+    __slots__ = ("_clock", "_held", "_used", "_window", "interval", "lines")
+
+    def __init__(
+        self, lines: int, interval: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.lines = lines
+        self.interval = interval
+        self._clock = clock
+        self._window = -float("inf")  # when the current window began
+        self._used = 0
+        self._held = 0
+
+    def admit(self) -> int | None:
+        """None when this event is held back (and counted); else the number of events held
+        back since the last admitted one."""
+        now = self._clock()
+        if now - self._window >= self.interval:
+            self._window = now
+            self._used = 0
+        if self._used >= self.lines:
+            self._held += 1
+            return None
+        self._used += 1
+        held, self._held = self._held, 0
+        return held
 
 
 class LimitedLog:

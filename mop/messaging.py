@@ -21,6 +21,7 @@ __all__ = [
     "StartPosition",
     "SubscriptionKind",
     "SubscriptionSpec",
+    "TopicBusy",
 ]
 
 # Why a backend drops a message for a subscription (`DropNotifier`): its bounded queue was full.
@@ -75,6 +76,13 @@ class ProducerFenced(BackendError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, reason="producer_fenced")
+
+
+class TopicBusy(BackendError):
+    """A topic to delete has consumers or producers connected (delete it with `force`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="topic_busy")
 
 
 @dataclass(frozen=True, slots=True)

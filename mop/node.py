@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import NoReturn
 
@@ -30,8 +31,11 @@ from mop.observability.backend_metrics import (
     register_broker_metrics,
     register_link_metrics,
 )
+from mop.observability.overload_metrics import register_overload_metrics
 from mop.observability.processor_metrics import Cached, register_processor_metrics
 from mop.observability.telemetry import TelemetryError
+from mop.overload.guard import OverloadGuard
+from mop.overload.memory import open_guard, serve_memory_watch
 from mop.processor import Backend, BackendError, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, cluster_client_auth
@@ -40,7 +44,7 @@ from mop.security.ban_store import BanStore
 from mop.security.gatekeeper import Gatekeeper
 from mop.security.policy import PolicyError, load_policy
 from mop.security.reloading import PolicyReloader
-from mop.settings import Settings
+from mop.settings import LimitsSettings, Settings
 from mop.transport import BoundListener, Handler, ListenerSpec, serve_listeners
 
 log = logging.getLogger("mop.node")
@@ -167,9 +171,17 @@ async def _start_cluster_backend(
             "protocols: the Pulsar adapter runs on brokers, not on a separated proxy; set"
             ' protocols = ["mqtt"] (Pulsar clients connect to the brokers directly)'
         )
+    if cluster.admin_url is not None:
+        from mop.backends.cluster.topic_admin import admin_urls
+
+        try:
+            admin_urls(cluster.admin_url)
+        except ValueError as exc:
+            raise StartupError(f"cluster.admin_url: {exc}") from None
     backend = ClusterBackend(
         cluster.service_url,
         auth=auth,
+        admin_url=cluster.admin_url,
         tenant=settings.default_tenant,
         namespace=settings.default_namespace,
         tables=tables,
@@ -262,6 +274,14 @@ def broker_auth(settings: Settings) -> ClientAuth:
         raise StartupError(str(exc)) from None
 
 
+def _broker_membership(settings: Settings, membership: Membership) -> Membership | None:
+    """The membership of a broker node (merged, serving the Pulsar protocol), whose admin
+    listener answers Pulsar's admin REST API for its topics; None for other nodes."""
+    if settings.mode == "merged" and "pulsar" in settings.protocols:
+        return membership
+    return None
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -291,13 +311,24 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
             auth = broker_auth(settings)
             membership = cluster_membership(settings)
             tables = (*(name for h in handlers.values() for name in h.tables), BANS_TABLE)
+            overload = _open_overload(settings.limits)
             backend = await start_backend(settings, nursery, membership, tables=tables, auth=auth)
             processor = MessagingProcessor(
-                backend, max_connections=settings.limits.max_connections, gatekeeper=gatekeeper
+                backend,
+                max_connections=settings.limits.max_connections,
+                gatekeeper=gatekeeper,
+                overload=overload,
+                tracing=telemetry.tracing,
             )
             _register_metrics(telemetry, processor, backend, settings)
+            register_overload_metrics(telemetry, overload)
+            if overload.watches_memory:
+                await nursery.start(
+                    serve_memory_watch, overload, settings.limits.memory_check_interval
+                )
             await nursery.start(PolicyReloader(gatekeeper, settings.auth).serve)
-            await nursery.start(_serve_bans, gatekeeper, BanStore(processor.table(BANS_TABLE)))
+            bans = BanStore(processor.table(BANS_TABLE))
+            await nursery.start(_serve_bans, gatekeeper, bans)
             services = NodeServices(
                 processor=processor, nursery=nursery, membership=membership, broker_auth=auth
             )
@@ -308,7 +339,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                 await handler.start(services)
             bound: list[BoundListener] = []
             for handler in handlers.values():
-                bound.extend(await _serve(nursery, handler))
+                bound.extend(await _serve(nursery, handler, settings.limits, overload))
             _advertise_bound_port(membership, settings, bound)
             if settings.admin.enabled:
                 context = AdminContext(
@@ -317,7 +348,9 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                     telemetry=telemetry,
                     protocols=handlers,
                     listeners=lambda: tuple(bound),
-                    not_ready=list,
+                    not_ready=lambda: [*processor.not_ready(), *overload.not_ready()],
+                    broker=_broker_membership(settings, membership),
+                    bans=bans,
                 )
                 bound.append(await _serve_admin(nursery, context))
             for entry in bound:
@@ -427,14 +460,36 @@ def _load_handlers(settings: Settings) -> dict[str, ProtocolHandler]:
     return handlers
 
 
-async def _serve(nursery: trio.Nursery, handler: ProtocolHandler) -> list[BoundListener]:
+def _open_overload(limits: LimitsSettings) -> OverloadGuard:
+    try:
+        return open_guard(limits)
+    except ValueError as exc:
+        raise StartupError(f"limits.memory_low_watermark: {exc}") from None
+
+
+async def _serve(
+    nursery: trio.Nursery,
+    handler: ProtocolHandler,
+    limits: LimitsSettings,
+    overload: OverloadGuard,
+) -> list[BoundListener]:
+    """Serve the listeners of `handler`, each held to `limits.connection_rate`."""
     bound: list[BoundListener] = []
     by_handler: dict[Handler, list[ListenerSpec]] = {}
     for spec, connection_handler in handler.listeners():
+        spec = dataclasses.replace(
+            spec, connection_rate=limits.connection_rate, connection_burst=limits.connection_burst
+        )
         by_handler.setdefault(connection_handler, []).append(spec)
+
+    def refused(spec: ListenerSpec) -> None:
+        overload.refused_connection(f"{spec.name} ({spec.kind})")
+
     for connection_handler, specs in by_handler.items():
         try:
-            bound += await nursery.start(serve_listeners, specs, connection_handler)
+            bound += await nursery.start(
+                partial(serve_listeners, specs, connection_handler, on_refused=refused)
+            )
         except OSError as exc:
             raise StartupError(f"{handler.name}: {exc}") from None
     return bound

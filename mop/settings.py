@@ -14,6 +14,7 @@ Mode = Literal["merged", "separated"]
 # Field metadata of a setting that is a secret: never in a repr, hidden by `mop config`.
 SECRET: Final = MappingProxyType({"secret": True})
 FsyncPolicy = Literal["always", "interval", "never"]
+LogFormat = Literal["text", "json"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,10 @@ class MqttSettings:
     max_session_expiry: int = 0xFFFFFFFF
     retain_available: bool = True
     sys_interval: float = 10.0
+    # Client connected/disconnected events under `$SYS/brokers/{node}/clients/{clientid}/...`.
+    sys_events: bool = False
+    # The {node} of those topics; unset: "mop@" and the host name.
+    sys_node_name: str | None = None
     # Separated mode: seconds a proxy may send no heartbeat before the others take it for dead
     # and the sessions of its clients go offline (their wills, their expiry).
     node_timeout: float = 10.0
@@ -66,6 +71,25 @@ class LimitsSettings:
 
     # Client connections at once, of every protocol together.
     max_connections: int = 100_000
+    # New connections each listener accepts a second (0: no limit), in bursts of up to
+    # `connection_burst` (0: one second's worth); the others are refused before any protocol
+    # work.
+    connection_rate: float = 0.0
+    connection_burst: int = 0
+    # Messages (MQTT PUBLISH, Pulsar messages) and bytes each client may send a second (0: no
+    # limit), with their bursts (0: one second's worth). A client over its rate is not read
+    # from until it is back within it: TCP pushes back, nothing is dropped.
+    client_message_rate: float = 0.0
+    client_message_burst: int = 0
+    client_byte_rate: float = 0.0
+    client_byte_burst: int = 0
+    # Memory (the node's RSS) at which it pushes back on publishers and refuses new MQTT
+    # clients, until it is below the low mark: up to 1 a fraction of the machine's memory,
+    # above 1 a number of bytes (high 0: no mark; low 0: 90% of the high mark).
+    memory_high_watermark: float = 0.0
+    memory_low_watermark: float = 0.0
+    # Seconds between samples of the node's memory.
+    memory_check_interval: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +218,10 @@ class ClusterAuthSettings:
 class ClusterSettings:
     # Separated mode: the brokers, "pulsar://host1:6650,host2:6650" (required there).
     service_url: str | None = None
+    # Separated mode: the brokers' HTTP admin service, for the admin API's topic stats and
+    # deletion: Apache Pulsar's webServiceUrl ("http://pulsar:8080"), or each mop broker's
+    # admin URL, comma-separated ("http://broker-1:8080,http://broker-2:8080").
+    admin_url: str | None = None
     brokers: tuple[str, ...] = ()
     advertised_url: str | None = None
     # Separated mode: seconds between the topic-list polls that find new topics for wildcard
@@ -238,6 +266,8 @@ class Settings:
     default_tenant: str = "public"
     default_namespace: str = "default"
     log_level: str = "INFO"
+    # "text" lines, or "json": one object per line (`mop.observability.logs`).
+    log_format: LogFormat = "text"
     mqtt: MqttSettings = field(default_factory=MqttSettings)
     pulsar: PulsarSettings = field(default_factory=PulsarSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)

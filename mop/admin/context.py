@@ -6,9 +6,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from mop.membership import Membership
 from mop.observability import Telemetry
 from mop.processor import MessagingProcessor
 from mop.protocols.base import ProtocolHandler
+from mop.protocols.introspection import AdminView
+from mop.security.ban_store import BanStore
 from mop.settings import Settings
 from mop.transport import BoundListener
 
@@ -24,3 +27,12 @@ class AdminContext:
     # Why the node is not ready to take clients now (empty: ready).
     not_ready: Callable[[], list[str]]
     started_at: float = field(default_factory=time.time)
+    # The deployment's bans (None: the API cannot change them).
+    bans: BanStore | None = None
+    # On a broker (a merged node serving the Pulsar protocol): its cluster, for the routes of
+    # Pulsar's admin REST API, which answer for the topics it owns. None on other nodes.
+    broker: Membership | None = None
+
+    def views(self) -> dict[str, AdminView]:
+        """Each protocol's clients and state, by protocol name."""
+        return {name: handler.admin_view() for name, handler in self.protocols.items()}

@@ -105,9 +105,15 @@ class Router:
         segment, percent-encoded (`a%2Fb` for the topic `a/b`), decoded into
         `request.params[name]`; a `public` route skips the guard (health checks, the page's
         static files)."""
-        regex = _PARAM.sub(lambda match: f"(?P<{match.group(1)}>[^/]+)", re.escape(template))
-        regex = regex.replace(r"\{", "{").replace(r"\}", "}")
+        parts = _PARAM.split(template)  # literal, name, literal, name, ..., literal
+        regex = "".join(
+            f"(?P<{part}>[^/]+)" if i % 2 else re.escape(part) for i, part in enumerate(parts)
+        )
         self._routes.append(_Route(method, template, re.compile(f"^{regex}$"), handler, public))
+
+    def routes(self) -> list[tuple[str, str, bool]]:
+        """(method, template, public) of every route, in the order they were added."""
+        return [(route.method, route.template, route.public) for route in self._routes]
 
     def match(self, method: str, path: str) -> tuple[_Route, dict[str, str]]:
         allowed: list[str] = []
@@ -143,12 +149,13 @@ class AsgiApp:
         if scope["type"] != "http":
             return  # no WebSocket routes
         response = await self._respond(scope, receive)
-        headers = [
-            (b"content-type", response.content_type.encode()),
-            (b"content-length", str(len(response.body)).encode()),
-            (b"cache-control", b"no-store"),
-            *((name.encode(), value.encode()) for name, value in response.headers),
-        ]
+        headers = [(name.encode(), value.encode()) for name, value in response.headers]
+        if response.status != 304:  # a 304 describes the stored response; it has no body
+            headers.append((b"content-type", response.content_type.encode()))
+            headers.append((b"content-length", str(len(response.body)).encode()))
+        # API answers are never cached; a route may decide otherwise (the dashboard's files).
+        if not any(name.lower() == "cache-control" for name, _ in response.headers):
+            headers.append((b"cache-control", b"no-store"))
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         body = b"" if scope["method"] == "HEAD" else response.body
         await send({"type": "http.response.body", "body": body})

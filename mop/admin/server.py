@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import logging
+import socket
 
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from mop.admin.auth import AdminGuard
 from mop.admin.context import AdminContext
 from mop.admin.http import AsgiApp, Router
+from mop.admin.routes_bans import add_bans_routes
+from mop.admin.routes_clients import add_clients_routes
+from mop.admin.routes_docs import add_docs_routes
 from mop.admin.routes_health import add_health_routes
+from mop.admin.routes_logging import add_logging_routes
+from mop.admin.routes_page import add_page_routes
+from mop.admin.routes_publish import add_publish_routes
+from mop.admin.routes_pulsar import add_pulsar_admin_routes
+from mop.admin.routes_retained import add_retained_routes
+from mop.admin.routes_sessions import add_sessions_routes
+from mop.admin.routes_stats import add_stats_routes
+from mop.admin.routes_topics import add_topic_routes
 from mop.transport import BoundListener, ListenerSpec
 
 log = logging.getLogger("mop.admin")
@@ -21,7 +34,19 @@ ADMIN_LISTENER = "admin"
 def build_admin_app(context: AdminContext) -> AsgiApp:
     router = Router()
     add_health_routes(router, context)
-    return AsgiApp(router)
+    add_stats_routes(router, context)
+    add_clients_routes(router, context)
+    add_sessions_routes(router, context)
+    add_retained_routes(router, context)
+    add_publish_routes(router, context)
+    add_bans_routes(router, context)
+    add_docs_routes(router, context)
+    add_logging_routes(router, context)
+    add_topic_routes(router, context)
+    if context.broker is not None:
+        add_pulsar_admin_routes(router, context, context.broker)
+    add_page_routes(router, context)
+    return AsgiApp(router, AdminGuard(context.settings, context.processor))
 
 
 async def serve_admin(
@@ -33,8 +58,9 @@ async def serve_admin(
     bound address (the real port when the setting is 0). OSError when it cannot bind."""
     settings = context.settings.admin
     config = Config()
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    config.bind = [f"{host}:{settings.port}"]
+    # Bound here rather than by hypercorn, which leaks the socket of a failed bind; hypercorn
+    # takes the file descriptor over.
+    config.bind = [f"fd://{_bind(settings.host, settings.port).detach()}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("mop.admin.http")
     config.graceful_timeout = 1.0
@@ -49,3 +75,17 @@ async def serve_admin(
             task_status.started(BoundListener(spec, bound_host.strip("[]"), int(port)))
 
     await serve(app, config, task_status=_Status())  # type: ignore[arg-type]
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

@@ -29,10 +29,10 @@ from mop.broker.producers import ProducerRegistry, SequenceBook, Sequenced
 from mop.broker.storage.api import CursorKey, CursorState, Storage
 from mop.broker.storage.ranges import IdRanges
 from mop.broker.subscription import Bookkeeping, Subscription
-from mop.broker.topic import NON_PERSISTENT, Topic, Topics
+from mop.broker.topic import NON_PERSISTENT, Topic, Topics, payload_size
 from mop.clock import now_ms
 from mop.message import Delivery, Message, MessageId
-from mop.messaging import StartPosition, SubscriptionSpec
+from mop.messaging import StartPosition, SubscriptionSpec, TopicBusy
 from mop.topic_names import is_exact_selector
 from mop.topics import SubscriptionTrie, matches
 
@@ -123,6 +123,10 @@ class Broker:
 
     # -- lookups ---------------------------------------------------------------------------
 
+    def now(self) -> float:
+        """The broker's wall clock, in seconds (the stats' times are on it)."""
+        return self._books.clock() / 1000
+
     def topic(self, name: str) -> Topic | None:
         return self._topics.get(name)
 
@@ -165,6 +169,12 @@ class Broker:
         else:
             message_id = node.next_transient_id()
         node.last_id = message_id
+        if message.batch:
+            node.messages_in += len(message.batch)
+            node.bytes_in += payload_size(message)
+        else:
+            node.messages_in += 1
+            node.bytes_in += len(message.payload)
         if sequence is not None:
             saved = self.sequences.record(topic, sequence)
             if saved is not None:
@@ -205,6 +215,8 @@ class Broker:
             for _ in messages:
                 node.last_id = node.next_transient_id()
                 ids.append(node.last_id)
+        node.messages_in += sum(message.count for message in messages)
+        node.bytes_in += sum(payload_size(message) for message in messages)
         count = len(node.cursors)
         if count:
             entries = [Entry(topic, i, m) for i, m in zip(ids, messages, strict=True)]
@@ -262,11 +274,53 @@ class Broker:
 
     def _create_topic(self, name: str) -> Topic:
         topic = self._topics.add(name, self.storage.last_id(name))
+        topic.loaded_at = self.now()
         # A new topic joins every subscription whose selectors match it, from its first message.
         for _, _, sub in self._trie.match(topic.mqtt):
             if name not in sub.cursors:
                 sub.add_cursor(topic, topic.last_id, load=False)
         return topic
+
+    def topic_users(self, name: str) -> tuple[int, int]:
+        """How many consumers (attached to the subscriptions of topic `name`) and registered
+        producers the topic has."""
+        topic = self._topics.get(name)
+        consumers = 0 if topic is None else sum(len(c.sub.attachments) for c in topic.cursors)
+        return consumers, len(self.producers.producers(name))
+
+    async def delete_topic(self, name: str, *, force: bool = False) -> bool:
+        """Delete topic `name`: its stored messages, the positions of its subscriptions on it
+        (their backlog of it goes, also from their consumers) and its producers' sequence ids.
+        The subscriptions stay with their selectors: a message published to the name again
+        creates a new topic, which joins the subscriptions that match it from that message.
+
+        Raises TopicBusy while consumers or producers are connected, unless `force` (they
+        stay connected: the producers' next messages create the topic again). A compacted
+        topic (a table) cannot be deleted. False when there is no such topic."""
+        topic = self._topics.get(name)
+        if topic is None:
+            return False
+        if name in self.compacted:
+            raise TopicBusy(f"{name} holds a table of the broker; it cannot be deleted")
+        consumers, producers = self.topic_users(name)
+        if (consumers or producers) and not force:
+            raise TopicBusy(
+                f"{name} has {consumers} consumer(s) and {producers} producer(s) connected"
+            )
+        for cursor in list(topic.cursors):
+            sub = cursor.sub
+            sub.drop_cursor(cursor)
+            if sub.durable:
+                self.storage.save_cursors({(name, sub.name): None})
+        self._topics.discard(topic)
+        self._trim_dirty.discard(topic)
+        self._grace.forget(topic)
+        for key in self.sequences.forget(name):
+            self.storage.table_put(PRODUCERS_TABLE, key, None)
+        if topic.persistent:
+            self.storage.delete_topic(name)
+            await self.storage.sync()
+        return True
 
     def _forget_if_unused(self, topic: Topic) -> None:
         # Topics made by an exact subscribe that never saw a message need not outlive it.

@@ -1,6 +1,6 @@
 """`Entry`, a stored message as it travels through dispatch, and `Cursor`, one subscription on
 one topic. The leaf of the broker's modules: every other one imports it, it imports none of them
-(it names `Subscription` and `Topic` for the type checker only). No I/O.
+but `rates` (it names `Subscription` and `Topic` for the type checker only). No I/O.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+from mop.broker.rates import RateMeter
 from mop.broker.storage.api import CursorState
 from mop.broker.storage.ranges import IdRangeSet
 from mop.message import Delivery, Message, MessageId
@@ -46,21 +47,26 @@ class Entry:
 
 class Cursor:
     """One subscription on one topic: what it acknowledged, and the messages it still waits
-    to dispatch (`backlog`, in id order)."""
+    to dispatch (`backlog`, in id order). `messages_out` and `bytes_out` count what its
+    consumers took since it was made (at `since`, wall-clock seconds), for the stats."""
 
     __slots__ = (
         "acked",
         "attached",
         "backlog",
+        "bytes_out",
         "ids",
         "ids_limit",
         "in_ready",
         "loading",
         "mark_delete",
+        "messages_out",
+        "meter",
         "partial",
         "qos0",
         "redeliveries",
         "returned",
+        "since",
         "sub",
         "topic",
     )
@@ -90,6 +96,10 @@ class Cursor:
         # While the backlog is being read from storage, new messages queue up behind it.
         self.loading = False
         self.attached = True
+        self.messages_out = 0
+        self.bytes_out = 0
+        self.since = 0.0
+        self.meter: RateMeter | None = None  # made when the stats are first read
 
     def __repr__(self) -> str:
         return f"Cursor({self.sub.name!r}, {self.topic.name!r})"
@@ -110,6 +120,23 @@ class Cursor:
             if len(ids) > self.ids_limit:
                 self.compact()
         self.sub.books.changed.add(self)
+
+    def owed(self) -> int:
+        """How many messages routed here the subscription has not acknowledged (Pulsar's
+        msgBacklog): waiting for dispatch, with a consumer, or delayed. O(len(ids)), walked
+        by runs of `acked` as `compact` does."""
+        acked = self.acked
+        if not acked:
+            return len(self.ids)
+        owed = 0
+        held, ledger, first, last = False, -1, 0, -1
+        for message_id in self.ids:
+            entry = message_id.entry
+            if message_id.ledger != ledger or entry < first or entry > last:
+                held, ledger, first, last = acked.span(message_id)
+            if not held:
+                owed += 1
+        return owed
 
     def is_acked(self, message_id: MessageId) -> bool:
         mark = self.mark_delete

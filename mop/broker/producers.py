@@ -221,6 +221,15 @@ class SequenceBook:
             recent.popitem(last=False)
         return None
 
+    def forget(self, topic: str) -> list[str]:
+        """Forget the sequence ids of `topic` (deleted); the table keys to delete."""
+        durable = [key for key in self._durable if key[0] == topic]
+        for key in durable:
+            del self._durable[key]
+        for key in [key for key in self._recent if key[0] == topic]:
+            del self._recent[key]
+        return [f"{topic}\n{name}" for _, name in durable]
+
     def restore(self, saved: Iterable[tuple[str, bytes]]) -> None:
         """Load the table entries `record` returned."""
         for key, raw in saved:

@@ -14,7 +14,7 @@ from mop.broker.delays import DelayQueue
 from mop.broker.dispatch import PICKERS, Attachment
 from mop.broker.errors import ConsumerBusy, SubscriptionMismatch
 from mop.broker.storage.ranges import IdRanges
-from mop.broker.topic import Topic
+from mop.broker.topic import Topic, payload_size
 from mop.message import Delivery, MessageId
 from mop.messaging import QUEUE_FULL, SubscriptionKind
 
@@ -369,6 +369,8 @@ class Subscription:
             entries += 1
             count = cursor.redeliveries.get(entry.message_id, 0) if cursor.redeliveries else 0
             if not message.batch:
+                cursor.messages_out += 1
+                cursor.bytes_out += len(message.payload)
                 if message.qos == 0 and att.ack_qos0:
                     # At most once: acknowledged as it is taken, never tracked as unacked.
                     cursor.ack(entry.message_id)
@@ -384,6 +386,8 @@ class Subscription:
                     taken.append(delivery)
                 continue
             unacked[(entry.topic, entry.message_id)] = entry
+            cursor.messages_out += len(message.batch)
+            cursor.bytes_out += payload_size(message)
             bits = cursor.partial.get(entry.message_id, 0) if cursor.partial else 0
             if att.whole_batches:
                 acked = frozenset(i for i in range(len(message.batch)) if bits >> i & 1)
@@ -510,6 +514,7 @@ class Subscription:
     def add_cursor(self, topic: Topic, mark_delete: MessageId | None, *, load: bool) -> Cursor:
         cursor = Cursor(self, topic, mark_delete)
         cursor.loading = load
+        cursor.since = self.books.clock() / 1000
         self.cursors[topic.name] = cursor
         topic.cursors.append(cursor)
         self.books.changed.add(cursor)

@@ -1,28 +1,50 @@
-"""Topics as the broker holds them: a name, its MQTT form, its last id and the cursors of the
-subscriptions attached to it.
+"""Topics as the broker holds them: a name, its MQTT form, its last id, the cursors of the
+subscriptions attached to it, and what was published to it since the broker loaded it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mop.message import MessageId
+from mop.broker.rates import RateMeter
+from mop.message import Message, MessageId
 from mop.topic_names import is_exact_selector, mqtt_to_pulsar, pulsar_to_mqtt
 from mop.topics import TopicTree
 
 if TYPE_CHECKING:
     from mop.broker.cursor import Cursor
 
-__all__ = ["NON_PERSISTENT", "Topic", "Topics"]
+__all__ = ["NON_PERSISTENT", "Topic", "Topics", "payload_size"]
 
 NON_PERSISTENT = "non-persistent://"
 
 
+def payload_size(message: Message) -> int:
+    """The bytes of a message's payload, or of its batch's payloads, as the stats count them."""
+    if message.batch:
+        return sum(len(member.payload) for member in message.batch)
+    return len(message.payload)
+
+
 class Topic:
     """A topic. A non-persistent one (`non-persistent://...`) keeps nothing in storage: its
-    ids come from a counter of this process, and only attached consumers see its messages."""
+    ids come from a counter of this process, and only attached consumers see its messages.
 
-    __slots__ = ("cursors", "last_id", "mqtt", "name", "persistent", "trimmed")
+    `messages_in` and `bytes_in` count what was published since the broker loaded the topic
+    (at `loaded_at`, wall-clock seconds), for its stats; `meter` measures their rates."""
+
+    __slots__ = (
+        "bytes_in",
+        "cursors",
+        "last_id",
+        "loaded_at",
+        "messages_in",
+        "meter",
+        "mqtt",
+        "name",
+        "persistent",
+        "trimmed",
+    )
 
     def __init__(self, name: str, mqtt: str, last_id: MessageId | None) -> None:
         self.name = name
@@ -33,6 +55,10 @@ class Topic:
         # subscriptions or selectors change so that a publish never searches for them.
         self.cursors: list[Cursor] = []
         self.trimmed: MessageId | None = None
+        self.messages_in = 0
+        self.bytes_in = 0
+        self.loaded_at = 0.0
+        self.meter: RateMeter | None = None  # made when the stats are first read
 
     def __repr__(self) -> str:
         return f"Topic({self.name!r})"

@@ -29,12 +29,11 @@ from mop.cli.exits import (
 from mop.config import dump_settings, hide_secrets
 from mop.exception_groups import leaves
 from mop.node import StartupError, serve_node
+from mop.observability.logs import configure_logging
 from mop.settings import Settings
 from mop.version import VERSION
 
 __all__ = ["main"]
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +86,7 @@ def _show_config(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _run(settings: Settings, args: argparse.Namespace) -> int:
-    logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
+    configure_logging(settings.log_level, settings.log_format)
     # A node holds many long-lived objects per connection; with the default thresholds full
     # collections walk all of them again and again (a quarter of the CPU of a connection
     # storm). What exists at startup never becomes garbage: keep it out of collections, and

@@ -3,7 +3,9 @@
 Each node gets its own MeterProvider and its own Prometheus registry (never the process-wide
 defaults), so several nodes in one process (tests, an embedded broker) keep their numbers apart.
 The OpenTelemetry Prometheus exporter turns the SDK's metrics into the exposition format; mop
-writes none of it by hand.
+writes none of it by hand. With `trace_sample_ratio` above 0 the node also gets its own
+TracerProvider (sampling by trace id, following a sampled parent), exporting over OTLP when
+`otlp_traces_endpoint` is set; at 0 there is none, and nothing on the message path traces.
 """
 
 from __future__ import annotations
@@ -23,10 +25,18 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from mop.observability.histograms import BucketHistograms
+from mop.observability.tracing import NodeTracing
 from mop.settings import TelemetrySettings
 from mop.version import VERSION
 
@@ -47,13 +57,15 @@ class PrometheusPage:
 
 class Telemetry:
     """A node's meter provider and what reads it: the Prometheus registry behind `/metrics`
-    and, when configured, a periodic OTLP export."""
+    and, when configured, a periodic OTLP export; and its tracer provider when it traces,
+    behind `tracing` (None when it does not)."""
 
     def __init__(
         self,
         provider: MeterProvider,
         registry: CollectorRegistry,
         histograms: BucketHistograms | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         self._provider = provider
         self._registry = registry
@@ -62,6 +74,17 @@ class Telemetry:
         self.histograms = histograms or BucketHistograms(
             Resource.create({}), InstrumentationScope(METER_NAME, VERSION)
         )
+        self._tracer_provider = tracer_provider
+        self.tracing: NodeTracing | None = (
+            NodeTracing(tracer_provider) if tracer_provider is not None else None
+        )
+
+    def export_spans_to(self, exporter: SpanExporter) -> None:
+        """Also hand every span to `exporter` as it ends (tests read them from an
+        `InMemorySpanExporter`). TelemetryError when the node does not trace."""
+        if self._tracer_provider is None:
+            raise TelemetryError("tracing is off (telemetry.trace_sample_ratio = 0)")
+        self._tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
 
     def prometheus(self) -> PrometheusPage:
         """The current value of every metric in the Prometheus text format."""
@@ -69,14 +92,18 @@ class Telemetry:
 
     def shutdown(self) -> None:
         """Stop the exporters (a last OTLP export included); the node calls it once."""
-        try:
-            self._provider.shutdown()
-        except Exception:  # an exporter that fails on the way out must not stop the node's exit
-            log.exception("telemetry shutdown")
+        for provider in (self._provider, self._tracer_provider):
+            if provider is None:
+                continue
+            try:
+                provider.shutdown()
+            except Exception:  # an exporter that fails on the way out must not stop the exit
+                log.exception("telemetry shutdown")
 
 
 def open_telemetry(settings: TelemetrySettings, *, mode: str, node_name: str) -> Telemetry:
-    """A node's telemetry: Prometheus always, OTLP metrics when `otlp_metrics_endpoint` is set.
+    """A node's telemetry: Prometheus always, OTLP metrics when `otlp_metrics_endpoint` is set,
+    traces when `trace_sample_ratio` is above 0 (over OTLP when `otlp_traces_endpoint` is set).
     The resource names the service "mop" with the node's mode and name."""
     registry = CollectorRegistry(auto_describe=True)
     resource = Resource.create(
@@ -92,7 +119,44 @@ def open_telemetry(settings: TelemetrySettings, *, mode: str, node_name: str) ->
     if settings.otlp_metrics_endpoint:
         readers.append(_otlp_reader(settings, histograms))
     provider = MeterProvider(metric_readers=readers, resource=resource)
-    return Telemetry(provider, registry, histograms)
+    return Telemetry(
+        provider,
+        registry,
+        histograms=histograms,
+        tracer_provider=_tracer_provider(settings, resource),
+    )
+
+
+def _tracer_provider(settings: TelemetrySettings, resource: Resource) -> TracerProvider | None:
+    ratio = settings.trace_sample_ratio
+    if ratio <= 0:
+        return None
+    # A message whose trace context says sampled is traced whatever the ratio: the trace
+    # began upstream and stays whole.
+    provider = TracerProvider(
+        resource=resource,
+        sampler=ParentBased(TraceIdRatioBased(ratio)),
+        shutdown_on_exit=False,  # the node shuts it down (several nodes live in one process)
+    )
+    if settings.otlp_traces_endpoint:
+        provider.add_span_processor(BatchSpanProcessor(_otlp_span_exporter(settings)))
+    else:
+        log.info(
+            "tracing %g of messages: trace context is propagated, spans are not exported"
+            " (telemetry.otlp_traces_endpoint is not set)",
+            ratio,
+        )
+    return provider
+
+
+def _otlp_span_exporter(settings: TelemetrySettings) -> SpanExporter:
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError:
+        raise TelemetryError(
+            "telemetry.otlp_traces_endpoint needs the OTLP exporter: pip install 'mop[otlp]'"
+        ) from None
+    return OTLPSpanExporter(endpoint=settings.otlp_traces_endpoint)
 
 
 class _PrometheusReader(PrometheusMetricReader):

@@ -8,6 +8,7 @@ from mop.processor.backend import (
     ClientLease,
     Consumer,
     ConsumerClosed,
+    ConsumerStats,
     CursorPosition,
     DropNotifier,
     FenceNotifier,
@@ -21,7 +22,11 @@ from mop.processor.backend import (
     StartPosition,
     SubscriptionKind,
     SubscriptionSpec,
+    SubscriptionStats,
     Table,
+    TopicBusy,
+    TopicStats,
+    Traffic,
 )
 from mop.processor.processor import (
     ClientContext,
@@ -57,6 +62,7 @@ __all__ = [
     "ConnectionLimitReached",
     "Consumer",
     "ConsumerClosed",
+    "ConsumerStats",
     "CountedProducer",
     "Credentials",
     "CursorPosition",
@@ -75,6 +81,10 @@ __all__ = [
     "StartPosition",
     "SubscriptionKind",
     "SubscriptionSpec",
+    "SubscriptionStats",
     "Table",
+    "TopicBusy",
+    "TopicStats",
+    "Traffic",
     "certificate_identity",
 ]

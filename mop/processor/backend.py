@@ -26,6 +26,7 @@ from mop.messaging import (
     StartPosition,
     SubscriptionKind,
     SubscriptionSpec,
+    TopicBusy,
 )
 
 # The shared words of `mop.messaging` are part of this contract: importable from here too.
@@ -37,6 +38,7 @@ __all__ = [
     "ClientLease",
     "Consumer",
     "ConsumerClosed",
+    "ConsumerStats",
     "CursorPosition",
     "DropNotifier",
     "FenceNotifier",
@@ -51,7 +53,11 @@ __all__ = [
     "StartPosition",
     "SubscriptionKind",
     "SubscriptionSpec",
+    "SubscriptionStats",
     "Table",
+    "TopicBusy",
+    "TopicStats",
+    "Traffic",
 ]
 
 
@@ -76,6 +82,73 @@ class CursorPosition:
     last: MessageId | None
     # Every message up to here is acknowledged by the subscription (None: none is).
     mark_delete: MessageId | None
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """Messages and bytes (payloads) that went one way through a topic or a subscription:
+    counted since its broker loaded the topic, and the recent rates per second."""
+
+    messages: int = 0
+    bytes: int = 0
+    message_rate: float = 0.0
+    byte_rate: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerStats:
+    """A consumer attached to a subscription of a topic."""
+
+    # The consumer's name (a Pulsar consumer's), else its member name (an MQTT client id).
+    name: str
+    # Messages of the topic sent to it and not acknowledged yet.
+    unacked: int = 0
+    # Messages it may still be sent (a consumer with permits); None when it has no such count.
+    permits: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionStats:
+    """One subscription as one topic sees it."""
+
+    name: str
+    # None when the broker does not say (Apache Pulsar leaves it out while no consumer is
+    # attached).
+    kind: SubscriptionKind | None
+    # Messages of the topic not acknowledged by the subscription (Pulsar's msgBacklog),
+    # including those sent to a consumer and not acknowledged yet.
+    backlog: int
+    consumers: tuple[ConsumerStats, ...] = ()
+    # Sent to its consumers from this topic.
+    outbound: Traffic = Traffic()
+    # Kept while no consumer is attached (see `SubscriptionSpec.durable`).
+    durable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TopicStats:
+    """What a broker knows of one topic (a Pulsar TopicStats, in protocol-neutral words)."""
+
+    # The full Pulsar name.
+    topic: str
+    # Published to the topic, and sent from it to every subscription.
+    inbound: Traffic = Traffic()
+    outbound: Traffic = Traffic()
+    # Bytes its stored messages take in the broker's storage.
+    storage_size: int = 0
+    # The names of the producers registered by clients of the Pulsar protocol (MQTT
+    # publishers register none).
+    producers: tuple[str, ...] = ()
+    subscriptions: tuple[SubscriptionStats, ...] = ()
+
+    @property
+    def backlog(self) -> int:
+        """Messages not acknowledged, over every subscription."""
+        return sum(sub.backlog for sub in self.subscriptions)
+
+    @property
+    def consumers(self) -> int:
+        return sum(len(sub.consumers) for sub in self.subscriptions)
 
 
 class Consumer(Protocol):
@@ -338,6 +411,23 @@ class Backend(Protocol):
     async def delete_subscription(self, name: str, member: str = "") -> None:
         """Remove a member of a subscription that has no consumer attached (e.g. an expired
         offline session); the subscription goes when its last member does."""
+        ...
+
+    async def topic_stats(self, topic: str) -> TopicStats | None:
+        """What the brokers know of `topic` (a full name); None when it does not exist."""
+        ...
+
+    async def delete_topic(self, topic: str, *, force: bool = False) -> bool:
+        """Delete `topic` (a full name): its stored messages and every subscription's position
+        on it. Subscriptions themselves stay (a later message to the same name creates the
+        topic again, and it reaches the subscriptions whose selectors match it). Raises
+        TopicBusy while consumers or producers are connected to it, unless `force`. False
+        when there was no such topic."""
+        ...
+
+    def not_ready(self) -> list[str]:
+        """Why the backend cannot serve clients now (storage closed, brokers unreachable), one
+        line each; empty when it can. Cheap: it reads state kept up to date elsewhere."""
         ...
 
     def table(self, name: str) -> Table: ...

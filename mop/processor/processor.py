@@ -13,6 +13,7 @@ from typing import Any, cast
 
 from mop.counters import Closing, Drop, LatencyHistogram, ProtocolStats, drop_reason
 from mop.message import Message
+from mop.overload.guard import OverloadGuard
 from mop.processor.at_most_once import AtMostOnceConsumer
 from mop.processor.backend import (
     Backend,
@@ -28,9 +29,11 @@ from mop.processor.backend import (
     Role,
     SubscriptionSpec,
     Table,
+    TopicStats,
 )
 from mop.processor.drops import DropLog
 from mop.processor.stats import ProcessorStats
+from mop.processor.tracing import MessageTracing
 from mop.security.authorization import ClientPermissions
 from mop.security.gatekeeper import Gatekeeper
 from mop.security.identity import ANONYMOUS, Credentials, Principal
@@ -87,6 +90,7 @@ class CountedProducer:
         self, message: Message, *, sequence_id: int = -1, highest_sequence_id: int = -1
     ) -> Awaitable[PublishResult]:
         self._stats.messages_received += message.count
+        self._stats.payload_bytes_received += len(message.payload)
         stored = self._producer.send(
             message, sequence_id=sequence_id, highest_sequence_id=highest_sequence_id
         )
@@ -129,13 +133,21 @@ class MessagingProcessor:
         max_connections: int = 0,
         gatekeeper: Gatekeeper | None = None,
         clock: Callable[[], float] = time.time,
+        overload: OverloadGuard | None = None,
+        tracing: MessageTracing | None = None,
     ) -> None:
         self.backend = backend
         self.max_connections = max_connections
         # Authentication, ACLs and bans, the same for every adapter; without one, everyone is
         # anonymous and allowed everything.
         self.gatekeeper = gatekeeper or Gatekeeper()
+        # Overload protection, the same for every adapter: per-client rates and the memory
+        # high-water mark (`mop.overload`); without one, nothing is limited.
+        self.overload = overload or OverloadGuard()
         self._clock = clock
+        # Traces of messages (publish -> store -> deliver), which the adapters record; None
+        # when the node does not trace, so that the message paths pay one None check.
+        self.tracing = tracing
         self.stats = ProcessorStats(started_at=time.monotonic())
         # What the backend does beyond the contract's required methods, as it declares it.
         self.capabilities: BackendCapabilities = backend.capabilities
@@ -173,6 +185,8 @@ class MessagingProcessor:
             stats.connections -= 1
             raise
         stats.opened += 1
+        stats.connections_peak = max(stats.connections_peak, stats.connections)
+        self.stats.note_peak()
         return lease
 
     async def close_client(
@@ -185,7 +199,9 @@ class MessagingProcessor:
     async def publish(self, ctx: ClientContext, topic: str, message: Message) -> PublishResult:
         stats = self.stats
         if not ctx.internal:
-            stats.protocol(ctx.protocol).messages_received += 1
+            protocol = stats.protocol(ctx.protocol)
+            protocol.messages_received += 1
+            protocol.payload_bytes_received += len(message.payload)
         latency = stats.publish_latency
         if latency.due():
             start = time.perf_counter()
@@ -202,7 +218,9 @@ class MessagingProcessor:
         per item, a BackendError for an item that was refused (see `BatchPublisher`)."""
         stats = self.stats
         if not ctx.internal:
-            stats.protocol(ctx.protocol).messages_received += len(items)
+            protocol = stats.protocol(ctx.protocol)
+            protocol.messages_received += len(items)
+            protocol.payload_bytes_received += sum(len(item[1].payload) for item in items)
         latency = stats.publish_latency
         start = time.perf_counter() if latency.due() else 0.0
         results: list[PublishResult | BackendError]
@@ -241,6 +259,19 @@ class MessagingProcessor:
 
     def table(self, name: str) -> Table:
         return self.backend.table(name)
+
+    async def topic_stats(self, topic: str) -> TopicStats | None:
+        """What the brokers know of `topic` (a full name), for the admin API; None when it
+        does not exist."""
+        return await self.backend.topic_stats(topic)
+
+    async def delete_topic(self, topic: str, *, force: bool = False) -> bool:
+        """Delete `topic` (a full name; see `Backend.delete_topic`), for the admin API."""
+        return await self.backend.delete_topic(topic, force=force)
+
+    def not_ready(self) -> list[str]:
+        """Why the backend cannot serve clients now (empty: it can), for `/readyz`."""
+        return self.backend.not_ready()
 
     async def lookup(self, topic: str) -> str:
         return await self.backend.lookup(topic)

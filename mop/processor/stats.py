@@ -29,7 +29,8 @@ class AdapterCounts:
 @dataclass(slots=True, eq=False)
 class ProcessorStats:
     """Counters by protocol (`protocol(name)`, selected once by each adapter), drops by reason,
-    and the latency of publishes. The totals `$SYS` shows are sums over the protocols."""
+    and the latency of publishes. The totals `$SYS`, the admin API and the dashboard show are
+    sums over the protocols, but for `connections_peak`, the node's own."""
 
     started_at: float
     protocols: dict[str, ProtocolStats] = field(default_factory=dict)
@@ -42,6 +43,9 @@ class ProcessorStats:
     adapters: dict[str, Callable[[], AdapterCounts]] = field(default_factory=dict)
     # One publish or delivery in this many is timed (see `sample_every`).
     sampling: int = 1
+    # The most connections open at once since the node started, every protocol together
+    # (`note_peak`): not the sum of the protocols' peaks, which need not have coincided.
+    connections_peak: int = 0
 
     def protocol(self, name: str) -> ProtocolStats:
         """The counters of protocol `name` (made on first use)."""
@@ -57,6 +61,11 @@ class ProcessorStats:
         self.publish_latency.sample_every(self.sampling)
         for stats in self.protocols.values():
             stats.delivery_latency.sample_every(self.sampling)
+
+    def note_peak(self) -> None:
+        """A connection was admitted: raise `connections_peak` if the node has never had so
+        many open at once."""
+        self.connections_peak = max(self.connections_peak, self.connections)
 
     def drop(self, reason: str, messages: int = 1) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + messages
@@ -88,6 +97,14 @@ class ProcessorStats:
     @property
     def bytes_sent(self) -> int:
         return sum(stats.bytes_sent for stats in self.protocols.values())
+
+    @property
+    def payload_bytes_received(self) -> int:
+        return sum(stats.payload_bytes_received for stats in self.protocols.values())
+
+    @property
+    def payload_bytes_sent(self) -> int:
+        return sum(stats.payload_bytes_sent for stats in self.protocols.values())
 
     @property
     def messages_dropped(self) -> int:

@@ -1,7 +1,8 @@
 """The protocol handler lifecycle (Pulsar PIP-41's, in trio terms) and handler discovery.
 
 A node calls, in this order: `initialize(settings)` -> `advertised_data()` ->
-`await start(services)` -> `listeners()` (the node serves them) -> `await close()`.
+`await start(services)` -> `listeners()` (the node serves them) -> `await close()`; once started,
+`admin_view()` shows the admin API the handler's clients (`mop.protocols.introspection`).
 Handlers are found through the `mop.protocols` entry-point group, so a package can add one.
 """
 
@@ -15,6 +16,7 @@ import trio
 
 from mop.membership import Membership
 from mop.processor import MessagingProcessor
+from mop.protocols.introspection import AdminView
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
 from mop.settings import Settings
 from mop.transport import Handler, ListenerSpec
@@ -55,6 +57,11 @@ class ProtocolHandler(Protocol):
 
     def listeners(self) -> list[tuple[ListenerSpec, Handler]]:
         """The listeners to serve and the connection handler for each."""
+        ...
+
+    def admin_view(self) -> AdminView:
+        """What the admin API may see of this handler's clients and do with them (after
+        `start`)."""
         ...
 
     async def close(self) -> None:

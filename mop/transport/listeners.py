@@ -14,6 +14,8 @@ from typing import Any, NoReturn
 
 import trio
 
+from mop.overload.buckets import Rate, TokenBucket
+from mop.transport.direct import read_ready
 from mop.transport.tls import peer_certificate_info
 from mop.transport.websocket import WebSocketHandshakeError, accept_websocket
 
@@ -36,6 +38,11 @@ KINDS = frozenset({"tcp"}) | _TLS_KINDS | _WEBSOCKET_KINDS
 # Closing is polite (TLS close_notify, WebSocket close frame) but must not let a peer that
 # stopped reading pin a finished connection's task.
 _CLOSE_TIMEOUT = 2.0
+# How long a connection refused for the listener's connection rate may take to send its first
+# bytes (from which `ListenerSpec.refusal` makes the answer) and to take that answer.
+_REFUSAL_TIMEOUT = 0.5
+# The most of those first bytes read.
+_REFUSAL_READ = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +71,12 @@ class ListenerSpec:
     ``ssl_context`` is required for "tls" and "wss". ``ws_path`` None accepts any path.
     ``ws_subprotocols`` is in order of preference, e.g. ``("mqtt", "mqttv3.1")``.
     ``handshake_timeout`` bounds the TLS handshake and WebSocket upgrade together.
+
+    ``connection_rate`` new connections a second (0: no limit), in bursts of up to
+    ``connection_burst`` (0: one second's worth), are served; the others are refused before
+    any handshake or protocol work. On plain TCP a refused connection is sent what
+    ``refusal`` makes of the first bytes it sends (waited for half a second at most): the
+    protocol's "come back later", or b"" to say nothing. TLS and WebSocket ones are closed.
     """
 
     name: str
@@ -75,6 +88,9 @@ class ListenerSpec:
     ws_subprotocols: tuple[str, ...] = ()
     handshake_timeout: float = 10.0
     backlog: int = 1024
+    connection_rate: float = 0.0
+    connection_burst: int = 0
+    refusal: Callable[[bytes], bytes] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -85,6 +101,8 @@ class ListenerSpec:
             raise ValueError(f"listener {self.name!r}: port {self.port} is out of range")
         if not self.handshake_timeout > 0:
             raise ValueError(f"listener {self.name!r}: handshake_timeout must be positive")
+        if self.connection_rate < 0 or self.connection_burst < 0:
+            raise ValueError(f"listener {self.name!r}: connection_rate and burst must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +122,7 @@ async def serve_listeners(
     specs: Sequence[ListenerSpec],
     handler: Handler,
     *,
+    on_refused: Callable[[ListenerSpec], None] | None = None,
     task_status: trio.TaskStatus[list[BoundListener]] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """Listen on every spec and run ``await handler(stream, info)`` for each connection.
@@ -115,7 +134,8 @@ async def serve_listeners(
     upgrade run under ``handshake_timeout``, so slow or hostile clients never delay others.
     The transport closes the stream once the handler returns. Errors of one connection
     (failed handshakes, broken connections, exceptions from the handler) are logged to
-    ``mop.transport`` and never reach the listener or other connections.
+    ``mop.transport`` and never reach the listener or other connections. A connection
+    refused for its listener's ``connection_rate`` is reported to ``on_refused``.
     """
     opened: list[tuple[ListenerSpec, list[trio.SocketListener]]] = []
     try:
@@ -133,11 +153,12 @@ async def serve_listeners(
     ]
     async with trio.open_nursery() as nursery:
         for spec, sockets in opened:
+            gate = _Gate(spec, on_refused) if spec.connection_rate > 0 else None
             # trio.serve_listeners keeps accepting through EMFILE and similar overload errors.
             nursery.start_soon(
                 partial(
                     trio.serve_listeners,
-                    partial(_serve_connection, spec, handler),
+                    partial(_serve_connection, spec, handler, gate),
                     sockets,
                     handler_nursery=nursery,
                 )
@@ -219,7 +240,50 @@ class _Layers:
     ws_subprotocol: str | None = None
 
 
-async def _serve_connection(spec: ListenerSpec, handler: Handler, tcp: trio.SocketStream) -> None:
+class _Gate:
+    """The connection rate of one listener (all its sockets): a token per connection."""
+
+    __slots__ = ("_bucket", "_on_refused", "_spec")
+
+    def __init__(
+        self, spec: ListenerSpec, on_refused: Callable[[ListenerSpec], None] | None
+    ) -> None:
+        rate = Rate(spec.connection_rate, spec.connection_burst)
+        self._bucket: TokenBucket = rate.bucket(trio.current_time())
+        self._spec = spec
+        self._on_refused = on_refused
+
+    def admit(self) -> bool:
+        if self._bucket.take(trio.current_time()):
+            return True
+        if self._on_refused is not None:
+            self._on_refused(self._spec)
+        return False
+
+
+async def _refuse(spec: ListenerSpec, tcp: trio.SocketStream) -> None:
+    """Answer a connection over the listener's rate without a handshake: on plain TCP, what
+    `spec.refusal` makes of the first bytes it sends."""
+    if spec.refusal is None or spec.kind != "tcp":
+        return
+    with (
+        trio.move_on_after(_REFUSAL_TIMEOUT),
+        contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError),
+    ):
+        first = read_ready(tcp, _REFUSAL_READ)
+        if first is None:
+            first = await tcp.receive_some(_REFUSAL_READ)
+        answer = spec.refusal(bytes(first))
+        if answer:
+            await tcp.send_all(answer)
+
+
+async def _serve_connection(
+    spec: ListenerSpec, handler: Handler, gate: _Gate | None, tcp: trio.SocketStream
+) -> None:
+    if gate is not None and not gate.admit():
+        await _refuse(spec, tcp)
+        return  # trio.serve_listeners closes the socket
     layers = _Layers(tcp)
     try:
         info = await _open_connection(spec, tcp, layers)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import mop
+from tests.e2e.clients import Client
 
 pytestmark = pytest.mark.e2e
 
@@ -87,6 +89,13 @@ class Node:
                 return match
         pytest.fail(f"no line matching {pattern.pattern!r}; output so far:\n{''.join(self.output)}")
 
+    def rest(self) -> list[str]:
+        """Every line not read yet, once the process has ended; `output` holds them all then."""
+        while (line := self._lines.get(timeout=STOP_TIMEOUT)) is not None:
+            self.output.append(line)
+        self._lines.put(None)  # for a later call
+        return self.output
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
@@ -133,6 +142,25 @@ def test_run_stops_on_sigint(start_node: Callable[..., Node]) -> None:
     node.wait_for(LISTENING, STARTUP_TIMEOUT)
     node.process.send_signal(signal.SIGINT)
     assert node.process.wait(timeout=STOP_TIMEOUT) == 0
+
+
+def test_run_writes_one_json_object_per_line(start_node: Callable[..., Node]) -> None:
+    node = start_node(MOP_LOG_FORMAT="json")
+    port = int(node.wait_for(LISTENING, STARTUP_TIMEOUT)["port"])
+    Client(port, "json-log-client", username="jo").disconnect()
+    node.wait_for(re.compile(r"client\.disconnected"), STARTUP_TIMEOUT)
+    node.process.send_signal(signal.SIGTERM)
+    assert node.process.wait(timeout=STOP_TIMEOUT) == 0
+    lines = [json.loads(line) for line in node.rest()]
+    assert all({"time", "level", "logger", "message"} <= line.keys() for line in lines)
+    [connected] = [line for line in lines if line.get("event") == "client.connected"]
+    assert connected["logger"] == "mop.mqtt.connections"
+    assert connected["level"] == "INFO"
+    assert (connected["client_id"], connected["username"]) == ("json-log-client", "jo")
+    assert "json-log-client" in connected["message"]
+    [gone] = [line for line in lines if line.get("event") == "client.disconnected"]
+    assert gone["reason"] == "normal"
+    assert "received SIGTERM, stopping" in [line["message"] for line in lines]
 
 
 def test_separated_mode_needs_a_service_url(tmp_path: Path) -> None:

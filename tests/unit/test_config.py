@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mop.config import DEFAULTS_FILE, ConfigError, dump_settings, load_settings
-from mop.settings import Settings
+from mop.settings import LimitsSettings, Settings
 
 REPO_SETTINGS = Path(__file__).parents[2] / "settings.toml"
 # The embedded defaults leave the Pulsar adapter out until it lands; everything else is Settings().
@@ -171,13 +171,33 @@ def test_dump_loads_back(tmp_path: Path) -> None:
         ({"MOP_MQTT__WS_ENABLED": "yes"}, "mqtt.ws_enabled", "must be true or false"),
         ({"MOP_DATA_DIR": "1"}, "data_dir", "must be a string (got 1)"),
         ({"MOP_LOG_LEVEL": "LOUD"}, "log_level", "must be one of 'DEBUG'"),
+        ({"MOP_LOG_FORMAT": "xml"}, "log_format", "must be one of 'text', 'json' (got 'xml')"),
+        ({"MOP_MQTT__SYS_EVENTS": "1"}, "mqtt.sys_events", "must be true or false"),
+        ({"MOP_MQTT__SYS_NODE_NAME": "a/b"}, "mqtt.sys_node_name", "one topic level"),
+        ({"MOP_MQTT__SYS_NODE_NAME": '""'}, "mqtt.sys_node_name", "not empty"),
         ({"MOP_PROTOCOLS": "mqtt"}, "protocols", "must be a list (got 'mqtt')"),
         ({"MOP_PROTOCOLS": '[""]'}, "protocols", "protocol names"),
         ({"MOP_CLUSTER__BROKERS": '["http://a:1"]'}, "cluster.brokers", "pulsar:// URLs"),
         ({"MOP_CLUSTER__SERVICE_URL": "a:1"}, "cluster.service_url", "pulsar:// URL"),
+        ({"MOP_CLUSTER__ADMIN_URL": "b1:8080"}, "cluster.admin_url", "http:// or https:// URLs"),
+        ({"MOP_CLUSTER__ADMIN_URL": "http://b1:1,pulsar://b2:2"}, "cluster.admin_url", "http://"),
         ({"MOP_MQTT": "5"}, "mqtt", "must be a table (got 5)"),
         ({"MOP_MQTT__TLS__CERTFILE": "/c"}, "mqtt.tls", "certfile and keyfile must be set"),
         ({"MOP_MQTT__TLS__KEYFILE": "/k"}, "mqtt.tls", "certfile and keyfile must be set"),
+        ({"MOP_LIMITS__CONNECTION_RATE": "-1"}, "limits.connection_rate", "positive number"),
+        ({"MOP_LIMITS__CLIENT_BYTE_BURST": "-1"}, "limits.client_byte_burst", ">= 0"),
+        ({"MOP_LIMITS__MEMORY_CHECK_INTERVAL": "0"}, "limits.memory_check_interval", "positive"),
+        (
+            {"MOP_LIMITS__MEMORY_HIGH_WATERMARK": "0.8", "MOP_LIMITS__MEMORY_LOW_WATERMARK": "0.9"},
+            "limits",
+            "memory_low_watermark must be below memory_high_watermark",
+        ),
+        (
+            {"MOP_LIMITS__MEMORY_HIGH_WATERMARK": "0.8", "MOP_LIMITS__MEMORY_LOW_WATERMARK": "1e9"},
+            "limits",
+            "in the same unit",
+        ),
+        ({"MOP_LIMITS__MEMORY_LOW_WATERMARK": "0.5"}, "limits", "below memory_high_watermark"),
     ],
 )
 def test_invalid_values(environ: dict[str, str], key: str, problem: str) -> None:
@@ -185,6 +205,11 @@ def test_invalid_values(environ: dict[str, str], key: str, problem: str) -> None
     assert error.key == key
     assert problem in error.problem
     assert str(error) == f"{key}: {error.problem}"
+
+
+def test_admin_url_takes_one_url_or_several() -> None:
+    for value in ("http://b1:8080", "https://b1:8443,b2:8443", "http://b1:1,http://b2:2"):
+        assert load_settings(environ={"MOP_CLUSTER__ADMIN_URL": value}).cluster.admin_url == value
 
 
 def test_message_format() -> None:
@@ -248,6 +273,19 @@ def test_port_range(port: int) -> None:
             load_settings(environ=environ)
 
 
+def test_log_format_and_sys_events() -> None:
+    settings = load_settings(
+        environ={
+            "MOP_LOG_FORMAT": "json",
+            "MOP_MQTT__SYS_EVENTS": "true",
+            "MOP_MQTT__SYS_NODE_NAME": "mop@edge-1",
+        }
+    )
+    assert settings.log_format == "json"
+    assert settings.mqtt.sys_events is True
+    assert settings.mqtt.sys_node_name == "mop@edge-1"
+
+
 def test_sys_interval_zero_turns_sys_off() -> None:
     settings = load_settings(environ={"MOP_MQTT__SYS_INTERVAL": "0"})
     assert settings.mqtt.sys_interval == 0
@@ -279,3 +317,19 @@ def test_a_moved_key_reports_errors_under_its_new_name() -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings(environ={"MOP_MQTT__MAX_CONNECTIONS": "0"})
     assert caught.value.key == "limits.max_connections"
+
+
+def test_overload_limits_are_off_by_default_and_take_rates_and_marks() -> None:
+    assert load_settings(environ={}).limits == LimitsSettings()
+    limits = load_settings(
+        environ={
+            "MOP_LIMITS__CONNECTION_RATE": "50",
+            "MOP_LIMITS__CLIENT_MESSAGE_RATE": "1000.5",
+            "MOP_LIMITS__CLIENT_BYTE_RATE": "1048576",
+            "MOP_LIMITS__MEMORY_HIGH_WATERMARK": "2147483648",
+            "MOP_LIMITS__MEMORY_LOW_WATERMARK": "1073741824",
+        }
+    ).limits
+    assert limits.connection_rate == 50.0 and limits.connection_burst == 0
+    assert limits.client_message_rate == 1000.5 and limits.client_byte_rate == 1048576.0
+    assert (limits.memory_high_watermark, limits.memory_low_watermark) == (2**31, 2**30)

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from mop.log_limit import LimitedLog, RateLimit
+from mop.log_limit import LimitedLog, LineBudget, RateLimit
 
 
 class FakeClock:
@@ -67,3 +67,16 @@ def test_disabled_level_counts_nothing(caplog: pytest.LogCaptureFixture) -> None
         log.warning("full", "not written")
     assert caplog.records == []
     assert limit.admit("full") == 0
+
+
+def test_line_budget_admits_so_many_lines_per_window_and_counts_the_rest() -> None:
+    clock = FakeClock()
+    budget = LineBudget(3, 1.0, clock)
+    assert [budget.admit() for _ in range(5)] == [0, 0, 0, None, None]
+    clock.now += 0.5
+    assert budget.admit() is None  # the same window
+    clock.now += 0.5
+    assert budget.admit() == 3  # a new window; it says how many were held back
+    assert budget.admit() == 0
+    clock.now += 10
+    assert [budget.admit() for _ in range(4)] == [0, 0, 0, None]

@@ -15,7 +15,9 @@ module maps the processor contract onto Pulsar, through the other modules of
 - tables: compacted topics in `{tenant}/__mop`, read into memory (`tables`);
 - client ids: one presence table per namespace that every proxy follows (`leases`);
 - roles held by one proxy at a time: an exclusive subscription per role topic (`roles`);
-- topic lists and owners: short binary-protocol calls (`admin`).
+- topic lists and owners: short binary-protocol calls (`admin`);
+- topic stats and deletion: the brokers' HTTP admin, Pulsar's REST API (`topic_admin`);
+- readiness: a connection to some broker, checked every second (`health`).
 
 Those parts never see the backend: they are given the `ClusterContext` that `serve` makes
 (`context`) and the callbacks they need.
@@ -40,6 +42,7 @@ from mop.backends.cluster.context import ClusterContext
 from mop.backends.cluster.discovery import NamespaceDiscovery
 from mop.backends.cluster.fanout import FanOut, fans_out
 from mop.backends.cluster.fanout_consumer import FanOutConsumer
+from mop.backends.cluster.health import BrokerHealth
 from mop.backends.cluster.leases import PRESENCE_TABLE, ClusterLease, Frontier, Presence
 from mop.backends.cluster.local_topics import LocalTopics
 from mop.backends.cluster.options import ConsumerOptions, ProducerOptions
@@ -48,6 +51,7 @@ from mop.backends.cluster.producers import NO_ID, ProducerCache, Receipt
 from mop.backends.cluster.roles import ClusterRole, ClusterRoles
 from mop.backends.cluster.tables import REGISTRY_TABLE, ClusterTable, SubscriptionRegistry
 from mop.backends.cluster.timing import Delays
+from mop.backends.cluster.topic_admin import BrokerAdmin, admin_urls
 from mop.clock import now_ms
 from mop.exception_groups import leaves
 from mop.message import Message
@@ -59,6 +63,7 @@ from mop.processor.backend import (
     StartPosition,
     SubscriptionKind,
     SubscriptionSpec,
+    TopicStats,
 )
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
 from mop.protocols.pulsar.driver import ClientOptions, PulsarClient
@@ -103,8 +108,19 @@ class ClusterBackend:
         producers: ProducerOptions | None = None,
         consumers: ConsumerOptions | None = None,
         auth: ClientAuth = NO_AUTH,
+        admin_url: str | None = None,
     ) -> None:
         self.service_url = service_url
+        # The brokers' HTTP admin (`topic_admin`), for topic stats and deletion.
+        try:
+            self._admin = (
+                None
+                if admin_url is None
+                else BrokerAdmin(admin_urls(admin_url), auth=auth, timeout=operation_timeout)
+            )
+        except ValueError as exc:
+            raise BackendError(f"admin URL: {exc}", reason="invalid_url") from None
+        self.health = BrokerHealth(service_url)
         self.auth = auth
         self.tenant = tenant
         self.namespace = namespace
@@ -289,6 +305,7 @@ class ClusterBackend:
                 )
                 nursery.start_soon(producers.serve_idle_closer)
                 nursery.start_soon(self.delays.serve)
+                nursery.start_soon(self.health.serve, client.reach)
                 await nursery.start(self.discovery.serve)
                 with trio.fail_after(self.operation_timeout + self.connect_timeout):
                     # The backend's own, those asked for, and any `table()` made before now.
@@ -360,6 +377,8 @@ class ClusterBackend:
             # The client first (producers flush over its connections), then `serve`.
             await self._shutdown_client()
             self._stop.set()
+            if self._admin is not None:
+                await self._admin.aclose()
 
     async def _shutdown_client(self) -> None:
         client, self._client = self._client, None
@@ -471,6 +490,34 @@ class ClusterBackend:
         return await admin.get_topics(
             self.service_url, namespace, seconds=self.operation_timeout, auth=self.auth
         )
+
+    def _topic_admin(self) -> BrokerAdmin:
+        self._check_running()
+        if self._admin is None:
+            raise BackendError(
+                "topic stats and deletion need the brokers' HTTP admin: set cluster.admin_url"
+                ' (e.g. "http://broker-1:8080", Apache Pulsar\'s webServiceUrl)',
+                reason="not_configured",
+            )
+        return self._admin
+
+    async def topic_stats(self, topic: str) -> TopicStats | None:
+        """Asked of the brokers' HTTP admin (see `topic_admin`)."""
+        return await self._topic_admin().stats(topic)
+
+    async def delete_topic(self, topic: str, *, force: bool = False) -> bool:
+        """Asked of the brokers' HTTP admin (see `topic_admin`), once this proxy's own producer
+        of the topic (kept for its MQTT publishers) is closed."""
+        admin = self._topic_admin()
+        await self.producers.release(topic)
+        return await admin.delete(topic, force=force)
+
+    def not_ready(self) -> list[str]:
+        if self._closed:
+            return ["the connection to the brokers is closed"]
+        if self._client is None or self._client.closed:
+            return ["the Pulsar client is not running"]
+        return list(self.health.problems)
 
     async def delete_subscription(self, name: str, member: str = "") -> None:
         """Delete a subscription no consumer is attached to (an expired session): forget the

@@ -20,7 +20,8 @@ __all__ = ["error_for"]
 _REASONS: Final[dict[ServerError, str]] = {
     ServerError.ConsumerBusy: "consumer_busy",
     ServerError.ServiceNotReady: "unavailable",
-    ServerError.TooManyRequests: "unavailable",
+    # A broker over its memory high-water mark refuses SENDs for a while.
+    ServerError.TooManyRequests: "overloaded",
     ServerError.PersistenceError: "storage_error",
     ServerError.MetadataError: "storage_error",
     ServerError.InvalidTopicName: "invalid_topic",

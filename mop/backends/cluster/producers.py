@@ -215,6 +215,18 @@ class ProducerCache:
         if self._entries.get(topic) is entry:
             del self._entries[topic]  # let the next publish make a new producer
 
+    async def release(self, topic: str) -> None:
+        """Close this proxy's producer of `topic` unless a send is pending (the topic is to be
+        deleted, and a producer kept for MQTT publishers must not hold it in use); the next
+        publish to it makes a new one."""
+        entry = self._entries.get(topic)
+        producer = None if entry is None else entry.producer
+        if entry is None or producer is None or producer.pending:
+            await trio.lowlevel.checkpoint()
+            return
+        self._forget(topic, entry)
+        await producer.close(self._options.send_timeout)
+
     async def serve_idle_closer(self) -> None:
         """Close producers that sent nothing for `idle_timeout` seconds, until cancelled."""
         idle = self._options.idle_timeout

@@ -15,6 +15,7 @@ from mop.backends.local.errors import translate, translated
 from mop.backends.local.lease import LocalLease
 from mop.backends.local.producer import LocalProducer
 from mop.backends.local.role import LocalRole
+from mop.backends.local.stats import topic_stats
 from mop.backends.local.table import LocalTable
 from mop.broker import (
     NON_PERSISTENT,
@@ -32,6 +33,7 @@ from mop.processor.backend import (
     ProducerSpec,
     PublishResult,
     SubscriptionSpec,
+    TopicStats,
 )
 from mop.topic_names import mqtt_to_pulsar
 
@@ -244,6 +246,28 @@ class LocalBackend:
     async def topics(self, namespace: str) -> list[str]:
         await trio.lowlevel.checkpoint()
         return self.broker.topics(namespace)
+
+    async def topic_stats(self, topic: str) -> TopicStats | None:
+        """The topic's stats from the broker's own state (see `mop.backends.local.stats`)."""
+        self._check_running()
+        await trio.lowlevel.checkpoint()
+        return topic_stats(self.broker, topic, self.broker.now())
+
+    async def delete_topic(self, topic: str, *, force: bool = False) -> bool:
+        """See `Broker.delete_topic`: the subscriptions stay, as the contract says."""
+        self._check_running()
+        await trio.lowlevel.checkpoint()
+        with translated():
+            return await self.broker.delete_topic(topic, force=force)
+
+    def not_ready(self) -> list[str]:
+        if self._closed:
+            return ["the broker is closed"]
+        if not self._running:
+            return ["the broker is recovering its storage"]
+        if self.storage.closed:
+            return ["the broker's storage is closed"]
+        return []
 
     async def subscribe(self, spec: SubscriptionSpec) -> LocalConsumer:
         self._check_running()

@@ -125,6 +125,15 @@ class Storage(Protocol):
 
     def stats(self) -> StorageStats: ...
 
+    def topic_size(self, topic: str) -> int:
+        """Bytes the kept messages of `topic` take (0 for a topic it does not hold)."""
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """Whether `aclose` was called (later calls raise `StorageError`)."""
+        ...
+
     async def aclose(self) -> None:
         """Make everything durable and release files; later calls raise `StorageError`."""
         ...

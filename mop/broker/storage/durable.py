@@ -345,6 +345,10 @@ class DurableStorage:
             topics=len(index.topics), messages=index.messages, bytes=index.message_bytes
         )
 
+    def topic_size(self, topic: str) -> int:
+        entry_topic = self._index.topics.get(topic)
+        return 0 if entry_topic is None else entry_topic.bytes
+
     def disk_bytes(self) -> int:
         """Bytes the log spans on disk, from the oldest segment to the end."""
         return self._tail.end - self._index.bases[0]

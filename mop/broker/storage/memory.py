@@ -162,6 +162,14 @@ class MemoryStorage:
         messages = sum(len(log) for log in self._logs.values())
         return StorageStats(topics=len(self._logs), messages=messages, bytes=self._bytes)
 
+    def topic_size(self, topic: str) -> int:
+        log = self._logs.get(topic)
+        return 0 if log is None else log.bytes
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def reopen(self) -> None:
         """Allow use after `aclose`, as a durable store reopened from its files would."""
         self._closed = False

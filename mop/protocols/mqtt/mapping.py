@@ -7,6 +7,7 @@ MQTT-specific fields use the reserved names below so Pulsar applications can rea
 from __future__ import annotations
 
 import base64
+import dataclasses
 import math
 
 from mop.message import Message
@@ -48,6 +49,11 @@ def publish_to_message(publish: Publish, *, client_id: str, now_ms: int) -> Mess
         qos=publish.qos,
         expires_at=now_ms + expiry * 1000 if expiry is not None else 0,
     )
+
+
+def with_properties(message: Message, extra: tuple[tuple[str, str], ...]) -> Message:
+    """`message` with the properties `extra` added after its own (e.g. a trace context)."""
+    return dataclasses.replace(message, properties=message.properties + extra)
 
 
 def was_retained(message: Message) -> bool:

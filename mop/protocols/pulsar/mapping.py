@@ -1,4 +1,5 @@
-"""Pulsar messages <-> protocol-neutral `Message`s, and Pulsar message ids <-> `MessageId`s.
+"""Pulsar messages <-> protocol-neutral `Message`s, Pulsar message ids <-> `MessageId`s, and
+Pulsar subscriptions <-> the processor's.
 
 A SEND becomes a Message whose neutral fields serve every protocol and whose `wire` keeps the
 metadata block as sent, so Pulsar consumers get the very bytes the producer wrote (and its
@@ -13,11 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from typing import Final
+from typing import Final, TypeVar
 
 from mop.message import Message, MessageId, qos_of
 from mop.protocols.pulsar.batching import read_members
-from mop.protocols.pulsar.codec import message_bytes
+from mop.protocols.pulsar.codec import decode_message, message_bytes
 from mop.protocols.pulsar.compression import UndecodablePayload, decompress
 from mop.protocols.pulsar.errors import PulsarError
 from mop.protocols.pulsar.frames import DEFAULT_MAX_MESSAGE_SIZE
@@ -157,6 +158,56 @@ def split_batch(data: bytes, count: int, producer: str, publish_time: int) -> tu
     )
 
 
+# --- properties added on the way (a trace context) -----------------------------------------------
+
+Properties = tuple[tuple[str, str], ...]
+_M = TypeVar("_M", MessageMetadata, SingleMessageMetadata)
+
+
+def with_properties(message: Message, extra: Properties) -> Message:
+    """`message` with the properties `extra` added after its own, where Pulsar consumers see
+    them too: in its metadata block, encoded again. Unchanged when that block holds what mop
+    would not encode the same way again (an encrypted message, say) or is one chunk of a
+    larger message."""
+    if message.wire_format != WIRE_FORMAT or not message.wire:
+        return dataclasses.replace(message, properties=message.properties + extra)
+    meta = _metadata(message.wire, MessageMetadata)
+    if meta is None or meta.chunk_id is not None:
+        return message
+    added = tuple(KeyValue(key=k, value=v) for k, v in extra)
+    wire = message_bytes(dataclasses.replace(meta, properties=meta.properties + added))
+    return dataclasses.replace(message, properties=message.properties + extra, wire=wire)
+
+
+def with_member_properties(message: Message, extras: tuple[Properties, ...]) -> Message:
+    """A batch entry whose member `i` has the properties `extras[i]` added (see
+    `with_properties`); a member whose metadata would not encode the same way again is
+    left as it is."""
+    members = list(message.batch)
+    for index, extra in enumerate(extras):
+        member = members[index]
+        if not extra or not member.wire:
+            continue
+        meta = _metadata(member.wire, SingleMessageMetadata)
+        if meta is None:
+            continue
+        added = tuple(KeyValue(key=k, value=v) for k, v in extra)
+        wire = message_bytes(dataclasses.replace(meta, properties=meta.properties + added))
+        members[index] = dataclasses.replace(
+            member, properties=member.properties + extra, wire=wire
+        )
+    return dataclasses.replace(message, batch=tuple(members))
+
+
+def _metadata(wire: bytes, cls: type[_M]) -> _M | None:
+    """The metadata `wire` encodes, when encoding it again gives the same bytes."""
+    try:
+        meta = decode_message(cls, wire)
+    except PulsarError:
+        return None
+    return meta if message_bytes(meta) == wire else None
+
+
 # --- Message -> MESSAGE --------------------------------------------------------------------------
 
 
@@ -212,4 +263,21 @@ __all__ = [
     "signed64",
     "split_batch",
     "to_id_data",
+    "with_member_properties",
+    "with_properties",
 ]
+
+
+# --- subscriptions -------------------------------------------------------------------------------
+
+
+def subscription_name(topic: str, subscription: str) -> str:
+    """The processor subscription behind Pulsar subscription `subscription` of `topic` (a
+    Pulsar subscription belongs to one topic; the processor's are named across topics)."""
+    return f"{topic}::{subscription}"
+
+
+def pulsar_subscription(topic: str, name: str) -> str:
+    """The name a Pulsar client knows processor subscription `name` by on `topic`: the
+    subscription it made there, else the name as it is (an MQTT client id, say)."""
+    return name.removeprefix(f"{topic}::")

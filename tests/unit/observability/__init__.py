@@ -1,0 +1,1 @@
+"""Unit tests of what a node tells its operators: logs."""

@@ -62,6 +62,39 @@ async def test_messages_are_counted_by_protocol(backend: LocalBackend) -> None:
     await consumer.close()
 
 
+async def test_payload_bytes_are_counted_by_protocol_and_summed(backend: LocalBackend) -> None:
+    processor = MessagingProcessor(backend)
+    await processor.publish(MQTT, T("a"), Message(b"12345"))
+    await processor.publish_batch(PULSAR, [(T("a"), Message(b"12")), (T("b"), Message(b"3"))])
+    producer = await processor.open_producer(PULSAR, ProducerSpec(topic=T("p"), name="p1"))
+    await producer.send(Message(b"4567"))
+    processor.stats.protocol("mqtt").record_sent(2, 100, 10)
+    stats = processor.stats
+    assert stats.protocol("mqtt").payload_bytes_received == 5
+    assert stats.protocol("pulsar").payload_bytes_received == 3 + 4
+    assert stats.payload_bytes_received == 12
+    assert (stats.messages_sent, stats.bytes_sent, stats.payload_bytes_sent) == (2, 100, 10)
+    await producer.close()
+
+
+async def test_the_peak_of_connections_is_the_nodes_and_each_protocols(
+    backend: LocalBackend,
+) -> None:
+    processor = MessagingProcessor(backend)
+    mqtt = [
+        await processor.open_client(ClientContext(client_id=f"m{n}", protocol="mqtt"))
+        for n in range(2)
+    ]
+    for n, lease in enumerate(mqtt):
+        await processor.close_client(ClientContext(client_id=f"m{n}", protocol="mqtt"), lease)
+    await processor.open_client(PULSAR)
+    stats = processor.stats
+    assert stats.protocol("mqtt").connections_peak == 2
+    assert stats.protocol("pulsar").connections_peak == 1
+    # Never 3 open at once: the node's peak is not the sum of the protocols' peaks.
+    assert stats.connections_peak == 2
+
+
 async def test_internal_publishes_are_not_messages_received(backend: LocalBackend) -> None:
     processor = MessagingProcessor(backend)
     internal = ClientContext(client_id="$SYS", protocol="mqtt", internal=True)

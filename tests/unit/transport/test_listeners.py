@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from functools import partial
 
 import pytest
 import trio
@@ -156,9 +157,78 @@ async def test_no_specs_serves_nothing_until_cancelled() -> None:
         ({"kind": "wss"}, "needs an ssl_context"),
         ({"port": 70000}, "out of range"),
         ({"handshake_timeout": 0}, "must be positive"),
+        ({"connection_rate": -1.0}, "connection_rate and burst"),
+        ({"connection_burst": -1}, "connection_rate and burst"),
     ],
 )
 def test_invalid_specs_are_refused(changes: dict[str, object], message: str) -> None:
     fields: dict[str, object] = {"name": "mqtt", "kind": "tcp", "host": "127.0.0.1", "port": 0}
     with pytest.raises(ValueError, match=message):
         ListenerSpec(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+# -- connection rate ------------------------------------------------------------------------------
+
+
+def rate_limited(rate: float, burst: int) -> ListenerSpec:
+    def refusal(first: bytes) -> bytes:
+        return b"later, " + first
+
+    return ListenerSpec(
+        name="limited",
+        kind="tcp",
+        host="127.0.0.1",
+        port=0,
+        connection_rate=rate,
+        connection_burst=burst,
+        refusal=refusal,
+    )
+
+
+async def test_connections_over_the_rate_are_refused_before_the_handler() -> None:
+    recorder = Recorder()
+    refused: list[str] = []
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(
+            partial(
+                serve_listeners,
+                [rate_limited(0.001, 2)],  # two now, then hardly ever
+                recorder,
+                on_refused=lambda spec: refused.append(spec.name),
+            )
+        )
+        port = bound[0].port
+        for index in range(2):
+            async with await trio.open_tcp_stream("127.0.0.1", port) as client:
+                assert await exchange(client, b"hello %d" % index) == b"hello %d" % index
+        # Over the burst: answered from the first bytes, then closed; the handler never runs.
+        async with await trio.open_tcp_stream("127.0.0.1", port) as client:
+            await client.send_all(b"CONNECT")
+            received = b""
+            with trio.fail_after(5):
+                while data := await client.receive_some():
+                    received += data
+        assert received == b"later, CONNECT"
+        # A client that sends nothing is closed without an answer.
+        async with await trio.open_tcp_stream("127.0.0.1", port) as client:
+            with trio.fail_after(5):
+                assert await client.receive_some() == b""
+        nursery.cancel_scope.cancel()
+    assert len(recorder.infos) == 2
+    assert refused == ["limited", "limited"]
+
+
+async def test_the_rate_lets_connections_in_again_as_it_refills() -> None:
+    recorder = Recorder()
+    async with running([rate_limited(2.0, 1)], recorder) as bound:
+        port = bound[0].port
+
+        async def served() -> bool:
+            async with await trio.open_tcp_stream("127.0.0.1", port) as client:
+                return await exchange(client, b"ping") == b"ping"
+
+        assert await served()
+        assert not await served()  # within half a second of the first
+        await trio.sleep(0.6)
+        assert await served()
+    assert len(recorder.infos) == 2

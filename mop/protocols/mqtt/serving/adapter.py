@@ -8,7 +8,10 @@ from collections.abc import Awaitable
 import trio
 
 from mop.protocols.base import NodeServices
+from mop.protocols.introspection import AdminView
+from mop.protocols.mqtt.overload import rate_refusal
 from mop.protocols.mqtt.serving import retained, session_registry
+from mop.protocols.mqtt.serving.admin_view import MqttAdminView
 from mop.protocols.mqtt.serving.handler import ClientHandler
 from mop.protocols.mqtt.serving.node_liveness import NODES_TABLE
 from mop.protocols.mqtt.serving.server import MqttServer
@@ -30,6 +33,7 @@ class MqttProtocol:
     def __init__(self) -> None:
         self._settings: Settings | None = None
         self._server: MqttServer | None = None
+        self._admin_view: MqttAdminView | None = None
 
     @property
     def mqtt(self) -> MqttSettings:
@@ -65,7 +69,11 @@ class MqttProtocol:
     def listeners(self) -> list[tuple[ListenerSpec, Handler]]:
         mqtt = self.mqtt
         handler = self.handle_connection
-        specs = [ListenerSpec(name="mqtt", kind="tcp", host=mqtt.host, port=mqtt.port)]
+        specs = [
+            ListenerSpec(
+                name="mqtt", kind="tcp", host=mqtt.host, port=mqtt.port, refusal=rate_refusal
+            )
+        ]
         context = listener_ssl_context(mqtt.tls)
         if context is not None:
             specs.append(
@@ -97,6 +105,11 @@ class MqttProtocol:
                     )
                 )
         return [(spec, handler) for spec in specs]
+
+    def admin_view(self) -> AdminView:
+        if self._admin_view is None:
+            self._admin_view = MqttAdminView(self.server)
+        return self._admin_view
 
     async def close(self) -> None:
         """Nothing to finish: connections close through the node's cancellation."""

@@ -31,10 +31,12 @@ from mop.processor import (
     FenceNotifier,
     PublishResult,
 )
+from mop.protocols.introspection import ClientInfo
 from mop.protocols.mqtt.codec import NEED_DATA, NeedData
 from mop.protocols.mqtt.connection import ConnectionState, ServerConnection
 from mop.protocols.mqtt.errors import RemoteProtocolError, UnsupportedProtocolVersion
 from mop.protocols.mqtt.negotiation import ConnectDecision, ConnectRefusal, negotiate_connect
+from mop.protocols.mqtt.overload import refused_when_overloaded
 from mop.protocols.mqtt.packets import (
     NO_PROPERTIES,
     Auth,
@@ -67,6 +69,7 @@ from mop.protocols.mqtt.serving.outflow import Outflow
 from mop.protocols.mqtt.serving.server import MqttServer
 from mop.protocols.mqtt.serving.subscriptions import SessionSubscriptions
 from mop.protocols.mqtt.session import SessionState
+from mop.protocols.mqtt.sys_tree import CLIENT_DISCONNECTED, NODE_STOPPING, disconnect_reason
 from mop.security.acl import Access
 from mop.security.authorization import ClientPermissions
 from mop.security.identity import AuthenticationError, Credentials, certificate_identity
@@ -79,6 +82,8 @@ log = logging.getLogger("mop.mqtt")
 _SPELT_SPECIALLY = ("$", *FULL_NAME_SCHEMES)
 # One line per kind of refusal per interval: a full disk refuses every publish of every client.
 _refusals = LimitedLog(log)
+# Protocol levels as the admin API names them.
+_VERSIONS = {3: "3.1", 4: "3.1.1", 5: "5.0"}
 
 
 class _Close(Exception):
@@ -93,17 +98,22 @@ class ClientHandler:
     # An idle connection is mostly this object and what hangs off it: no per-instance dict.
     __slots__ = (
         "_close_reason",
+        "_closed",
+        "_disconnect_reason",
         "_read_scope",
         "_reading_since",
         "_send_will",
         "_staged",
         "_staged_qos2",
+        "clean_start",
         "conn",
+        "connected_at",
         "ctx",
         "flow",
         "info",
         "keep_alive",
         "lease",
+        "messages_in",
         "out",
         "permissions",
         "server",
@@ -129,6 +139,10 @@ class ClientHandler:
         self.lease: ClientLease | None = None
         self.will: Will | None = None
         self.keep_alive = 0
+        # What the admin API shows of the connection (`describe`).
+        self.clean_start = True
+        self.connected_at = 0.0  # seconds since the epoch, once CONNACK is sent
+        self.messages_in = 0  # PUBLISHes received
         # Reads end when it is cancelled: by a takeover (`_on_fenced`) or an expired
         # credential (`_credential_expired`), which set `_close_reason`, or by the keep-alive
         # check (`_check_keep_alive`), which looks at when the read under way began to wait
@@ -136,6 +150,11 @@ class ClientHandler:
         self._read_scope = trio.CancelScope()
         self._reading_since = math.inf
         self._close_reason: int | None = None
+        # Set once the connection and its session are closed; made only when someone waits.
+        self._closed: trio.Event | None = None
+        # Why the connection ended when no reason code says it: the client's DISCONNECT, or the
+        # node stopping.
+        self._disconnect_reason: str | None = None
         self._send_will = True
         # PUBLISHes of the current read waiting for one publish of them all (`_commit`).
         self._staged: list[Publish] = []
@@ -194,14 +213,25 @@ class ClientHandler:
                 self.out.write_from(None)
         except* trio.Cancelled:
             # The node is stopping: tell MQTT 5 clients why before the socket closes.
+            self._disconnect_reason = NODE_STOPPING
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await self._say_goodbye(ReasonCode.SERVER_SHUTTING_DOWN)
             raise
         finally:
             self.server.clients.discard(self)
             self.server.timers.cancel(self._credential_key())
-            with trio.CancelScope(shield=True), trio.move_on_after(10):
-                await self._close_session()
+            self.server.events.disconnected(
+                self.ctx,
+                self.info,
+                protocol_level=self.conn.protocol_level,
+                reason=self._disconnect_reason or disconnect_reason(self._close_reason),
+            )
+            try:
+                with trio.CancelScope(shield=True), trio.move_on_after(10):
+                    await self._close_session()
+            finally:
+                if self._closed is not None:
+                    self._closed.set()
 
     async def _say_goodbye(self, reason: int) -> None:
         if self.conn.protocol_level != 5 or self.conn.state is not ConnectionState.CONNECTED:
@@ -298,6 +328,12 @@ class ClientHandler:
             certificate=certificate_identity(self.info.peer_certificate),
         )
         processor = self.server.processor
+        if processor.overload.memory_high:
+            processor.overload.refused_busy(self.ctx.peer)
+            await self._refuse_connect(
+                ReasonCode.SERVER_BUSY, "server busy: memory is over its high-water mark"
+            )
+            return False
         try:
             principal = processor.authenticate(credentials)
         except AuthenticationError as exc:
@@ -332,8 +368,17 @@ class ClientHandler:
             return False
         connack = Connack(session_present=present, properties=decision.connack_properties)
         self.out.write(self.conn.send(connack))
+        self.clean_start = connect.clean_start
+        self.connected_at = time.time()
         self._watch_credential()
-        log.debug("%s: %r connected (level %d)", self.ctx.peer, client_id, connect.protocol_level)
+        self.server.events.connected(
+            self.ctx,
+            self.info,
+            protocol_level=connect.protocol_level,
+            keep_alive=decision.keep_alive,
+            clean_start=connect.clean_start,
+            expiry_interval=decision.session_expiry,
+        )
         return True
 
     async def _attach(
@@ -463,6 +508,12 @@ class ClientHandler:
         one each. Any other packet commits what is staged first, so that acks, deliveries
         and session changes keep the order of the packets; so does a QoS 2 PUBLISH that is
         received again (its packet id is taken), which is answered without publishing.
+
+        Overload protection holds the client back. Over its message or byte rate, packets
+        read already wait (their acks too) until the rates allow them, and the next read
+        waits for that. While the node is over its memory high-water mark, a read with
+        PUBLISHes is answered (0x97 for those that `refused_when_overloaded` names), then the
+        client is not read from until memory is below the low-water mark.
         """
         keep_alive = self.keep_alive > 0
         if keep_alive:
@@ -475,9 +526,17 @@ class ClientHandler:
         staged = self._staged
         may_write = self._may_write
         stats = self.server.stats
+        overload = self.server.processor.overload
+        rates = overload.client_rates()
+        read_size = 65536 if rates is None else rates.read_size(65536)
+        level = conn.protocol_level
+        published = 0  # the PUBLISHes taken since the last read
+        pause = 0.0  # seconds the client's rates hold it back before more is taken
 
         while True:
-            while True:
+            refusing = overload.memory_high
+            more = True  # what was read may hold more packets
+            while not pause:
                 if staged and conn.inbound_full:
                     # Answer what is staged before a PUBLISH beyond our Receive Maximum, so
                     # a client is held to it only as it was before the batching.
@@ -489,14 +548,19 @@ class ClientHandler:
                         await self._commit()
                     raise
                 if event is NEED_DATA:
+                    more = False
                     break
                 stats.requests += 1
                 kind = type(event)
                 if kind is Publish:
                     assert isinstance(event, Publish)
+                    published += 1
+                    if rates is not None:
+                        pause = rates.charge(1, 0, now())
                     if (
                         not event.retain
                         and may_write(event.topic)
+                        and not (refusing and refused_when_overloaded(level, event.qos))
                         and (event.qos < 2 or self._stages_qos2(event))
                     ):
                         staged.append(event)
@@ -518,15 +582,25 @@ class ClientHandler:
             # What this read produced leaves from this task, before it waits again.
             await self.out.push()
             await self.out.wait_space()
+            if pause:
+                await overload.throttle(pause, self.ctx.client_id)
+                pause = 0.0
+            if more:
+                continue  # the rest of what was read first
+            if published and overload.memory_high:
+                await overload.wait_memory(self.ctx.client_id)
+            published = 0
             if keep_alive:
                 self._reading_since = now()
-                data = await receive(65536)
+                data = await receive(read_size)
                 self._reading_since = inf
             else:
-                data = await receive(65536)
+                data = await receive(read_size)
             if not data:
                 raise _Close(None, "connection closed by the client")
             stats.bytes_received += len(data)
+            if rates is not None:
+                pause = rates.charge(0, len(data), now())
             conn.receive_data(data)
 
     async def _on_pubcomp(self, packet: Pubcomp) -> None:
@@ -590,12 +664,41 @@ class ClientHandler:
         delay = max(0.0, expires_at - time.time())
         self.server.timers.schedule(self._credential_key(), delay, self._credential_expired)
 
+    def describe(self) -> ClientInfo:
+        """The connection as the admin API shows it."""
+        ctx, state, flow = self.ctx, self.state, self.flow
+        return ClientInfo(
+            client_id=ctx.client_id,
+            protocol="mqtt",
+            username=ctx.username,
+            peer=ctx.peer,
+            connected_at=self.connected_at,
+            protocol_version=_VERSIONS.get(self.conn.protocol_level, "5.0"),
+            keep_alive=self.keep_alive,
+            clean_start=self.clean_start,
+            subscriptions=len(state.subscriptions) if state is not None else 0,
+            inflight=len(state.outbound) if state is not None else 0,
+            queued=flow.queued if flow is not None else 0,
+            messages_in=self.messages_in,
+            messages_out=flow.messages_out if flow is not None else 0,
+        )
+
     def close_for(self, reason: int, why: str) -> None:
         """End the connection from outside its reads (a ban): MQTT 5 clients are told
         `reason` in a DISCONNECT."""
         log.info("%s: closing %r: %s", self.ctx.peer, self.ctx.client_id, why)
         self._close_reason = reason
         self._read_scope.cancel()
+
+    async def end_session(self, reason: int, why: str) -> None:
+        """Close the connection as `close_for` does, end its session whatever its expiry
+        says, and return once both are done."""
+        if self._closed is None:
+            self._closed = trio.Event()
+        if self.state is not None:
+            self.state.expiry_interval = 0
+        self.close_for(reason, why)
+        await self._closed.wait()
 
     async def _credential_expired(self) -> None:
         if self.server.processor.credential_valid(self.ctx):
@@ -613,6 +716,7 @@ class ClientHandler:
                 raise _Close(ReasonCode.PROTOCOL_ERROR, "session expiry set on DISCONNECT after 0")
             self.state.expiry_interval = min(expiry, self.server.settings.max_session_expiry)
         self._send_will = packet.reason_code == ReasonCode.DISCONNECT_WITH_WILL
+        self._disconnect_reason = CLIENT_DISCONNECTED
         raise _Close(None, "DISCONNECT")
 
     # -- inbound publishes -----------------------------------------------------------------
@@ -640,6 +744,7 @@ class ClientHandler:
         staged = self._staged[:]
         self._staged.clear()
         self._staged_qos2.clear()
+        self.messages_in += len(staged)
         results = await self.server.publish_batch(self.ctx, staged)
         conn = self.conn
         v5 = conn.protocol_level == 5
@@ -699,6 +804,7 @@ class ClientHandler:
 
     async def _publish(self, publish: Publish) -> int | None:
         """Publish; the reason code for the ack, or None when nothing is to be answered."""
+        self.messages_in += 1
         if self.server.reserved(self.server.acl_name(publish.topic)):
             if publish.qos == 0:
                 return None
@@ -714,6 +820,11 @@ class ClientHandler:
             return ReasonCode.NOT_AUTHORIZED if self.conn.protocol_level == 5 else 0
         if publish.retain and not self.server.settings.retain_available:
             raise _Close(ReasonCode.RETAIN_NOT_SUPPORTED, "retained messages are disabled")
+        overload = self.server.processor.overload
+        if overload.memory_high and refused_when_overloaded(self.conn.protocol_level, publish.qos):
+            overload.refused_publishes(self.ctx.client_id)
+            self.server.processor.record_dropped(Drop.OVERLOADED)
+            return ReasonCode.QUOTA_EXCEEDED
         try:
             result: PublishResult | BackendError = await self.server.publish(self.ctx, publish)
         except BackendError as exc:
@@ -728,7 +839,9 @@ class ClientHandler:
         on MQTT 3.1.1, whose acks carry no error, it closes the connection (`_Close`), so
         that the client sends it again later."""
         if isinstance(result, BackendError):
-            self.server.processor.record_dropped(Drop.REFUSED)
+            # A separated proxy's broker over its memory mark refuses as an overloaded node.
+            overloaded = result.reason == Drop.OVERLOADED
+            self.server.processor.record_dropped(Drop.OVERLOADED if overloaded else Drop.REFUSED)
             _refusals.warning(
                 type(result).__name__,
                 "%s: publish to %r failed: %s",
@@ -765,6 +878,7 @@ class ClientHandler:
         codes, retained = await self.subs.subscribe(packet, v5=self.conn.protocol_level == 5)
         self.out.write(self.conn.send(Suback(packet.packet_id, tuple(codes))))
         now = now_ms()
+        traces = self._outflow().delivering(retained)
         for item in retained:
             self._outflow().send(
                 item.topic,
@@ -777,6 +891,8 @@ class ClientHandler:
                 consumer=None,
             )
         await self._outflow().drain()
+        for trace in traces:
+            trace.sent()
 
     async def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         assert self.subs is not None

@@ -19,11 +19,12 @@ from mop.clock import now_ms
 from mop.counters import Drop, LatencyHistogram
 from mop.message import Delivery, Message
 from mop.processor import ClientContext, Consumer, ConsumerClosed
+from mop.processor.tracing import DeliveryTrace, MessageTracing
 from mop.protocols.mqtt.connection import ServerConnection
 from mop.protocols.mqtt.mapping import message_properties
 from mop.protocols.mqtt.packets import NO_PROPERTIES, Properties, Pubrec, Pubrel
 from mop.protocols.mqtt.reason_codes import ReasonCode
-from mop.protocols.mqtt.serving.subscriptions import SessionSubscriptions
+from mop.protocols.mqtt.serving.subscriptions import RetainedDelivery, SessionSubscriptions
 from mop.protocols.mqtt.session import Outbound, SessionState, SubscriptionOptions
 from mop.transport import OutboundBuffer
 
@@ -50,13 +51,15 @@ class OutflowContext:
     canonical: Callable[[str], str]  # MQTT topic name -> canonical topic
     # A QoS 0 PUBLISH without properties: (topic, message, retain, protocol level) -> bytes.
     encoded_qos0: Callable[[str, Message, bool, int], bytes]
-    record_sent: Callable[[int, int], None]  # (messages, bytes)
+    record_sent: Callable[[int, int, int], None]  # (messages, bytes, payload bytes)
     record_dropped: Callable[[str], None]  # (why: `mop.counters.Drop`)
     # Make a QoS 2 delivery durable in the session / forget it once PUBCOMP came.
     record_flow: Callable[[SessionState, Outbound], Awaitable[None]]
     forget_flow: Callable[[SessionState, int], Awaitable[None]]
     # From a message's publish time to its delivery (sampled: see `LatencyHistogram.due`).
     delivery_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    # Traces of messages ("deliver" spans); None when the node does not trace.
+    tracing: MessageTracing | None = None
 
 
 class Outflow:
@@ -73,6 +76,7 @@ class Outflow:
         "_subs",
         "_waiting",
         "_window_open",
+        "messages_out",
     )
 
     def __init__(
@@ -104,6 +108,13 @@ class Outflow:
         self._drain_lock: trio.Lock | None = None
         # Deliveries the client has, to acknowledge to their consumers (`flush_acks`).
         self._acks: list[tuple[Consumer, Delivery]] = []
+        self.messages_out = 0  # PUBLISHes sent (for the admin API)
+
+    @property
+    def queued(self) -> int:
+        """PUBLISHes waiting for room in the client's Receive Maximum."""
+        waiting = self._waiting
+        return len(waiting) if waiting else 0
 
     def room(self) -> int:
         waiting = self._waiting
@@ -123,6 +134,7 @@ class Outflow:
         conn = self._conn
         out = self._out
         latency = context.delivery_latency
+        tracing = context.tracing
         while True:
             while self.room() <= 0:
                 window = self._window_open = trio.Event()
@@ -140,9 +152,11 @@ class Outflow:
             level = conn.protocol_level
             plain = level != 5
             chunks: list[bytes] = []
+            payload = 0  # the bytes of their payloads
             # Deliveries finished here, to acknowledge; QoS 0 messages need none (the
             # consumers are `auto_ack_qos0`).
             done: list[Delivery] = []
+            traces: list[DeliveryTrace] | None = None
             for delivery in deliveries:
                 if self._released_ids and self._was_released(delivery):
                     done.append(delivery)
@@ -157,36 +171,61 @@ class Outflow:
                         done.append(delivery)
                     continue
                 qos, retain, sub_ids = how
+                if tracing is not None and message.properties:
+                    trace = tracing.delivering(self._ctx, topic, qos, message.properties)
+                    if trace is not None:
+                        if traces is None:
+                            traces = []
+                        traces.append(trace)
                 if qos == 0 and plain and not self._waiting and not self._draining:
                     chunks.append(encoded_qos0(topic, message, retain, level))
+                    payload += len(message.payload)
                     if message.qos:
                         done.append(delivery)
                     continue
                 if chunks:  # what came before goes first
-                    self._write_chunks(chunks)
+                    self._write_chunks(chunks, payload)
                     chunks = []
+                    payload = 0
                 if (
                     not send(topic, message, qos, retain, sub_ids, now, delivery, consumer)
                     and message.qos
                 ):
                     done.append(delivery)
             if chunks:
-                self._write_chunks(chunks)
+                self._write_chunks(chunks, payload)
             if done:
                 consumer.ack(done)
             if self._waiting:
                 await self.drain()
             await out.push()
+            if traces is not None:
+                for trace in traces:
+                    trace.sent()
+
+    def delivering(self, retained: list[RetainedDelivery]) -> list[DeliveryTrace]:
+        """The "deliver" spans of retained messages about to be sent (none without tracing)."""
+        tracing = self._context.tracing
+        if tracing is None:
+            return []
+        traces = []
+        for item in retained:
+            properties = item.message.properties
+            trace = tracing.delivering(self._ctx, item.topic, item.qos, properties)
+            if trace is not None:
+                traces.append(trace)
+        return traces
 
     @property
     def _draining(self) -> bool:
         """Whether a drain is between taking messages from the window and writing them."""
         return self._drain_lock is not None and self._drain_lock.locked()
 
-    def _write_chunks(self, chunks: list[bytes]) -> None:
+    def _write_chunks(self, chunks: list[bytes], payload: int) -> None:
         data = b"".join(chunks)
         self._out.add(data)  # pushed by the caller (see `deliver` and the read loop)
-        self._context.record_sent(len(chunks), len(data))
+        self.messages_out += len(chunks)
+        self._context.record_sent(len(chunks), len(data), payload)
 
     def send(
         self,
@@ -367,18 +406,14 @@ class Outflow:
             )
             return False
         self._out.add(data)  # pushed by the caller (see `deliver` and the read loop)
-        self._context.record_sent(1, len(data))
+        self.messages_out += 1
+        self._context.record_sent(1, len(data), len(message.payload))
         return True
 
     @property
     def waiting(self) -> bool:
         """Whether messages wait for room in the client's Receive Maximum."""
         return bool(self._waiting)
-
-    @property
-    def queued(self) -> int:
-        """How many messages wait for room in the client's Receive Maximum."""
-        return len(self._waiting) if self._waiting else 0
 
     def acked(self, pid: int) -> Outbound | None:
         """PUBACK (or PUBCOMP): the flow of `pid` is complete. Returns its entry (None for an

@@ -35,6 +35,7 @@ class RetainedStore:
         self._tree = TopicTree()
         self._messages: dict[str, Message] = {}
         self._local: set[str] = set()  # topics this node retains for itself alone
+        self.payload_bytes = 0  # of every message kept (`$SYS/broker/store/messages/bytes`)
         for key, value in table.items():
             self._keep(key, decode_message(value))
         # Other nodes (proxies of a separated deployment) retain and clear messages too.
@@ -42,12 +43,16 @@ class RetainedStore:
 
     def _keep(self, topic: str, message: Message | None) -> None:
         """The in-memory side of a write: the message by topic, and the tree of topics."""
+        previous = self._messages.get(topic)
+        if previous is not None:
+            self.payload_bytes -= len(previous.payload)
         if message is None:
             self._messages.pop(topic, None)
             self._tree.discard(topic)
         else:
             self._messages[topic] = message
             self._tree.add(topic)
+            self.payload_bytes += len(message.payload)
 
     def _changed_elsewhere(self, topic: str, value: bytes | None) -> None:
         if topic in self._local:
@@ -83,6 +88,17 @@ class RetainedStore:
                 continue
             await self._table.put(topic, None)
             self._keep(topic, None)
+
+    def get(self, topic: str) -> Message | None:
+        """The unexpired retained message of `topic`, if any."""
+        message = self._messages.get(topic)
+        if message is None or (message.expires_at and message.expires_at <= now_ms()):
+            return None
+        return message
+
+    def is_local(self, topic: str) -> bool:
+        """Whether this node retains `topic` for itself alone (`keep_local`)."""
+        return topic in self._local
 
     def match(self, topic_filter: str) -> Iterator[Retained]:
         """Every unexpired retained message on a topic matching the filter."""

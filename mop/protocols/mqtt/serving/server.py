@@ -1,8 +1,8 @@
 """What the MQTT adapter shares between connections: sessions, retained messages, topic names.
 
 `MqttServer.serve` runs the background work (sessions and, where this node runs them, their
-timers; `$SYS`); the adapter serves each client with a `ClientHandler` on top of it.
-Everything goes through the MessagingProcessor, never a backend directly.
+timers; `$SYS` values and client events); the adapter serves each client with a `ClientHandler`
+on top of it. Everything goes through the MessagingProcessor, never a backend directly.
 """
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ from mop.processor import (
     MessagingProcessor,
     PublishResult,
 )
+from mop.processor.tracing import MessageTracing, PublishTrace
 from mop.protocols.mqtt.codec import encode_publish
 from mop.protocols.mqtt.connection import ConnectionLimits
-from mop.protocols.mqtt.mapping import publish_to_message
+from mop.protocols.mqtt.mapping import publish_to_message, with_properties
 from mop.protocols.mqtt.negotiation import JWT_METHOD, ConnectPolicy
 from mop.protocols.mqtt.packets import NO_PROPERTIES, Publish, Will
 from mop.protocols.mqtt.reason_codes import ReasonCode
+from mop.protocols.mqtt.serving.client_events import ClientEvents, default_node_name
 from mop.protocols.mqtt.serving.outflow import OutflowContext
 from mop.protocols.mqtt.serving.retained import TABLE as RETAINED_TABLE
 from mop.protocols.mqtt.serving.retained import RetainedStore
@@ -91,6 +93,14 @@ class MqttServer:
             processor, self.timers, self._publish_will, node_timeout=self.settings.node_timeout
         )
         self.sys = SysPublisher(self, SERVER_NAME)
+        # Not through `canonical`: each client id's event topics would crowd the hot topics
+        # out of its cache.
+        self.events = ClientEvents(
+            processor,
+            lambda topic: mqtt_to_pulsar(topic, tenant=tenant, namespace=namespace),
+            publishes=self.settings.sys_events,
+            node=self.settings.sys_node_name or default_node_name(),
+        )
         self.outflow_context = OutflowContext(
             mqtt_name=self.mqtt_name,
             canonical=self.canonical,
@@ -100,6 +110,7 @@ class MqttServer:
             record_flow=self.sessions.record_flow,
             forget_flow=self.sessions.forget_flow,
             delivery_latency=self.stats.delivery_latency,
+            tracing=processor.tracing,
         )
         processor.stats.adapters["mqtt"] = self.counts
 
@@ -116,6 +127,8 @@ class MqttServer:
             )
             if self.settings.sys_interval > 0:
                 await nursery.start(self.sys.serve, self.settings.sys_interval)
+            if self.events.publishes:
+                await nursery.start(self.events.serve)
             task_status.started()
 
     def _close_banned(self) -> None:
@@ -203,9 +216,26 @@ class MqttServer:
     async def publish(self, ctx: ClientContext, publish: Publish) -> PublishResult:
         """Publish an MQTT message (and update the retained table when it is retained)."""
         message = publish_to_message(publish, client_id=ctx.client_id, now_ms=now_ms())
-        result = await self.processor.publish(ctx, self.canonical(publish.topic), message)
-        if publish.retain and self.settings.retain_available:
-            await self.retained.set(publish.topic, message if publish.payload else None)
+        trace: PublishTrace | None = None
+        tracing = self.processor.tracing
+        if tracing is not None and not ctx.internal:
+            trace = tracing.received(ctx, publish.topic, publish.qos, message.properties)
+            if trace is not None:
+                if trace.carrier:
+                    message = with_properties(message, trace.carrier)
+                trace.storing()
+        try:
+            result = await self.processor.publish(ctx, self.canonical(publish.topic), message)
+            if trace is not None:
+                trace.stored()
+            if publish.retain and self.settings.retain_available:
+                await self.retained.set(publish.topic, message if publish.payload else None)
+        except BaseException as exc:
+            if trace is not None:
+                trace.end(exc)
+            raise
+        if trace is not None:
+            trace.end()
         return result
 
     async def publish_batch(
@@ -213,6 +243,9 @@ class MqttServer:
     ) -> list[PublishResult | BackendError]:
         """Publish messages that are not retained, in order, with one wait for durability;
         one result per message (see `MessagingProcessor.publish_batch`)."""
+        tracing = self.processor.tracing
+        if tracing is not None and not ctx.internal:
+            return await self._publish_batch_traced(tracing, ctx, publishes)
         now = now_ms()
         canonical = self.canonical
         client_id = ctx.client_id
@@ -221,6 +254,36 @@ class MqttServer:
             for p in publishes
         ]
         return await self.processor.publish_batch(ctx, items)
+
+    async def _publish_batch_traced(
+        self, tracing: MessageTracing, ctx: ClientContext, publishes: Sequence[Publish]
+    ) -> list[PublishResult | BackendError]:
+        """`publish_batch` with a trace for each message the tracing samples."""
+        now = now_ms()
+        items: list[tuple[str, Message]] = []
+        traces: list[PublishTrace | None] = []
+        for publish in publishes:
+            message = publish_to_message(publish, client_id=ctx.client_id, now_ms=now)
+            trace = tracing.received(ctx, publish.topic, publish.qos, message.properties)
+            if trace is not None and trace.carrier:
+                message = with_properties(message, trace.carrier)
+            items.append((self.canonical(publish.topic), message))
+            traces.append(trace)
+        sampled = [trace for trace in traces if trace is not None]
+        for trace in sampled:
+            trace.storing()
+        try:
+            results = await self.processor.publish_batch(ctx, items)
+        except BaseException as exc:
+            for trace in sampled:
+                trace.end(exc)
+            raise
+        for trace, result in zip(traces, results, strict=True):
+            if trace is not None:
+                error = result if isinstance(result, BackendError) else None
+                trace.stored(error)
+                trace.end(error)
+        return results
 
     async def _publish_will(self, client_id: str, will: Will) -> None:
         props = dataclasses.replace(will.properties, will_delay_interval=None)

@@ -36,13 +36,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Final
 
 import trio
 
 from mop.clock import now_ms
 from mop.processor import BackendError, MessagingProcessor
+from mop.protocols.introspection import SessionBusy
 from mop.protocols.mqtt.packets import Will
 from mop.protocols.mqtt.serving.node_liveness import NODES_TABLE, NodeLiveness, heartbeat_interval
 from mop.protocols.mqtt.serving.timers import Callback, Timers
@@ -110,13 +111,21 @@ class SessionRegistry:
         self._offline: dict[str, SessionState] = {}
         # Sessions being ended on this node, by client id: a take waits for the end.
         self._ending: dict[str, trio.Event] = {}
+        # Sessions whose connections are being let go of on this node (`release`).
+        self._releasing: dict[str, trio.Event] = {}
         self._role: Role | None = None
         self._holding = False  # acting as the holder: between a gain and a loss
         self._nursery: trio.Nursery | None = None
         self._table.watch(self._changed_elsewhere)
+        # Sessions this node ended at their expiry, since it started (`$SYS`).
+        self.expired = 0
 
     def __len__(self) -> int:
         return len(self._offline)
+
+    def offline(self) -> Iterator[SessionState]:
+        """The offline sessions whose timers run on this node (none unless it holds `ROLE`)."""
+        return iter(self._offline.values())
 
     @property
     def connected(self) -> int:
@@ -269,6 +278,7 @@ class SessionRegistry:
             state = self._stored(client_id)
         if state is not None and state.expired(self._now()):
             log.info("session %r expired", client_id)
+            self.expired += 1
             await self._end(state)
             state = None
         if state is not None:
@@ -307,6 +317,33 @@ class SessionRegistry:
         end of `client_id` is under way when this returns, until the caller next waits."""
         while (ending := self._ending.get(client_id)) is not None:
             await ending.wait()
+
+    def offline_here(self) -> Mapping[str, SessionState]:
+        """The offline sessions whose timers run on this node (on the holder of `ROLE`, every
+        offline session of the deployment; elsewhere none), by client id."""
+        return self._offline
+
+    async def discard(self, client_id: str) -> bool:
+        """End an offline session now, as its expiry would (a will waiting for the end goes
+        out); False when there is none. SessionBusy when the session is recorded as connected
+        through a node (not this one's clients: their connections end their sessions)."""
+        while (releasing := self._releasing.get(client_id)) is not None:
+            await releasing.wait()
+        await self._end_finished(client_id)
+        state = self._offline.get(client_id)
+        if state is None or self._role_moves:
+            stored = self._stored(client_id)
+            if stored is not None and stored.disconnected_at is None and state is None:
+                where = "closing here" if client_id in self._attached else "through another node"
+                raise SessionBusy(f"session {client_id!r} is connected ({where})")
+            state = stored if stored is not None else state
+        if state is None:
+            return False
+        self._disarm(client_id)
+        self._offline.pop(client_id, None)
+        log.info("session %r ended on request", client_id)
+        await self._end(state)
+        return True
 
     def _disarm(self, client_id: str) -> None:
         self._timers.cancel(f"expire:{client_id}")
@@ -414,7 +451,17 @@ class SessionRegistry:
 
     async def release(self, state: SessionState, *, will: Will | None) -> None:
         """The connection of `state` is gone: keep the session or end it, and handle the will
-        (a will without delay goes out from here, at once)."""
+        (a will without delay goes out from here, at once). `discard` waits for it."""
+        client_id = state.client_id
+        released = self._releasing[client_id] = trio.Event()
+        try:
+            await self._release(state, will)
+        finally:
+            if self._releasing.get(client_id) is released:
+                del self._releasing[client_id]
+            released.set()
+
+    async def _release(self, state: SessionState, will: Will | None) -> None:
         self._detach(state)
         state.disconnected_at = self._now()
         if state.expiry_interval == 0:
@@ -521,6 +568,7 @@ class SessionRegistry:
             state = self._offline.pop(client_id, None)
             if state is not None:
                 log.info("session %r expired", client_id)
+                self.expired += 1
                 await self._end(state)
 
         return expire

@@ -8,20 +8,26 @@ on the node: the merged node's broker is the node, and a proxy's `ClusterBackend
 in memory to its own consumers without sending them to the brokers
 (`mop.backends.cluster.local_topics` says why this beats node-specific Pulsar topics).
 
-Only changed values are republished, so an idle node does not churn anything.
+The topics and their values are `mop.protocols.mqtt.sys_tree`'s; this module gathers the
+numbers (`SysPublisher.counters`) and publishes them. Only changed values are republished, so an
+idle node does not churn anything.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Final
 
+import psutil
 import trio
 
 from mop.clock import now_ms
 from mop.processor import BackendError, ClientContext
 from mop.protocols.mqtt.mapping import publish_to_message
 from mop.protocols.mqtt.packets import Publish
+from mop.protocols.mqtt.session import SessionState
+from mop.protocols.mqtt.sys_tree import SysCounters, SysTree
 
 if TYPE_CHECKING:
     from mop.protocols.mqtt.serving.server import MqttServer
@@ -34,26 +40,68 @@ SYS_CONTEXT = ClientContext(client_id="$SYS", protocol="mqtt", internal=True)
 SYS_FILTER: Final = "$SYS/#"
 
 
+def resident_memory() -> int:
+    """The bytes of memory the process holds now (its resident set size)."""
+    return int(psutil.Process().memory_info().rss)
+
+
 class SysPublisher:
-    def __init__(self, server: MqttServer, version: str) -> None:
+    def __init__(
+        self, server: MqttServer, version: str, memory: Callable[[], int] = resident_memory
+    ) -> None:
         self._server = server
-        self._version = version
+        self._tree = SysTree(version)
+        self._memory = memory
+        self._memory_peak = 0
         self._last: dict[str, str] = {}
 
+    def counters(self) -> SysCounters:
+        """What the node counts now. Sessions, subscriptions and messages in flight are those
+        of the sessions this node holds: connected through it, or offline with their timers
+        here (all of them on a merged node)."""
+        server = self._server
+        stats = server.processor.stats
+        retained = server.retained
+        subscriptions = in_flight = in_flight_bytes = 0
+        for state in self._sessions():
+            subscriptions += len(state.subscriptions)
+            for entry in state.outbound.values():
+                in_flight += 1
+                message = entry.message or (entry.delivery.message if entry.delivery else None)
+                in_flight_bytes += len(message.payload) if message is not None else 0
+        memory = self._memory()
+        self._memory_peak = max(self._memory_peak, memory)
+        offline = len(server.sessions)
+        return SysCounters(
+            uptime=stats.uptime,
+            clients_connected=stats.connections,
+            clients_disconnected=offline,
+            clients_maximum=stats.connections_peak,
+            clients_expired=server.sessions.expired,
+            connections=stats.connections_total,
+            messages_received=stats.messages_received,
+            messages_sent=stats.messages_sent,
+            messages_dropped=stats.messages_dropped,
+            bytes_received=stats.bytes_received,
+            bytes_sent=stats.bytes_sent,
+            payload_bytes_received=stats.payload_bytes_received,
+            payload_bytes_sent=stats.payload_bytes_sent,
+            retained_count=len(retained),
+            stored_count=len(retained) + in_flight,
+            stored_bytes=retained.payload_bytes + in_flight_bytes,
+            subscriptions=subscriptions,
+            heap_current=memory,
+            heap_maximum=self._memory_peak,
+        )
+
+    def _sessions(self) -> Iterator[SessionState]:
+        for client in self._server.clients:
+            if client.state is not None:
+                yield client.state
+        yield from self._server.sessions.offline()
+
     def values(self) -> dict[str, str]:
-        stats = self._server.processor.stats
-        return {
-            "$SYS/broker/version": self._version,
-            "$SYS/broker/uptime": f"{int(stats.uptime)} seconds",
-            "$SYS/broker/clients/connected": str(stats.connections),
-            "$SYS/broker/clients/total": str(stats.connections + len(self._server.sessions)),
-            "$SYS/broker/messages/received": str(stats.messages_received),
-            "$SYS/broker/messages/sent": str(stats.messages_sent),
-            "$SYS/broker/messages/dropped": str(stats.messages_dropped),
-            "$SYS/broker/bytes/received": str(stats.bytes_received),
-            "$SYS/broker/bytes/sent": str(stats.bytes_sent),
-            "$SYS/broker/retained messages/count": str(len(self._server.retained)),
-        }
+        return self._tree.values(self.counters(), trio.current_time())
 
     async def publish_changed(self) -> None:
         server = self._server

@@ -226,6 +226,11 @@ class PulsarClient:
         )
         return connection
 
+    async def reach(self) -> BrokerConnection:
+        """A connection to one of the service URL's brokers: an open one, or a new one to the
+        next that answers (Unavailable when none does). For health checks."""
+        return await self._service_connection()
+
     async def _service_connection(self) -> BrokerConnection:
         """A connection to one of the service URL's brokers (the next that answers)."""
         failures = []

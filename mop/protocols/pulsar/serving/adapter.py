@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 from mop.protocols.base import NodeServices
+from mop.protocols.introspection import AdminView
+from mop.protocols.pulsar.overload import rate_refusal
+from mop.protocols.pulsar.serving.admin_view import PulsarAdminView
 from mop.protocols.pulsar.serving.server import PulsarServer, Timers
 from mop.settings import PulsarSettings, Settings
 from mop.transport import Handler, ListenerSpec, listener_ssl_context
@@ -52,7 +55,15 @@ class PulsarProtocol:
 
     def listeners(self) -> list[tuple[ListenerSpec, Handler]]:
         pulsar = self.pulsar
-        specs = [ListenerSpec(name="pulsar", kind="tcp", host=pulsar.host, port=pulsar.port)]
+        specs = [
+            ListenerSpec(
+                name="pulsar",
+                kind="tcp",
+                host=pulsar.host,
+                port=pulsar.port,
+                refusal=rate_refusal,
+            )
+        ]
         context = listener_ssl_context(pulsar.tls)
         if context is not None:
             specs.append(
@@ -65,6 +76,9 @@ class PulsarProtocol:
                 )
             )
         return [(spec, self.server.handle_connection) for spec in specs]
+
+    def admin_view(self) -> AdminView:
+        return PulsarAdminView(self.server)
 
     async def close(self) -> None:
         """Nothing to finish: connections close through the node's cancellation."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from mop.clock import now_ms
-from mop.message import Delivery, MessageId
+from mop.message import Delivery, Message, MessageId
 from mop.processor import (
     BackendError,
     Consumer,
@@ -25,6 +25,7 @@ from mop.processor import (
     SubscriptionKind,
     SubscriptionSpec,
 )
+from mop.processor.tracing import DeliveryTrace, MessageTracing
 from mop.protocols.pulsar.commands import (
     Ack,
     AckResponse,
@@ -45,7 +46,14 @@ from mop.protocols.pulsar.commands import (
 )
 from mop.protocols.pulsar.errors import ServerError
 from mop.protocols.pulsar.frames import ack_set_of, unacked_indexes
-from mop.protocols.pulsar.mapping import EARLIEST, LATEST, entry_bytes, from_id_data, to_id_data
+from mop.protocols.pulsar.mapping import (
+    EARLIEST,
+    LATEST,
+    entry_bytes,
+    from_id_data,
+    subscription_name,
+    to_id_data,
+)
 from mop.protocols.pulsar.metadata import MessageIdData
 from mop.protocols.pulsar.serving.server import TopicRefused, server_error
 from mop.security.acl import Access
@@ -68,11 +76,6 @@ _MASK64: Final = (1 << 64) - 1
 _BROKER_REQUEST: Final = 0
 
 
-def subscription_name(topic: str, subscription: str) -> str:
-    """The processor subscription behind Pulsar subscription `subscription` of `topic`."""
-    return f"{topic}::{subscription}"
-
-
 @dataclass(slots=True)
 class _ConsumerState:
     consumer_id: int
@@ -89,9 +92,22 @@ class ConnectionConsumers:
     def __init__(self, link: PulsarConnection) -> None:
         self._link = link
         self._states: dict[int, _ConsumerState] = {}
+        self._tracing = link.server.processor.tracing
         # A non-durable subscription goes with its consumer, which a seek closes: where the
         # seek put it, for the client's subscribe that follows, by (topic, subscription).
         self._resume: dict[tuple[str, str], MessageId] = {}
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    @property
+    def inflight(self) -> int:
+        """Entries sent to the client and not yet acknowledged."""
+        return sum(len(state.outstanding) for state in self._states.values())
+
+    def subscriptions(self) -> list[tuple[str, str]]:
+        """(topic, subscription) of each consumer."""
+        return [(state.topic, state.subscription) for state in self._states.values()]
 
     def _state(self, consumer_id: int, request_id: int) -> _ConsumerState | None:
         """The consumer, or None after answering ERROR ConsumerNotFound."""
@@ -171,6 +187,7 @@ class ConnectionConsumers:
         link = self._link
         conn = link.conn
         cid = state.consumer_id
+        tracing = self._tracing
         while True:
             await link.out.wait_space()
             try:
@@ -178,7 +195,10 @@ class ConnectionConsumers:
             except ConsumerClosed:
                 return
             frames = []
+            traces: list[DeliveryTrace] | None = None
             for delivery in deliveries:
+                if tracing is not None:
+                    traces = self._traced(tracing, state.topic, delivery.message, traces)
                 mid = delivery.message_id
                 state.outstanding[mid] = delivery
                 batch = delivery.message.batch
@@ -200,9 +220,32 @@ class ConnectionConsumers:
             link.write(data)
             stats = link.server.stats
             count = sum(d.message.count for d in deliveries)
-            stats.record_sent(count, len(data))
+            link.messages_out += count
+            stats.record_sent(count, len(data), sum(len(d.message.payload) for d in deliveries))
             if deliveries and stats.delivery_latency.due(count):
                 stats.delivery_latency.record_age(now_ms(), deliveries[-1].message.publish_time)
+            if traces is not None:
+                for trace in traces:
+                    trace.sent()
+
+    def _traced(
+        self,
+        tracing: MessageTracing,
+        topic: str,
+        message: Message,
+        traces: list[DeliveryTrace] | None,
+    ) -> list[DeliveryTrace] | None:
+        """`traces` with a "deliver" span for each traced message of `message` (of each
+        message of a batch) added."""
+        for member in message.batch or (message,):
+            if not member.properties:
+                continue
+            trace = tracing.delivering(self._link.ctx, topic, member.qos, member.properties)
+            if trace is not None:
+                if traces is None:
+                    traces = []
+                traces.append(trace)
+        return traces
 
     async def _watch_active(self, state: _ConsumerState) -> None:
         while True:

@@ -14,14 +14,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
-from mop.counters import Refusal, refusal_of
+from mop.counters import Closing, Refusal, refusal_of
 from mop.processor import ClientContext, ClientLease, ConnectionLimitReached
+from mop.protocols.introspection import ClientInfo, SubscriptionInfo
 from mop.protocols.pulsar.authentication import (
     REFRESH_METHOD,
     acting_principal,
@@ -119,6 +121,12 @@ class PulsarConnection:
         self.producers = ConnectionProducers(self)
         self.consumers = ConnectionConsumers(self)
         self._nursery: trio.Nursery | None = None
+        # What the admin API shows of the connection (`describe`).
+        self.connected_at = 0.0
+        self.messages_in = 0
+        self.messages_out = 0
+        # Why the connection ends, counted when it does (`mop.counters.Closing`).
+        self._closing: str = Closing.NORMAL
         self._handlers: dict[type, Callable[[Any], Awaitable[None] | None]] = {
             AuthResponse: self._on_auth_response,
             Ping: self._on_ping,
@@ -176,10 +184,50 @@ class PulsarConnection:
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    @property
+    def admin_id(self) -> str:
+        """The connection's name in the admin API: a Pulsar client names no connection, so
+        it is "pulsar:" and the client's address and port."""
+        return f"pulsar:{self.ctx.peer}"
+
+    def describe(self) -> ClientInfo:
+        ctx = self.ctx
+        return ClientInfo(
+            client_id=self.admin_id,
+            protocol="pulsar",
+            username=ctx.username if ctx.username is not None else ctx.principal.name,
+            peer=ctx.peer,
+            connected_at=self.connected_at,
+            protocol_version="pulsar",
+            keep_alive=int(self.server.timers.keepalive_interval),
+            clean_start=True,
+            subscriptions=len(self.consumers),
+            inflight=self.consumers.inflight,
+            queued=0,
+            messages_in=self.messages_in,
+            messages_out=self.messages_out,
+        )
+
+    def subscriptions(self) -> list[SubscriptionInfo]:
+        """The connection's consumers: their topics (by MQTT name in the default namespace)
+        and subscription names."""
+        return [
+            SubscriptionInfo(self.admin_id, self.server.acl_topic(topic), 1, subscription)
+            for topic, subscription in self.consumers.subscriptions()
+        ]
+
+    def close(self) -> None:
+        """Close the connection from outside its reads (the admin API)."""
+        log.info("%s: closing the connection on request", self.ctx.peer)
+        self._closing = Closing.ADMINISTRATIVE
+        self._end()
+
     async def run(self) -> None:
         lease = await self._handshake()
         if lease is None:
             return
+        self.connected_at = time.time()
+        self.server.connections.add(self)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -195,10 +243,11 @@ class PulsarConnection:
         except* (trio.BrokenResourceError, trio.ClosedResourceError):
             log.debug("%s: connection lost", self.ctx.peer)
         finally:
+            self.server.connections.discard(self)
             with trio.CancelScope(shield=True), trio.move_on_after(10):
                 await self.producers.close_all()
                 await self.consumers.close_all()
-                await self.server.processor.close_client(self.ctx, lease)
+                await self.server.processor.close_client(self.ctx, lease, self._closing)
 
     async def _handshake(self) -> ClientLease | None:
         """Read CONNECT, authenticate and admit the client and answer CONNECTED; None when
@@ -389,18 +438,40 @@ class PulsarConnection:
             pass
 
     async def _read_loop(self) -> None:
+        """Act on the commands of each read, then read again. A client over its message or
+        byte rate is held back: what was read waits until the rates allow it, and so does the
+        next read (a proxy's connection, which carries many clients that the proxy holds to
+        their rates, is not limited)."""
         stats = self.server.stats
+        overload = self.server.processor.overload
+        rates = None if self.authenticated.is_proxy else overload.client_rates()
+        read_size = 65536 if rates is None else rates.read_size(65536)
+        pause = 0.0  # seconds the client's rates hold it back before more is taken
         while True:
-            while not isinstance(event := self.conn.next_event(), NeedData):
+            more = True  # what was read may hold more commands
+            while not pause:
+                event = self.conn.next_event()
+                if isinstance(event, NeedData):
+                    more = False
+                    break
                 stats.requests += 1
+                if rates is not None and isinstance(event, Send):
+                    pause = rates.charge(max(event.num_messages, 1), 0, trio.current_time())
                 await self._handle(event)
                 if self._reading.cancel_called:
                     return  # closing: what the client sent after that is not served
             await self.out.wait_space()
-            data = await self.stream.receive_some(65536)
+            if pause:
+                await overload.throttle(pause, self.ctx.peer)
+                pause = 0.0
+            if more:
+                continue  # the rest of what was read first
+            data = await self.stream.receive_some(read_size)
             if not data:
                 raise _Closed
             stats.bytes_received += len(data)
+            if rates is not None:
+                pause = rates.charge(0, len(data), trio.current_time())
             self.conn.receive_data(data)
 
     async def _handle(self, event: ClientEvent) -> None:

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
+from mop.message import Message
 from mop.processor import BackendError, Producer, ProducerAccess, ProducerSpec, PublishResult
+from mop.processor.tracing import MessageTracing, PublishTrace
 from mop.protocols.pulsar.commands import (
     CloseProducer,
     Error,
@@ -25,7 +27,11 @@ from mop.protocols.pulsar.commands import (
 )
 from mop.protocols.pulsar.commands import Producer as ProducerCommand
 from mop.protocols.pulsar.errors import ServerError
-from mop.protocols.pulsar.mapping import message_from_payload
+from mop.protocols.pulsar.mapping import (
+    message_from_payload,
+    with_member_properties,
+    with_properties,
+)
 from mop.protocols.pulsar.serving.server import TopicRefused, server_error
 from mop.security.acl import Access
 
@@ -45,6 +51,11 @@ _MAX_PENDING: Final = 10_000
 _MASK64: Final = (1 << 64) - 1
 # SENDs answered together at most (their receipts leave in one write).
 _RUN: Final = 1000
+# Why a SEND is refused while the node is over its memory high-water mark.
+_OVERLOADED: Final = (
+    ServerError.TooManyRequests,
+    "the broker is over its memory high-water mark: try again later",
+)
 
 
 @dataclass(slots=True)
@@ -56,6 +67,8 @@ class _Pending:
     stored: Awaitable[PublishResult] | None = None
     error: tuple[ServerError, str] | None = None
     close_request: int | None = None
+    # The traces of the messages of the SEND, ended with its answer (see `MessageTracing`).
+    traces: tuple[PublishTrace, ...] = ()
 
 
 @dataclass(slots=True)
@@ -72,6 +85,7 @@ class ConnectionProducers:
     def __init__(self, link: PulsarConnection) -> None:
         self._link = link
         self._states: dict[int, _ProducerState] = {}
+        self._tracing = link.server.processor.tracing
 
     # -- PRODUCER --------------------------------------------------------------------------
 
@@ -201,6 +215,8 @@ class ConnectionProducers:
         try:
             result = await item.stored
         except BackendError as exc:
+            if item.traces:
+                _end(item.traces, exc)
             return conn.send(
                 SendError(
                     producer_id=pid,
@@ -209,6 +225,8 @@ class ConnectionProducers:
                     message=str(exc),
                 )
             )
+        if item.traces:
+            _end(item.traces)
         mid = result.message_id
         return conn.send_receipt(
             pid,
@@ -240,20 +258,64 @@ class ConnectionProducers:
                 )
             )
             return
+        overload = self._link.server.processor.overload
+        if overload.memory_high:
+            # Not stored: pulsar-client connects again and sends it again, by which time the
+            # node may be below its low-water mark.
+            overload.refused_publishes(self._link.ctx.peer, max(cmd.num_messages, 1))
+            refused = _Pending(cmd.sequence_id, cmd.highest_sequence_id, error=_OVERLOADED)
+            await self._queue(state, refused)
+            return
         message = message_from_payload(cmd.payload, limit=self._link.server.limits.max_message_size)
+        self._link.messages_in += message.count
         first = cmd.sequence_id
         highest = cmd.highest_sequence_id or first + max(0, cmd.num_messages - 1)
         meta = cmd.payload.metadata
         if cmd.is_chunk and (meta.chunk_id or 0) + 1 < (meta.num_chunks_from_msg or 1):
             first = -1  # every chunk shares the sequence id: the last one counts
         item = _Pending(cmd.sequence_id, cmd.highest_sequence_id)
+        if self._tracing is not None:
+            message, item.traces = self._traced(self._tracing, state.producer.spec.topic, message)
         try:
             item.stored = state.producer.send(
                 message, sequence_id=first, highest_sequence_id=highest
             )
         except BackendError as exc:
             item.error = (server_error(exc), str(exc))
+            if item.traces:
+                _end(item.traces, exc)
         await self._queue(state, item)
+
+    def _traced(
+        self, tracing: MessageTracing, topic: str, message: Message
+    ) -> tuple[Message, tuple[PublishTrace, ...]]:
+        """The message to store and the traces of its messages (of each message of a batch),
+        which are now storing. A message that starts a trace carries it on (`with_properties`);
+        the node's own tables are not traced."""
+        link = self._link
+        if link.server.is_system(topic):
+            return message, ()
+        ctx = link.ctx
+        traces: list[PublishTrace] = []
+        if not message.batch:
+            trace = tracing.received(ctx, topic, message.qos, message.properties)
+            if trace is None:
+                return message, ()
+            if trace.carrier:
+                message = with_properties(message, trace.carrier)
+            traces.append(trace)
+        else:
+            extras: list[tuple[tuple[str, str], ...]] = []
+            for member in message.batch:
+                trace = tracing.received(ctx, topic, member.qos, member.properties)
+                extras.append(() if trace is None else trace.carrier)
+                if trace is not None:
+                    traces.append(trace)
+            if any(extras):
+                message = with_member_properties(message, tuple(extras))
+        for trace in traces:
+            trace.storing()
+        return message, tuple(traces)
 
     @staticmethod
     async def _queue(state: _ProducerState, item: _Pending) -> bool:
@@ -310,3 +372,9 @@ class ConnectionProducers:
         for state in list(self._states.values()):
             state.scope.cancel()
             await self._forget(state)
+
+
+def _end(traces: tuple[PublishTrace, ...], error: BaseException | None = None) -> None:
+    for trace in traces:
+        trace.stored(error)
+        trace.end(error)

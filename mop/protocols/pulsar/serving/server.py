@@ -10,6 +10,7 @@ import itertools
 import logging
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import trio
@@ -26,6 +27,9 @@ from mop.topic_names import PulsarTopicName, is_system_topic, pulsar_to_mqtt
 from mop.topics import TopicError
 from mop.transport import ConnectionInfo
 from mop.version import SERVER_NAME
+
+if TYPE_CHECKING:  # the handler module imports this one
+    from mop.protocols.pulsar.serving.handler import PulsarConnection
 
 log = logging.getLogger("mop.pulsar")
 
@@ -100,6 +104,8 @@ class PulsarServer:
         self.membership = membership or Membership((), "")
         # The peers are asked with this broker's own credentials (`cluster.auth`).
         self.peers = PeerLinks(self.membership.peers(), auth=broker_auth)
+        # The connections past their handshake (the admin API lists them).
+        self.connections: set[PulsarConnection] = set()
 
     @functools.cached_property
     def stats(self) -> ProtocolStats:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mop.backends.cluster.errors import error_for
 from mop.counters import Closing, Refusal
 from mop.processor import BackendError, QuotaExceeded
 from mop.protocols.mqtt.packets import PacketType
@@ -12,6 +13,8 @@ from mop.protocols.mqtt.reason_codes import (
     closing_of,
     refusal_of_connack,
 )
+from mop.protocols.pulsar.driver import ServerRefused
+from mop.protocols.pulsar.errors import ServerError
 
 
 def test_a_quota_refusal_is_answered_quota_exceeded() -> None:
@@ -52,3 +55,11 @@ def test_a_closed_connection_is_counted_under_why_the_node_closed_it() -> None:
     assert closing_of(ReasonCode.ADMINISTRATIVE_ACTION) is Closing.ADMINISTRATIVE
     assert closing_of(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED) is Closing.PROTOCOL_ERROR
     assert closing_of(ReasonCode.UNSPECIFIED_ERROR) is Closing.ERROR
+
+
+def test_a_broker_over_its_memory_mark_is_answered_quota_exceeded() -> None:
+    """A separated proxy's broker over its memory high-water mark refuses SENDs with
+    TooManyRequests; the proxy's MQTT 5 clients get 0x97, as from an overloaded merged node."""
+    error = error_for(ServerRefused(ServerError.TooManyRequests, "over the mark"), "publish")
+    assert error.reason == "overloaded"
+    assert backend_reason_code(error) is ReasonCode.QUOTA_EXCEEDED

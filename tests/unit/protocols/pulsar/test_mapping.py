@@ -21,6 +21,8 @@ from mop.protocols.pulsar.mapping import (
     message_from_payload,
     split_batch,
     to_id_data,
+    with_member_properties,
+    with_properties,
 )
 from mop.protocols.pulsar.metadata import (
     EARLIEST_ID,
@@ -172,3 +174,48 @@ def test_the_mqtt_qos_a_message_carries_decides_whether_the_broker_holds_it() ->
     batch = sent(qos0, qos0)
     assert batch.qos == 0 and [m.qos for m in batch.batch] == [0, 0]
     assert sent(qos0, ()).qos == 1
+
+
+def test_properties_added_on_the_way_reach_pulsar_consumers_too() -> None:
+    payload = make_payload(_metadata(properties=(KeyValue(key="a", value="1"),)), b"data")
+    message = with_properties(message_from_payload(payload), (("traceparent", "00-x"),))
+    assert message.properties == (("a", "1"), ("traceparent", "00-x"))
+    meta = _raw_metadata(entry_bytes(message, MessageId(1, 2)))
+    assert meta.properties == (
+        KeyValue(key="a", value="1"),
+        KeyValue(key="traceparent", value="00-x"),
+    )
+    assert (meta.producer_name, meta.sequence_id) == ("p", 7)
+
+
+def test_properties_are_not_added_to_a_chunk() -> None:
+    payload = make_payload(_metadata(chunk_id=0, num_chunks_from_msg=2), b"part")
+    message = message_from_payload(payload)
+    assert with_properties(message, (("traceparent", "00-x"),)) is message
+
+
+def test_properties_added_to_members_of_a_batch() -> None:
+    entries = [
+        BatchEntry(SingleMessageMetadata(payload_size=len(data), sequence_id=i), data)
+        for i, data in enumerate([b"zero", b"one"])
+    ]
+    payload = make_payload(_metadata(num_messages_in_batch=2), encode_batch(entries))
+    message = with_member_properties(
+        message_from_payload(payload), ((), (("traceparent", "00-y"),))
+    )
+    assert [m.properties for m in message.batch] == [(), (("traceparent", "00-y"),)]
+    raw = entry_bytes(message, MessageId(1, 2))
+    (size,) = struct.unpack_from(">I", raw)
+    members = decode_batch(raw[4 + size :], 2)
+    assert [m.payload for m in members] == [b"zero", b"one"]
+    assert [m.metadata.properties for m in members] == [
+        (),
+        (KeyValue(key="traceparent", value="00-y"),),
+    ]
+    assert members[1].metadata.sequence_id == 1
+
+
+def test_properties_added_to_a_message_of_another_protocol() -> None:
+    message = with_properties(Message(b"hi", (("a", "1"),)), (("traceparent", "00-z"),))
+    meta = _raw_metadata(entry_bytes(message, MessageId(0, 0)))
+    assert meta.properties[-1] == KeyValue(key="traceparent", value="00-z")

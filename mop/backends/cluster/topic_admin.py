@@ -1,0 +1,169 @@
+"""Topic questions (stats, delete) that the Pulsar binary protocol cannot ask, put to the brokers'
+HTTP admin service in Apache Pulsar's admin REST API v2 (`mop.protocols.pulsar.admin_rest`).
+
+`cluster.admin_url` names one admin URL or several, comma-separated. Each question goes to them
+in turn until one answers for the topic:
+- Apache Pulsar: any broker answers, redirecting (307) to the topic's owner, which httpx follows;
+  the next URL is tried only when one cannot be reached.
+- mop brokers: the owner answers; another member of the cluster answers 421 Misdirected Request
+  (it holds no topic it does not own), and the next URL is asked. One URL for a single broker,
+  every member's for a cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from typing import Final
+
+import httpx
+
+from mop.messaging import BackendError, TopicBusy
+from mop.processor.backend import TopicStats
+from mop.protocols.pulsar.admin_rest import StatsFormatError, stats_from_document, topic_path
+from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
+from mop.topics import TopicError
+
+__all__ = ["BrokerAdmin", "admin_urls"]
+
+log = logging.getLogger("mop.cluster")
+
+# A mop broker's answer for a topic another member of its cluster owns.
+NOT_OWNER: Final = 421
+_BUSY: Final = frozenset({409, 412})  # Pulsar answers 412 to a delete of a topic in use
+_REFUSED: Final = frozenset({401, 403})
+_SCHEMES: Final = ("http://", "https://")
+
+
+def admin_urls(value: str) -> tuple[str, ...]:
+    """The base URLs of `cluster.admin_url`: "http://b1:8080,http://b2:8080", or Pulsar's
+    short form "http://b1:8080,b2:8080" (later entries take the first one's scheme).
+    ValueError when it is not of that form."""
+    parts = [part.strip().rstrip("/") for part in value.split(",")]
+    first = parts[0]
+    if not first.startswith(_SCHEMES) or not all(parts):
+        raise ValueError(f"{value!r} is not a list of http:// or https:// URLs")
+    scheme = first.partition("://")[0]
+    urls = []
+    for part in parts:
+        if "://" not in part:
+            part = f"{scheme}://{part}"
+        elif not part.startswith(_SCHEMES):
+            raise ValueError(f"{part!r} is not an http:// or https:// URL")
+        urls.append(part)
+    return tuple(urls)
+
+
+def _headers(auth: ClientAuth) -> dict[str, str]:
+    """The proxy's credentials (`cluster.auth`) as HTTP authorization, as Pulsar's admin
+    client sends them: a token as Bearer, basic as Basic."""
+    data = auth.current_data()
+    if not data:
+        return {}
+    if auth.method == "token":
+        return {"authorization": f"Bearer {data.decode()}"}
+    if auth.method == "basic":
+        return {"authorization": f"Basic {base64.b64encode(data).decode()}"}
+    return {}
+
+
+class BrokerAdmin:
+    """The brokers' HTTP admin service at `urls` (see the module docstring); one client with
+    kept-alive connections, closed by `aclose`. Every question takes at most `timeout`
+    seconds per URL."""
+
+    def __init__(
+        self,
+        urls: tuple[str, ...],
+        *,
+        auth: ClientAuth = NO_AUTH,
+        timeout: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if not urls:
+            raise ValueError("no admin URL")
+        self.urls = urls
+        self.auth = auth
+        self._client = httpx.AsyncClient(
+            timeout=timeout,
+            follow_redirects=True,
+            verify=auth.ssl_context or True,
+            transport=transport,
+        )
+
+    async def stats(self, topic: str) -> TopicStats | None:
+        """The stats of `topic` (a full name); None when its broker has no such topic."""
+        response = await self._ask("GET", topic, "/stats")
+        if response is None:
+            return None
+        try:
+            return stats_from_document(topic, response.json())
+        except (ValueError, StatsFormatError) as exc:
+            raise BackendError(
+                f"stats of {topic} from {response.url}: {exc}", reason="bad_answer"
+            ) from None
+
+    async def delete(self, topic: str, *, force: bool = False) -> bool:
+        """Delete `topic`; False when its broker has no such topic, TopicBusy when it has
+        connected clients and not `force`."""
+        params = {"force": "true"} if force else {}
+        return await self._ask("DELETE", topic, "", params) is not None
+
+    async def _ask(
+        self, method: str, topic: str, suffix: str, params: dict[str, str] | None = None
+    ) -> httpx.Response | None:
+        """The answer of the first URL that answers for `topic` (None: it has no such topic)."""
+        try:
+            path = topic_path(topic) + suffix
+        except TopicError as exc:
+            raise BackendError(str(exc), reason="invalid_topic") from None
+        failures: list[str] = []
+        for base in self.urls:
+            try:
+                response = await self._client.request(
+                    method, base + path, params=params, headers=_headers(self.auth)
+                )
+            except httpx.HTTPError as exc:
+                failures.append(f"{base}: {exc or type(exc).__name__}")
+                continue
+            status = response.status_code
+            if status == NOT_OWNER:
+                continue
+            if status in (200, 204):
+                return response
+            if status == 404:
+                return None
+            if status in _BUSY:
+                raise TopicBusy(f"{topic}: {_message(response)}")
+            if status in _REFUSED:
+                raise BackendError(
+                    f"{base} refused the proxy's credentials (cluster.auth): {_message(response)}",
+                    reason="not_authorized",
+                )
+            failures.append(f"{base}: HTTP {status} {_message(response)}")
+        if failures:
+            log.debug("%s %s: %s", method, topic, "; ".join(failures))
+            raise BackendError(
+                f"the brokers' admin did not answer for {topic}: {'; '.join(failures)}",
+                reason="unavailable",
+            )
+        raise BackendError(
+            f"no broker of cluster.admin_url owns {topic} (list every broker's admin URL)",
+            reason="unavailable",
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _message(response: httpx.Response) -> str:
+    """The reason a broker gave: Pulsar's {"reason": ...}, mop's {"error": ...}, or the text."""
+    try:
+        document = response.json()
+    except ValueError:
+        return response.text[:200]
+    if isinstance(document, dict):
+        for key in ("reason", "error", "message"):
+            if isinstance(document.get(key), str):
+                return str(document[key])
+    return response.text[:200]

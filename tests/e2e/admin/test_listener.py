@@ -1,0 +1,106 @@
+"""The admin HTTP listener of a running node: health, readiness, node information and the
+Prometheus scrape endpoint, over real HTTP."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from mop.node import StartupError, open_node
+from mop.settings import AdminSettings
+from mop.testing.node import RunningNode, node_settings, running_node
+from tests.e2e.clients import Client
+
+pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
+
+
+def get(node: RunningNode, path: str) -> tuple[int, str, bytes]:
+    host, port = node.node.address("admin")
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=10) as answer:
+            return answer.status, answer.headers["content-type"], answer.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers["content-type"], error.read()
+
+
+def get_json(node: RunningNode, path: str) -> Any:
+    status, content_type, body = get(node, path)
+    assert status == 200, body
+    assert content_type == "application/json"
+    return json.loads(body)
+
+
+def samples(node: RunningNode, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    status, content_type, body = get(node, "/metrics")
+    assert status == 200
+    assert content_type.startswith("text/plain; version=")
+    found = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == name:
+                labels = tuple(
+                    sorted((k, v) for k, v in sample.labels.items() if not k.startswith("otel_"))
+                )
+                found[labels] = sample.value
+    return found
+
+
+def test_health_and_readiness(node: RunningNode) -> None:
+    assert get_json(node, "/healthz") == {"status": "ok"}
+    assert get_json(node, "/readyz") == {"status": "ready"}
+
+
+def test_node_information_names_the_listeners(node: RunningNode, mode: str) -> None:
+    info = get_json(node, "/api/v1/node")
+    assert info["mode"] == mode
+    assert info["protocols"] == ["mqtt"]
+    assert info["uptime"] >= 0
+    mqtt_port = node.mqtt_port
+    admin_port = node.node.address("admin")[1]
+    listeners = {(item["protocol"], item["kind"], item["port"]) for item in info["listeners"]}
+    assert ("mqtt", "tcp", mqtt_port) in listeners
+    assert ("admin", "tcp", admin_port) in listeners
+
+
+def test_metrics_follow_real_clients(node: RunningNode) -> None:
+    client = Client(node.mqtt_port, "metrics-1")
+    client.subscribe("metrics/#", qos=1)
+    assert client.publish("metrics/a", b"hello", qos=1) == 0
+    client.expect(1)
+    assert samples(node, "mop_connections_active") == {(("protocol", "mqtt"),): 1.0}
+    messages = samples(node, "mop_messages_total")
+    assert messages[(("direction", "in"), ("protocol", "mqtt"))] >= 1
+    assert messages[(("direction", "out"), ("protocol", "mqtt"))] >= 1
+
+
+def test_unknown_path_is_a_json_404(node: RunningNode) -> None:
+    status, content_type, body = get(node, "/api/v1/nothing")
+    assert status == 404
+    assert content_type == "application/json"
+    assert "no such resource" in json.loads(body)["error"]
+
+
+@pytest.mark.merged_only(reason="about the node's own startup, the same in both modes")
+async def test_admin_port_in_use_stops_the_node_with_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = dataclasses.replace(node_settings(), admin=AdminSettings(port=port))
+        with pytest.raises(StartupError, match=rf"admin 127\.0\.0\.1:{port}: .*in use"):
+            async with open_node(settings):
+                pass
+
+
+@pytest.mark.merged_only(reason="about the node's own startup, the same in both modes")
+def test_admin_can_be_turned_off() -> None:
+    settings = dataclasses.replace(node_settings(), admin=AdminSettings(enabled=False))
+    with running_node(settings) as running, pytest.raises(LookupError):
+        running.node.address("admin")

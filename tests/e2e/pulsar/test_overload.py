@@ -1,0 +1,177 @@
+"""Overload protection for Pulsar clients: connections over a listener's rate get ERROR
+TooManyRequests, a producer over its message rate is slowed without losing a message, and over
+the memory high-water mark SENDs get TooManyRequests (pulsar-client sends them again) until
+memory is below the low-water mark."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pulsar
+import pytest
+
+from mop.overload.guard import OverloadGuard, OverloadStats
+from mop.protocols.pulsar.commands import (
+    Connected,
+    Error,
+    Producer,
+    ProducerSuccess,
+    Send,
+    SendError,
+)
+from mop.protocols.pulsar.errors import ServerError
+from mop.protocols.pulsar.frames import make_payload
+from mop.protocols.pulsar.metadata import MessageMetadata
+from mop.settings import LimitsSettings
+from mop.testing.node import RunningNode
+from tests.e2e.pulsar_support import (
+    RawPulsar,
+    pulsar_client,
+    pulsar_node,
+    pulsar_port,
+    pulsar_settings,
+    receive_all,
+    topic_for,
+)
+
+pytestmark = pytest.mark.e2e
+
+HIGH = 1e15
+LOW = 1e14
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[RunningNode]:
+    """A node with a message rate per client and memory marks no machine reaches (the tests
+    give its guard the samples that count)."""
+    limits = LimitsSettings(
+        client_message_rate=100.0,
+        memory_high_watermark=HIGH,
+        memory_low_watermark=LOW,
+        memory_check_interval=3600.0,
+    )
+    with pulsar_node(dataclasses.replace(pulsar_settings(), limits=limits)) as running:
+        yield running
+
+
+@pytest.fixture
+def topic(request: pytest.FixtureRequest) -> str:
+    return topic_for(request.node.name)
+
+
+def stats(node: RunningNode) -> OverloadStats:
+    guard: OverloadGuard = node.node.processor.overload
+    return node.call(lambda: dataclasses.replace(guard.stats))
+
+
+def set_memory(node: RunningNode, used: float) -> None:
+    guard: OverloadGuard = node.node.processor.overload
+    node.call(lambda: guard.observe_memory(int(used)))
+
+
+def test_connections_over_the_rate_get_too_many_requests() -> None:
+    limits = LimitsSettings(connection_rate=0.001, connection_burst=1)
+    settings = dataclasses.replace(pulsar_settings(), limits=limits)
+    with pulsar_node(settings) as node:
+        first = RawPulsar(pulsar_port(node))
+        second = RawPulsar(pulsar_port(node))
+        try:
+            assert isinstance(first.connect(), Connected)
+            refused = second.connect()
+            assert isinstance(refused, Error), refused
+            assert refused.error is ServerError.TooManyRequests
+            assert "connection rate" in refused.message
+            assert second.recv_until_closed() == []
+        finally:
+            first.close()
+            second.close()
+        assert stats(node).connections_refused_rate == 1
+
+
+def test_a_fast_producer_is_slowed_to_its_rate_and_loses_nothing(
+    node: RunningNode, topic: str
+) -> None:
+    count = 300  # at 100 a second, the first 100 at once: 2 s at least
+    with pulsar_client(node) as client:
+        consumer = client.subscribe(topic, "slowed")
+        producer = client.create_producer(
+            topic, batching_enabled=False, block_if_queue_full=True, send_timeout_millis=60_000
+        )
+        results: list[Any] = []
+        done = threading.Event()
+
+        def sent(result: Any, _message_id: Any) -> None:
+            results.append(result)
+            if len(results) == count:
+                done.set()
+
+        before = stats(node).throttled_reads
+        started = time.monotonic()
+        for index in range(count):
+            producer.send_async(index.to_bytes(4, "big"), sent)
+        assert done.wait(60), f"{len(results)} of {count} sends answered"
+        elapsed = time.monotonic() - started
+        assert set(results) == {pulsar.Result.Ok}
+        received = receive_all(consumer, count, timeout_ms=30_000)
+        assert sorted(int.from_bytes(m.data(), "big") for m in received) == list(range(count))
+        assert elapsed > 2.0 * 0.75, f"{count} messages in {elapsed:.2f}s"
+        assert stats(node).throttled_reads > before
+
+
+def test_over_the_memory_mark_sends_get_too_many_requests(node: RunningNode, topic: str) -> None:
+    raw = RawPulsar(pulsar_port(node))
+    try:
+        assert isinstance(raw.connect(), Connected)
+        raw.send(Producer(topic=topic, producer_id=1, request_id=1))
+        assert isinstance(raw.recv(), ProducerSuccess)
+        set_memory(node, 2 * HIGH)
+        try:
+            metadata = MessageMetadata(producer_name="raw", sequence_id=0, publish_time=1)
+            payload = make_payload(metadata, b"x")
+            raw.send(Send(producer_id=1, sequence_id=0, payload=payload))
+            refused = raw.recv()
+            assert isinstance(refused, SendError), refused
+            assert refused.error is ServerError.TooManyRequests
+            assert refused.sequence_id == 0
+        finally:
+            set_memory(node, LOW / 2)
+    finally:
+        raw.close()
+
+
+def test_pulsar_client_sends_again_once_memory_is_below_the_low_mark(
+    node: RunningNode, topic: str
+) -> None:
+    with pulsar_client(node) as client:
+        consumer = client.subscribe(topic, "memory")
+        producer = client.create_producer(topic, batching_enabled=False)
+        producer.send(b"before")
+        before = stats(node).publishes_refused
+        set_memory(node, 2 * HIGH)
+        answered = threading.Event()
+        results: list[Any] = []
+
+        def sent(result: Any, _message_id: Any) -> None:
+            results.append(result)
+            answered.set()
+
+        try:
+            producer.send_async(b"during", sent)
+            # Refused (and sent again by the client, after it connects again) until the
+            # node is below its low-water mark.
+            deadline = time.monotonic() + 10
+            while stats(node).publishes_refused < before + 2:
+                assert time.monotonic() < deadline, "the send was not refused again"
+                time.sleep(0.05)
+            assert not answered.is_set()
+        finally:
+            set_memory(node, LOW / 2)
+        assert answered.wait(30)
+        assert results == [pulsar.Result.Ok]
+        producer.send(b"after")
+        received = receive_all(consumer, 3)
+        assert [m.data() for m in received] == [b"before", b"during", b"after"]

@@ -1,0 +1,128 @@
+"""A proxy's topic questions to the brokers' HTTP admin (`BrokerAdmin`), against stand-in
+brokers (httpx's MockTransport): which URL answers, how redirects, refusals, a topic in use and
+unreachable brokers come out, and which credentials go along."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from mop.backends.cluster.topic_admin import BrokerAdmin, admin_urls
+from mop.messaging import BackendError, TopicBusy
+from mop.protocols.pulsar.client import ClientAuth
+
+TOPIC = "persistent://public/default/a%2Fb"
+STATS_PATH = "/admin/v2/persistent/public/default/a%252Fb/stats"
+STATS = {"msgInCounter": 3, "bytesInCounter": 30, "storageSize": 99, "subscriptions": {}}
+
+Broker = Callable[[httpx.Request], httpx.Response]
+
+
+def admin(routes: dict[str, Broker], urls: str, auth: ClientAuth | None = None) -> BrokerAdmin:
+    """A BrokerAdmin whose requests go to `routes[host]` (any other host refuses them)."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        answer = routes.get(request.url.host)
+        if answer is None:
+            raise httpx.ConnectError("connection refused", request=request)
+        return answer(request)
+
+    return BrokerAdmin(
+        admin_urls(urls), auth=auth or ClientAuth(), transport=httpx.MockTransport(handle)
+    )
+
+
+def not_owner(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(421, json={"reason": "owned by another member"})
+
+
+def owner(request: httpx.Request) -> httpx.Response:
+    assert request.url.raw_path.decode() == STATS_PATH
+    return httpx.Response(200, json=STATS)
+
+
+def test_admin_urls_take_pulsars_short_form() -> None:
+    assert admin_urls("http://b1:8080/") == ("http://b1:8080",)
+    assert admin_urls("https://b1:8443,b2:8443") == ("https://b1:8443", "https://b2:8443")
+    assert admin_urls("http://b1:1, http://b2:2") == ("http://b1:1", "http://b2:2")
+    for wrong in ("b1:8080", "pulsar://b1:6650", "http://b1:1,,b2", "http://b1:1,ftp://b2"):
+        with pytest.raises(ValueError):
+            admin_urls(wrong)
+
+
+async def test_the_owner_answers_after_the_others_send_the_proxy_on() -> None:
+    brokers = admin({"b1": not_owner, "b2": owner}, "http://b1:1,http://b2:2")
+    stats = await brokers.stats(TOPIC)
+    assert stats is not None and stats.inbound.messages == 3 and stats.storage_size == 99
+    await brokers.aclose()
+
+
+async def test_a_redirect_is_followed() -> None:
+    def any_broker(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(307, headers={"location": f"http://b2:2{STATS_PATH}"})
+
+    brokers = admin({"b1": any_broker, "b2": owner}, "http://b1:1")
+    assert await brokers.stats(TOPIC) is not None
+    await brokers.aclose()
+
+
+async def test_missing_busy_and_deleted() -> None:
+    seen: list[str] = []
+
+    def broker(request: httpx.Request) -> httpx.Response:
+        seen.append(f"{request.method} {request.url.raw_path.decode()}")
+        if request.method == "GET":
+            return httpx.Response(404, json={"reason": "Topic not found"})
+        if request.url.params.get("force") != "true":
+            return httpx.Response(412, json={"reason": "Topic has active producers/subscriptions"})
+        return httpx.Response(204)
+
+    brokers = admin({"b1": broker}, "http://b1:1")
+    assert await brokers.stats(TOPIC) is None
+    with pytest.raises(TopicBusy, match="active producers"):
+        await brokers.delete(TOPIC)
+    assert await brokers.delete(TOPIC, force=True)
+    assert seen[-1] == "DELETE /admin/v2/persistent/public/default/a%252Fb?force=true"
+    await brokers.aclose()
+
+
+async def test_unreachable_brokers_and_no_owner_are_unavailable() -> None:
+    down = admin({"b1": not_owner}, "http://b1:1,http://b2:2")
+    with pytest.raises(BackendError, match="b2:2") as raised:
+        await down.stats(TOPIC)
+    assert raised.value.reason == "unavailable"
+    await down.aclose()
+    nobody = admin({"b1": not_owner}, "http://b1:1")
+    with pytest.raises(BackendError, match=r"no broker of cluster\.admin_url owns"):
+        await nobody.stats(TOPIC)
+    await nobody.aclose()
+
+
+async def test_the_proxys_credentials_go_along() -> None:
+    headers: list[str | None] = []
+
+    def broker(request: httpx.Request) -> httpx.Response:
+        headers.append(request.headers.get("authorization"))
+        return httpx.Response(401, json={"reason": "no"})
+
+    token = admin({"b1": broker}, "http://b1:1", ClientAuth("token", b"jwt"))
+    with pytest.raises(BackendError, match=r"cluster\.auth") as raised:
+        await token.stats(TOPIC)
+    assert raised.value.reason == "not_authorized"
+    await token.aclose()
+    basic = admin({"b1": broker}, "http://b1:1", ClientAuth("basic", b"u:p"))
+    with pytest.raises(BackendError):
+        await basic.delete(TOPIC)
+    await basic.aclose()
+    assert headers == ["Bearer jwt", "Basic " + base64.b64encode(b"u:p").decode()]
+
+
+async def test_a_garbled_answer_is_an_error() -> None:
+    brokers = admin({"b1": lambda r: httpx.Response(200, text="<html>")}, "http://b1:1")
+    with pytest.raises(BackendError) as raised:
+        await brokers.stats(TOPIC)
+    assert raised.value.reason == "bad_answer"
+    await brokers.aclose()
