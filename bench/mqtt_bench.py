@@ -61,6 +61,7 @@ from scenarios import (
     Sizes,
     Skipped,
 )
+from scrape import Scraper
 from separated import SeparatedBroker
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -150,6 +151,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="RESULTS_JSON",
         help="only write the report (and chart) again from an earlier run's results.json",
     )
+    parser.add_argument(
+        "--scrape-metrics",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="GET a merged mop node's /metrics every SECONDS while each run loads it; the last "
+        "page is kept in <out>/metrics/ and summed up in the run's line (default: off)",
+    )
     parser.add_argument("--profile-seconds", type=float, default=8.0)
     parser.add_argument(
         "--profile-scenarios",
@@ -234,9 +243,11 @@ class Bench:
         died = False
         try:
             broker = self._start(spec, workdir)
+            scraper = self._scraper(broker, workdir)
             ticks, busy = broker.cpu_ticks(), busy_ticks()
             child, t0 = children_cpu(), time.monotonic()
-            result: RunResult = sc.run(RunContext(broker, self.loadgen, self.sizes, prefix))
+            with scraper or contextlib.nullcontext():
+                result: RunResult = sc.run(RunContext(broker, self.loadgen, self.sizes, prefix))
             wall = time.monotonic() - t0
             rec.broker_cpu = (broker.cpu_ticks() - ticks) / CLK_TCK / wall
             rec.loadgen_cpu = (children_cpu() - child) / wall
@@ -247,6 +258,8 @@ class Bench:
             rec.notes += result.notes
             rec.marked = result.marked
             rec.detail = result.detail
+            if scraper is not None:
+                self._keep_metrics(scraper, rec, workdir.name)
         except (LoadgenError, BrokerError, OSError) as exc:
             rec.notes.append(f"failed: {str(exc).strip()[:400]}")
         finally:
@@ -260,6 +273,23 @@ class Bench:
         if not rec.notes and workdir.exists():
             shutil.rmtree(workdir, ignore_errors=True)  # keep a failed run's data and log
         return rec, died
+
+    def _scraper(self, broker: BrokerUnderTest, workdir: Path) -> Scraper | None:
+        """With --scrape-metrics, a scraper of a merged mop node's /metrics."""
+        if not self.args.scrape_metrics or not isinstance(broker, Broker):
+            return None
+        if broker.spec.kind != "mop":
+            return None
+        return Scraper(workdir / "broker.log", self.args.scrape_metrics)
+
+    def _keep_metrics(self, scraper: Scraper, rec: RunRecord, name: str) -> None:
+        if scraper.failures:
+            rec.notes.append(f"/metrics: {scraper.failures[-1]}")
+        if scraper.last:
+            directory = self.out / "metrics"
+            directory.mkdir(exist_ok=True)
+            (directory / f"{name}.prom").write_text(scraper.last)
+            rec.detail["metrics"] = scraper.summary()
 
     def ceiling(self) -> str:
         """What the generator moves through a relay that does no broker work at all."""
@@ -334,6 +364,9 @@ def run_bench(args: argparse.Namespace) -> int:
                 shown = ", ".join(
                     f"{k}={v:.6g}" if v is not None else f"{k}=-" for k, v in rec.values.items()
                 )
+                metrics = rec.detail.get("metrics")
+                if metrics:
+                    shown += " /metrics " + ", ".join(f"{k}={v:.0f}" for k, v in metrics.items())
                 log(
                     f"  {sc.key:9} {spec.name:13} run {rnd + 1}: {shown}"
                     + (f"  [{'; '.join(rec.notes)}]" if rec.notes else "")

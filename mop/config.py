@@ -247,6 +247,8 @@ _INT_BOUNDS: Final[Mapping[str, _Bounds]] = {
     "limits.connection_burst": _Bounds(0),
     "limits.client_message_burst": _Bounds(0),
     "limits.client_byte_burst": _Bounds(0),
+    "telemetry.backlog_top": _Bounds(0, 1000),
+    "telemetry.latency_sampling": _Bounds(1, 1_000_000),
 }
 
 _LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -21,12 +21,18 @@ import trio
 
 from mop.admin import AdminContext, serve_admin
 from mop.backends.local import LocalBackend
-from mop.broker.storage import StorageError, open_durable_storage
+from mop.broker.storage import DurableStorage, StorageError, open_durable_storage
+from mop.counters import Drop
 from mop.exception_groups import leaves
 from mop.membership import Membership, MembershipError
 from mop.observability import Telemetry, open_telemetry
+from mop.observability.backend_metrics import (
+    BrokerReadings,
+    register_broker_metrics,
+    register_link_metrics,
+)
 from mop.observability.overload_metrics import register_overload_metrics
-from mop.observability.processor_metrics import register_processor_metrics
+from mop.observability.processor_metrics import Cached, register_processor_metrics
 from mop.observability.telemetry import TelemetryError
 from mop.overload.guard import OverloadGuard
 from mop.overload.memory import open_guard, serve_memory_watch
@@ -314,8 +320,8 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                 overload=overload,
                 tracing=telemetry.tracing,
             )
-            register_processor_metrics(telemetry.meter, processor)
-            register_overload_metrics(telemetry.meter, overload)
+            _register_metrics(telemetry, processor, backend, settings)
+            register_overload_metrics(telemetry, overload)
             if overload.watches_memory:
                 await nursery.start(
                     serve_memory_watch, overload, settings.limits.memory_check_interval
@@ -369,6 +375,44 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
             with trio.CancelScope(shield=True):
                 await backend.aclose()
         telemetry.shutdown()
+
+
+def _register_metrics(
+    telemetry: Telemetry, processor: MessagingProcessor, backend: Backend, settings: Settings
+) -> None:
+    """Serve the node's metrics: the processor's and the adapters' counters, and those of the
+    backend (the colocated broker and its storage, or the links to the brokers)."""
+    sampling = settings.telemetry.latency_sampling
+    processor.stats.sample_every(sampling)
+    if isinstance(backend, LocalBackend):
+        storage = backend.storage
+        # One walk over the broker per collection, for every instrument that reads it.
+        stats = Cached(backend.stats)
+        register_broker_metrics(
+            telemetry,
+            BrokerReadings(
+                stats=stats,
+                largest_backlogs=backend.largest_backlogs,
+                sync_latency=storage.sync_latency if isinstance(storage, DurableStorage) else None,
+            ),
+            top=settings.telemetry.backlog_top,
+        )
+        register_processor_metrics(
+            telemetry,
+            processor,
+            backend_drops=lambda: {
+                Drop.NO_SUBSCRIBERS: stats().messages_unrouted,
+                Drop.EXPIRED: stats().messages_expired,
+            },
+        )
+        return
+    register_processor_metrics(telemetry, processor)
+    if settings.mode == "separated":
+        from mop.backends.cluster import ClusterBackend
+
+        if isinstance(backend, ClusterBackend):
+            backend.links.sample_every(sampling)
+            register_link_metrics(telemetry, backend.links)
 
 
 def _open_telemetry(settings: Settings) -> Telemetry:

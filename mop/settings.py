@@ -194,6 +194,11 @@ class TelemetrySettings:
     trace_sample_ratio: float = 0.0
     # OTLP/HTTP endpoint for spans (e.g. "http://127.0.0.1:4318/v1/traces"); unset: none.
     otlp_traces_endpoint: str | None = None
+    # How many subscription backlogs (the largest, by subscription and topic) get a series of
+    # their own in the metrics (0 = none): bounded, never one per client.
+    backlog_top: int = 10
+    # One publish (or delivery) in this many is timed for the latency histograms (1 = all).
+    latency_sampling: int = 16
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 """The node's totals in one document: connections, messages, bytes, sessions, subscriptions,
 retained messages, uptime and memory. Counters are cumulative since the node started; a page
-computes rates from two polls."""
+computes rates from two polls. The connection and message counts are the processor's (the sums
+of its per-protocol counters, as in `$SYS` and the metrics)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ def add_stats_routes(router: Router, context: AdminContext) -> None:
     process = psutil.Process()
 
     async def stats(_request: Request) -> Response:
-        views = context.views()
+        processor = context.processor.stats
         by_protocol = dict.fromkeys(_PROTOCOLS, 0)
+        for name, protocol in list(processor.protocols.items()):
+            by_protocol[name] = protocol.connections
         sessions = subscriptions = shared = retained = 0
-        for name, view in views.items():
-            by_protocol[name] = view.connected()
+        for view in context.views().values():
             if view.sessions is not None:
                 for session in view.sessions.sessions():
                     sessions += 1
@@ -31,7 +33,6 @@ def add_stats_routes(router: Router, context: AdminContext) -> None:
                 subscriptions += sum(client.subscriptions for client in view.clients())
             if view.retained is not None:
                 retained += len(view.retained)
-        processor = context.processor.stats
         return json_response(
             {
                 "connections": processor.connections,

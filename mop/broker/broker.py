@@ -6,6 +6,7 @@ over a `Storage`. It imports no trio: callers supply the time for delays and do 
 from __future__ import annotations
 
 import functools
+import heapq
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -76,6 +77,7 @@ class BrokerStats:
     messages_unacked: int  # dispatched to a consumer and not yet acknowledged
     messages_dropped: int  # by the max_backlog rule, since start
     messages_expired: int  # dropped at dispatch because `expires_at` had passed, since start
+    messages_unrouted: int = 0  # stored where no subscription took them, since start
 
 
 class Broker:
@@ -104,6 +106,9 @@ class Broker:
         self._trie: SubscriptionTrie[str, Subscription] = SubscriptionTrie()
         self._delayed = DelayQueue()
         self._trim_dirty: set[Topic] = set()
+        # Messages stored where no subscription took them, tables' records apart
+        # (`stats().messages_unrouted`).
+        self.unrouted = 0
         # Topics with messages routed once the storage has written them, and how many calls.
         self._held: dict[Topic, int] = {}
         # Told when messages with a `deliver_at` were offered after their write, so that the
@@ -179,6 +184,8 @@ class Broker:
             self._route(node, [Entry(topic, message_id, message)], hold=bool(message.qos))
         else:
             self._trim_dirty.add(node)
+            if topic not in self.compacted:  # a table's record is no message
+                self.unrouted += 1
         return Published(message_id, count)
 
     def store_many(self, topic: str, messages: Sequence[Message]) -> tuple[list[MessageId], int]:
@@ -216,6 +223,8 @@ class Broker:
             self._route(node, entries, hold=any(m.qos for m in messages))
         else:
             self._trim_dirty.add(node)
+            if topic not in self.compacted:
+                self.unrouted += len(messages)
         return ids, count
 
     def _route(self, node: Topic, entries: list[Entry], *, hold: bool) -> None:
@@ -755,4 +764,18 @@ class Broker:
             messages_unacked=sum(len(att.queue) + len(att.unacked) for att in attachments),
             messages_dropped=self._books.dropped,
             messages_expired=self._books.expired,
+            messages_unrouted=self.unrouted,
         )
+
+    def largest_backlogs(self, limit: int) -> list[tuple[str, str, int]]:
+        """The `limit` largest backlogs (messages waiting for a consumer) as (subscription,
+        topic, messages), largest first: a walk over every cursor, for the metrics."""
+        if limit <= 0:
+            return []
+        backlogs = (
+            (len(cursor.backlog), name, topic)
+            for name, sub in self._subs.items()
+            for topic, cursor in sub.cursors.items()
+            if cursor.backlog
+        )
+        return [(name, topic, size) for size, name, topic in heapq.nlargest(limit, backlogs)]

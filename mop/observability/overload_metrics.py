@@ -5,12 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import CallbackOptions, Observation
 
+from mop.observability.telemetry import Telemetry
 from mop.overload.guard import OverloadGuard
 
+__all__ = ["register_overload_metrics"]
 
-def register_overload_metrics(meter: Meter, guard: OverloadGuard) -> None:
+
+def register_overload_metrics(telemetry: Telemetry, guard: OverloadGuard) -> None:
+    """Instruments over `guard.stats`, on the node's meter."""
+    meter = telemetry.meter
     stats = guard.stats
 
     def refused_connections(_options: CallbackOptions) -> Iterable[Observation]:

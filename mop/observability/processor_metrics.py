@@ -1,72 +1,241 @@
-"""The processor's counters as OpenTelemetry instruments.
+"""The processor's and the adapters' counters as OpenTelemetry instruments.
 
-The hot path only adds to plain integers (`ProcessorStats`); these observable instruments read
-them when a scrape or an export asks, so recording costs no more with metrics served than
-without.
+The hot path only adds to plain integers (`ProcessorStats`, a `ProtocolStats` per protocol) and
+bucket arrays; these observable instruments read them when a scrape or an export asks, so
+recording costs no more with metrics served than without. What an adapter holds (sessions,
+subscriptions, retained messages, deliveries in flight) is counted at that moment too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Generic, TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from mop.processor import MessagingProcessor
+from mop.observability.histograms import HistogramReading
+from mop.observability.telemetry import Telemetry
+from mop.processor import AdapterCounts, MessagingProcessor, ProcessorStats
+
+__all__ = ["Cached", "register_processor_metrics"]
+
+_T = TypeVar("_T")
+Callback = Callable[[CallbackOptions], Iterable[Observation]]
 
 
-def register_processor_metrics(meter: Meter, processor: MessagingProcessor) -> None:
+class Cached(Generic[_T]):
+    """`read()` remembered for `seconds`: the instruments of one collection that read the
+    same walk over sessions (or subscriptions) make it once."""
+
+    def __init__(self, read: Callable[[], _T], seconds: float = 0.5) -> None:
+        self._read = read
+        self._seconds = seconds
+        self._value: _T | None = None
+        self._at = 0.0
+
+    def __call__(self) -> _T:
+        now = time.monotonic()
+        if self._value is None or now - self._at >= self._seconds:
+            self._value = self._read()
+            self._at = now
+        return self._value
+
+
+def register_processor_metrics(
+    telemetry: Telemetry,
+    processor: MessagingProcessor,
+    *,
+    backend_drops: Callable[[], Mapping[str, int]] | None = None,
+) -> None:
+    """Instruments over `processor.stats`; `backend_drops` adds drops the backend counts
+    itself (the colocated broker's messages without subscribers and expired ones), by
+    reason."""
     stats = processor.stats
+    meter = telemetry.meter
+    _connections(meter, stats)
+    _traffic(meter, stats, backend_drops)
+    _adapters(meter, stats)
+    meter.create_observable_gauge(
+        "mop.uptime",
+        [_one(lambda: stats.uptime)],
+        unit="s",
+        description="Seconds since the node started",
+    )
+    telemetry.histograms.add(
+        "mop.publish.duration",
+        lambda: [({}, stats.publish_latency)],
+        description="From the processor receiving a publish to its result: stored and routed,"
+        " durable as storage.fsync says (one publish call in telemetry.latency_sampling)",
+    )
 
-    def connections(_options: CallbackOptions) -> Iterable[Observation]:
-        yield Observation(stats.connections)
+    def delivery() -> Iterable[HistogramReading]:
+        for name, protocol in list(stats.protocols.items()):
+            yield {"protocol": name}, protocol.delivery_latency
 
-    def connections_opened(_options: CallbackOptions) -> Iterable[Observation]:
-        yield Observation(stats.connections_total)
+    telemetry.histograms.add(
+        "mop.delivery.latency",
+        delivery,
+        description="From a message's publish time to its delivery to a client (one message"
+        " in telemetry.latency_sampling; millisecond clock)",
+    )
 
-    def messages(_options: CallbackOptions) -> Iterable[Observation]:
-        yield Observation(stats.messages_received, {"direction": "in"})
-        yield Observation(stats.messages_sent, {"direction": "out"})
 
-    def dropped(_options: CallbackOptions) -> Iterable[Observation]:
-        yield Observation(stats.messages_dropped)
+def _one(read: Callable[[], float]) -> Callback:
+    def callback(_options: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(read())
 
-    def transferred(_options: CallbackOptions) -> Iterable[Observation]:
-        yield Observation(stats.bytes_received, {"direction": "in"})
-        yield Observation(stats.bytes_sent, {"direction": "out"})
+    return callback
 
-    def uptime(_options: CallbackOptions) -> Iterable[Observation]:
-        yield Observation(stats.uptime)
+
+def _connections(meter: Meter, stats: ProcessorStats) -> None:
+    def active(_options: CallbackOptions) -> Iterable[Observation]:
+        for name, protocol in list(stats.protocols.items()):
+            yield Observation(protocol.connections, {"protocol": name})
+
+    def opened(_options: CallbackOptions) -> Iterable[Observation]:
+        for name, protocol in list(stats.protocols.items()):
+            yield Observation(protocol.opened, {"protocol": name})
+
+    def closed(_options: CallbackOptions) -> Iterable[Observation]:
+        for name, protocol in list(stats.protocols.items()):
+            for reason, count in list(protocol.closed.items()):
+                yield Observation(count, {"protocol": name, "reason": reason})
+
+    def rejected(_options: CallbackOptions) -> Iterable[Observation]:
+        for name, protocol in list(stats.protocols.items()):
+            for reason, count in list(protocol.refused.items()):
+                yield Observation(count, {"protocol": name, "reason": reason})
 
     meter.create_observable_up_down_counter(
         "mop.connections.active",
-        [connections],
+        [active],
         unit="{connection}",
-        description="Client connections open now, every protocol",
+        description="Client connections open now, by protocol",
     )
     meter.create_observable_counter(
         "mop.connections.opened",
-        [connections_opened],
+        [opened],
         unit="{connection}",
-        description="Client connections admitted since the node started",
+        description="Client connections admitted since the node started, by protocol",
+    )
+    meter.create_observable_counter(
+        "mop.connections.closed",
+        [closed],
+        unit="{connection}",
+        description="Admitted client connections that ended, by protocol and reason",
+    )
+    meter.create_observable_counter(
+        "mop.connections.rejected",
+        [rejected],
+        unit="{connection}",
+        description="Client connections refused before they were admitted, by protocol and reason",
+    )
+
+
+def _traffic(
+    meter: Meter, stats: ProcessorStats, backend_drops: Callable[[], Mapping[str, int]] | None
+) -> None:
+    def requests(_options: CallbackOptions) -> Iterable[Observation]:
+        for name, protocol in list(stats.protocols.items()):
+            yield Observation(protocol.requests, {"protocol": name})
+
+    def messages(_options: CallbackOptions) -> Iterable[Observation]:
+        for name, protocol in list(stats.protocols.items()):
+            yield Observation(protocol.messages_received, {"protocol": name, "direction": "in"})
+            yield Observation(protocol.messages_sent, {"protocol": name, "direction": "out"})
+
+    def transferred(_options: CallbackOptions) -> Iterable[Observation]:
+        for name, protocol in list(stats.protocols.items()):
+            yield Observation(protocol.bytes_received, {"protocol": name, "direction": "in"})
+            yield Observation(protocol.bytes_sent, {"protocol": name, "direction": "out"})
+
+    def dropped(_options: CallbackOptions) -> Iterable[Observation]:
+        reasons = dict(stats.dropped)
+        if backend_drops is not None:
+            for reason, count in backend_drops().items():
+                reasons[reason] = reasons.get(reason, 0) + count
+        for reason, count in reasons.items():
+            yield Observation(count, {"reason": str(reason)})
+
+    meter.create_observable_counter(
+        "mop.requests",
+        [requests],
+        unit="{request}",
+        description="Packets (MQTT) and commands (Pulsar) received from clients, by protocol",
     )
     meter.create_observable_counter(
         "mop.messages",
         [messages],
         unit="{message}",
-        description="Messages received from clients (in) and delivered to clients (out)",
+        description="Messages received from clients (in) and delivered to clients (out), by"
+        " protocol",
     )
     meter.create_observable_counter(
         "mop.messages.dropped",
         [dropped],
         unit="{message}",
-        description="Messages the node could not publish or deliver",
+        description="Messages not published or not delivered, by reason",
     )
     meter.create_observable_counter(
         "mop.bytes",
         [transferred],
         unit="By",
-        description="Payload bytes received from clients (in) and sent to clients (out)",
+        description="Bytes read from (in) and written to (out) client connections, by protocol",
     )
-    meter.create_observable_gauge(
-        "mop.uptime", [uptime], unit="s", description="Seconds since the node started"
+
+
+def _adapters(meter: Meter, stats: ProcessorStats) -> None:
+    def read() -> dict[str, AdapterCounts]:
+        return {name: counts() for name, counts in list(stats.adapters.items())}
+
+    counts = Cached(read)
+
+    def sessions(_options: CallbackOptions) -> Iterable[Observation]:
+        for name, held in counts().items():
+            yield Observation(held.sessions, {"protocol": name, "state": "connected"})
+            yield Observation(held.offline_sessions, {"protocol": name, "state": "offline"})
+
+    def subscriptions(_options: CallbackOptions) -> Iterable[Observation]:
+        for name, held in counts().items():
+            yield Observation(held.subscriptions, {"protocol": name, "kind": "normal"})
+            yield Observation(held.shared_subscriptions, {"protocol": name, "kind": "shared"})
+
+    def field(pick: Callable[[AdapterCounts], int]) -> Callback:
+        def callback(_options: CallbackOptions) -> Iterable[Observation]:
+            for name, held in counts().items():
+                yield Observation(pick(held), {"protocol": name})
+
+        return callback
+
+    meter.create_observable_up_down_counter(
+        "mop.sessions",
+        [sessions],
+        unit="{session}",
+        description="Sessions held by this node: connected through it, or offline with their"
+        " timers here",
+    )
+    meter.create_observable_up_down_counter(
+        "mop.subscriptions",
+        [subscriptions],
+        unit="{subscription}",
+        description="Subscriptions of the sessions this node holds; shared ones apart",
+    )
+    meter.create_observable_up_down_counter(
+        "mop.retained.messages",
+        [field(lambda held: held.retained)],
+        unit="{message}",
+        description="Retained messages",
+    )
+    meter.create_observable_up_down_counter(
+        "mop.messages.inflight",
+        [field(lambda held: held.inflight)],
+        unit="{message}",
+        description="Deliveries sent to clients of this node and not yet acknowledged by them",
+    )
+    meter.create_observable_up_down_counter(
+        "mop.messages.queued",
+        [field(lambda held: held.queued)],
+        unit="{message}",
+        description="Deliveries waiting for room in their client's window on this node",
     )

@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import Meter
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -25,8 +32,10 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
 )
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from mop.observability.histograms import BucketHistograms
 from mop.observability.tracing import NodeTracing
 from mop.settings import TelemetrySettings
 from mop.version import VERSION
@@ -55,11 +64,16 @@ class Telemetry:
         self,
         provider: MeterProvider,
         registry: CollectorRegistry,
+        histograms: BucketHistograms | None = None,
         tracer_provider: TracerProvider | None = None,
     ) -> None:
         self._provider = provider
         self._registry = registry
         self.meter: Meter = provider.get_meter(METER_NAME, VERSION)
+        # Histograms the hot path keeps itself, served with the meter's metrics.
+        self.histograms = histograms or BucketHistograms(
+            Resource.create({}), InstrumentationScope(METER_NAME, VERSION)
+        )
         self._tracer_provider = tracer_provider
         self.tracing: NodeTracing | None = (
             NodeTracing(tracer_provider) if tracer_provider is not None else None
@@ -92,9 +106,6 @@ def open_telemetry(settings: TelemetrySettings, *, mode: str, node_name: str) ->
     traces when `trace_sample_ratio` is above 0 (over OTLP when `otlp_traces_endpoint` is set).
     The resource names the service "mop" with the node's mode and name."""
     registry = CollectorRegistry(auto_describe=True)
-    readers: list[MetricReader] = [PrometheusMetricReader(registry=registry)]
-    if settings.otlp_metrics_endpoint:
-        readers.append(_otlp_reader(settings))
     resource = Resource.create(
         {
             "service.name": "mop",
@@ -103,8 +114,17 @@ def open_telemetry(settings: TelemetrySettings, *, mode: str, node_name: str) ->
             "mop.mode": mode,
         }
     )
+    histograms = BucketHistograms(resource, InstrumentationScope(METER_NAME, VERSION))
+    readers: list[MetricReader] = [_PrometheusReader(registry, histograms)]
+    if settings.otlp_metrics_endpoint:
+        readers.append(_otlp_reader(settings, histograms))
     provider = MeterProvider(metric_readers=readers, resource=resource)
-    return Telemetry(provider, registry, _tracer_provider(settings, resource))
+    return Telemetry(
+        provider,
+        registry,
+        histograms=histograms,
+        tracer_provider=_tracer_provider(settings, resource),
+    )
 
 
 def _tracer_provider(settings: TelemetrySettings, resource: Resource) -> TracerProvider | None:
@@ -139,7 +159,47 @@ def _otlp_span_exporter(settings: TelemetrySettings) -> SpanExporter:
     return OTLPSpanExporter(endpoint=settings.otlp_traces_endpoint)
 
 
-def _otlp_reader(settings: TelemetrySettings) -> MetricReader:
+class _PrometheusReader(PrometheusMetricReader):
+    """OpenTelemetry's Prometheus reader, given the bucket histograms with what it collects."""
+
+    def __init__(self, registry: CollectorRegistry, histograms: BucketHistograms) -> None:
+        self._histograms = histograms
+        super().__init__(registry=registry)
+
+    def _receive_metrics(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> None:
+        # (Not called when the meter has no instrument at all: a node always has some.)
+        super()._receive_metrics(self._histograms.extend(metrics_data), timeout_millis, **kwargs)
+
+
+class _WithHistograms(MetricExporter):
+    """An exporter that exports the bucket histograms with what the SDK collected."""
+
+    def __init__(self, exporter: MetricExporter, histograms: BucketHistograms) -> None:
+        # The reader asks the exporter which temporality and aggregation it prefers.
+        super().__init__(
+            preferred_temporality=exporter._preferred_temporality,
+            preferred_aggregation=exporter._preferred_aggregation,
+        )
+        self._exporter = exporter
+        self._histograms = histograms
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        return self._exporter.export(
+            self._histograms.extend(metrics_data), timeout_millis=timeout_millis, **kwargs
+        )
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self._exporter.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._exporter.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+def _otlp_reader(settings: TelemetrySettings, histograms: BucketHistograms) -> MetricReader:
     try:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     except ImportError:
@@ -148,5 +208,6 @@ def _otlp_reader(settings: TelemetrySettings) -> MetricReader:
         ) from None
     exporter = OTLPMetricExporter(endpoint=settings.otlp_metrics_endpoint)
     return PeriodicExportingMetricReader(
-        exporter, export_interval_millis=settings.otlp_interval * 1000
+        _WithHistograms(exporter, histograms),
+        export_interval_millis=settings.otlp_interval * 1000,
     )

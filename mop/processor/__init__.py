@@ -33,8 +33,8 @@ from mop.processor.processor import (
     ConnectionLimitReached,
     CountedProducer,
     MessagingProcessor,
-    ProcessorStats,
 )
+from mop.processor.stats import AdapterCounts, ProcessorStats
 from mop.security.acl import Access
 from mop.security.authorization import ClientPermissions
 from mop.security.identity import (
@@ -48,6 +48,7 @@ from mop.security.identity import (
 
 __all__ = [
     "Access",
+    "AdapterCounts",
     "AuthFailure",
     "AuthenticationError",
     "Backend",

@@ -7,10 +7,11 @@ and delegates storage and routing to exactly one Backend, chosen by `mop.node`.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
+from mop.counters import Closing, Drop, LatencyHistogram, ProtocolStats, drop_reason
 from mop.message import Message
 from mop.overload.guard import OverloadGuard
 from mop.processor.at_most_once import AtMostOnceConsumer
@@ -31,6 +32,7 @@ from mop.processor.backend import (
     TopicStats,
 )
 from mop.processor.drops import DropLog
+from mop.processor.stats import ProcessorStats
 from mop.processor.tracing import MessageTracing
 from mop.security.authorization import ClientPermissions
 from mop.security.gatekeeper import Gatekeeper
@@ -51,33 +53,16 @@ class ClientContext:
     principal: Principal = ANONYMOUS
 
 
-@dataclass(slots=True)
-class ProcessorStats:
-    started_at: float
-    connections: int = 0
-    connections_total: int = 0
-    # The most connections open at once since the node started.
-    connections_peak: int = 0
-    messages_received: int = 0
-    messages_sent: int = 0
-    bytes_received: int = 0
-    bytes_sent: int = 0
-    messages_dropped: int = 0
-    # The payloads alone of the messages received from and sent to clients.
-    payload_bytes_received: int = 0
-    payload_bytes_sent: int = 0
-
-    @property
-    def uptime(self) -> float:
-        return time.monotonic() - self.started_at
-
-
 class CountedProducer:
-    """A backend producer whose sends count as messages received from clients."""
+    """A backend producer whose sends count as messages received from clients (and, one in
+    `latency.every`, are timed until stored)."""
 
-    def __init__(self, producer: Producer, stats: ProcessorStats) -> None:
+    def __init__(
+        self, producer: Producer, stats: ProtocolStats, latency: LatencyHistogram | None = None
+    ) -> None:
         self._producer = producer
         self._stats = stats
+        self._latency = latency or LatencyHistogram()
 
     @property
     def spec(self) -> ProducerSpec:
@@ -106,12 +91,34 @@ class CountedProducer:
     ) -> Awaitable[PublishResult]:
         self._stats.messages_received += message.count
         self._stats.payload_bytes_received += len(message.payload)
-        return self._producer.send(
+        stored = self._producer.send(
             message, sequence_id=sequence_id, highest_sequence_id=highest_sequence_id
         )
+        if self._latency.due():
+            return _Timed(stored, self._latency, time.perf_counter())
+        return stored
 
     async def close(self) -> None:
         await self._producer.close()
+
+
+class _Timed:
+    """An outcome to await that records, when awaited, how long it took since `start`. Not a
+    coroutine: nothing warns when the outcome is never awaited (a producer closed first)."""
+
+    __slots__ = ("_latency", "_outcome", "_start")
+
+    def __init__(
+        self, outcome: Awaitable[PublishResult], latency: LatencyHistogram, start: float
+    ) -> None:
+        self._outcome = outcome
+        self._latency = latency
+        self._start = start
+
+    def __await__(self) -> Generator[Any, Any, PublishResult]:
+        result = yield from self._outcome.__await__()
+        self._latency.record(time.perf_counter() - self._start)
+        return result
 
 
 class ConnectionLimitReached(Exception):
@@ -170,42 +177,64 @@ class MessagingProcessor:
         """Admit a client and take its id (fencing an older connection with the same id)."""
         if self.max_connections and self.stats.connections >= self.max_connections:
             raise ConnectionLimitReached(f"the node serves {self.max_connections} clients already")
-        self.stats.connections += 1
+        stats = self.stats.protocol(ctx.protocol)
+        stats.connections += 1
         try:
             lease = await self.backend.open_client(ctx.client_id)
         except BaseException:
-            self.stats.connections -= 1
+            stats.connections -= 1
             raise
-        self.stats.connections_total += 1
-        self.stats.connections_peak = max(self.stats.connections_peak, self.stats.connections)
+        stats.opened += 1
+        stats.connections_peak = max(stats.connections_peak, stats.connections)
+        self.stats.note_peak()
         return lease
 
-    async def close_client(self, ctx: ClientContext, lease: ClientLease) -> None:
-        self.stats.connections -= 1
+    async def close_client(
+        self, ctx: ClientContext, lease: ClientLease, reason: str = Closing.NORMAL
+    ) -> None:
+        """Give the client id up; `reason` (`mop.counters.Closing`) is counted."""
+        self.stats.protocol(ctx.protocol).close(reason)
         await lease.release()
 
     async def publish(self, ctx: ClientContext, topic: str, message: Message) -> PublishResult:
+        stats = self.stats
         if not ctx.internal:
-            self.stats.messages_received += 1
-            self.stats.payload_bytes_received += len(message.payload)
-        return await self.backend.publish(topic, message)
+            protocol = stats.protocol(ctx.protocol)
+            protocol.messages_received += 1
+            protocol.payload_bytes_received += len(message.payload)
+        latency = stats.publish_latency
+        if latency.due():
+            start = time.perf_counter()
+            result = await self.backend.publish(topic, message)
+            latency.record(time.perf_counter() - start)
+        else:
+            result = await self.backend.publish(topic, message)
+        return result
 
     async def publish_batch(
         self, ctx: ClientContext, items: Sequence[tuple[str, Message]]
     ) -> list[PublishResult | BackendError]:
         """Publish (topic, message) pairs in order with one wait for durability; one result
         per item, a BackendError for an item that was refused (see `BatchPublisher`)."""
+        stats = self.stats
         if not ctx.internal:
-            self.stats.messages_received += len(items)
-            self.stats.payload_bytes_received += sum(len(item[1].payload) for item in items)
+            protocol = stats.protocol(ctx.protocol)
+            protocol.messages_received += len(items)
+            protocol.payload_bytes_received += sum(len(item[1].payload) for item in items)
+        latency = stats.publish_latency
+        start = time.perf_counter() if latency.due() else 0.0
+        results: list[PublishResult | BackendError]
         if self._batches is not None:
-            return await self._batches.publish_batch(items)
-        results: list[PublishResult | BackendError] = []
-        for topic, message in items:
-            try:
-                results.append(await self.backend.publish(topic, message))
-            except BackendError as exc:
-                results.append(exc)
+            results = await self._batches.publish_batch(items)
+        else:
+            results = []
+            for topic, message in items:
+                try:
+                    results.append(await self.backend.publish(topic, message))
+                except BackendError as exc:
+                    results.append(exc)
+        if start:
+            latency.record(time.perf_counter() - start)
         return results
 
     async def subscribe(self, ctx: ClientContext, spec: SubscriptionSpec) -> Consumer:
@@ -216,7 +245,11 @@ class MessagingProcessor:
 
     async def open_producer(self, ctx: ClientContext, spec: ProducerSpec) -> Producer:
         """Register a producer (see `Backend.open_producer`); its sends are counted."""
-        return CountedProducer(await self.backend.open_producer(spec), self.stats)
+        return CountedProducer(
+            await self.backend.open_producer(spec),
+            self.stats.protocol(ctx.protocol),
+            self.stats.publish_latency,
+        )
 
     async def topics(self, ctx: ClientContext, namespace: str) -> list[str]:
         return await self.backend.topics(namespace)
@@ -248,22 +281,13 @@ class MessagingProcessor:
         `Role`): the adapters' cluster-wide duties, such as the timers of offline sessions."""
         return await self.backend.hold_role(name)
 
-    def record_sent(self, messages: int, nbytes: int, payload_bytes: int = 0) -> None:
-        """Count messages sent to clients: `nbytes` on the wire, `payload_bytes` of them
-        their payloads."""
-        self.stats.messages_sent += messages
-        self.stats.bytes_sent += nbytes
-        self.stats.payload_bytes_sent += payload_bytes
-
-    def record_received_bytes(self, nbytes: int) -> None:
-        self.stats.bytes_received += nbytes
-
-    def record_dropped(self, messages: int = 1) -> None:
-        """Count messages an adapter could not publish or deliver."""
-        self.stats.messages_dropped += messages
+    def record_dropped(self, reason: str = Drop.REFUSED, messages: int = 1) -> None:
+        """Count messages an adapter could not publish or deliver, by reason
+        (`mop.counters.Drop`)."""
+        self.stats.drop(reason, messages)
 
     def _backend_dropped(self, subscription: str, reason: str, count: int) -> None:
         """Messages the backend dropped for a subscription: counted with the adapters' drops
         (`$SYS/broker/messages/dropped`, metrics) and logged once per interval per subscription."""
-        self.stats.messages_dropped += count
+        self.stats.drop(drop_reason(reason), count)
         self.drop_log.note(subscription, reason, count)

@@ -67,6 +67,7 @@ from mop.processor.backend import (
 )
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
 from mop.protocols.pulsar.driver import ClientOptions, PulsarClient
+from mop.protocols.pulsar.driver.stats import LinkStats
 from mop.version import VERSION
 
 if TYPE_CHECKING:
@@ -133,6 +134,8 @@ class ClusterBackend:
         self._producers: ProducerCache | None = None
         self._nursery: trio.Nursery | None = None
         self.delays = Delays()
+        # What the backend's clients count about their links to the brokers (the metrics).
+        self.links = LinkStats()
         self.local = LocalTopics(tenant=tenant, namespace=namespace)
         self.discovery = NamespaceDiscovery(
             lambda: admin.TopicLister(service_url, seconds=operation_timeout, auth=auth),
@@ -230,6 +233,7 @@ class ClusterBackend:
                     operation_timeout=self.operation_timeout,
                     connect_timeout=self.connect_timeout,
                     auth=self.auth,
+                    stats=self.links,
                 ),
             )
         except ValueError as exc:

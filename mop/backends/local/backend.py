@@ -333,6 +333,10 @@ class LocalBackend:
         """Counts for `$SYS` topics and metrics: topics, subscriptions, messages."""
         return self.broker.stats()
 
+    def largest_backlogs(self, limit: int) -> list[tuple[str, str, int]]:
+        """(subscription, topic, messages waiting) of the `limit` largest backlogs."""
+        return self.broker.largest_backlogs(limit)
+
     async def aclose(self) -> None:
         """Close every consumer (a waiting `receive` raises ConsumerClosed), fence every
         lease, stop `serve` and close the storage."""

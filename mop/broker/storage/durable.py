@@ -40,6 +40,7 @@ from mop.broker.storage.records import (
 from mop.broker.storage.recovery import Recovered, RecoveryReport, recover
 from mop.broker.storage.segments import DirectoryLock, SegmentFiles
 from mop.broker.storage.upkeep import Upkeep, UpkeepParts
+from mop.counters import LatencyHistogram
 from mop.log_limit import LimitedLog
 from mop.message import Message, MessageId
 from mop.settings import StorageSettings
@@ -139,6 +140,9 @@ class DurableStorage:
         self._lock = lock
         self._synced = recovered.end
         self._last_fsync = time.monotonic()
+        # How long each write that fsyncs takes, from handing it to a worker thread until
+        # the records are durable (read by the metrics).
+        self.sync_latency = LatencyHistogram()
         self._flight: _Flight | None = None
         self._full_until = 0.0
         # Appends and `when_written` callbacks waiting for their write, oldest first.
@@ -421,6 +425,7 @@ class DurableStorage:
                 # positions, so a write given up because its caller was cancelled (a client
                 # that disconnects while its publish waits) would leave a hole that later
                 # writes step over, and recovery would cut the log there. It finishes.
+                started = time.perf_counter()
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(
                         self._files.write,
@@ -430,6 +435,8 @@ class DurableStorage:
                         fsync,
                         self._announcer(batch),
                     )
+                if fsync:
+                    self.sync_latency.record(time.perf_counter() - started)
         except OSError as exc:
             # One outcome for the whole batch: its publishers are told it failed, so none of
             # its messages may be stored by a later write (the publishers send them again).

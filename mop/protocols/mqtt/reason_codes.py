@@ -10,6 +10,7 @@ from enum import IntEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from mop.counters import Closing, Refusal
 from mop.protocols.mqtt.packets import PacketType
 from mop.security.identity import AuthFailure
 
@@ -267,3 +268,54 @@ def auth_failure_reason(failure: AuthFailure) -> ReasonCode:
     """The CONNACK reason code (MQTT 5; `v3_connack_code` maps it for older clients) for a
     client the processor did not admit."""
     return _AUTH_FAILURES[failure]
+
+
+# A CONNACK reason code that refuses a client -> the refusal counted in the metrics; any other
+# refusal code is the client's mistake (a protocol error).
+_REFUSALS: Mapping[int, Refusal] = MappingProxyType(
+    {
+        _R.BAD_USER_NAME_OR_PASSWORD: Refusal.BAD_CREDENTIALS,
+        _R.NOT_AUTHORIZED: Refusal.NOT_AUTHORIZED,
+        _R.BANNED: Refusal.BANNED,
+        _R.QUOTA_EXCEEDED: Refusal.LIMIT_REACHED,
+        _R.SERVER_BUSY: Refusal.LIMIT_REACHED,
+        _R.CONNECTION_RATE_EXCEEDED: Refusal.LIMIT_REACHED,
+        _R.SERVER_UNAVAILABLE: Refusal.UNAVAILABLE,
+        _R.UNSPECIFIED_ERROR: Refusal.UNAVAILABLE,
+        _R.USE_ANOTHER_SERVER: Refusal.UNAVAILABLE,
+        _R.SERVER_MOVED: Refusal.UNAVAILABLE,
+    }
+)
+
+
+def refusal_of_connack(reason: int) -> Refusal:
+    """The refusal counted for a CONNACK that refuses with MQTT 5 reason code `reason`."""
+    return _REFUSALS.get(reason, Refusal.PROTOCOL_ERROR)
+
+
+# Why the node ended a connection (the DISCONNECT reason code; None: the client ended it, or
+# the connection was lost) -> the closing counted in the metrics.
+_CLOSINGS: Mapping[int | None, Closing] = MappingProxyType(
+    {
+        None: Closing.NORMAL,
+        _R.SESSION_TAKEN_OVER: Closing.TAKEOVER,
+        _R.KEEP_ALIVE_TIMEOUT: Closing.KEEP_ALIVE,
+        _R.NOT_AUTHORIZED: Closing.NOT_AUTHORIZED,
+        _R.ADMINISTRATIVE_ACTION: Closing.ADMINISTRATIVE,
+        _R.SERVER_SHUTTING_DOWN: Closing.NORMAL,
+        _R.MALFORMED_PACKET: Closing.PROTOCOL_ERROR,
+        _R.PROTOCOL_ERROR: Closing.PROTOCOL_ERROR,
+        _R.RECEIVE_MAXIMUM_EXCEEDED: Closing.PROTOCOL_ERROR,
+        _R.TOPIC_ALIAS_INVALID: Closing.PROTOCOL_ERROR,
+        _R.PACKET_TOO_LARGE: Closing.PROTOCOL_ERROR,
+        _R.TOPIC_NAME_INVALID: Closing.PROTOCOL_ERROR,
+        _R.PAYLOAD_FORMAT_INVALID: Closing.PROTOCOL_ERROR,
+        _R.RETAIN_NOT_SUPPORTED: Closing.PROTOCOL_ERROR,
+        _R.QOS_NOT_SUPPORTED: Closing.PROTOCOL_ERROR,
+    }
+)
+
+
+def closing_of(reason: int | None) -> Closing:
+    """The closing counted for a connection the node ended with DISCONNECT reason `reason`."""
+    return _CLOSINGS.get(reason, Closing.ERROR)

@@ -74,10 +74,10 @@ def test_metrics_follow_real_clients(node: RunningNode) -> None:
     client.subscribe("metrics/#", qos=1)
     assert client.publish("metrics/a", b"hello", qos=1) == 0
     client.expect(1)
-    assert samples(node, "mop_connections_active") == {(): 1.0}
+    assert samples(node, "mop_connections_active") == {(("protocol", "mqtt"),): 1.0}
     messages = samples(node, "mop_messages_total")
-    assert messages[(("direction", "in"),)] >= 1
-    assert messages[(("direction", "out"),)] >= 1
+    assert messages[(("direction", "in"), ("protocol", "mqtt"))] >= 1
+    assert messages[(("direction", "out"), ("protocol", "mqtt"))] >= 1
 
 
 def test_unknown_path_is_a_json_404(node: RunningNode) -> None:

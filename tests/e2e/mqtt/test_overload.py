@@ -183,6 +183,13 @@ def test_over_the_memory_mark_publishes_get_0x97_and_recover() -> None:
         assert counted.publishes_refused == 1
         assert counted.connections_refused_busy == 2
         assert counted.memory_pauses >= 1 and counted.memory_high_events == 1
+        # The same refusals in the node's counters: a drop, and connections turned away busy.
+        processor = node.node.processor.stats
+        dropped, refused = node.call(
+            lambda: (dict(processor.dropped), dict(processor.protocol("mqtt").refused))
+        )
+        assert dropped.get("overloaded") == 1
+        assert refused.get("limit_reached") == 2
         late = Client(node.mqtt_port, "memory-late")
         assert late.connack is not None and late.connack.reason_code == 0
         late.disconnect()

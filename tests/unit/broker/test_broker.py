@@ -507,6 +507,33 @@ async def test_stats_count_what_the_broker_holds() -> None:
     assert broker.stats().messages_backlog == 2
 
 
+async def test_messages_no_subscription_takes_are_counted() -> None:
+    broker = new_broker()
+    await subscribe(broker, "c1", ["a"])
+    await broker.publish(topic("a"), msg("routed"))
+    await broker.publish(topic("b"), msg("unrouted"))
+    broker.store_many(topic("c"), [msg("1"), msg("2")])
+    assert broker.stats().messages_unrouted == 3
+
+
+async def test_the_largest_backlogs_are_named_by_subscription_and_topic() -> None:
+    broker = new_broker()
+    for name, selectors in (("large", ["a/#"]), ("small", ["a/2"])):
+        att = await subscribe(broker, name, selectors, capacity=1)
+        broker.close(att)  # durable: the backlog stays
+    await subscribe(broker, "busy", ["a/1"], capacity=100)  # takes what comes: no backlog
+    for n in range(3):
+        await broker.publish(topic("a/1"), msg(str(n)))
+    await broker.publish(topic("a/2"), msg("x"))
+    assert broker.largest_backlogs(1) == [("large", topic("a/1"), 3)]
+    assert sorted(broker.largest_backlogs(10)) == [
+        ("large", topic("a/1"), 3),
+        ("large", topic("a/2"), 1),
+        ("small", topic("a/2"), 1),
+    ]
+    assert broker.largest_backlogs(0) == []
+
+
 async def test_returned_messages_come_before_other_topics_backlog() -> None:
     broker = new_broker()
     att = await subscribe(broker, "c1", ["s/#"])

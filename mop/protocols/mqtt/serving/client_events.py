@@ -18,6 +18,7 @@ from typing import Final
 import trio
 
 from mop.clock import now_ms
+from mop.counters import Drop
 from mop.log_limit import LimitedLog, LineBudget
 from mop.message import Message
 from mop.processor import BackendError, ClientContext, MessagingProcessor
@@ -179,7 +180,7 @@ class ClientEvents:
         try:
             self._send.send_nowait((self._canonical(topic), message))
         except (trio.WouldBlock, trio.BrokenResourceError):  # too many, or no longer served
-            self._processor.record_dropped()
+            self._processor.record_dropped(Drop.QUEUE_FULL)
             _failures.warning(
                 "client-events", "client event %s not published: too many waiting", topic
             )
@@ -200,7 +201,7 @@ class ClientEvents:
                 results = [exc] * len(batch)
             for result in results:
                 if isinstance(result, BackendError):
-                    self._processor.record_dropped()
+                    self._processor.record_dropped(Drop.REFUSED)
                     _failures.warning(
                         "client-events-failed", "client event not published: %s", result
                     )

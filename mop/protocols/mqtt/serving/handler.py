@@ -21,6 +21,7 @@ from typing import Any, cast
 import trio
 
 from mop.clock import now_ms
+from mop.counters import Drop, Refusal
 from mop.log_limit import LimitedLog
 from mop.processor import (
     BackendError,
@@ -60,6 +61,8 @@ from mop.protocols.mqtt.reason_codes import (
     ReasonCode,
     auth_failure_reason,
     backend_reason_code,
+    closing_of,
+    refusal_of_connack,
     v3_connack_code,
 )
 from mop.protocols.mqtt.serving.outflow import Outflow
@@ -267,10 +270,11 @@ class ClientHandler:
                     return None
                 self._received(data)
         log.info("%s: no CONNECT within %ss", self.ctx.peer, self.server.settings.connect_timeout)
+        self.server.stats.refuse(Refusal.TIMEOUT)
         return None
 
     def _received(self, data: bytes | bytearray) -> None:
-        self.server.processor.record_received_bytes(len(data))
+        self.server.stats.record_received_bytes(len(data))
         self.conn.receive_data(data)
 
     async def _next_connect(self) -> Connect | NeedData | None:
@@ -282,6 +286,7 @@ class ClientHandler:
             return None
         except RemoteProtocolError as exc:
             log.info("%s: bad first packet: %s", self.ctx.peer, exc)
+            self.server.stats.refuse(Refusal.PROTOCOL_ERROR)
             return None
         if isinstance(event, Connect):
             return event
@@ -291,6 +296,7 @@ class ClientHandler:
         raise AssertionError(f"unexpected first packet {event!r}")  # pragma: no cover
 
     async def _refuse_connect(self, reason: int, why: str, level: int | None = None) -> None:
+        self.server.stats.refuse(refusal_of_connack(reason))
         level = level if level is not None else self.conn.protocol_level
         if level == 5:
             props = (
@@ -457,7 +463,9 @@ class ClientHandler:
             # same (a lease releases itself shielded), or its next connection would wait for
             # it, and the connection would stay counted.
             if self.lease is not None:
-                await self.server.processor.close_client(self.ctx, self.lease)
+                await self.server.processor.close_client(
+                    self.ctx, self.lease, closing_of(self._close_reason)
+                )
 
     def _will_to_send(self) -> Will | None:
         """The will, unless the client said not to send it, or may not publish to its topic
@@ -517,6 +525,7 @@ class ClientHandler:
         flow = self._outflow()
         staged = self._staged
         may_write = self._may_write
+        stats = self.server.stats
         overload = self.server.processor.overload
         rates = overload.client_rates()
         read_size = 65536 if rates is None else rates.read_size(65536)
@@ -541,6 +550,7 @@ class ClientHandler:
                 if event is NEED_DATA:
                     more = False
                     break
+                stats.requests += 1
                 kind = type(event)
                 if kind is Publish:
                     assert isinstance(event, Publish)
@@ -588,7 +598,7 @@ class ClientHandler:
                 data = await receive(read_size)
             if not data:
                 raise _Close(None, "connection closed by the client")
-            self.server.processor.record_received_bytes(len(data))
+            stats.bytes_received += len(data)
             if rates is not None:
                 pause = rates.charge(0, len(data), now())
             conn.receive_data(data)
@@ -802,7 +812,7 @@ class ClientHandler:
                 return ReasonCode.NOT_AUTHORIZED
             raise _Close(None, f"publishing to {publish.topic!r} is not allowed")
         if not self._may_write(publish.topic):
-            self.server.processor.record_dropped()
+            self.server.processor.record_dropped(Drop.DENIED)
             if publish.qos == 0:
                 return None
             # MQTT 3.1.1 acks carry no error: the message is acknowledged and dropped, as
@@ -813,7 +823,7 @@ class ClientHandler:
         overload = self.server.processor.overload
         if overload.memory_high and refused_when_overloaded(self.conn.protocol_level, publish.qos):
             overload.refused_publishes(self.ctx.client_id)
-            self.server.processor.record_dropped()
+            self.server.processor.record_dropped(Drop.OVERLOADED)
             return ReasonCode.QUOTA_EXCEEDED
         try:
             result: PublishResult | BackendError = await self.server.publish(self.ctx, publish)
@@ -829,7 +839,9 @@ class ClientHandler:
         on MQTT 3.1.1, whose acks carry no error, it closes the connection (`_Close`), so
         that the client sends it again later."""
         if isinstance(result, BackendError):
-            self.server.processor.record_dropped()
+            # A separated proxy's broker over its memory mark refuses as an overloaded node.
+            overloaded = result.reason == Drop.OVERLOADED
+            self.server.processor.record_dropped(Drop.OVERLOADED if overloaded else Drop.REFUSED)
             _refusals.warning(
                 type(result).__name__,
                 "%s: publish to %r failed: %s",

@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import trio
 
 from mop.clock import now_ms
+from mop.counters import Drop, LatencyHistogram
 from mop.message import Delivery, Message
 from mop.processor import ClientContext, Consumer, ConsumerClosed
 from mop.processor.tracing import DeliveryTrace, MessageTracing
@@ -51,10 +52,12 @@ class OutflowContext:
     # A QoS 0 PUBLISH without properties: (topic, message, retain, protocol level) -> bytes.
     encoded_qos0: Callable[[str, Message, bool, int], bytes]
     record_sent: Callable[[int, int, int], None]  # (messages, bytes, payload bytes)
-    record_dropped: Callable[[], None]
+    record_dropped: Callable[[str], None]  # (why: `mop.counters.Drop`)
     # Make a QoS 2 delivery durable in the session / forget it once PUBCOMP came.
     record_flow: Callable[[SessionState, Outbound], Awaitable[None]]
     forget_flow: Callable[[SessionState, int], Awaitable[None]]
+    # From a message's publish time to its delivery (sampled: see `LatencyHistogram.due`).
+    delivery_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     # Traces of messages ("deliver" spans); None when the node does not trace.
     tracing: MessageTracing | None = None
 
@@ -130,6 +133,7 @@ class Outflow:
         send = self.send
         conn = self._conn
         out = self._out
+        latency = context.delivery_latency
         tracing = context.tracing
         while True:
             while self.room() <= 0:
@@ -141,6 +145,8 @@ class Outflow:
             except ConsumerClosed:
                 return
             now = now_ms()
+            if deliveries and latency.due(len(deliveries)):
+                latency.record_age(now, deliveries[-1].message.publish_time)
             # A QoS 0 PUBLISH below MQTT 5 has no properties and no topic alias: the same
             # bytes for every such client, gathered into one write.
             level = conn.protocol_level
@@ -159,6 +165,8 @@ class Outflow:
                 topic = mqtt_name(delivery.topic)
                 how = plan(topic, message, shared)
                 if how is None or (message.expires_at and message.expires_at <= now):
+                    if how is not None:
+                        context.record_dropped(Drop.EXPIRED)
                     if message.qos:
                         done.append(delivery)
                     continue
@@ -390,7 +398,7 @@ class Outflow:
         else:
             data = conn.publish_bytes(topic, message.payload, qos, retain, dup, packet_id, props)
         if data is None:
-            self._context.record_dropped()
+            self._context.record_dropped(Drop.TOO_LARGE)
             log.debug(
                 "%s: message on %r exceeds the client's maximum packet size",
                 self._ctx.client_id,

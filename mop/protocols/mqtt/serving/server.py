@@ -18,7 +18,13 @@ import trio
 
 from mop.clock import now_ms
 from mop.message import Message
-from mop.processor import BackendError, ClientContext, MessagingProcessor, PublishResult
+from mop.processor import (
+    AdapterCounts,
+    BackendError,
+    ClientContext,
+    MessagingProcessor,
+    PublishResult,
+)
 from mop.processor.tracing import MessageTracing, PublishTrace
 from mop.protocols.mqtt.codec import encode_publish
 from mop.protocols.mqtt.connection import ConnectionLimits
@@ -52,6 +58,8 @@ class MqttServer:
     def __init__(self, settings: Settings, processor: MessagingProcessor) -> None:
         self.settings: MqttSettings = settings.mqtt
         self.processor = processor
+        # This protocol's counters, which the connections add to.
+        self.stats = processor.stats.protocol("mqtt")
         # The connections with a session, so that a new ban can close those it covers.
         self.clients: set[ClientHandler] = set()
         processor.gatekeeper.on_bans_added(self._close_banned)
@@ -97,12 +105,14 @@ class MqttServer:
             mqtt_name=self.mqtt_name,
             canonical=self.canonical,
             encoded_qos0=self.encoded_qos0,
-            record_sent=processor.record_sent,
+            record_sent=self.stats.record_sent,
             record_dropped=processor.record_dropped,
             record_flow=self.sessions.record_flow,
             forget_flow=self.sessions.forget_flow,
+            delivery_latency=self.stats.delivery_latency,
             tracing=processor.tracing,
         )
+        processor.stats.adapters["mqtt"] = self.counts
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -134,6 +144,32 @@ class MqttServer:
             )
             if ban is not None:
                 client.close_for(ReasonCode.ADMINISTRATIVE_ACTION, f"banned {ban.kind}")
+
+    def counts(self) -> AdapterCounts:
+        """Sessions, subscriptions, retained messages and deliveries in flight or queued on
+        this node now, for the metrics: a walk over the sessions when they are collected (on
+        copies: an OTLP export reads them from its own thread)."""
+        subscriptions = shared = inflight = queued = 0
+        for state in self.sessions.states():
+            for topic_filter in list(state.subscriptions):
+                if topic_filter.startswith("$share/"):
+                    shared += 1
+                else:
+                    subscriptions += 1
+        for client in list(self.clients):
+            if client.state is not None:
+                inflight += len(client.state.outbound)
+            if client.flow is not None:
+                queued += client.flow.queued
+        return AdapterCounts(
+            sessions=self.sessions.connected,
+            offline_sessions=len(self.sessions),
+            subscriptions=subscriptions,
+            shared_subscriptions=shared,
+            retained=len(self.retained),
+            inflight=inflight,
+            queued=queued,
+        )
 
     def acl_name(self, topic: str) -> str:
         """The name the ACL knows a topic or filter by: its MQTT name, also when the client

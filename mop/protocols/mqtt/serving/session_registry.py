@@ -128,6 +128,16 @@ class SessionRegistry:
         return iter(self._offline.values())
 
     @property
+    def connected(self) -> int:
+        """Sessions connected through this node."""
+        return len(self._attached)
+
+    def states(self) -> list[SessionState]:
+        """The sessions this node holds: connected through it, and offline with their timers
+        here."""
+        return [*self._attached.values(), *self._offline.values()]
+
+    @property
     def _role_moves(self) -> bool:
         """Whether the role can be held by other nodes (separated mode), which learn of
         sessions from the table only."""

@@ -28,6 +28,7 @@ from mop.protocols.pulsar.driver.errors import (
     ServerRefused,
     Unavailable,
 )
+from mop.protocols.pulsar.driver.stats import LinkStats
 from mop.protocols.pulsar.errors import RemoteProtocolError, ServerError
 
 __all__ = ["ClientOptions", "PulsarClient", "retryable"]
@@ -58,6 +59,7 @@ class ClientOptions:
         "connect_timeout",
         "keepalive",
         "operation_timeout",
+        "stats",
     )
 
     def __init__(
@@ -68,6 +70,7 @@ class ClientOptions:
         connect_timeout: float = 10.0,
         auth: ClientAuth = NO_AUTH,
         keepalive: float = 30.0,
+        stats: LinkStats | None = None,
     ) -> None:
         self.client_version = client_version
         self.operation_timeout = operation_timeout
@@ -76,6 +79,8 @@ class ClientOptions:
         self.auth = auth
         # A connection silent this long is pinged; twice this long, it is given up as stalled.
         self.keepalive = keepalive
+        # What the clients with these options count about their links to the brokers.
+        self.stats = stats if stats is not None else LinkStats()
 
 
 class PulsarClient:
@@ -187,7 +192,12 @@ class PulsarClient:
                     )
                 else:
                     stream = await trio.open_tcp_stream(host, port)
-                connection = BrokerConnection(stream, url, keepalive=options.keepalive)
+                connection = BrokerConnection(
+                    stream,
+                    url,
+                    keepalive=options.keepalive,
+                    link=options.stats.link(proxy_to or url),
+                )
                 try:
                     await connection.handshake(
                         options.client_version, auth=options.auth, proxy_to_broker_url=proxy_to
@@ -244,6 +254,7 @@ class PulsarClient:
         service = connection = await self._service_connection()
         authoritative = False
         for _ in range(MAX_REDIRECTS):
+            self.options.stats.lookups += 1
             answer = await connection.request(
                 Lookup(topic=topic, request_id=connection.next_id(), authoritative=authoritative),
                 self.options.operation_timeout,

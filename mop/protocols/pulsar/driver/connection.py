@@ -45,6 +45,7 @@ from mop.protocols.pulsar.commands import (
     SendReceipt,
 )
 from mop.protocols.pulsar.driver.errors import ConnectionLost, ServerRefused, Unavailable
+from mop.protocols.pulsar.driver.stats import BrokerLink
 from mop.protocols.pulsar.errors import RemoteProtocolError
 from mop.protocols.pulsar.frames import (
     FRAME_SIZE_PADDING,
@@ -97,10 +98,17 @@ class BrokerConnection:
     """See the module docstring. Start with `await nursery.start(connection.serve)`."""
 
     def __init__(
-        self, stream: trio.abc.Stream, address: str, *, keepalive: float = KEEPALIVE
+        self,
+        stream: trio.abc.Stream,
+        address: str,
+        *,
+        keepalive: float = KEEPALIVE,
+        link: BrokerLink | None = None,
     ) -> None:
         self.address = address
         self.keepalive = keepalive
+        # The counts of the broker this connection reaches (shared with its other ones).
+        self.link = link if link is not None else BrokerLink(address)
         self._stream = stream
         self._auth = NO_AUTH
         self._client_version = ""
@@ -175,6 +183,7 @@ class BrokerConnection:
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Read, write and keep alive until the connection ends (then everything registered on
         it is told) or `close` is called."""
+        self.link.connections += 1
         try:
             with self._scope:
                 async with trio.open_nursery() as nursery:
@@ -183,6 +192,7 @@ class BrokerConnection:
                     task_status.started()
                     await self._until_lost(self._read_loop, nursery)
         finally:
+            self.link.connections -= 1
             self._end()
             with (
                 trio.CancelScope(shield=True),
@@ -228,6 +238,7 @@ class BrokerConnection:
         if self._closed:
             return
         self._out.append(frame)
+        self.link.commands += 1
         self._wake.set()
 
     def send_command(self, command: Command) -> None:
@@ -284,6 +295,7 @@ class BrokerConnection:
             await self._write(data)
 
     async def _write(self, data: bytes) -> None:
+        self.link.bytes_sent += len(data)
         try:
             await self._stream.send_all(data)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -339,6 +351,7 @@ class BrokerConnection:
         if not data:
             raise ConnectionLost(f"{self.address} closed the connection")
         self._heard = trio.current_time()
+        self.link.bytes_received += len(data)
         self._decoder.feed(data)
 
     async def _read_loop(self) -> None:

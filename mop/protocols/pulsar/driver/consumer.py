@@ -26,6 +26,7 @@ from typing import Final
 
 import trio
 
+from mop.clock import now_ms
 from mop.log_limit import LimitedLog
 from mop.message import MessageId
 from mop.protocols.pulsar.batching import read_members
@@ -229,6 +230,8 @@ class ClientConsumer:
         # allocating what any producer announces could be made to run out of memory).
         connection = self._connection
         limit = DEFAULT_MAX_MESSAGE_SIZE if connection is None else connection.max_message_size
+        if connection is not None and connection.link.receive_latency.due(count):
+            connection.link.receive_latency.record_age(now_ms(), meta.publish_time)
         try:
             if not meta.batched:
                 message_id = MessageId(ledger, entry)

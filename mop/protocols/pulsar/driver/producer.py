@@ -103,6 +103,7 @@ class _Batch:
         "message_id",
         "parts",
         "publish_time",
+        "sent_at",
         "single",
         "size",
     )
@@ -114,6 +115,7 @@ class _Batch:
         self.single = single
         self.first_seq = -1
         self.publish_time = 0
+        self.sent_at = 0.0
         self.deadline = 0.0
         self.done = trio.Event()
         self.error: DriverError | None = None
@@ -327,7 +329,8 @@ class ClientProducer:
         batch.first_seq = self._seq
         self._seq += batch.count
         batch.publish_time = now_ms()
-        batch.deadline = trio.current_time() + self.config.send_timeout
+        batch.sent_at = trio.current_time()
+        batch.deadline = batch.sent_at + self.config.send_timeout
         self._inflight.append(batch)
         if self._connection is not None:
             self._connection.send(self._frame(batch))
@@ -382,6 +385,11 @@ class ClientProducer:
                 connection.close()
             return
         inflight.popleft()
+        connection = self._connection
+        if connection is not None:
+            latency = connection.link.send_latency
+            if latency.due(batch.count):
+                latency.record(trio.current_time() - batch.sent_at)
         data = receipt.message_id
         if data is None:
             self._finish(batch, Unavailable(f"{self.topic}: a receipt without an id"))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
+from mop.clock import now_ms
 from mop.message import Delivery, Message, MessageId
 from mop.processor import (
     BackendError,
@@ -217,11 +218,12 @@ class ConnectionConsumers:
                 )
             data = b"".join(frames)
             link.write(data)
+            stats = link.server.stats
             count = sum(d.message.count for d in deliveries)
             link.messages_out += count
-            link.server.processor.record_sent(
-                count, len(data), sum(len(d.message.payload) for d in deliveries)
-            )
+            stats.record_sent(count, len(data), sum(len(d.message.payload) for d in deliveries))
+            if deliveries and stats.delivery_latency.due(count):
+                stats.delivery_latency.record_age(now_ms(), deliveries[-1].message.publish_time)
             if traces is not None:
                 for trace in traces:
                     trace.sent()

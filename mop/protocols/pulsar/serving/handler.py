@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from mop.counters import Closing, Refusal, refusal_of
 from mop.processor import ClientContext, ClientLease, ConnectionLimitReached
 from mop.protocols.introspection import ClientInfo, SubscriptionInfo
 from mop.protocols.pulsar.authentication import (
@@ -124,6 +125,8 @@ class PulsarConnection:
         self.connected_at = 0.0
         self.messages_in = 0
         self.messages_out = 0
+        # Why the connection ends, counted when it does (`mop.counters.Closing`).
+        self._closing: str = Closing.NORMAL
         self._handlers: dict[type, Callable[[Any], Awaitable[None] | None]] = {
             AuthResponse: self._on_auth_response,
             Ping: self._on_ping,
@@ -216,6 +219,7 @@ class PulsarConnection:
     def close(self) -> None:
         """Close the connection from outside its reads (the admin API)."""
         log.info("%s: closing the connection on request", self.ctx.peer)
+        self._closing = Closing.ADMINISTRATIVE
         self._end()
 
     async def run(self) -> None:
@@ -243,7 +247,7 @@ class PulsarConnection:
             with trio.CancelScope(shield=True), trio.move_on_after(10):
                 await self.producers.close_all()
                 await self.consumers.close_all()
-                await self.server.processor.close_client(self.ctx, lease)
+                await self.server.processor.close_client(self.ctx, lease, self._closing)
 
     async def _handshake(self) -> ClientLease | None:
         """Read CONNECT, authenticate and admit the client and answer CONNECTED; None when
@@ -253,6 +257,7 @@ class PulsarConnection:
                 connect = await self._read_connect()
             except RemoteProtocolError as exc:
                 log.info("%s: bad first frame: %s", self.ctx.peer, exc)
+                self.server.stats.refuse(Refusal.PROTOCOL_ERROR)
                 await self._send_now(self.conn.protocol_error(exc))
                 return None
             if connect is None:
@@ -263,6 +268,7 @@ class PulsarConnection:
             try:
                 lease = await self.server.processor.open_client(self.ctx)
             except ConnectionLimitReached as exc:
+                self.server.stats.refuse(Refusal.LIMIT_REACHED)
                 await self._send_now(
                     self.conn.send(
                         Error(
@@ -283,6 +289,7 @@ class PulsarConnection:
             )
             return lease
         log.info("%s: no CONNECT within %ss", self.ctx.peer, self.server.timers.connect_timeout)
+        self.server.stats.refuse(Refusal.TIMEOUT)
         return None
 
     def _authenticate(self, connect: Connect) -> bool:
@@ -296,6 +303,7 @@ class PulsarConnection:
             self._adopt(self.server.processor.authenticate(credentials))
         except AuthenticationError as exc:
             log.info("%s: authentication refused: %s", self.ctx.peer, exc.why)
+            self.server.stats.refuse(refusal_of(exc.failure))
             return False
         self.ctx = dataclasses.replace(self.ctx, username=credentials.username)
         return True
@@ -331,7 +339,7 @@ class PulsarConnection:
             data = await self.stream.receive_some(65536)
             if not data:
                 return None
-            self.server.processor.record_received_bytes(len(data))
+            self.server.stats.record_received_bytes(len(data))
             self.conn.receive_data(data)
 
     async def _send_now(self, data: bytes) -> None:
@@ -434,8 +442,8 @@ class PulsarConnection:
         byte rate is held back: what was read waits until the rates allow it, and so does the
         next read (a proxy's connection, which carries many clients that the proxy holds to
         their rates, is not limited)."""
-        processor = self.server.processor
-        overload = processor.overload
+        stats = self.server.stats
+        overload = self.server.processor.overload
         rates = None if self.authenticated.is_proxy else overload.client_rates()
         read_size = 65536 if rates is None else rates.read_size(65536)
         pause = 0.0  # seconds the client's rates hold it back before more is taken
@@ -446,6 +454,7 @@ class PulsarConnection:
                 if isinstance(event, NeedData):
                     more = False
                     break
+                stats.requests += 1
                 if rates is not None and isinstance(event, Send):
                     pause = rates.charge(max(event.num_messages, 1), 0, trio.current_time())
                 await self._handle(event)
@@ -460,7 +469,7 @@ class PulsarConnection:
             data = await self.stream.receive_some(read_size)
             if not data:
                 raise _Closed
-            processor.record_received_bytes(len(data))
+            stats.bytes_received += len(data)
             if rates is not None:
                 pause = rates.charge(0, len(data), trio.current_time())
             self.conn.receive_data(data)

@@ -5,6 +5,7 @@ links to the other members). `handle_connection` serves one client.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import uuid
@@ -14,6 +15,7 @@ from urllib.parse import urlsplit
 
 import trio
 
+from mop.counters import ProtocolStats
 from mop.membership import Membership, normalize_url
 from mop.processor import BackendError, MessagingProcessor
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
@@ -104,6 +106,11 @@ class PulsarServer:
         self.peers = PeerLinks(self.membership.peers(), auth=broker_auth)
         # The connections past their handshake (the admin API lists them).
         self.connections: set[PulsarConnection] = set()
+
+    @functools.cached_property
+    def stats(self) -> ProtocolStats:
+        """This protocol's counters, which the connections add to."""
+        return self.processor.stats.protocol("pulsar")
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled when there are peers, whose connections go with it."""

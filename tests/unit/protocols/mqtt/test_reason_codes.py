@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 from mop.backends.cluster.errors import error_for
+from mop.counters import Closing, Refusal
 from mop.processor import BackendError, QuotaExceeded
 from mop.protocols.mqtt.packets import PacketType
-from mop.protocols.mqtt.reason_codes import REASON_CODES_BY_PACKET, ReasonCode, backend_reason_code
+from mop.protocols.mqtt.reason_codes import (
+    REASON_CODES_BY_PACKET,
+    ReasonCode,
+    backend_reason_code,
+    closing_of,
+    refusal_of_connack,
+)
 from mop.protocols.pulsar.driver import ServerRefused
 from mop.protocols.pulsar.errors import ServerError
 
@@ -29,6 +36,25 @@ def test_a_message_too_large_for_the_brokers_is_answered_unspecified_error() -> 
     assert ReasonCode.PACKET_TOO_LARGE not in REASON_CODES_BY_PACKET[PacketType.PUBACK]
     for ack in (PacketType.PUBACK, PacketType.PUBREC):
         assert code in REASON_CODES_BY_PACKET[ack]
+
+
+def test_a_refused_connack_is_counted_under_its_refusal() -> None:
+    assert refusal_of_connack(ReasonCode.BAD_USER_NAME_OR_PASSWORD) is Refusal.BAD_CREDENTIALS
+    assert refusal_of_connack(ReasonCode.NOT_AUTHORIZED) is Refusal.NOT_AUTHORIZED
+    assert refusal_of_connack(ReasonCode.BANNED) is Refusal.BANNED
+    assert refusal_of_connack(ReasonCode.QUOTA_EXCEEDED) is Refusal.LIMIT_REACHED
+    assert refusal_of_connack(ReasonCode.SERVER_UNAVAILABLE) is Refusal.UNAVAILABLE
+    for code in (ReasonCode.UNSUPPORTED_PROTOCOL_VERSION, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID):
+        assert refusal_of_connack(code) is Refusal.PROTOCOL_ERROR
+
+
+def test_a_closed_connection_is_counted_under_why_the_node_closed_it() -> None:
+    assert closing_of(None) is Closing.NORMAL
+    assert closing_of(ReasonCode.SESSION_TAKEN_OVER) is Closing.TAKEOVER
+    assert closing_of(ReasonCode.KEEP_ALIVE_TIMEOUT) is Closing.KEEP_ALIVE
+    assert closing_of(ReasonCode.ADMINISTRATIVE_ACTION) is Closing.ADMINISTRATIVE
+    assert closing_of(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED) is Closing.PROTOCOL_ERROR
+    assert closing_of(ReasonCode.UNSPECIFIED_ERROR) is Closing.ERROR
 
 
 def test_a_broker_over_its_memory_mark_is_answered_quota_exceeded() -> None:

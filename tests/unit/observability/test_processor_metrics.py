@@ -1,0 +1,86 @@
+"""The processor's and the adapters' counters as they appear on the Prometheus page: names,
+labels, and values read when the page is asked for."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from mop.backends.local import open_local_backend
+from mop.broker.storage import MemoryStorage
+from mop.counters import Closing, Drop, Refusal
+from mop.observability import Telemetry, open_telemetry
+from mop.observability.processor_metrics import Cached, register_processor_metrics
+from mop.processor import AdapterCounts, MessagingProcessor
+from mop.settings import TelemetrySettings
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def page(telemetry: Telemetry) -> dict[tuple[str, Labels], float]:
+    found = {}
+    for metric in text_string_to_metric_families(telemetry.prometheus().body.decode()):
+        for sample in metric.samples:
+            labels = tuple(
+                sorted((k, v) for k, v in sample.labels.items() if not k.startswith("otel_"))
+            )
+            found[(sample.name, labels)] = sample.value
+    return found
+
+
+@pytest.fixture
+async def processor() -> AsyncIterator[MessagingProcessor]:
+    async with open_local_backend(MemoryStorage()) as backend:
+        yield MessagingProcessor(backend)
+
+
+async def test_counters_are_read_by_protocol_and_reason(processor: MessagingProcessor) -> None:
+    telemetry = open_telemetry(TelemetrySettings(), mode="merged", node_name="test")
+    register_processor_metrics(
+        telemetry, processor, backend_drops=lambda: {Drop.EXPIRED: 4, Drop.NO_SUBSCRIBERS: 6}
+    )
+    stats = processor.stats
+    mqtt, pulsar = stats.protocol("mqtt"), stats.protocol("pulsar")
+    mqtt.connections, mqtt.opened = 2, 5
+    mqtt.close(Closing.TAKEOVER)
+    mqtt.refuse(Refusal.BAD_CREDENTIALS)
+    mqtt.requests = 7
+    mqtt.record_sent(3, 30)
+    pulsar.messages_received, pulsar.bytes_received = 11, 110
+    processor.record_dropped(Drop.DENIED)
+    stats.adapters["mqtt"] = lambda: AdapterCounts(
+        sessions=2, offline_sessions=1, subscriptions=3, shared_subscriptions=1, retained=9
+    )
+    found = page(telemetry)
+    assert found[("mop_connections_active", (("protocol", "mqtt"),))] == 1
+    assert found[("mop_connections_opened_total", (("protocol", "mqtt"),))] == 5
+    mqtt_takeover = (("protocol", "mqtt"), ("reason", "takeover"))
+    assert found[("mop_connections_closed_total", mqtt_takeover)] == 1
+    mqtt_bad = (("protocol", "mqtt"), ("reason", "bad_credentials"))
+    assert found[("mop_connections_rejected_total", mqtt_bad)] == 1
+    assert found[("mop_requests_total", (("protocol", "mqtt"),))] == 7
+    assert found[("mop_messages_total", (("direction", "out"), ("protocol", "mqtt")))] == 3
+    assert found[("mop_messages_total", (("direction", "in"), ("protocol", "pulsar")))] == 11
+    assert found[("mop_bytes_total", (("direction", "in"), ("protocol", "pulsar")))] == 110
+    for reason, count in (("denied", 1), ("no_subscribers", 6), ("expired", 4)):
+        assert found[("mop_messages_dropped_total", (("reason", reason),))] == count
+    assert found[("mop_sessions", (("protocol", "mqtt"), ("state", "connected")))] == 2
+    assert found[("mop_sessions", (("protocol", "mqtt"), ("state", "offline")))] == 1
+    assert found[("mop_subscriptions", (("kind", "shared"), ("protocol", "mqtt")))] == 1
+    assert found[("mop_retained_messages", (("protocol", "mqtt"),))] == 9
+    assert found[("mop_publish_duration_seconds_count", ())] == 0
+    assert ("mop_delivery_latency_seconds_count", (("protocol", "pulsar"),)) in found
+
+
+def test_a_cached_reading_is_made_once_per_interval() -> None:
+    calls = []
+
+    def read() -> int:
+        calls.append(1)
+        return len(calls)
+
+    cached = Cached(read, seconds=60)
+    assert (cached(), cached()) == (1, 1)
+    assert Cached(read, seconds=0)() == 2
