@@ -41,7 +41,8 @@ def client_for(backend: LocalBackend, broker: Membership | None = None) -> httpx
         broker=broker,
     )
     transport = httpx.ASGITransport(app=build_admin_app(context))
-    return httpx.AsyncClient(transport=transport, base_url="http://admin")
+    # A host the default (loopback) listener answers for.
+    return httpx.AsyncClient(transport=transport, base_url="http://localhost")
 
 
 @pytest.fixture
