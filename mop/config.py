@@ -8,6 +8,7 @@ dataclasses, reporting the first problem as a one-line `ConfigError`.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import logging
 import math
@@ -267,6 +268,21 @@ def _http_urls(value: str) -> bool:
     )
 
 
+def _host_name(value: str) -> bool:
+    """A host name or address without port (an IPv6 address with or without brackets), or
+    "*" for any: an entry of `admin.allowed_hosts`."""
+    if value == "*":
+        return True
+    inner = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+    if ":" in inner:
+        try:
+            ipaddress.IPv6Address(inner)
+        except ValueError:
+            return False
+        return True
+    return bool(inner) and all(c.isascii() and (c.isalnum() or c in "-._") for c in inner)
+
+
 # Rules for string values (and the strings in lists), by field name: (accepts, problem).
 _STRING_RULES: Final[Mapping[str, tuple[Callable[[str], bool], str]]] = {
     "log_level": (
@@ -287,6 +303,7 @@ _STRING_RULES: Final[Mapping[str, tuple[Callable[[str], bool], str]]] = {
         "must be an http:// or https:// URL",
     ),
     "roles": (bool, "must be user names"),
+    "allowed_hosts": (_host_name, 'must be host names or addresses without a port, or "*"'),
     "sys_node_name": (
         lambda value: bool(value) and not any(c in value for c in "/+#"),
         'must be one topic level (not empty, no "/", "+" or "#")',

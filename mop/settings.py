@@ -179,6 +179,10 @@ class AdminSettings:
     # configured (`auth.password_file` or `auth.jwt`); without it, the API is open to whoever
     # reaches `host` (loopback by default).
     roles: tuple[str, ...] = ("admin",)
+    # Host names (without port) requests may name in `Host`, "*" for any: the defence against
+    # DNS rebinding. Empty: on a loopback `host`, localhost, 127.0.0.1 and [::1] (any port);
+    # on any other, every host. /healthz and /readyz answer any host.
+    allowed_hosts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
-from urllib.parse import parse_qs, unquote
+from urllib.parse import unquote_to_bytes
 
 import trio
 
@@ -89,6 +89,8 @@ class HttpError(Exception):
 Handler = Callable[[Request], Awaitable[Response]]
 # Checks a request before its handler runs (authentication); raises HttpError to refuse it.
 Guard = Callable[[Request], None]
+# Checks the `Host` a request names (lower-case header names); raises HttpError to refuse it.
+HostCheck = Callable[[Mapping[str, str]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,7 @@ class _Route:
     pattern: re.Pattern[str]
     handler: Handler
     public: bool
+    any_host: bool
 
 
 _PARAM = re.compile(r"\{(\w+)\}")
@@ -107,16 +110,26 @@ class Router:
     def __init__(self) -> None:
         self._routes: list[_Route] = []
 
-    def add(self, method: str, template: str, handler: Handler, *, public: bool = False) -> None:
+    def add(
+        self,
+        method: str,
+        template: str,
+        handler: Handler,
+        *,
+        public: bool = False,
+        any_host: bool = False,
+    ) -> None:
         """Route `method template` to `handler`. `{name}` in the template matches one path
-        segment, percent-encoded (`a%2Fb` for the topic `a/b`), decoded into
+        segment, percent-encoded UTF-8 (`a%2Fb` for the topic `a/b`), decoded into
         `request.params[name]`; a `public` route skips the guard (health checks, the page's
-        static files)."""
+        static files), an `any_host` route the check of the `Host` header (health checks,
+        which load balancers send with whatever host they like)."""
         parts = _PARAM.split(template)  # literal, name, literal, name, ..., literal
         regex = "".join(
             f"(?P<{part}>[^/]+)" if i % 2 else re.escape(part) for i, part in enumerate(parts)
         )
-        self._routes.append(_Route(method, template, re.compile(f"^{regex}$"), handler, public))
+        pattern = re.compile(f"^{regex}$")
+        self._routes.append(_Route(method, template, pattern, handler, public, any_host))
 
     def routes(self) -> list[tuple[str, str, bool]]:
         """(method, template, public) of every route, in the order they were added."""
@@ -131,10 +144,41 @@ class Router:
             if route.method != method and not (method == "HEAD" and route.method == "GET"):
                 allowed.append(route.method)
                 continue
-            return route, {name: unquote(value) for name, value in found.groupdict().items()}
+            return route, {name: _decoded(name, value) for name, value in found.groupdict().items()}
         if allowed:
             raise HttpError(405, f"{method} is not allowed here", (("allow", ", ".join(allowed)),))
         raise HttpError(404, f"no such resource: {path}")
+
+
+def _decoded(name: str, value: str) -> str:
+    """A path parameter as matched (percent-encoded, each character one byte of the path)
+    decoded: HttpError 400 when its bytes are not UTF-8, rather than a U+FFFD in their place
+    (a client id or topic that is not the one asked for)."""
+    try:
+        return unquote_to_bytes(value.encode("latin-1")).decode("utf-8")
+    except UnicodeError:
+        raise HttpError(
+            400, f"the path parameter {name} is not UTF-8 once percent-decoded"
+        ) from None
+
+
+def parse_query(raw: bytes) -> dict[str, list[str]]:
+    """The arguments of a query string (`a=1&b=&a=2`: `{"a": ["1", "2"], "b": [""]}`), an
+    empty value kept as such (`?offset=` is not an absent offset but a wrong one). HttpError
+    400 when a name or value is not UTF-8 once percent-decoded."""
+    query: dict[str, list[str]] = {}
+    for pair in raw.split(b"&"):
+        if not pair:
+            continue
+        name, _, value = pair.partition(b"=")
+        try:
+            key, text = (
+                unquote_to_bytes(part.replace(b"+", b" ")).decode("utf-8") for part in (name, value)
+            )
+        except UnicodeError:
+            raise HttpError(400, "the query string is not UTF-8 once percent-decoded") from None
+        query.setdefault(key, []).append(text)
+    return query
 
 
 Scope = dict[str, Any]
@@ -146,10 +190,16 @@ class AsgiApp:
     """The router as an ASGI 3 application (what hypercorn serves)."""
 
     def __init__(
-        self, router: Router, guard: Guard | None = None, *, body_timeout: float = BODY_TIMEOUT
+        self,
+        router: Router,
+        guard: Guard | None = None,
+        *,
+        hosts: HostCheck | None = None,
+        body_timeout: float = BODY_TIMEOUT,
     ) -> None:
         self.router = router
         self._guard = guard
+        self._hosts = hosts
         self._body_timeout = body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -174,11 +224,16 @@ class AsgiApp:
     async def _respond(self, scope: Scope, receive: Receive) -> Response:
         method: str = scope["method"]
         # Matched still percent-encoded, so that a parameter may hold "/" as %2F (MQTT topic
-        # names in `/api/v1/retained/{topic}`); parameters are decoded after matching.
-        raw_path: bytes | None = scope.get("raw_path")
-        path: str = raw_path.decode("latin-1").partition("?")[0] if raw_path else scope["path"]
+        # names in `/api/v1/retained/{topic}`); parameters are decoded after matching, from
+        # their bytes (each character of `path` is one byte of the request's path).
+        raw_path: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
+        path: str = raw_path.decode("latin-1").partition("?")[0]
+        headers = {
+            name.decode("latin-1").lower(): value.decode("latin-1")
+            for name, value in scope.get("headers", ())
+        }
         try:
-            route, params = self.router.match(method, path)
+            route, params = self._match(method, path, headers)
             body: bytes | None = None
             with trio.move_on_after(self._body_timeout):
                 body = await _read_body(receive)
@@ -188,11 +243,8 @@ class AsgiApp:
             request = Request(
                 method=method,
                 path=path,
-                query=parse_qs(scope.get("query_string", b"").decode("latin-1")),
-                headers={
-                    name.decode("latin-1").lower(): value.decode("latin-1")
-                    for name, value in scope.get("headers", ())
-                },
+                query=parse_query(scope.get("query_string", b"")),
+                headers=headers,
                 body=body,
                 params=params,
                 client=f"{client[0]}:{client[1]}" if client else "",
@@ -208,6 +260,22 @@ class AsgiApp:
         except Exception:
             log.exception("admin API: %s %s failed", method, path)
             return json_response({"error": "internal error (logged by the node)"}, 500)
+
+    def _match(
+        self, method: str, path: str, headers: Mapping[str, str]
+    ) -> tuple[_Route, dict[str, str]]:
+        """The route and parameters of a request whose `Host` may be answered: the host guard
+        refuses any other, whether or not the path names something, unless the route takes
+        any host."""
+        try:
+            route, params = self.router.match(method, path)
+        except HttpError:
+            if self._hosts is not None:
+                self._hosts(headers)
+            raise
+        if self._hosts is not None and not route.any_host:
+            self._hosts(headers)
+        return route, params
 
 
 _CLOSE: Final = (("connection", "close"),)

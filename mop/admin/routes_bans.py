@@ -11,7 +11,7 @@ from mop.admin.context import AdminContext
 from mop.admin.http import HttpError, Request, Response, Router, json_response
 from mop.admin.paging import paged
 from mop.processor import BackendError
-from mop.security.abuse import Ban, checked_ban, parse_ban_target
+from mop.security.abuse import BAN_KINDS, Ban, checked_ban, parse_ban_target
 from mop.security.ban_store import BanStore
 
 _FIELDS = frozenset({"kind", "value", "for", "reason"})
@@ -75,15 +75,20 @@ def add_bans_routes(router: Router, context: AdminContext) -> None:
         return json_response(ban_doc(stored), 201)
 
     async def lift_ban(request: Request) -> Response:
+        kind, value = request.params["kind"], request.params["value"]
+        if kind not in BAN_KINDS:
+            raise HttpError(400, f"unknown ban kind {kind!r}: clientid, username or address")
         try:
-            kind, value = parse_ban_target(request.params["kind"], request.params["value"])
-            lifted = await store().remove(kind, value)
+            target_kind, target = parse_ban_target(kind, value)
         except ValueError as exc:
-            raise HttpError(400, str(exc)) from None
+            # No ban can name it (an address that is none, say): there is none to lift.
+            raise HttpError(404, f"no such ban: {exc}") from None
+        try:
+            lifted = await store().remove(target_kind, target)
         except BackendError as exc:
             raise HttpError(503, f"ban not lifted: {exc}") from None
         if not lifted:
-            raise HttpError(404, f"no ban of {kind} {value}")
+            raise HttpError(404, f"no ban of {target_kind} {target}")
         return Response(204)
 
     router.add("GET", "/api/v1/bans", list_bans)

@@ -4,7 +4,7 @@ list, look at one, disconnect one."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Final
 
 from mop.admin.context import AdminContext
 from mop.admin.http import HttpError, Request, Response, Router, json_response
@@ -37,10 +37,16 @@ def _matches(client: ClientInfo, q: str, protocol: str | None, username: str | N
     )
 
 
+# The protocols a client may be listed under (openapi.yaml's), whether enabled here or not.
+PROTOCOLS: Final = ("mqtt", "pulsar")
+
+
 def add_clients_routes(router: Router, context: AdminContext) -> None:
     async def list_clients(request: Request) -> Response:
         q = (request.arg("q") or "").lower()
         protocol, username = request.arg("protocol"), request.arg("username")
+        if protocol is not None and protocol not in (*PROTOCOLS, *context.protocols):
+            raise HttpError(400, f"protocol must be one of {', '.join(PROTOCOLS)}")
         found = [
             client
             for view in context.views().values()

@@ -47,7 +47,8 @@ def add_health_routes(router: Router, context: AdminContext) -> None:
             }
         )
 
-    router.add("GET", "/healthz", healthz, public=True)
-    router.add("GET", "/readyz", readyz, public=True)
+    # Load balancers and orchestrators ask with whatever Host they like.
+    router.add("GET", "/healthz", healthz, public=True, any_host=True)
+    router.add("GET", "/readyz", readyz, public=True, any_host=True)
     router.add("GET", "/metrics", metrics, public=True)
     router.add("GET", "/api/v1/node", node)

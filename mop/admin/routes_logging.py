@@ -21,8 +21,9 @@ def add_logging_routes(router: Router, context: AdminContext) -> None:
         if not isinstance(body, dict):
             raise HttpError(400, 'the body must be an object, e.g. {"level": "DEBUG"}')
         level, logger = body.get("level"), body.get("logger")
-        if not isinstance(level, str):
-            raise HttpError(400, "level must be a string, e.g. DEBUG")
+        # Not ASCII: no level, whatever str.upper() makes of it (a dotless i upper-cased is I).
+        if not isinstance(level, str) or not level.isascii():
+            raise HttpError(400, "level must be a level's name, e.g. DEBUG")
         if logger is not None and (not isinstance(logger, str) or not logger):
             raise HttpError(400, "logger must be a logger's name, e.g. mop.mqtt")
         try:

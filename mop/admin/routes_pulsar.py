@@ -68,6 +68,11 @@ def add_pulsar_admin_routes(router: Router, context: AdminContext, broker: Membe
             return _reason(404, f"no such domain: {domain}")
         namespace = f"{params['tenant']}/{params['namespace']}"
         try:
+            # The names are checked as those of a topic's are (any local name will do).
+            PulsarTopicName(domain, params["tenant"], params["namespace"], "-")
+        except TopicError as exc:
+            return _reason(412, str(exc))
+        try:
             names = await processor.topics(ADMIN_CONTEXT, namespace)
         except BackendError as exc:
             return refused(exc)
@@ -90,9 +95,12 @@ def add_pulsar_admin_routes(router: Router, context: AdminContext, broker: Membe
         topic = topic_of(request)
         if isinstance(topic, Response):
             return topic
-        force = (request.arg("force", "false") or "false").lower() == "true"
+        raw = request.arg("force")
+        force = "false" if raw is None else raw.lower()
+        if force not in ("true", "false"):
+            return _reason(400, "force must be true or false")
         try:
-            deleted = await processor.delete_topic(topic, force=force)
+            deleted = await processor.delete_topic(topic, force=force == "true")
         except BackendError as exc:
             return refused(exc)
         if not deleted:

@@ -26,7 +26,7 @@ def session_doc(session: SessionInfo) -> dict[str, Any]:
 
 def _connected_arg(request: Request) -> bool | None:
     value = request.arg("connected")
-    if value is None or value == "":
+    if value is None:
         return None
     if value not in ("true", "false"):
         raise HttpError(400, "connected must be true or false")

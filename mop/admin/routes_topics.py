@@ -125,7 +125,8 @@ def add_topic_routes(router: Router, context: AdminContext) -> None:
 
 
 def _flag(request: Request, name: str) -> bool:
-    value = (request.arg(name, "false") or "false").lower()
+    raw = request.arg(name)
+    value = "false" if raw is None else raw.lower()
     if value not in ("true", "false", "1", "0"):
         raise HttpError(400, f"{name} must be true or false")
     return value in ("true", "1")

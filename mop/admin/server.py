@@ -11,6 +11,7 @@ from hypercorn.trio import serve
 
 from mop.admin.auth import AdminGuard
 from mop.admin.context import AdminContext
+from mop.admin.hosts import HostGuard
 from mop.admin.http import AsgiApp, Router
 from mop.admin.routes_bans import add_bans_routes
 from mop.admin.routes_clients import add_clients_routes
@@ -46,7 +47,8 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
     if context.broker is not None:
         add_pulsar_admin_routes(router, context, context.broker)
     add_page_routes(router, context)
-    return AsgiApp(router, AdminGuard(context.settings, context.processor))
+    guard = AdminGuard(context.settings, context.processor)
+    return AsgiApp(router, guard, hosts=HostGuard.of(context.settings.admin))
 
 
 async def serve_admin(

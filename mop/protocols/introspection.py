@@ -88,6 +88,10 @@ class BadTopic(ValueError):
         self.reserved = reserved
 
 
+class TooLarge(ValueError):
+    """A message larger than the protocol's clients may publish to this node."""
+
+
 class SessionBusy(Exception):
     """The session is connected through another node of the deployment: it is that node's
     to end."""

@@ -65,7 +65,10 @@ def test_read_and_change_the_levels(node: RunningNode) -> None:
     [
         ({"level": "LOUD"}, "unknown log level"),
         ({"level": "NOTSET"}, "unknown log level"),
-        ({"level": 10}, "level must be a string"),
+        ({"level": 10}, "level must be a level's name"),
+        ({"level": ""}, "unknown log level"),
+        # str.upper() makes INFO of it: no level's name all the same.
+        ({"level": "\u0131nfo"}, "level must be a level's name"),
         ({"level": "INFO", "logger": 5}, "logger must be"),
         (["INFO"], "must be an object"),
     ],

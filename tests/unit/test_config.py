@@ -198,6 +198,10 @@ def test_dump_loads_back(tmp_path: Path) -> None:
             "in the same unit",
         ),
         ({"MOP_LIMITS__MEMORY_LOW_WATERMARK": "0.5"}, "limits", "below memory_high_watermark"),
+        ({"MOP_ADMIN__ALLOWED_HOSTS": '["localhost:8080"]'}, "admin.allowed_hosts", "port"),
+        ({"MOP_ADMIN__ALLOWED_HOSTS": '[""]'}, "admin.allowed_hosts", "host names"),
+        ({"MOP_ADMIN__ALLOWED_HOSTS": '["a b"]'}, "admin.allowed_hosts", "host names"),
+        ({"MOP_ADMIN__ALLOWED_HOSTS": '["[::1]:80"]'}, "admin.allowed_hosts", "host names"),
     ],
 )
 def test_invalid_values(environ: dict[str, str], key: str, problem: str) -> None:
@@ -210,6 +214,13 @@ def test_invalid_values(environ: dict[str, str], key: str, problem: str) -> None
 def test_admin_url_takes_one_url_or_several() -> None:
     for value in ("http://b1:8080", "https://b1:8443,b2:8443", "http://b1:1,http://b2:2"):
         assert load_settings(environ={"MOP_CLUSTER__ADMIN_URL": value}).cluster.admin_url == value
+
+
+def test_allowed_hosts_take_names_addresses_and_any() -> None:
+    hosts = '["mop.example", "10.0.0.7", "::1", "[fe80::1]", "*"]'
+    settings = load_settings(environ={"MOP_ADMIN__ALLOWED_HOSTS": hosts})
+    assert settings.admin.allowed_hosts == ("mop.example", "10.0.0.7", "::1", "[fe80::1]", "*")
+    assert load_settings(environ={}).admin.allowed_hosts == ()
 
 
 def test_message_format() -> None:

@@ -18,6 +18,7 @@ import logging
 from typing import Final
 
 import httpx
+import trio
 
 from mop.messaging import BackendError, TopicBusy
 from mop.processor.backend import TopicStats
@@ -74,7 +75,8 @@ def _headers(auth: ClientAuth) -> dict[str, str]:
 class BrokerAdmin:
     """The brokers' HTTP admin service at `urls` (see the module docstring); one client with
     kept-alive connections, closed by `aclose`. Every question takes at most `timeout`
-    seconds per URL."""
+    seconds per URL, redirects and the whole answer included (httpx's own timeout bounds
+    each read, which a broker sending a byte now and then would always meet)."""
 
     def __init__(
         self,
@@ -88,6 +90,7 @@ class BrokerAdmin:
             raise ValueError("no admin URL")
         self.urls = urls
         self.auth = auth
+        self.timeout = timeout
         self._client = httpx.AsyncClient(
             timeout=timeout,
             follow_redirects=False,
@@ -122,14 +125,22 @@ class BrokerAdmin:
         except TopicError as exc:
             raise BackendError(str(exc), reason="invalid_topic") from None
         failures: list[str] = []
+        # Why the brokers that answered 421 do not answer for the topic: another member owns
+        # it, or (a broker's admin.allowed_hosts) they do not answer for the host asked.
+        misdirected: list[str] = []
         for base in self.urls:
             try:
-                response = await self._follow(method, base + path, params)
+                with trio.fail_after(self.timeout):
+                    response = await self._follow(method, base + path, params)
             except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 failures.append(f"{base}: {exc or type(exc).__name__}")
                 continue
+            except trio.TooSlowError:
+                failures.append(f"{base}: no answer within {self.timeout:g} s")
+                continue
             status = response.status_code
             if status == NOT_OWNER:
+                misdirected.append(f"{base}: {_message(response)}")
                 continue
             if status in (200, 204):
                 return response
@@ -150,7 +161,8 @@ class BrokerAdmin:
                 reason="unavailable",
             )
         raise BackendError(
-            f"no broker of cluster.admin_url owns {topic} (list every broker's admin URL)",
+            f"no broker of cluster.admin_url owns {topic} (list every broker's admin URL): "
+            + "; ".join(misdirected),
             reason="unavailable",
         )
 

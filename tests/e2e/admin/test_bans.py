@@ -41,6 +41,9 @@ def test_a_ban_keeps_a_client_out_until_it_is_lifted(node: RunningNode) -> None:
     welcome = Client(node.mqtt_port, "ban-me", version=5)
     assert welcome.connack is not None and welcome.connack.reason_code == 0
     api.delete("/api/v1/bans/clientid/ban-me", 404)
+    # No ban can name what is no address: there is none to lift.
+    answer = api.delete("/api/v1/bans/address/0", 404)
+    assert "neither an IP address nor a CIDR network" in answer.json()["error"]
 
 
 def test_bans_of_users_and_networks(node: RunningNode) -> None:

@@ -52,6 +52,7 @@ def test_clients_are_listed_filtered_and_paged(node: RunningNode) -> None:
     assert ids(clients(api, username="alice")) == ["api-five"]
     assert ids(clients(api, q="ALI")) == ["api-five"]  # the user name matches too
     assert clients(api, protocol="pulsar")["total"] == 0
+    assert "protocol must be one of" in api.get("/api/v1/clients", 400, protocol="AAA")["error"]
     second = clients(api, offset=1, limit=1)
     assert (second["total"], second["offset"], second["limit"]) == (3, 1, 1)
     assert ids(second) == ["api-five"]

@@ -21,10 +21,13 @@ from tests.e2e.clients import Client
 pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
 
 
-def get(node: RunningNode, path: str) -> tuple[int, str, bytes]:
+def get(node: RunningNode, path: str, *, host_header: str | None = None) -> tuple[int, str, bytes]:
     host, port = node.node.address("admin")
+    request = urllib.request.Request(f"http://{host}:{port}{path}")
+    if host_header is not None:
+        request.add_header("Host", host_header)
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=10) as answer:
+        with urllib.request.urlopen(request, timeout=10) as answer:
             return answer.status, answer.headers["content-type"], answer.read()
     except urllib.error.HTTPError as error:
         return error.code, error.headers["content-type"], error.read()
@@ -85,6 +88,29 @@ def test_unknown_path_is_a_json_404(node: RunningNode) -> None:
     assert status == 404
     assert content_type == "application/json"
     assert "no such resource" in json.loads(body)["error"]
+
+
+@pytest.mark.merged_only(reason="about the admin listener alone, the same in both modes")
+def test_a_loopback_listener_answers_loopback_hosts_only(node: RunningNode) -> None:
+    """DNS rebinding: a page whose host name now points at 127.0.0.1 sends its own name."""
+    port = node.node.address("admin")[1]
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"):
+        assert get(node, "/api/v1/node", host_header=host)[0] == 200, host
+    for path in ("/api/v1/node", "/metrics", "/", "/api/v1/openapi.yaml", "/api/v1/nothing"):
+        status, content_type, body = get(node, path, host_header=f"rebound.example:{port}")
+        assert (status, content_type) == (421, "application/json"), path
+        assert "admin.allowed_hosts" in json.loads(body)["error"]
+    # Load balancers ask for health with any host.
+    for path in ("/healthz", "/readyz"):
+        assert get(node, path, host_header="lb-probe")[0] == 200, path
+
+
+@pytest.mark.merged_only(reason="about the admin listener alone, the same in both modes")
+def test_allowed_hosts_name_the_hosts_answered() -> None:
+    admin = AdminSettings(port=0, allowed_hosts=("mop.example",))
+    with running_node(dataclasses.replace(node_settings(), admin=admin)) as running:
+        assert get(running, "/api/v1/node", host_header="mop.example:8080")[0] == 200
+        assert get(running, "/api/v1/node", host_header="localhost")[0] == 421
 
 
 @pytest.mark.merged_only(reason="about the node's own startup, the same in both modes")

@@ -108,6 +108,23 @@ def test_publishing_follows_the_mqtt_topic_rules(
     assert error in Api(node).post("/api/v1/publish", body, status)["error"]
 
 
+def test_a_message_larger_than_mqtts_packet_limit_is_refused() -> None:
+    """What an MQTT client could not publish to the node (mqtt.max_packet_size), the API does
+    not publish either: the limit counts the whole PUBLISH packet, as for a client."""
+    with running_node(node_settings(max_packet_size=200)) as node:
+        api = Api(node)
+        subscriber = Client(node.mqtt_port, "big-sub")
+        subscriber.subscribe("big/#", qos=1)
+        answer = api.post("/api/v1/publish", {"topic": "big/a", "payload": "x" * 300}, 413)
+        assert "mqtt.max_packet_size" in answer["error"] and "200" in answer["error"]
+        subscriber.expect_none()
+        # The topic and the properties count too.
+        body = {"topic": "big/a", "payload": "x" * 150, "properties": {"k": "v" * 60}}
+        assert "max_packet_size" in api.post("/api/v1/publish", body, 413)["error"]
+        api.post("/api/v1/publish", {"topic": "big/a", "payload": "x" * 150, "qos": 1})
+        assert subscriber.expect(1)[0].payload == b"x" * 150
+
+
 def test_sys_values_are_the_nodes_own() -> None:
     with running_node(node_settings(sys_interval=0.2)) as node:
         api = Api(node)

@@ -48,6 +48,8 @@ def test_an_offline_session_is_listed_until_it_is_ended(node: RunningNode) -> No
     assert session_ids(api, connected="true") == ["sess-on"]
     assert session_ids(api, q="OFF") == ["sess-off"]
     assert "connected" in api.get("/api/v1/sessions", 400, connected="maybe")["error"]
+    # Given empty, it is neither true nor false (not an absent one).
+    assert "connected" in api.get("/api/v1/sessions", 400, connected="")["error"]
 
     session = api.get(f"/api/v1/sessions/{encoded('sess-off')}")
     assert session["connected"] is False

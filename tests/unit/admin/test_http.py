@@ -19,6 +19,7 @@ async def call(
     query: bytes = b"",
     body: bytes = b"",
     chunk: int | None = None,
+    host: bytes = b"127.0.0.1",
 ) -> tuple[int, dict[str, str], bytes]:
     """Send one request through `app` as an ASGI server would: the raw path percent-encoded,
     the body in chunks."""
@@ -41,7 +42,7 @@ async def call(
         "path": path.replace("%2F", "/"),  # what a server decodes
         "raw_path": path.encode(),
         "query_string": query,
-        "headers": [(b"host", b"127.0.0.1")],
+        "headers": [(b"host", host)],
         "client": ("127.0.0.1", 50000),
     }
     await app(scope, receive, send)
@@ -50,7 +51,7 @@ async def call(
     return start["status"], headers, body_event["body"]
 
 
-def echo_app(guard: Any = None) -> AsgiApp:
+def echo_app(guard: Any = None, hosts: Any = None) -> AsgiApp:
     router = Router()
 
     async def echo(request: Request) -> Response:
@@ -68,7 +69,8 @@ def echo_app(guard: Any = None) -> AsgiApp:
     router.add("POST", "/items", body)
     router.add("GET", "/public", echo, public=True)
     router.add("GET", "/fails", fails)
-    return AsgiApp(router, guard)
+    router.add("GET", "/health", echo, public=True, any_host=True)
+    return AsgiApp(router, guard, hosts=hosts)
 
 
 async def test_path_parameters_are_matched_encoded_and_decoded_after() -> None:
@@ -102,6 +104,51 @@ async def test_bad_query_arguments_are_400(query: bytes, problem: str) -> None:
     status, _, body = await call(echo_app(), "GET", "/items/x", query=query)
     assert status == 400
     assert problem in json.loads(body)["error"]
+
+
+async def test_an_empty_query_argument_is_not_an_absent_one() -> None:
+    status, _, body = await call(echo_app(), "GET", "/items/x", query=b"limit=")
+    assert status == 400
+    assert "limit must be an integer" in json.loads(body)["error"]
+
+
+async def test_query_arguments_are_decoded_as_utf8() -> None:
+    router = Router()
+
+    async def args(request: Request) -> Response:
+        return json_response(dict(request.query))
+
+    router.add("GET", "/args", args)
+    # A raw (not percent-encoded) UTF-8 byte sequence is taken as it is too.
+    query = b"q=caf%C3%A9+au+lait&q=&flag&name=" + "é".encode()
+    status, _, body = await call(AsgiApp(router), "GET", "/args", query=query)
+    assert status == 200
+    assert json.loads(body) == {"q": ["café au lait", ""], "flag": [""], "name": ["é"]}
+    status, _, body = await call(AsgiApp(router), "GET", "/args", query=b"q=%FF")
+    assert status == 400
+    assert "not UTF-8" in json.loads(body)["error"]
+
+
+@pytest.mark.parametrize("segment", ["%FF", "a%C3", "%ED%A0%80"])
+async def test_a_path_parameter_that_is_not_utf8_is_400(segment: str) -> None:
+    status, _, body = await call(echo_app(), "GET", f"/items/{segment}")
+    assert status == 400
+    assert "not UTF-8" in json.loads(body)["error"]
+    status, _, body = await call(echo_app(), "GET", "/items/caf%C3%A9")
+    assert (status, json.loads(body)["params"]) == (200, {"name": "café"})
+
+
+async def test_the_host_guard_refuses_every_route_but_those_for_any_host() -> None:
+    def hosts(headers: Any) -> None:
+        if headers.get("host") != "127.0.0.1":
+            raise HttpError(421, "wrong host")
+
+    app = echo_app(hosts=hosts)
+    assert (await call(app, "GET", "/items/x"))[0] == 200
+    for path in ("/items/x", "/public", "/nothing", "/items/%FF"):
+        status, _, body = await call(app, "GET", path, host=b"evil.example")
+        assert (status, json.loads(body)) == (421, {"error": "wrong host"}), path
+    assert (await call(app, "GET", "/health", host=b"evil.example"))[0] == 200
 
 
 async def test_json_body_in_chunks() -> None:

@@ -41,7 +41,8 @@ def client_for(backend: LocalBackend, broker: Membership | None = None) -> httpx
         broker=broker,
     )
     transport = httpx.ASGITransport(app=build_admin_app(context))
-    return httpx.AsyncClient(transport=transport, base_url="http://admin")
+    # A host the default (loopback) listener answers for.
+    return httpx.AsyncClient(transport=transport, base_url="http://localhost")
 
 
 @pytest.fixture
@@ -151,6 +152,21 @@ async def test_pulsar_admin_routes_speak_pulsars_names(
     await consumer.close()
     assert (await api.delete("/admin/v2/persistent/public/default/p%252Fq")).status_code == 204
     assert (await api.get("/admin/v2/persistent/public/default")).json() == []
+
+
+async def test_pulsar_admin_routes_refuse_names_and_flags_that_are_not_valid(
+    api: httpx.AsyncClient,
+) -> None:
+    # As Pulsar's brokers answer a name that is not valid: 412, Pulsar's error document.
+    for path in ("/admin/v2/persistent/public/d%C3%A9faut", "/admin/v2/persistent/a b/ns/t/stats"):
+        answer = await api.get(path)
+        assert answer.status_code == 412 and "reason" in answer.json(), path
+    for force in ("", "yes", "1"):
+        answer = await api.delete(f"/admin/v2/persistent/public/default/t?force={force}")
+        assert answer.status_code == 400, force
+        assert answer.json() == {"reason": "force must be true or false"}
+    gone = await api.delete("/admin/v2/persistent/public/default/t?force=TRUE")
+    assert gone.status_code == 404
 
 
 async def test_a_cluster_member_sends_the_proxy_on_for_a_topic_it_does_not_own(

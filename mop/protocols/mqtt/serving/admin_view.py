@@ -17,7 +17,10 @@ from mop.protocols.introspection import (
     RetainedInfo,
     SessionInfo,
     SubscriptionInfo,
+    TooLarge,
 )
+from mop.protocols.mqtt.codec import encode_publish
+from mop.protocols.mqtt.errors import LocalProtocolError
 from mop.protocols.mqtt.packets import NO_PROPERTIES, Properties, Publish
 from mop.protocols.mqtt.reason_codes import ReasonCode
 from mop.protocols.mqtt.serving import session_registry
@@ -219,6 +222,27 @@ class MqttPublisher:
             if request.user_properties
             else NO_PROPERTIES
         )
+        # The limit of what a client may publish here counts the whole packet (MQTT 5's,
+        # with the properties), as it does for a client's PUBLISH.
+        try:
+            packet = encode_publish(
+                topic,
+                request.payload,
+                qos=request.qos,
+                retain=request.retain,
+                dup=False,
+                packet_id=1 if request.qos else None,
+                properties=properties,
+                protocol_level=5,
+            )
+        except LocalProtocolError as exc:
+            raise ValueError(f"the message is not one MQTT can carry: {exc}") from None
+        size = len(packet)
+        if size > settings.max_packet_size:
+            raise TooLarge(
+                f"the message makes an MQTT PUBLISH of {size} bytes, more than"
+                f" mqtt.max_packet_size ({settings.max_packet_size})"
+            )
         publish = Publish(
             topic, request.payload, request.qos, request.retain, properties=properties
         )

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
+from functools import partial
 
 import httpx
 import pytest
+import trio
 
 from mop.backends.cluster.topic_admin import BrokerAdmin, admin_urls
 from mop.messaging import BackendError, TopicBusy
@@ -178,4 +180,44 @@ async def test_a_redirect_loop_is_an_error() -> None:
     with pytest.raises(BackendError) as raised:
         await brokers.stats(TOPIC)
     assert raised.value.reason == "unavailable"
+    await brokers.aclose()
+
+
+async def trickle(stream: trio.SocketStream) -> None:
+    """A broker that answers at once and then sends its body a byte at a time: every read
+    gets something well within any read timeout, the whole answer never ends in time."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 10000\r\n\r\n"
+    async with stream:
+        await stream.receive_some(65536)
+        try:
+            await stream.send_all(head)
+            for _ in range(10000):
+                await stream.send_all(b" ")
+                await trio.sleep(0.05)
+        except trio.BrokenResourceError:
+            pass  # the proxy gave up
+
+
+async def test_a_broker_that_trickles_its_answer_takes_at_most_the_timeout() -> None:
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, trickle, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        brokers = BrokerAdmin(admin_urls(f"{url},{url}"), timeout=0.3)
+        started = trio.current_time()
+        with trio.fail_after(5), pytest.raises(BackendError, match=r"no answer within 0\.3 s"):
+            await brokers.stats(TOPIC)
+        # Each URL had its 0.3 s, no more.
+        assert trio.current_time() - started < 1.5
+        await brokers.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_refusal_of_the_host_comes_out_when_no_broker_owns_the_topic() -> None:
+    def misdirected(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(421, json={"error": "refused: this node does not answer for b1"})
+
+    brokers = admin({"b1": misdirected}, "http://b1:1")
+    with pytest.raises(BackendError, match="does not answer for b1"):
+        await brokers.stats(TOPIC)
     await brokers.aclose()
