@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from mop.settings import AuthSettings, Settings, TelemetrySettings
+from mop.testing.metrics import MetricsPage, scrape_metrics
 from mop.testing.node import RunningNode, as_proxy, node_settings, running_node
 from tests.e2e.clients import Client
 from tests.e2e.mqtt.test_security import write_passwords
@@ -27,41 +26,13 @@ pytestmark = pytest.mark.e2e
 EVERY_ONE = TelemetrySettings(latency_sampling=1)
 
 
-class Page:
-    """One scrape of `/metrics`: samples by name and labels (the scope labels left out)."""
-
-    def __init__(self, text: str) -> None:
-        self.samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                labels = frozenset(
-                    (k, v) for k, v in sample.labels.items() if not k.startswith("otel_")
-                )
-                self.samples[(sample.name, labels)] = sample.value
-
-    def value(self, name: str, **labels: str) -> float:
-        """The sample of that name and exactly these labels; 0 when there is none."""
-        return self.samples.get((name, frozenset(labels.items())), 0.0)
-
-    def matching(self, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
-        """Every sample of that name whose labels include these."""
-        wanted = set(labels.items())
-        return [
-            (dict(found), value)
-            for (sample, found), value in self.samples.items()
-            if sample == name and wanted <= found
-        ]
+def scrape(node: RunningNode) -> MetricsPage:
+    return scrape_metrics(*node.node.address("admin"))
 
 
-def scrape(node: RunningNode) -> Page:
-    host, port = node.node.address("admin")
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
-        assert response.status == 200
-        assert response.headers["content-type"].startswith("text/plain")
-        return Page(response.read().decode())
-
-
-def eventually(node: RunningNode, check: Callable[[Page], bool], timeout: float = 10.0) -> Page:
+def eventually(
+    node: RunningNode, check: Callable[[MetricsPage], bool], timeout: float = 10.0
+) -> MetricsPage:
     """Scrape until `check` holds (the node counts a closed connection once it has closed)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -84,7 +55,7 @@ def node(tmp_path: Path) -> Iterator[RunningNode]:
         yield running
 
 
-def closed_twice(page: Page) -> bool:
+def closed_twice(page: MetricsPage) -> bool:
     """Whether the page counts both closed MQTT connections of the test below."""
     return (
         page.value("mop_connections_closed_total", protocol="mqtt", reason="takeover")

@@ -11,10 +11,10 @@ import urllib.request
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from mop.node import StartupError, open_node
 from mop.settings import AdminSettings
+from mop.testing.metrics import scrape_metrics
 from mop.testing.node import RunningNode, node_settings, running_node
 from tests.e2e.clients import Client
 
@@ -40,21 +40,6 @@ def get_json(node: RunningNode, path: str) -> Any:
     return json.loads(body)
 
 
-def samples(node: RunningNode, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    status, content_type, body = get(node, "/metrics")
-    assert status == 200
-    assert content_type.startswith("text/plain; version=")
-    found = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples:
-            if sample.name == name:
-                labels = tuple(
-                    sorted((k, v) for k, v in sample.labels.items() if not k.startswith("otel_"))
-                )
-                found[labels] = sample.value
-    return found
-
-
 def test_health_and_readiness(node: RunningNode) -> None:
     assert get_json(node, "/healthz") == {"status": "ok"}
     assert get_json(node, "/readyz") == {"status": "ready"}
@@ -77,10 +62,10 @@ def test_metrics_follow_real_clients(node: RunningNode) -> None:
     client.subscribe("metrics/#", qos=1)
     assert client.publish("metrics/a", b"hello", qos=1) == 0
     client.expect(1)
-    assert samples(node, "mop_connections_active") == {(("protocol", "mqtt"),): 1.0}
-    messages = samples(node, "mop_messages_total")
-    assert messages[(("direction", "in"), ("protocol", "mqtt"))] >= 1
-    assert messages[(("direction", "out"), ("protocol", "mqtt"))] >= 1
+    page = scrape_metrics(*node.node.address("admin"))
+    assert page.matching("mop_connections_active") == [({"protocol": "mqtt"}, 1.0)]
+    assert page.value("mop_messages_total", protocol="mqtt", direction="in") >= 1
+    assert page.value("mop_messages_total", protocol="mqtt", direction="out") >= 1
 
 
 def test_unknown_path_is_a_json_404(node: RunningNode) -> None:

@@ -19,24 +19,20 @@ from mop.counters import LatencyHistogram
 from mop.observability import Telemetry, open_telemetry
 from mop.observability.telemetry import _WithHistograms
 from mop.settings import TelemetrySettings
+from mop.testing.metrics import MetricsPage
 
 Labels = tuple[tuple[str, str], ...]
 
 
 def samples(telemetry: Telemetry, family: str) -> dict[tuple[str, Labels], float]:
-    """The samples of one metric family on the Prometheus page: (sample name, labels) -> value,
-    without the scope labels every sample carries."""
-    page = telemetry.prometheus().body.decode()
-    found = {}
-    for metric in text_string_to_metric_families(page):
-        if metric.name != family:
-            continue
-        for sample in metric.samples:
-            labels = tuple(
-                sorted((k, v) for k, v in sample.labels.items() if not k.startswith("otel_"))
-            )
-            found[(sample.name, labels)] = sample.value
-    return found
+    """The samples of one histogram on the Prometheus page: (sample name, sorted labels) ->
+    value."""
+    scraped = MetricsPage(telemetry.prometheus().body.decode())
+    return {
+        (name, tuple(sorted(labels))): value
+        for (name, labels), value in scraped.samples.items()
+        if name in (f"{family}_bucket", f"{family}_count", f"{family}_sum")
+    }
 
 
 @pytest.fixture

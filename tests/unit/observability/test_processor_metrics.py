@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from mop.backends.local import open_local_backend
 from mop.broker.storage import MemoryStorage
@@ -15,19 +14,17 @@ from mop.observability import Telemetry, open_telemetry
 from mop.observability.processor_metrics import Cached, register_processor_metrics
 from mop.processor import AdapterCounts, MessagingProcessor
 from mop.settings import TelemetrySettings
+from mop.testing.metrics import MetricsPage
 
 Labels = tuple[tuple[str, str], ...]
 
 
 def page(telemetry: Telemetry) -> dict[tuple[str, Labels], float]:
-    found = {}
-    for metric in text_string_to_metric_families(telemetry.prometheus().body.decode()):
-        for sample in metric.samples:
-            labels = tuple(
-                sorted((k, v) for k, v in sample.labels.items() if not k.startswith("otel_"))
-            )
-            found[(sample.name, labels)] = sample.value
-    return found
+    """The samples on the Prometheus page: (name, sorted labels) -> value."""
+    scraped = MetricsPage(telemetry.prometheus().body.decode())
+    return {
+        (name, tuple(sorted(labels))): value for (name, labels), value in scraped.samples.items()
+    }
 
 
 @pytest.fixture
