@@ -83,9 +83,10 @@ class LimitsSettings:
     client_message_burst: int = 0
     client_byte_rate: float = 0.0
     client_byte_burst: int = 0
-    # Memory (the node's RSS) at which it pushes back on publishers and refuses new MQTT
-    # clients, until it is below the low mark: up to 1 a fraction of the machine's memory,
-    # above 1 a number of bytes (high 0: no mark; low 0: 90% of the high mark).
+    # Memory (the node's RSS, once it gave back what it freed) at which it pushes back on
+    # publishers and refuses new MQTT clients, until it is below the low mark: up to 1 a
+    # fraction of the machine's memory, above 1 a number of bytes (high 0: no mark; low 0:
+    # 90% of the high mark).
     memory_high_watermark: float = 0.0
     memory_low_watermark: float = 0.0
     # Seconds between samples of the node's memory.

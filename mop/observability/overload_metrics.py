@@ -35,6 +35,12 @@ def register_overload_metrics(telemetry: Telemetry, guard: OverloadGuard) -> Non
     def memory(_options: CallbackOptions) -> Iterable[Observation]:
         yield Observation(stats.memory_used)
 
+    def releases(_options: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(stats.memory_releases)
+
+    def released(_options: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(stats.memory_released)
+
     def overloaded(_options: CallbackOptions) -> Iterable[Observation]:
         yield Observation(1 if guard.memory_high else 0)
 
@@ -67,6 +73,19 @@ def register_overload_metrics(telemetry: Telemetry, guard: OverloadGuard) -> Non
         [memory],
         unit="By",
         description="Resident memory of the node at the last sample (when a mark is set)",
+    )
+    meter.create_observable_counter(
+        "mop.overload.memory.releases",
+        [releases],
+        unit="{release}",
+        description="Times the node gave freed memory back to the system before judging a"
+        " sample over a memory mark",
+    )
+    meter.create_observable_counter(
+        "mop.overload.memory.released",
+        [released],
+        unit="By",
+        description="Bytes the node's memory went down by when it gave freed memory back",
     )
     meter.create_observable_gauge(
         "mop.overload.active",

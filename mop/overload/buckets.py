@@ -7,13 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["MIN_PAUSE", "ClientLimits", "ClientRates", "Rate", "TokenBucket"]
+__all__ = ["MIN_PAUSE", "ClientBudgets", "ClientLimits", "ClientRates", "Rate", "TokenBucket"]
 
 # The read size a byte budget never goes below: a client is never read a few bytes at a time.
 _MIN_READ: Final = 1024
 # The shortest pause a client's budgets ask for: a smaller debt is carried until it is worth a
 # pause, so that a client at a high rate is not put to sleep for each message.
 MIN_PAUSE: Final = 0.01
+# The most budgets of connections that ended `ClientBudgets` keeps (the oldest go first).
+KEPT_BUDGETS: Final = 10_000
 
 
 class TokenBucket:
@@ -65,6 +67,18 @@ class TokenBucket:
             return 0.0
         return -self._tokens / self.rate
 
+    def full_at(self, now: float) -> float:
+        """When the bucket will be full again if nothing is spent (`now` when it is)."""
+        self._refill(now)
+        return now + (self.burst - self._tokens) / self.rate
+
+    def copy(self, now: float) -> TokenBucket:
+        """Another bucket with what this one holds at `now`, spent from apart from it."""
+        self._refill(now)
+        other = TokenBucket(self.rate, self.burst, now)
+        other._tokens = self._tokens
+        return other
+
 
 @dataclass(frozen=True, slots=True)
 class Rate:
@@ -98,6 +112,20 @@ class ClientRates:
             wait = max(wait, self._bytes.charge(nbytes, now))
         return wait if wait >= MIN_PAUSE else 0.0
 
+    def full_at(self, now: float) -> float:
+        """When both budgets will be full again if nothing is spent (`now` when they are)."""
+        return max(
+            (bucket.full_at(now) for bucket in (self._messages, self._bytes) if bucket is not None),
+            default=now,
+        )
+
+    def copy(self, now: float) -> ClientRates:
+        """Other budgets with what these hold at `now`, spent from apart from them."""
+        return ClientRates(
+            self._messages.copy(now) if self._messages is not None else None,
+            self._bytes.copy(now) if self._bytes is not None else None,
+        )
+
     def read_size(self, largest: int) -> int:
         """How much to read at a time (at most `largest`): no more than the byte burst, so
         that one read never earns a pause much longer than a second."""
@@ -125,3 +153,66 @@ class ClientLimits:
             self.messages.bucket(now) if self.messages is not None else None,
             self.nbytes.bucket(now) if self.nbytes is not None else None,
         )
+
+
+class ClientBudgets:
+    """The budgets of a node's clients, by what the adapter knows each client by (`key`).
+
+    A client that connects again carries on with what its last connection left (its debt
+    too) instead of a full budget, so that connecting again is no way around a rate. That
+    connection may still be open: a client that gives up on a connection held back over its
+    rates is seen to go only once the node reads from it again. The new one then starts
+    from what the old one has now. Budgets of connections that ended are kept until they
+    would be full again (a fresh one is the same then), `limit` at most, the oldest going
+    first.
+    """
+
+    __slots__ = ("_kept", "_live", "limit", "limits")
+
+    def __init__(self, limits: ClientLimits, limit: int = KEPT_BUDGETS) -> None:
+        self.limits = limits
+        self.limit = limit
+        # key -> the budgets of its latest connection, while that is open.
+        self._live: dict[str, ClientRates] = {}
+        # key -> (budgets of its last connection, when they are full again), oldest first.
+        self._kept: dict[str, tuple[ClientRates, float]] = {}
+
+    def __len__(self) -> int:
+        """Budgets kept of connections that ended."""
+        return len(self._kept)
+
+    def start(self, key: str, now: float) -> ClientRates | None:
+        """The budgets of a connection of client `key` that starts sending now (None: no
+        per-client rates)."""
+        live = self._live.get(key)
+        kept = self._kept.pop(key, None)
+        rates: ClientRates | None
+        if live is not None and live.full_at(now) > now:
+            rates = live.copy(now)
+        elif kept is not None and kept[1] > now:
+            rates = kept[0]
+        else:
+            rates = self.limits.start(now)
+            if rates is None:
+                return None
+        self._live[key] = rates
+        return rates
+
+    def end(self, key: str, rates: ClientRates | None, now: float) -> None:
+        """The connection of client `key` whose budgets were `rates` ended."""
+        if rates is None:
+            return
+        if self._live.get(key) is rates:
+            del self._live[key]
+        elif key in self._live:
+            return  # a later connection of the client carries on
+        kept = self._kept
+        kept.pop(key, None)
+        full_at = rates.full_at(now)
+        if full_at > now:
+            kept[key] = (rates, full_at)
+        while kept:
+            oldest = next(iter(kept))
+            if len(kept) <= self.limit and kept[oldest][1] > now:
+                break
+            del kept[oldest]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import trio
 
 from mop.log_limit import LimitedLog
-from mop.overload.buckets import ClientLimits, ClientRates, Rate
+from mop.overload.buckets import ClientBudgets, ClientLimits, ClientRates, Rate
 from mop.overload.watermark import MemoryPressure, Watermarks
 from mop.settings import LimitsSettings
 
@@ -37,6 +37,10 @@ class OverloadStats:
     # Times the node went over its memory mark, and its memory at the last sample (bytes).
     memory_high_events: int = 0
     memory_used: int = 0
+    # Times the node gave freed memory back to the system before judging a sample that was
+    # over a mark, and the bytes its memory went down by then.
+    memory_releases: int = 0
+    memory_released: int = 0
 
 
 def client_limits(limits: LimitsSettings) -> ClientLimits:
@@ -62,7 +66,7 @@ class OverloadGuard:
     def __init__(
         self, limits: LimitsSettings | None = None, *, watermarks: Watermarks | None = None
     ) -> None:
-        self.clients = client_limits(limits or LimitsSettings())
+        self.clients = ClientBudgets(client_limits(limits or LimitsSettings()))
         self.stats = OverloadStats()
         self._pressure = MemoryPressure(watermarks) if watermarks is not None else None
         # Set while the memory is below the mark; a new one, unset, each time it goes over.
@@ -71,9 +75,14 @@ class OverloadGuard:
 
     # -- per-client rates ------------------------------------------------------------------
 
-    def client_rates(self) -> ClientRates | None:
-        """The budgets of a client that starts sending now (None: no per-client rates)."""
-        return self.clients.start(trio.current_time())
+    def client_rates(self, key: str) -> ClientRates | None:
+        """The budgets of a connection of client `key` that starts sending now (None: no
+        per-client rates): what its last connection left, if that is not full again yet."""
+        return self.clients.start(key, trio.current_time())
+
+    def client_left(self, key: str, rates: ClientRates | None) -> None:
+        """The connection of client `key`, whose budgets were `rates`, ended."""
+        self.clients.end(key, rates, trio.current_time())
 
     async def throttle(self, seconds: float, who: str) -> None:
         """Stop reading from client `who`, over its rates, for `seconds`."""
@@ -113,6 +122,19 @@ class OverloadGuard:
         )
         while self.memory_high:
             await self._memory_ok.wait()
+
+    def memory_pressing(self, used: int) -> bool:
+        """Whether a sample of `used` bytes would put the node over its memory mark or keep it
+        there (False without marks)."""
+        pressure = self._pressure
+        return pressure is not None and pressure.pressing(used)
+
+    def released_memory(self, before: int, after: int) -> None:
+        """The node gave freed memory back to the system: its memory went from `before` to
+        `after` bytes."""
+        self.stats.memory_releases += 1
+        self.stats.memory_released += max(0, before - after)
+        log.debug("memory given back to the system: %s -> %s", _mib(before), _mib(after))
 
     def observe_memory(self, used: int) -> None:
         """A sample of the node's memory (bytes), from the watch that `mop.node` runs."""

@@ -54,6 +54,11 @@ class MemoryPressure:
         self.over = False
         self.used = 0  # bytes at the last sample
 
+    def pressing(self, used: int) -> bool:
+        """Whether a sample of `used` bytes would keep the memory over the mark, or put it
+        over: at or above `low` while over, at or above `high` while not."""
+        return used >= (self.marks.low if self.over else self.marks.high)
+
     def observe(self, used: int) -> bool:
         """Take a sample of the memory used, in bytes; True when it changed `over`."""
         self.used = used

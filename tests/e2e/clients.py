@@ -223,6 +223,10 @@ class Client:
             return 0
         return self._wait(info.mid)  # type: ignore[no-any-return]
 
+    def reason_code(self, mid: int) -> int:
+        """The v5 reason code of the acknowledgement of QoS 1 message `mid` (waited for)."""
+        return self._wait(mid)  # type: ignore[no-any-return]
+
     def expect(self, count: int = 1, timeout: float = TIMEOUT) -> list[Received]:
         got = []
         deadline = time.monotonic() + timeout

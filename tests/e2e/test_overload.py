@@ -1,8 +1,14 @@
-"""A `mop run` node driven at twice the rate it is configured to sustain: two MQTT publishers,
-each held to `limits.client_message_rate`, send QoS 1 messages at twice that rate for a bounded
-time. The node reads them at the configured rate and TCP pushes back on the rest, so its memory
-(RSS, sampled from outside the process) stays bounded, `/healthz` answers 200 within a second
-throughout, and every message arrives once the publishers stop.
+"""Overload protection of a `mop run` node, its memory sampled from outside the process.
+
+A node driven at twice the rate it is configured to sustain: two MQTT publishers, each held to
+`limits.client_message_rate`, send QoS 1 messages at twice that rate for a bounded time. The
+node reads them at the configured rate and TCP pushes back on the rest, so its memory (RSS)
+stays bounded, `/healthz` answers 200 within a second throughout, and every message arrives
+once the publishers stop.
+
+A node pushed over its memory high-water mark by a real spike (large retained messages) serves
+publishers again soon after the spike is cleared: the memory the spike freed is given back to
+the system, so the node's RSS goes below the low-water mark.
 """
 
 from __future__ import annotations
@@ -10,6 +16,8 @@ from __future__ import annotations
 import re
 import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -153,3 +161,105 @@ def test_twice_the_sustainable_rate_keeps_memory_bounded_and_health_answering(
     )
     for client in (*publishers, subscriber):
         client.disconnect()
+
+
+# -- recovery from a memory spike -----------------------------------------------------------------
+
+SPIKE_PAYLOAD = 256 << 10  # bytes of each retained message of the spike
+SPIKE_MAX = 4000  # retained messages at most (1 GiB): the node goes over its mark well before
+HIGH_ABOVE_IDLE = 160 << 20  # the high-water mark, above the idle node's RSS
+LOW_ABOVE_IDLE = 100 << 20  # the low-water mark, above the idle node's RSS
+RECOVERY_DEADLINE = 15.0  # seconds from the spike's end to publishes accepted again
+TAKEN = (0, 0x10)  # PUBACK reason codes of a message taken (0x10: no matching subscribers)
+
+
+def admin_request(admin: tuple[str, int], method: str, path: str) -> tuple[int, bytes]:
+    request = urllib.request.Request(f"http://{admin[0]}:{admin[1]}{path}", method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.read()
+
+
+def idle_rss(data_dir: Path) -> int:
+    """The RSS of an idle node (no memory mark) with one client, a second after it connected."""
+    probe = NodeProcess(data_dir, MOP_STORAGE__FSYNC="interval")
+    port = probe.start()
+    try:
+        assert probe.process is not None
+        client = Client(port, "idle-probe")
+        time.sleep(1.0)
+        rss = int(psutil.Process(probe.process.pid).memory_info().rss)
+        client.disconnect()
+        return rss
+    finally:
+        probe.close()
+
+
+def test_a_node_over_its_memory_mark_recovers_once_the_spike_is_cleared(tmp_path: Path) -> None:
+    idle = idle_rss(tmp_path / "probe")
+    high, low = idle + HIGH_ABOVE_IDLE, idle + LOW_ABOVE_IDLE
+    node = NodeProcess(
+        tmp_path / "data",
+        MOP_LIMITS__MEMORY_HIGH_WATERMARK=str(high),
+        MOP_LIMITS__MEMORY_LOW_WATERMARK=str(low),
+        MOP_LIMITS__MEMORY_CHECK_INTERVAL="0.1",
+        MOP_STORAGE__FSYNC="interval",
+    )
+    port = node.start()
+    try:
+        admin_match = node.wait_for(ADMIN_LISTENING, 10)
+        admin = (admin_match["host"], int(admin_match["port"]))
+        assert node.process is not None
+        process = psutil.Process(node.process.pid)
+        publisher = Client(port, "spike-pub")
+        # Large retained messages until the node is over its mark: it refuses one (0x97), or
+        # stops reading from the publisher after taking one.
+        payload = bytes(range(256)) * (SPIKE_PAYLOAD // 256)
+        stored = 0
+        while stored < SPIKE_MAX:
+            info = publisher.client.publish(f"spike/{stored}", payload, 1, retain=True)
+            info.wait_for_publish(2.0)
+            if not info.is_published():
+                assert admin_request(admin, "GET", "/readyz")[0] == 503
+                break
+            code = publisher.reason_code(info.mid)
+            if code == 0x97:
+                break
+            assert code in TAKEN, code
+            stored += 1
+        assert stored < SPIKE_MAX, "the node never went over its memory mark"
+        peak = process.memory_info().rss
+        assert admin_request(admin, "GET", "/readyz")[0] == 503
+        # The spike is cleared: every retained message deleted (through the admin API, since
+        # the node takes no new client and refuses the publisher's messages meanwhile).
+        for index in range(stored):
+            topic = urllib.parse.quote(f"spike/{index}", safe="")
+            assert admin_request(admin, "DELETE", f"/api/v1/retained/{topic}")[0] == 204
+        cleared = time.monotonic()
+        # The publisher was not read from since: what it sends now is taken once the node is
+        # below its low-water mark.
+        after = publisher.client.publish("spike/after", b"after", 1)
+        after.wait_for_publish(RECOVERY_DEADLINE)
+        recovered = time.monotonic() - cleared
+        rss = process.memory_info().rss
+        print(
+            f"\nidle {idle >> 20} MiB, marks {high >> 20}/{low >> 20} MiB; {stored} retained"
+            f" messages of {SPIKE_PAYLOAD >> 10} KiB, peak {peak >> 20} MiB; after clearing"
+            f" {rss >> 20} MiB, publishes taken again after {recovered:.1f} s"
+        )
+        assert after.is_published(), (
+            f"the publisher is still held back {RECOVERY_DEADLINE:g} s after the spike"
+            f" (RSS {rss >> 20} MiB, low-water mark {low >> 20} MiB)"
+        )
+        assert publisher.reason_code(after.mid) in TAKEN
+        assert rss < low
+        assert admin_request(admin, "GET", "/readyz")[0] == 200
+        late = Client(port, "spike-late")
+        assert late.connack is not None and late.connack.reason_code == 0
+        late.disconnect()
+        publisher.disconnect()
+    finally:
+        node.close()

@@ -141,6 +141,38 @@ def test_a_fast_publisher_is_slowed_to_its_rate_and_loses_nothing(
         subscriber.disconnect()
 
 
+def test_connecting_again_does_not_refill_a_publishers_budget() -> None:
+    """A publisher that used its budget and more, then connects again with its client id,
+    carries on with what it left: its next messages wait for the rate, as they would have on
+    the old connection, instead of going out at once in a fresh burst."""
+    with running_node(node_settings(limits=LimitsSettings(client_message_rate=10.0))) as node:
+        publisher = Client(node.mqtt_port, "budget-pub")
+        # 30 at 10 a second, 10 of them in the burst: the budget is spent when they are in.
+        infos = [publisher.client.publish("budget/t", bytes([i]), 1) for i in range(30)]
+        for info in infos:
+            info.wait_for_publish(TIMEOUT)
+            assert info.is_published()
+        publisher.disconnect()
+        again = Client(node.mqtt_port, "budget-pub")
+        started = time.monotonic()
+        infos = [again.client.publish("budget/t", bytes([i]), 1) for i in range(10)]
+        for info in infos:
+            info.wait_for_publish(TIMEOUT)
+            assert info.is_published()
+        elapsed = time.monotonic() - started
+        # 10 at 10 a second from an empty budget: 1 s at least (a fresh one: at once).
+        assert elapsed > 1.0 * 0.75, f"10 messages in {elapsed:.2f}s after connecting again"
+        # Another client has its own budget.
+        other = Client(node.mqtt_port, "budget-other")
+        started = time.monotonic()
+        infos = [other.client.publish("budget/t", bytes([i]), 1) for i in range(5)]
+        for info in infos:
+            info.wait_for_publish(TIMEOUT)
+        assert time.monotonic() - started < 0.5
+        for client in (again, other):
+            client.disconnect()
+
+
 # -- memory high-water mark -----------------------------------------------------------------------
 
 

@@ -1,7 +1,8 @@
 """Overload protection for Pulsar clients: connections over a listener's rate get ERROR
-TooManyRequests, a producer over its message rate is slowed without losing a message, and over
-the memory high-water mark SENDs get TooManyRequests (pulsar-client sends them again) until
-memory is below the low-water mark."""
+TooManyRequests, a producer over its message rate is slowed without losing a message (and
+without losing its connection, however long it is held back), and over the memory high-water
+mark SENDs get TooManyRequests (pulsar-client sends them again) until memory is below the
+low-water mark."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from mop.protocols.pulsar.commands import (
 from mop.protocols.pulsar.errors import ServerError
 from mop.protocols.pulsar.frames import make_payload
 from mop.protocols.pulsar.metadata import MessageMetadata
+from mop.protocols.pulsar.serving.server import PulsarServer, Timers
 from mop.settings import LimitsSettings
 from mop.testing.node import RunningNode
 from tests.e2e.pulsar_support import (
@@ -121,6 +123,94 @@ def test_a_fast_producer_is_slowed_to_its_rate_and_loses_nothing(
         assert sorted(int.from_bytes(m.data(), "big") for m in received) == list(range(count))
         assert elapsed > 2.0 * 0.75, f"{count} messages in {elapsed:.2f}s"
         assert stats(node).throttled_reads > before
+
+
+def test_a_producer_held_back_longer_than_the_keepalive_keeps_its_connection(topic: str) -> None:
+    """A batch of 10 messages at 2 a second holds its producer back for 4 s, 8 keepalive
+    intervals of this node: the connection stays (it is not silent, it is not read from), so
+    the next batch waits for the rate instead of going out at once on a new connection."""
+    limits = LimitsSettings(client_message_rate=2.0)
+    with pulsar_node(dataclasses.replace(pulsar_settings(), limits=limits)) as node:
+        server: PulsarServer = node.node.protocols["pulsar"].server  # type: ignore[attr-defined]
+
+        def short_keepalive() -> None:
+            server.timers = Timers(keepalive_interval=0.5)
+
+        node.call(short_keepalive)
+        with pulsar_client(node) as client:
+            consumer = client.subscribe(topic, "held")
+            producer = client.create_producer(
+                topic,
+                batching_enabled=True,
+                batching_max_messages=10,
+                batching_max_publish_delay_ms=10_000,
+                send_timeout_millis=60_000,
+            )
+            connections = node.call(lambda: set(server.connections))
+            answered: list[tuple[int, float]] = []
+            done = threading.Event()
+
+            def sent(batch: int) -> Any:
+                def callback(result: Any, _message_id: Any) -> None:
+                    assert result == pulsar.Result.Ok, result
+                    answered.append((batch, time.monotonic()))
+                    if len(answered) == 20:
+                        done.set()
+
+                return callback
+
+            started = time.monotonic()
+            for batch in range(2):
+                for index in range(10):
+                    producer.send_async(bytes([batch, index]), sent(batch))
+            assert done.wait(30), f"{len(answered)} of 20 sends answered"
+            second = min(at for batch, at in answered if batch == 1) - started
+            # Still the connection that sent the first batch.
+            assert node.call(lambda: set(server.connections)) == connections
+            # The first batch cost 4 s of the budget: 10 messages, 2 of them in the burst.
+            assert second > 4.0 * 0.75, f"the second batch was taken after {second:.2f}s"
+            received = receive_all(consumer, 20)
+            assert sorted(m.data() for m in received) == sorted(
+                bytes([b, i]) for b in range(2) for i in range(10)
+            )
+
+
+def test_connecting_again_does_not_refill_a_producers_budget(topic: str) -> None:
+    """A client that used its budget and more, then connects again (from the same address,
+    as the same user), carries on with what it left: its next messages wait for the rate,
+    instead of going out at once in a fresh burst. (A batch is taken as soon as it is read;
+    the read after it waits for the rate.)"""
+    limits = LimitsSettings(client_message_rate=20.0)
+    with pulsar_node(dataclasses.replace(pulsar_settings(), limits=limits)) as node:
+
+        def send_batches(client: pulsar.Client, *counts: int) -> float:
+            """Seconds until the last of batches of `counts` messages, sent one after the
+            other, is taken."""
+            producer = client.create_producer(
+                topic,
+                batching_enabled=True,
+                batching_max_messages=max(counts),
+                batching_max_publish_delay_ms=10_000,
+                send_timeout_millis=60_000,
+            )
+            answered: list[Any] = []
+            started = time.monotonic()
+            for count in counts:
+                for index in range(count):
+                    producer.send_async(index.to_bytes(2, "big"), lambda r, _: answered.append(r))
+                producer.flush()
+            assert answered == [pulsar.Result.Ok] * sum(counts)
+            return time.monotonic() - started
+
+        with pulsar_client(node) as client:
+            # 60 at 20 a second, 20 of them in the burst: 2 s owed, waited for by the read
+            # after it (closing the producer).
+            send_batches(client, 60)
+        with pulsar_client(node) as again:
+            # Nothing is saved up when it connects again: the 20 of the first batch owe
+            # 1 s, which the second waits.
+            elapsed = send_batches(again, 20, 1)
+        assert elapsed > 1.0 * 0.75, f"two batches in {elapsed:.2f}s after connecting again"
 
 
 def test_over_the_memory_mark_sends_get_too_many_requests(node: RunningNode, topic: str) -> None:

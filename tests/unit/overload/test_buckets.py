@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mop.overload.buckets import ClientLimits, ClientRates, Rate, TokenBucket
+from mop.overload.buckets import ClientBudgets, ClientLimits, ClientRates, Rate, TokenBucket
 
 
 def test_a_bucket_starts_full_and_refuses_when_empty() -> None:
@@ -87,3 +87,82 @@ def test_the_read_size_follows_the_byte_burst() -> None:
     assert ClientRates(None, TokenBucket(8192.0, 8192.0, 0.0)).read_size(65536) == 8192
     assert ClientRates(None, TokenBucket(10.0, 10.0, 0.0)).read_size(65536) == 1024
     assert ClientRates(None, TokenBucket(1e9, 1e9, 0.0)).read_size(65536) == 65536
+
+
+def test_a_bucket_knows_when_it_is_full_again() -> None:
+    bucket = TokenBucket(rate=10.0, burst=20.0, now=0.0)
+    assert bucket.full_at(0.0) == 0.0
+    bucket.charge(50, 0.0)  # 30 owed: full again once 50 are back
+    assert bucket.full_at(1.0) == pytest.approx(5.0)
+
+
+def test_a_client_that_connects_again_carries_on_with_its_budgets() -> None:
+    budgets = ClientBudgets(ClientLimits(messages=Rate(10.0, 10.0), nbytes=Rate(1000.0)))
+    rates = budgets.start("a", 0.0)
+    assert rates is not None
+    assert rates.charge(30, 0, 0.0) == pytest.approx(2.0)  # 20 owed
+    budgets.end("a", rates, 0.5)
+    other = budgets.start("b", 0.5)  # another client starts afresh
+    assert other is not None and other.charge(10, 0, 0.5) == 0.0
+    again = budgets.start("a", 1.0)
+    assert again is rates  # with its debt: 10 more wait 2 s (10 still owed, then these)
+    assert again.charge(10, 0, 1.0) == pytest.approx(2.0)
+
+
+def test_a_connection_still_open_passes_its_budgets_on() -> None:
+    """A client that gave up on a connection held back over its rates connects again before
+    the node noticed: the new connection starts from what the old one has."""
+    budgets = ClientBudgets(ClientLimits(messages=Rate(10.0, 10.0)))
+    old = budgets.start("a", 0.0)
+    assert old is not None
+    old.charge(30, 0, 0.0)  # 20 owed: 2 s
+    new = budgets.start("a", 0.5)  # 15 owed
+    assert new is not None and new is not old
+    assert new.charge(5, 0, 0.5) == pytest.approx(2.0)
+    # The old one ends later: the new one, which carries on, is not replaced.
+    budgets.end("a", old, 2.0)
+    assert len(budgets) == 0
+    budgets.end("a", new, 2.0)
+    assert budgets.start("a", 2.1) is new
+
+
+def test_budgets_are_kept_until_they_would_be_full_again() -> None:
+    budgets = ClientBudgets(ClientLimits(messages=Rate(10.0, 10.0)))
+    used = budgets.start("used", 0.0)
+    untouched = budgets.start("untouched", 0.0)
+    assert used is not None and untouched is not None
+    used.charge(5, 0, 0.0)  # full again at 0.5
+    budgets.end("used", used, 0.0)
+    budgets.end("untouched", untouched, 0.0)  # full: nothing to keep
+    assert len(budgets) == 1
+    fresh = budgets.start("used", 0.6)  # full again by then: a fresh one is the same
+    assert fresh is not used
+    budgets.end("used", fresh, 0.6)
+    # Those full again go when others are kept.
+    for name, at in (("x", 1.0), ("y", 2.0)):
+        rates = budgets.start(name, at)
+        assert rates is not None
+        rates.charge(5, 0, at)
+        budgets.end(name, rates, at)
+    assert len(budgets) == 1
+
+
+def test_the_oldest_kept_budgets_go_first_beyond_the_limit() -> None:
+    budgets = ClientBudgets(ClientLimits(messages=Rate(1.0, 1.0)), limit=2)
+    kept = {}
+    for name in ("a", "b", "c"):
+        rates = budgets.start(name, 0.0)
+        assert rates is not None
+        rates.charge(100, 0, 0.0)
+        budgets.end(name, rates, 0.0)
+        kept[name] = rates
+    assert len(budgets) == 2
+    assert budgets.start("a", 1.0) is not kept["a"]
+    assert budgets.start("b", 1.0) is kept["b"] and budgets.start("c", 1.0) is kept["c"]
+
+
+def test_without_rates_there_are_no_budgets() -> None:
+    budgets = ClientBudgets(ClientLimits())
+    assert budgets.start("a", 0.0) is None
+    budgets.end("a", None, 0.0)
+    assert len(budgets) == 0

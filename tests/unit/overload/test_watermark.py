@@ -48,3 +48,20 @@ def test_pressure_goes_over_at_the_high_mark_and_back_below_the_low() -> None:
     # And between the marks on the way up it stays normal.
     assert pressure.observe(950) is False
     assert not pressure.over
+
+
+def test_a_sample_presses_when_it_would_put_or_keep_the_memory_over() -> None:
+    pressure = MemoryPressure(Watermarks(high=1000, low=800))
+    assert [pressure.pressing(used) for used in (799, 800, 999, 1000)] == [
+        False,
+        False,
+        False,
+        True,
+    ]
+    pressure.observe(1000)
+    assert [pressure.pressing(used) for used in (799, 800, 999, 1000)] == [
+        False,
+        True,
+        True,
+        True,
+    ]

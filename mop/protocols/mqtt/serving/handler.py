@@ -23,6 +23,7 @@ import trio
 from mop.clock import now_ms
 from mop.counters import Drop, Refusal
 from mop.log_limit import LimitedLog
+from mop.overload.buckets import ClientRates
 from mop.processor import (
     BackendError,
     ClientContext,
@@ -100,6 +101,7 @@ class ClientHandler:
         "_close_reason",
         "_closed",
         "_disconnect_reason",
+        "_rates",
         "_read_scope",
         "_reading_since",
         "_send_will",
@@ -159,6 +161,10 @@ class ClientHandler:
         # PUBLISHes of the current read waiting for one publish of them all (`_commit`).
         self._staged: list[Publish] = []
         self._staged_qos2: set[int] = set()  # the packet ids of the QoS 2 ones
+        # The client's budgets of messages and bytes (None: no per-client rates), kept for
+        # its client id when it goes (`_budget_key`), so that connecting again does not
+        # refill them.
+        self._rates: ClientRates | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -219,6 +225,7 @@ class ClientHandler:
             raise
         finally:
             self.server.clients.discard(self)
+            self.server.processor.overload.client_left(self._budget_key(), self._rates)
             self.server.timers.cancel(self._credential_key())
             self.server.events.disconnected(
                 self.ctx,
@@ -427,6 +434,9 @@ class ClientHandler:
         self._close_reason = ReasonCode.SESSION_TAKEN_OVER
         self._read_scope.cancel()
 
+    def _budget_key(self) -> str:
+        return f"mqtt {self.ctx.client_id}"
+
     def _keep_alive_key(self) -> str:
         return f"keep-alive {id(self)}"
 
@@ -527,7 +537,7 @@ class ClientHandler:
         may_write = self._may_write
         stats = self.server.stats
         overload = self.server.processor.overload
-        rates = overload.client_rates()
+        self._rates = rates = overload.client_rates(self._budget_key())
         read_size = 65536 if rates is None else rates.read_size(65536)
         level = conn.protocol_level
         published = 0  # the PUBLISHes taken since the last read

@@ -4,8 +4,9 @@ CONNECT authenticates the client (its token, user and password, or TLS client ce
 fixes whose rights the connection acts with; topics are then authorized per request. The reader
 feeds bytes to the state machine and acts on commands (producers and consumers have their own
 modules); one writer task sends everything in batches; a keepalive task PINGs a silent client
-and drops it when it stays silent; a client whose token expires is challenged to refresh it, and
-closed when it cannot. A broken frame gets an ERROR, then the connection closes; every other
+and drops it when it stays silent (a client held back over its rates is not silent: it is not
+read from on purpose); a client whose token expires is challenged to refresh it, and closed
+when it cannot. A broken frame gets an ERROR, then the connection closes; every other
 problem is answered and the connection goes on.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 import trio
 
 from mop.counters import Closing, Refusal, refusal_of
+from mop.overload.buckets import ClientRates
 from mop.processor import ClientContext, ClientLease, ConnectionLimitReached
 from mop.protocols.introspection import ClientInfo, SubscriptionInfo
 from mop.protocols.pulsar.authentication import (
@@ -118,6 +120,14 @@ class PulsarConnection:
         self._refreshed: trio.Event | None = None
         # Reading ends when this is cancelled; what was written still goes out.
         self._reading = trio.CancelScope()
+        # Whether the reader holds the client back over its rates now, and whether it did
+        # since the keepalive last looked: the client is not read from then, on purpose.
+        self._holding = False
+        self._held = False
+        # The client's budgets of messages and bytes (None: not limited), kept when it goes
+        # for the next connection from its address as its user (`_budget_key`), so that
+        # connecting again does not refill them.
+        self._rates: ClientRates | None = None
         self.producers = ConnectionProducers(self)
         self.consumers = ConnectionConsumers(self)
         self._nursery: trio.Nursery | None = None
@@ -244,6 +254,7 @@ class PulsarConnection:
             log.debug("%s: connection lost", self.ctx.peer)
         finally:
             self.server.connections.discard(self)
+            self.server.processor.overload.client_left(self._budget_key(), self._rates)
             with trio.CancelScope(shield=True), trio.move_on_after(10):
                 await self.producers.close_all()
                 await self.consumers.close_all()
@@ -350,22 +361,33 @@ class PulsarConnection:
             await self.stream.send_all(data)
 
     async def _keepalive(self, scope: trio.CancelScope) -> None:
-        """PING a connection silent for an interval; drop it when silent for another."""
-        interval = self.server.timers.keepalive_interval
+        """PING a connection silent for an interval; drop it when silent for another.
+
+        Time the reader holds the client back over its rates is not silence (what the client
+        sends waits unread). The client's own keepalive would drop the connection then, its
+        PINGs unanswered, so it is sent a PONG every half interval instead: pulsar-client
+        takes any frame, a PONG above all, as a sign of life. A connection held back for
+        minutes thus stays.
+        """
+        half = self.server.timers.keepalive_interval / 2
         seen = self.conn.frames_received
-        pinged = False
+        silent = 0  # half intervals without a frame from the client
         while True:
-            await trio.sleep(interval)
-            if self.conn.frames_received != seen:
+            await trio.sleep(half)
+            if self._holding:
+                self.send(Pong())
+            if self._holding or self._held or self.conn.frames_received != seen:
+                self._held = False
                 seen = self.conn.frames_received
-                pinged = False
-            elif pinged:
-                log.info("%s: silent for %gs, dropping the connection", self.ctx.peer, 2 * interval)
+                silent = 0
+                continue
+            silent += 1
+            if silent == 2:
+                self.send(Ping())
+            elif silent == 4:
+                log.info("%s: silent for %gs, dropping the connection", self.ctx.peer, 4 * half)
                 scope.cancel()
                 return
-            else:
-                self.send(Ping())
-                pinged = True
 
     async def _watch_credentials(self) -> None:
         """Every refresh interval, check that the client's credentials still hold. Expired
@@ -444,7 +466,9 @@ class PulsarConnection:
         their rates, is not limited)."""
         stats = self.server.stats
         overload = self.server.processor.overload
-        rates = None if self.authenticated.is_proxy else overload.client_rates()
+        if not self.authenticated.is_proxy:
+            self._rates = overload.client_rates(self._budget_key())
+        rates = self._rates
         read_size = 65536 if rates is None else rates.read_size(65536)
         pause = 0.0  # seconds the client's rates hold it back before more is taken
         while True:
@@ -462,7 +486,12 @@ class PulsarConnection:
                     return  # closing: what the client sent after that is not served
             await self.out.wait_space()
             if pause:
-                await overload.throttle(pause, self.ctx.peer)
+                self._holding = True
+                try:
+                    await overload.throttle(pause, self.ctx.peer)
+                finally:
+                    self._holding = False
+                    self._held = True
                 pause = 0.0
             if more:
                 continue  # the rest of what was read first
@@ -473,6 +502,11 @@ class PulsarConnection:
             if rates is not None:
                 pause = rates.charge(0, len(data), trio.current_time())
             self.conn.receive_data(data)
+
+    def _budget_key(self) -> str:
+        """What the budgets of the client's rates are kept by when it goes: a Pulsar client
+        names no connection, so its address and user."""
+        return f"pulsar {self.info.peer[0]} {self.ctx.principal.display}"
 
     async def _handle(self, event: ClientEvent) -> None:
         handler = self._handlers.get(type(event))

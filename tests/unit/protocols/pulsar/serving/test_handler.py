@@ -3,6 +3,7 @@ connect timeout, answers that keep the connection, and the producer/consumer plu
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import cast
@@ -13,6 +14,7 @@ import trio.testing
 
 from mop.backends.local import open_local_backend
 from mop.broker.storage.memory import MemoryStorage
+from mop.overload.guard import OverloadGuard
 from mop.processor import (
     BackendError,
     ClientContext,
@@ -67,7 +69,7 @@ from mop.protocols.pulsar.metadata import (
     SingleMessageMetadata,
 )
 from mop.protocols.pulsar.serving.server import PulsarServer, Timers
-from mop.settings import Settings
+from mop.settings import LimitsSettings, Settings
 from mop.transport import ConnectionInfo
 
 INFO = ConnectionInfo(transport="tcp", local=("127.0.0.1", 6650), peer=("127.0.0.1", 5000))
@@ -104,11 +106,12 @@ class Peer:
 
 @asynccontextmanager
 async def pulsar_server(
-    timers: Timers | None = None,
+    timers: Timers | None = None, *, limits: LimitsSettings | None = None
 ) -> AsyncIterator[tuple[PulsarServer, trio.Nursery]]:
     settings = Settings(protocols=("pulsar",))
     async with open_local_backend(MemoryStorage()) as backend, trio.open_nursery() as nursery:
-        server = PulsarServer(settings, MessagingProcessor(backend), timers)
+        overload = OverloadGuard(limits) if limits is not None else None
+        server = PulsarServer(settings, MessagingProcessor(backend, overload=overload), timers)
         await nursery.start(server.serve)
         yield server, nursery
         nursery.cancel_scope.cancel()
@@ -145,6 +148,44 @@ async def test_a_client_that_answers_pings_stays(autojump_clock: trio.abc.Clock)
             # Silent for an interval: PING; the PONG counts as life, so the next comes later.
             assert isinstance(await peer.recv(within=70), Ping)
             await peer.send(Pong())
+        await peer.send(Ping())
+        assert isinstance(await peer.recv(), Pong)
+
+
+async def test_a_client_held_back_over_its_rate_is_not_dropped(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Held back for 300 s (ten keepalive intervals) by a batch of 301 messages at 1 a second,
+    a client is not dropped as silent; it is sent a PONG every half interval, which keeps its
+    own keepalive content while its PINGs wait unread, and it is served again after."""
+    limits = LimitsSettings(client_message_rate=1.0)
+    async with pulsar_server(Timers(keepalive_interval=30), limits=limits) as (server, nursery):
+        peer = open_peer(server, nursery)
+        await peer.connect()
+        await peer.send(Producer(topic=TOPIC, producer_id=1, request_id=100))
+        assert isinstance(await peer.recv(), ProducerSuccess)
+        entries = [BatchEntry(SingleMessageMetadata(payload_size=1), b"x") for _ in range(301)]
+        meta = MessageMetadata(
+            producer_name="p", sequence_id=0, publish_time=5, num_messages_in_batch=301
+        )
+        payload = make_payload(meta, encode_batch(entries))
+        await peer.send(Send(producer_id=1, sequence_id=0, num_messages=301, payload=payload))
+        started = trio.current_time()
+        assert isinstance(await peer.recv(), SendReceipt)
+        await peer.send(Ping())  # unanswered until the hold is over
+        frames: list[tuple[float, Frame | None]] = []
+        with trio.move_on_after(305):
+            while True:
+                frame = await peer.recv(within=400)
+                frames.append((trio.current_time() - started, frame))
+                if frame is None:
+                    break
+        assert frames, "nothing sent during the hold"
+        assert all(isinstance(frame, Pong) for _, frame in frames), frames
+        # Every half interval during the hold, then the answer to the PING sent before it.
+        times = [at for at, _ in frames]
+        assert len(times) >= 20 and times[-1] > 299
+        assert all(later - earlier <= 15.5 for earlier, later in itertools.pairwise(times))
         await peer.send(Ping())
         assert isinstance(await peer.recv(), Pong)
 
