@@ -43,6 +43,10 @@ _CLOSE_TIMEOUT = 2.0
 _REFUSAL_TIMEOUT = 0.5
 # The most of those first bytes read.
 _REFUSAL_READ = 4096
+# After the answer, how long and how much of what the client still sends is read (and dropped)
+# before the socket closes: one closed with bytes unread sends a reset, not a FIN.
+_REFUSAL_LINGER = 1.0
+_REFUSAL_DRAIN = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +80,9 @@ class ListenerSpec:
     ``connection_burst`` (0: one second's worth), are served; the others are refused before
     any handshake or protocol work. On plain TCP a refused connection is sent what
     ``refusal`` makes of the first bytes it sends (waited for half a second at most): the
-    protocol's "come back later", or b"" to say nothing. TLS and WebSocket ones are closed.
+    protocol's "come back later", or b"" to say nothing; after an answer the connection is
+    closed with a FIN once the client closes its side (a second at most), so that the client
+    reads the answer. TLS and WebSocket ones are closed.
     """
 
     name: str
@@ -263,19 +269,35 @@ class _Gate:
 
 async def _refuse(spec: ListenerSpec, tcp: trio.SocketStream) -> None:
     """Answer a connection over the listener's rate without a handshake: on plain TCP, what
-    `spec.refusal` makes of the first bytes it sends."""
+    `spec.refusal` makes of the first bytes it sends.
+
+    A socket closed with bytes unread (the rest of a large CONNECT, what a client sent
+    after it without waiting) makes the system send a reset instead of a FIN, and a client
+    that gets it may lose the answer: a write of its own fails first, or its system drops
+    what it had received. So once the answer is out the node ends its side of the stream
+    (FIN after the answer) and reads, and drops, what still comes until the client closes,
+    `_REFUSAL_LINGER` seconds and `_REFUSAL_DRAIN` bytes at most."""
     if spec.refusal is None or spec.kind != "tcp":
         return
-    with (
-        trio.move_on_after(_REFUSAL_TIMEOUT),
-        contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError),
-    ):
-        first = read_ready(tcp, _REFUSAL_READ)
-        if first is None:
-            first = await tcp.receive_some(_REFUSAL_READ)
-        answer = spec.refusal(bytes(first))
-        if answer:
-            await tcp.send_all(answer)
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        answered = False
+        with trio.move_on_after(_REFUSAL_TIMEOUT):
+            first = read_ready(tcp, _REFUSAL_READ)
+            if first is None:
+                first = await tcp.receive_some(_REFUSAL_READ)
+            answer = spec.refusal(bytes(first))
+            if answer:
+                await tcp.send_all(answer)
+                answered = True
+        if answered:
+            await tcp.send_eof()
+            drained = 0
+            with trio.move_on_after(_REFUSAL_LINGER):
+                while drained < _REFUSAL_DRAIN:
+                    data = await tcp.receive_some(65536)
+                    if not data:
+                        break
+                    drained += len(data)
 
 
 async def _serve_connection(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -14,11 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from paho.mqtt.packettypes import PacketTypes
 
 from mop.overload.guard import OverloadGuard, OverloadStats
 from mop.settings import LimitsSettings
 from mop.testing.node import RunningNode, node_settings, running_node
-from tests.e2e.clients import TIMEOUT, Client
+from tests.e2e.clients import TIMEOUT, Client, props
 from tests.e2e.raw import RawClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
@@ -95,6 +97,42 @@ def test_paho_sees_connection_rate_exceeded() -> None:
         second = Client(node.mqtt_port, "second")
         assert second.connack is not None and second.connack.reason_code == 0x9F
         second.drop()
+        first.disconnect()
+
+
+def test_a_large_connect_over_the_rate_still_gets_its_connack(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A CONNECT larger than what the node reads of a refused connection (here 500 kB of user
+    properties, within the maximum packet size), from a client whose data is still on its way
+    when the answer comes (a small send buffer, as over a slow network): the rest is read and
+    dropped, so paho gets the CONNACK and not a reset, which made it fail with no answer."""
+    limits = LimitsSettings(connection_rate=0.001, connection_burst=1)
+    with running_node(node_settings(limits=limits)) as node:
+        first = Client(node.mqtt_port, "first")
+        plain = socket.create_connection
+
+        def small_send_buffer(*args: Any, **kwargs: Any) -> socket.socket:
+            sock = plain(*args, **kwargs)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+            return sock
+
+        monkeypatch.setattr(socket, "create_connection", small_send_buffer)
+        large = props(
+            PacketTypes.CONNECT,
+            UserProperty=[(f"k{i}", "v" * 1000) for i in range(500)],
+        )
+        codes = []
+        for attempt in range(5):
+            refused = Client(
+                node.mqtt_port, f"large-{attempt}", connect_properties=large, connect=False
+            )
+            try:
+                codes.append(refused.connect().reason_code)
+            except AssertionError:  # no CONNACK
+                codes.append(None)
+            refused.close()
+        assert codes == [0x9F] * 5
         first.disconnect()
 
 

@@ -7,6 +7,7 @@ low-water mark."""
 from __future__ import annotations
 
 import dataclasses
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -17,8 +18,10 @@ import pytest
 
 from mop.overload.guard import OverloadGuard, OverloadStats
 from mop.protocols.pulsar.commands import (
+    Connect,
     Connected,
     Error,
+    Lookup,
     Producer,
     ProducerSuccess,
     Send,
@@ -26,7 +29,7 @@ from mop.protocols.pulsar.commands import (
     SendReceipt,
 )
 from mop.protocols.pulsar.errors import ServerError
-from mop.protocols.pulsar.frames import make_payload
+from mop.protocols.pulsar.frames import FrameDecoder, NeedData, encode_command, make_payload
 from mop.protocols.pulsar.metadata import MessageMetadata
 from mop.protocols.pulsar.serving.server import PulsarServer, Timers
 from mop.settings import LimitsSettings
@@ -93,6 +96,34 @@ def test_connections_over_the_rate_get_too_many_requests() -> None:
             first.close()
             second.close()
         assert stats(node).connections_refused_rate == 1
+
+
+def test_a_refused_connection_that_sent_more_ends_cleanly() -> None:
+    """A client refused for the connection rate that sent more than its CONNECT (a pipelining
+    client) reads the ERROR, then the end of the stream: not a reset, which could have taken
+    the ERROR away."""
+    limits = LimitsSettings(connection_rate=0.001, connection_burst=1)
+    settings = dataclasses.replace(pulsar_settings(), limits=limits)
+    with pulsar_node(settings) as node:
+        first = RawPulsar(pulsar_port(node))
+        try:
+            assert isinstance(first.connect(), Connected)
+            with socket.create_connection(("127.0.0.1", pulsar_port(node)), timeout=10) as sock:
+                connect = encode_command(Connect(client_version="raw-test", protocol_version=20))
+                lookups = b"".join(
+                    encode_command(Lookup(topic=f"t{i}", request_id=i)) for i in range(20_000)
+                )
+                sock.sendall(connect + lookups)
+                received = b""
+                while data := sock.recv(65536):  # ConnectionResetError before the fix
+                    received += data
+            decoder = FrameDecoder(max_frame_size=1 << 20)
+            decoder.feed(received)
+            refused = decoder.next_frame()
+            assert isinstance(refused, Error) and refused.error is ServerError.TooManyRequests
+            assert isinstance(decoder.next_frame(), NeedData)
+        finally:
+            first.close()
 
 
 def test_a_fast_producer_is_slowed_to_its_rate_and_loses_nothing(

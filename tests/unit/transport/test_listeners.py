@@ -232,3 +232,34 @@ async def test_the_rate_lets_connections_in_again_as_it_refills() -> None:
         await trio.sleep(0.6)
         assert await served()
     assert len(recorder.infos) == 2
+
+
+async def test_a_refused_client_that_sent_more_reads_the_answer_then_a_clean_end() -> None:
+    """What a refused client sent after its first bytes is read and dropped: the answer is
+    followed by a FIN, not by a reset that could take it away."""
+    async with running([rate_limited(0.001, 1)], Recorder()) as bound:
+        port = bound[0].port
+        async with await trio.open_tcp_stream("127.0.0.1", port) as admitted:
+            assert await exchange(admitted, b"first") == b"first"
+            async with await trio.open_tcp_stream("127.0.0.1", port) as client:
+                await client.send_all(b"CONNECT" + b"x" * 300_000)
+                received = b""
+                with trio.fail_after(5):
+                    while data := await client.receive_some():
+                        received += data
+        assert received.startswith(b"later, CONNECT")
+
+
+async def test_a_refused_client_is_not_read_from_without_end() -> None:
+    """A refused client that goes on sending is closed all the same, within a second or a
+    mebibyte of what it sends after the answer."""
+    async with running([rate_limited(0.001, 1)], Recorder()) as bound:
+        port = bound[0].port
+        async with await trio.open_tcp_stream("127.0.0.1", port) as admitted:
+            assert await exchange(admitted, b"first") == b"first"
+            async with await trio.open_tcp_stream("127.0.0.1", port) as client:
+                await client.send_all(b"CONNECT")
+                assert (await client.receive_some()).startswith(b"later, CONNECT")
+                with trio.fail_after(5), pytest.raises(trio.BrokenResourceError):
+                    while True:
+                        await client.send_all(b"x" * 65536)
