@@ -1,6 +1,6 @@
 """Routing: exact topics, MQTT wildcards (and `$` topics), topics made after the subscription,
-one delivery per message for overlapping selectors, order per topic, and every message field
-the MQTT layer reads coming back as it was published."""
+one delivery per message for overlapping selectors, order per topic, every message field the
+MQTT layer reads coming back as it was published, and the node's own `$SYS` topics."""
 
 from __future__ import annotations
 
@@ -71,6 +71,39 @@ async def test_dollar_topics_are_not_matched_by_leading_wildcards(
     assert payloads(await receive(named, 1)) == [b"dollar"]
     assert payloads(await receive(wild, 1)) == [b"plain"]
     await expect_nothing(wild)
+
+
+async def test_sys_topics_are_the_nodes_own_and_leave_no_topic(
+    backend: Backend, names: Names
+) -> None:
+    """`$SYS` topics (client events name one per client id) reach the node's consumers that
+    follow them, by filter or by name in either form, and are kept nowhere: no topic, no
+    storage."""
+    events = f"$SYS/brokers/{names.prefix}/clients"
+    wild = await backend.subscribe(spec(names.sub("wild"), f"{events}/+/+"))
+    exact = await backend.subscribe(spec(names.sub("exact"), mqtt_to_pulsar(f"{events}/a/left")))
+    other = await backend.subscribe(spec(names.sub("other"), names.mqtt("#")))
+    for client in ("a", "b"):
+        for kind in ("joined", "left"):
+            result = await backend.publish(
+                mqtt_to_pulsar(f"{events}/{client}/{kind}"), Message(client.encode(), qos=0)
+            )
+            assert result.subscriptions == (2 if (client, kind) == ("a", "left") else 1)
+    got = await receive(wild, 4)
+    assert [d.topic for d in got] == [
+        mqtt_to_pulsar(f"{events}/{client}/{kind}")
+        for client in ("a", "b")
+        for kind in ("joined", "left")
+    ]
+    wild.ack(got)
+    [left] = await receive(exact, 1)
+    assert left.message.payload == b"a"
+    exact.ack([left])
+    await expect_nothing(other)
+    assert not [t for t in await backend.topics("public/default") if "%24SYS" in t]
+    await wild.close()
+    await exact.close()
+    await other.close()
 
 
 async def test_a_topic_made_after_an_exact_subscription_is_delivered(

@@ -11,7 +11,7 @@ module maps the processor contract onto Pulsar, through the other modules of
   filters found by one poller per namespace (`discovery`); non-durable exclusive subscriptions
   share one reader per topic per proxy instead (`fanout`);
 - `$SYS` topics: this proxy's own, kept in memory and never sent to the brokers
-  (`local_topics`);
+  (`mop.backends.node_local`);
 - tables: compacted topics in `{tenant}/__mop`, read into memory (`tables`);
 - client ids: one presence table per namespace that every proxy follows (`leases`);
 - roles held by one proxy at a time: an exclusive subscription per role topic (`roles`);
@@ -44,7 +44,6 @@ from mop.backends.cluster.fanout import FanOut, fans_out
 from mop.backends.cluster.fanout_consumer import FanOutConsumer
 from mop.backends.cluster.health import BrokerHealth
 from mop.backends.cluster.leases import PRESENCE_TABLE, ClusterLease, Frontier, Presence
-from mop.backends.cluster.local_topics import LocalTopics
 from mop.backends.cluster.options import ConsumerOptions, ProducerOptions
 from mop.backends.cluster.patterns import matching_selectors
 from mop.backends.cluster.producers import NO_ID, ProducerCache, Receipt
@@ -52,6 +51,7 @@ from mop.backends.cluster.roles import ClusterRole, ClusterRoles
 from mop.backends.cluster.tables import REGISTRY_TABLE, ClusterTable, SubscriptionRegistry
 from mop.backends.cluster.timing import Delays
 from mop.backends.cluster.topic_admin import BrokerAdmin, admin_urls
+from mop.backends.node_local import LocalTopics
 from mop.clock import now_ms
 from mop.exception_groups import leaves
 from mop.message import Message

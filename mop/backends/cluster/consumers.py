@@ -5,8 +5,8 @@ A consumer follows each topic its selectors cover with a plain Pulsar consumer (
 all under the subscription's name: the topics of exact selectors at once, the topics MQTT
 filters match as the proxy's topic poller reports them (`discovery`: one listing per
 namespace and period for every consumer of the proxy), and node-local `$SYS` topics from this
-process (`local_topics`). Each leg hands what arrives, a frame at a time on the trio thread,
-to the consumer, which turns it into deliveries in a bounded buffer; past the bound the legs
+process (`mop.backends.node_local`). Each leg hands what arrives, a frame at a time on the trio
+thread, to the consumer, which turns it into deliveries in a bounded buffer; past the bound the legs
 are paused (no more permits), so a slow reader holds at most the buffer plus what the brokers
 were already allowed to send.
 

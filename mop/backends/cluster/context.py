@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import trio
 
 from mop.backends.cluster.discovery import NamespaceDiscovery
-from mop.backends.cluster.local_topics import LocalTopics
 from mop.backends.cluster.options import ConsumerOptions
 from mop.backends.cluster.producers import ProducerCache
 from mop.backends.cluster.timing import Delays
+from mop.backends.node_local import LocalTopics
 from mop.protocols.pulsar.driver import PulsarClient
 
 __all__ = ["ClusterContext"]

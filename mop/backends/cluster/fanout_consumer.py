@@ -133,7 +133,7 @@ class FanOutConsumer:
         return False
 
     def deliver_local(self, delivery: Delivery) -> None:
-        """A message of a node-local topic (`local_topics`)."""
+        """A message of a node-local topic (`mop.backends.node_local`)."""
         self.offer(delivery)
 
     # -- Consumer --------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 A consumer subscribes to every topic it follows with a plain consumer: the topic
 of each exact selector, and the topics of the namespace that an MQTT filter matches, found by
 the proxy's one topic poller per namespace (`discovery`). Topics whose first MQTT level
-is `$SYS` are node-local: each proxy serves its own (`local_topics`), none goes to the
+is `$SYS` are node-local: each proxy serves its own (`mop.backends.node_local`), none goes to the
 brokers. Matching follows the rules of merged mode (`mop.topics.matches` on the MQTT name).
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final
 
+from mop.backends.node_local import LOCAL_ROOT, is_local
 from mop.processor.backend import BackendError
 from mop.topic_names import PulsarTopicName, is_exact_selector, mqtt_to_pulsar, pulsar_to_mqtt
 from mop.topics import TopicError, matches
@@ -26,20 +26,12 @@ __all__ = [
     "plan",
 ]
 
-# The first level of the MQTT topics a node describes itself under (DESIGN.md section 4).
-LOCAL_ROOT: Final = "$SYS"
-
 
 class UnsupportedSelector(BackendError):
     """A selector separated mode cannot follow (e.g. a non-persistent topic)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, reason="not_supported")
-
-
-def is_local(mqtt_topic: str) -> bool:
-    """Whether an MQTT topic name or filter is node-local (`$SYS` or below it)."""
-    return mqtt_topic.partition("/")[0] == LOCAL_ROOT
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,14 @@
 """`LocalBackend`: the `Backend` of merged mode, which calls straight into the colocated broker
 and storage. Waiting (receive, fencing, delayed redelivery) is done here, with trio.
+
+`$SYS` topics are the node's own and skip the broker: a publish goes to the consumers that
+follow them, in memory, as on a separated proxy (`mop.backends.node_local`), so that nothing
+is stored or kept per topic (client events name a topic per client id).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -17,6 +22,7 @@ from mop.backends.local.producer import LocalProducer
 from mop.backends.local.role import LocalRole
 from mop.backends.local.stats import topic_stats
 from mop.backends.local.table import LocalTable
+from mop.backends.node_local import LocalTopics, is_local_selector
 from mop.broker import (
     NON_PERSISTENT,
     Broker,
@@ -88,6 +94,8 @@ class LocalBackend:
         # This broker's URL, and the members of its cluster (none or one: it owns every topic).
         self.membership = membership or Membership((), DEFAULT_URL)
         self.receiver_queue = receiver_queue
+        # `$SYS`: delivered in memory to the consumers that follow it, never stored.
+        self.local = LocalTopics(tenant=tenant, namespace=namespace)
         self.fence_timeout = fence_timeout
         self.trim_interval = trim_interval
         self._leases: dict[str, LocalLease] = {}
@@ -170,6 +178,9 @@ class LocalBackend:
 
     async def publish(self, topic: str, message: Message) -> PublishResult:
         self._check_running()
+        if self.local.owns(topic):
+            await trio.lowlevel.checkpoint()
+            return self.local.publish(topic, message)
         try:
             published = await self.broker.publish(topic, message)
         except (StorageError, BrokerError) as exc:
@@ -200,6 +211,10 @@ class LocalBackend:
                 stop += 1
             messages = [message for _, message in items[start:stop]]
             outcomes: list[PublishResult | BackendError]
+            if self.local.owns(topic):
+                results += [self.local.publish(topic, message) for message in messages]
+                start = stop
+                continue
             if len(messages) == 1:
                 outcomes = [self._store_one(topic, messages[0])]
             else:
@@ -274,7 +289,7 @@ class LocalBackend:
         consumer = LocalConsumer(self, spec)
         with translated():
             att = await self.broker.subscribe(
-                spec,
+                self.broker_spec(spec),
                 capacity=MAX_UNACKED_PER_CONSUMER if spec.permits else self.receiver_queue,
                 on_ready=consumer._on_ready,
                 on_active=consumer._on_active,
@@ -286,7 +301,21 @@ class LocalBackend:
             consumer._shutdown()
             raise BackendError("backend is closed", reason="closed")
         self._consumers.add(consumer)
+        consumer._follow_local()
         return consumer
+
+    def is_local(self, selector: str) -> bool:
+        """Whether `selector` names or matches the node's own topics (`$SYS`)."""
+        broker = self.broker
+        return is_local_selector(selector, tenant=broker.tenant, namespace=broker.namespace)
+
+    def broker_spec(self, spec: SubscriptionSpec) -> SubscriptionSpec:
+        """`spec` as the broker sees it: without the selectors of the node's own topics,
+        which it does not hold (an exact one would make it keep the topic)."""
+        if not any(self.is_local(selector) for selector in spec.selectors):
+            return spec
+        selectors = frozenset(s for s in spec.selectors if not self.is_local(s))
+        return dataclasses.replace(spec, selectors=selectors)
 
     async def delete_subscription(self, name: str, member: str = "") -> None:
         self._check_running()

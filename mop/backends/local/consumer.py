@@ -1,14 +1,17 @@
-"""`LocalConsumer`: a consumer attached to the colocated broker."""
+"""`LocalConsumer`: a consumer attached to the colocated broker, and following the node's own
+`$SYS` topics (`mop.backends.node_local`), which are not the broker's."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import trio
 
 from mop.backends.local.errors import translate, translated
+from mop.backends.node_local import local_selectors
 from mop.broker import Attachment, BrokerError
 from mop.broker.storage import StorageError
 from mop.message import Delivery, MessageId
@@ -21,12 +24,19 @@ __all__ = ["LocalConsumer"]
 
 
 class LocalConsumer:
-    """A consumer attached to the broker; one task at a time may wait in `receive`."""
+    """A consumer attached to the broker; one task at a time may wait in `receive`.
+
+    Messages of the node's `$SYS` topics come from the node itself (`deliver_local`), at
+    most once: they wait in a buffer of `receiver_queue` messages (the newest are dropped
+    when it is full, as notifications whose later values count), their acknowledgements
+    are no-ops, and a permit-based consumer gets them within permits counted apart."""
 
     def __init__(self, backend: LocalBackend, spec: SubscriptionSpec) -> None:
         self._backend = backend
         self._spec = spec
         self._att: Attachment | None = None
+        self._local: deque[Delivery] = deque()
+        self._local_permits = 0
         self._wakeup: trio.Event | None = None
         self._closed = False
         self._active = False
@@ -36,6 +46,39 @@ class LocalConsumer:
     @property
     def spec(self) -> SubscriptionSpec:
         return self._spec
+
+    def _follow_local(self) -> None:
+        """Follow the node's own topics that the selectors name (none once closed)."""
+        backend = self._backend
+        selectors = (
+            frozenset()
+            if self._closed
+            else local_selectors(
+                self._spec.selectors,
+                tenant=backend.broker.tenant,
+                namespace=backend.broker.namespace,
+            )
+        )
+        backend.local.follow(self, self._spec.name, selectors)
+
+    def deliver_local(self, delivery: Delivery) -> None:
+        """A message of one of the node's own topics."""
+        if self._closed or len(self._local) >= self._backend.receiver_queue:
+            return
+        self._local.append(delivery)
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def _take_local(self, max_messages: int) -> list[Delivery]:
+        count = min(max_messages, len(self._local))
+        if self._spec.permits:
+            count = min(count, self._local_permits)
+            self._local_permits -= count
+        return [self._local.popleft() for _ in range(count)]
+
+    def _not_local(self, deliveries: Iterable[Delivery]) -> list[Delivery]:
+        owns = self._backend.local.owns
+        return [delivery for delivery in deliveries if not owns(delivery.topic)]
 
     @property
     def closed(self) -> bool:
@@ -79,6 +122,11 @@ class LocalConsumer:
         waited = False
         while True:
             att = self._attachment()
+            if self._local:
+                deliveries = self._take_local(max_messages)
+                if deliveries:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    return deliveries
             try:
                 deliveries = broker.take(att, max_messages)
             except (StorageError, BrokerError) as exc:
@@ -101,13 +149,14 @@ class LocalConsumer:
         # Acknowledging after close is a no-op: the messages went back to the subscription.
         if not self._closed and self._att is not None:
             try:
-                self._backend.broker.ack(self._att, deliveries)
+                self._backend.broker.ack(self._att, self._not_local(deliveries))
             except (StorageError, BrokerError) as exc:
                 raise translate(exc) from exc
 
     def nack(self, deliveries: Iterable[Delivery], delay: float = 0.0) -> None:
         if self._closed or self._att is None:
             return
+        deliveries = self._not_local(deliveries)
         with translated():
             if delay > 0:
                 self._backend.broker.nack(self._att, deliveries, due=trio.current_time() + delay)
@@ -116,14 +165,17 @@ class LocalConsumer:
                 self._backend.broker.nack(self._att, deliveries)
 
     def ack_through(self, topic: str, message_id: MessageId) -> None:
-        if not self._closed and self._att is not None:
+        if not self._closed and self._att is not None and not self._backend.local.owns(topic):
             with translated():
                 self._backend.broker.ack_through(self._att, topic, message_id)
 
     def grant(self, permits: int) -> None:
         if not self._closed and self._att is not None:
+            self._local_permits += permits
             with translated():
                 self._backend.broker.grant(self._att, permits)
+            if self._local and self._wakeup is not None:
+                self._wakeup.set()
 
     async def seek(
         self, topic: str, *, message_id: MessageId | None = None, publish_time: int | None = None
@@ -143,15 +195,23 @@ class LocalConsumer:
 
     async def add_selector(self, selector: str) -> None:
         att = self._attachment()
-        with translated():
-            await self._backend.broker.add_selector(att.sub, selector)
+        if not self._backend.is_local(selector):
+            with translated():
+                await self._backend.broker.add_selector(att.sub, selector)
+        else:
+            await trio.lowlevel.checkpoint()
         self._spec = dataclasses.replace(self._spec, selectors=self._spec.selectors | {selector})
+        self._follow_local()
 
     async def remove_selector(self, selector: str) -> None:
         att = self._attachment()
-        with translated():
-            await self._backend.broker.remove_selector(att.sub, selector)
+        if not self._backend.is_local(selector):
+            with translated():
+                await self._backend.broker.remove_selector(att.sub, selector)
+        else:
+            await trio.lowlevel.checkpoint()
         self._spec = dataclasses.replace(self._spec, selectors=self._spec.selectors - {selector})
+        self._follow_local()
 
     async def close(self) -> None:
         self._shutdown()
@@ -172,6 +232,8 @@ class LocalConsumer:
         if self._closed:
             return
         self._closed = True
+        self._follow_local()
+        self._local.clear()
         self._backend._consumers.discard(self)
         if self._att is not None:
             with translated():

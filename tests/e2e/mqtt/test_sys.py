@@ -11,6 +11,8 @@ import re
 import shutil
 import subprocess
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -394,3 +396,44 @@ def test_a_client_id_too_long_for_an_event_topic_harms_no_watcher() -> None:
                 "disconnected",
             ]
             watcher.disconnect()
+
+
+def topic_count(node: RunningNode, prefix: str = "") -> int:
+    """How many topics the deployment's namespace has (its brokers', for a proxy), by the admin
+    API."""
+    host, port = node.node.address("admin")
+    query = urllib.parse.urlencode({"limit": 1, "prefix": prefix})
+    with urllib.request.urlopen(f"http://{host}:{port}/api/v1/topics?{query}", timeout=10) as got:
+        total: int = json.loads(got.read())["total"]
+    return total
+
+
+def test_events_leave_no_topic_behind_per_client_id() -> None:
+    """Events are notifications: clients that connect and leave make no topic, and store
+    nothing, per client id (two each, for every client that ever connected, before), while a
+    watcher still hears of each."""
+    count = 20
+    settings = node_settings(sys_interval=0, sys_events=True, sys_node_name="edge-1")
+    with running_node(settings) as node:
+        watch = Client(node.mqtt_port, "ev-many-watch", clean=False)
+        assert watch.subscribe(EVENTS, 1) == [1]
+        before = topic_count(node)
+        for index in range(count):
+            Client(node.mqtt_port, f"ev-many-{index}").disconnect()
+        heard: list[tuple[str, str]] = []
+        while len(heard) < 2 * count:
+            [msg] = watch.expect(1)
+            event = json.loads(msg.payload)
+            if (
+                str(event["clientid"]).startswith("ev-many-")
+                and event["clientid"] != "ev-many-watch"
+            ):
+                heard.append((str(event["clientid"]), msg.topic.rpartition("/")[2]))
+        assert sorted(heard) == sorted(
+            (f"ev-many-{index}", kind)
+            for index in range(count)
+            for kind in ("connected", "disconnected")
+        )
+        assert topic_count(node) == before
+        assert topic_count(node, "$SYS") == 0
+        watch.disconnect()

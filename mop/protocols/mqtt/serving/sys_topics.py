@@ -4,9 +4,8 @@
 connected to, in merged mode and through a separated proxy alike. So the values are retained on
 this node only (`RetainedStore.keep_local`, never the shared retained table, where proxies would
 overwrite each other's), and published through the processor, whose backend keeps `$SYS` topics
-on the node: the merged node's broker is the node, and a proxy's `ClusterBackend` delivers them
-in memory to its own consumers without sending them to the brokers
-(`mop.backends.cluster.local_topics` says why this beats node-specific Pulsar topics).
+on the node: both backends deliver them in memory to the node's own consumers, without storing
+them or sending them to a broker (`mop.backends.node_local` says why).
 
 The topics and their values are `mop.protocols.mqtt.sys_tree`'s; this module gathers the
 numbers (`SysPublisher.counters`) and publishes them. Only changed values are republished, so an

@@ -356,3 +356,53 @@ async def test_a_publish_refused_by_a_full_disk_is_neither_delivered_nor_stored(
         assert kept == [b"before", b"after"]
     finally:
         await storage.aclose()
+
+
+# -- the node's own topics ------------------------------------------------------------------------
+
+SYS_EVENT = T("$SYS/brokers/n/clients/c/connected")
+
+
+async def test_sys_topics_skip_the_broker_and_its_storage(
+    backend: Backend, storage: MemoryStorage
+) -> None:
+    consumer = await backend.subscribe(spec("watch", "$SYS/brokers/+/clients/+/+", "a"))
+    results = await backend.publish_batch(
+        [(SYS_EVENT, message("1", qos=0)), (T("a"), message("2"))]
+    )
+    assert [r.subscriptions for r in results if isinstance(r, PublishResult)] == [1, 1]
+    got = await consumer.receive(10)
+    got += await consumer.receive(10) if len(got) < 2 else []
+    assert sorted(d.message.payload for d in got) == [b"1", b"2"]
+    consumer.ack(got)  # the `$SYS` one is nobody's to acknowledge: a no-op
+    assert await backend.topics("public/default") == [T("a")]
+    assert storage.last_id(SYS_EVENT) is None
+
+
+async def test_sys_selectors_come_and_go_with_the_consumer(backend: Backend) -> None:
+    consumer = await backend.subscribe(spec("watch", "a"))
+    assert (await backend.publish(SYS_EVENT, message("before", qos=0))).subscriptions == 0
+    await consumer.add_selector("$SYS/#")
+    await backend.publish(SYS_EVENT, message("during", qos=0))
+    assert [d.message.payload for d in await consumer.receive(10)] == [b"during"]
+    await consumer.remove_selector("$SYS/#")
+    assert (await backend.publish(SYS_EVENT, message("after", qos=0))).subscriptions == 0
+    await consumer.close()
+    assert SYS_EVENT not in await backend.topics("public/default")
+
+
+async def test_a_permit_based_consumer_gets_sys_messages_within_its_permits(
+    backend: Backend,
+) -> None:
+    consumer = await backend.subscribe(
+        SubscriptionSpec(name="p", selectors=frozenset({SYS_EVENT}), permits=True)
+    )
+    for n in range(3):
+        await backend.publish(SYS_EVENT, message(str(n), qos=0))
+    with trio.move_on_after(0.1) as waited:
+        await consumer.receive(10)
+    assert waited.cancelled_caught  # no permits yet
+    consumer.grant(2)
+    assert [d.message.payload for d in await consumer.receive(10)] == [b"0", b"1"]
+    consumer.grant(5)
+    assert [d.message.payload for d in await consumer.receive(10)] == [b"2"]

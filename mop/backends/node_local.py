@@ -1,12 +1,16 @@
-"""Node-local topics in separated mode: `$SYS/...`, which each proxy publishes about itself.
+"""Node-local topics: `$SYS/...`, which each node publishes about itself, in both modes.
 
 An MQTT broker's `$SYS` describes the server a client is connected to (DESIGN.md section 4:
 served by the node itself). Proxies share the brokers' topics, so `$SYS` sent through them
-would interleave every proxy's values in one topic. A proxy's backend keeps these topics to
-itself instead: a publish reaches this process's consumers at once, in memory, and never the
-brokers, so a client sees under `$SYS/broker/...` exactly what merged mode shows it, for the
-proxy it is connected to. (The MQTT retained store keeps `$SYS` values in memory on each node
-too, see `mop.protocols.mqtt.serving.sys_topics`.)
+would interleave every proxy's values in one topic. Both backends keep these topics to the node
+instead: a publish reaches this process's consumers at once, in memory, and is never stored
+nor sent to a broker, so a client sees under `$SYS/...` what the node it is connected to says,
+in merged mode and through a separated proxy alike. (The MQTT retained store keeps `$SYS`
+values in memory on each node too, see `mop.protocols.mqtt.serving.sys_topics`.) Nothing is
+kept per topic either: client events (`$SYS/brokers/{node}/clients/{clientid}/...`) name a
+topic per client id, which a broker would keep, with its storage, for every client that ever
+connected. Like any `$SYS` message they are notifications: a consumer that is not connected,
+or whose buffer is full, misses them.
 
 Node-specific Pulsar topics (the node's id in the name) were the alternative: they would let a
 Pulsar application read every proxy's numbers, but would turn each statistic of each proxy into
@@ -19,15 +23,49 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Final, Protocol
 
-from mop.backends.cluster.patterns import LOCAL_ROOT
 from mop.message import Delivery, Message, MessageId
 from mop.processor.backend import PublishResult
-from mop.topic_names import mqtt_to_pulsar, pulsar_to_mqtt
+from mop.topic_names import FULL_NAME_SCHEMES, mqtt_to_pulsar, pulsar_to_mqtt
 from mop.topics import SubscriptionTrie
 
-__all__ = ["LocalSink", "LocalTopics"]
+__all__ = [
+    "LOCAL_ROOT",
+    "LocalSink",
+    "LocalTopics",
+    "is_local",
+    "is_local_selector",
+    "local_selectors",
+]
+
+# The first level of the MQTT topics a node describes itself under (DESIGN.md section 4).
+LOCAL_ROOT: Final = "$SYS"
+
+
+def is_local(mqtt_topic: str) -> bool:
+    """Whether an MQTT topic name or filter is node-local (`$SYS` or below it)."""
+    return mqtt_topic.partition("/")[0] == LOCAL_ROOT
+
+
+def _mqtt_form(selector: str, tenant: str, namespace: str) -> str:
+    # An exact selector may name its topic in Pulsar form.
+    if selector.startswith(FULL_NAME_SCHEMES):
+        return pulsar_to_mqtt(selector, tenant=tenant, namespace=namespace)
+    return selector
+
+
+def is_local_selector(selector: str, *, tenant: str = "public", namespace: str = "default") -> bool:
+    """Whether a consumer's selector (an MQTT name or filter, or a Pulsar name) is node-local."""
+    return is_local(_mqtt_form(selector, tenant, namespace))
+
+
+def local_selectors(
+    selectors: Iterable[str], *, tenant: str = "public", namespace: str = "default"
+) -> frozenset[str]:
+    """The node-local ones among a consumer's `selectors`, as MQTT names and filters."""
+    forms = (_mqtt_form(selector, tenant, namespace) for selector in selectors)
+    return frozenset(form for form in forms if is_local(form))
 
 
 class LocalSink(Protocol):

@@ -3,7 +3,7 @@ in memory to the consumers that follow them, one consumer per subscription."""
 
 from __future__ import annotations
 
-from mop.backends.cluster.local_topics import LocalTopics
+from mop.backends.node_local import LocalTopics
 from mop.message import Delivery, Message
 from mop.topic_names import mqtt_to_pulsar
 
