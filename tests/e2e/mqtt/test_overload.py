@@ -206,7 +206,7 @@ def test_connecting_again_does_not_refill_a_publishers_budget() -> None:
         infos = [other.client.publish("budget/t", bytes([i]), 1) for i in range(5)]
         for info in infos:
             info.wait_for_publish(TIMEOUT)
-        assert time.monotonic() - started < 0.5
+        assert time.monotonic() - started < 0.75
         for client in (again, other):
             client.disconnect()
 

@@ -183,10 +183,10 @@ async def test_a_costly_release_runs_within_its_share_of_the_time() -> None:
         await nursery.start(
             partial(serve_memory_watch, guard, 0.005, read_used=lambda: 500, release=slow_release)
         )
-        await trio.sleep(0.7)
+        await trio.sleep(1.0)
         nursery.cancel_scope.cancel()
     assert guard.memory_high
-    assert 2 <= len(releases) <= 4, releases
+    assert 2 <= len(releases) <= 5, releases
     assert all(b - a >= 0.2 for a, b in itertools.pairwise(releases))
 
 
