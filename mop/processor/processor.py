@@ -173,8 +173,13 @@ class MessagingProcessor:
         """Whether the credential the client connected with still holds (a token's expiry)."""
         return self.gatekeeper.still_valid(ctx.principal, self._clock())
 
-    async def open_client(self, ctx: ClientContext) -> ClientLease:
-        """Admit a client and take its id (fencing an older connection with the same id)."""
+    async def open_client(self, ctx: ClientContext, *, admit: bool = True) -> ClientLease:
+        """Admit a client and take its id (fencing an older connection with the same id).
+
+        With `admit` False the connection holds its place (counted as active) but is not yet
+        counted as opened: the adapter calls `admit_client` once it has answered the client,
+        or `withdraw_client` when it refuses it after all (its session could not be read, say),
+        so that a refused connection is counted as refused only."""
         if self.max_connections and self.stats.connections >= self.max_connections:
             raise ConnectionLimitReached(f"the node serves {self.max_connections} clients already")
         stats = self.stats.protocol(ctx.protocol)
@@ -184,10 +189,23 @@ class MessagingProcessor:
         except BaseException:
             stats.connections -= 1
             raise
+        if admit:
+            self.admit_client(ctx)
+        return lease
+
+    def admit_client(self, ctx: ClientContext) -> None:
+        """Count as opened a connection `open_client(ctx, admit=False)` let in."""
+        stats = self.stats.protocol(ctx.protocol)
         stats.opened += 1
         stats.connections_peak = max(stats.connections_peak, stats.connections)
         self.stats.note_peak()
-        return lease
+
+    async def withdraw_client(self, ctx: ClientContext, lease: ClientLease) -> None:
+        """Give up the client id of a connection `open_client(ctx, admit=False)` let in and
+        the adapter then refused: neither opened nor closed, it is counted as refused only,
+        by the adapter (as any refused connection)."""
+        self.stats.protocol(ctx.protocol).connections -= 1
+        await lease.release()
 
     async def close_client(
         self, ctx: ClientContext, lease: ClientLease, reason: str = Closing.NORMAL

@@ -358,7 +358,7 @@ class ClientHandler:
             await self._refuse_connect(ReasonCode.NOT_AUTHORIZED, "will topic not allowed")
             return False
         try:
-            self.lease = await self.server.processor.open_client(self.ctx)
+            self.lease = await processor.open_client(self.ctx, admit=False)
         except ConnectionLimitReached as exc:
             await self._refuse_connect(ReasonCode.QUOTA_EXCEEDED, str(exc))
             return False
@@ -368,13 +368,18 @@ class ClientHandler:
                 ReasonCode.SERVER_UNAVAILABLE, f"cannot take the client id: {exc}"
             )
             return False
-        state, present = await self.server.sessions.take(client_id, clean_start=connect.clean_start)
-        refusal = await self._attach(state, present, decision)
-        if refusal is not None:
-            await self._refuse_connect(refusal.reason_code, refusal.why)
+        try:
+            present = await self._take_session(client_id, connect.clean_start, decision)
+        except BaseException:
+            await self._withdraw()
+            raise
+        if isinstance(present, ConnectRefusal):
+            await self._withdraw()
+            await self._refuse_connect(present.reason_code, present.why)
             return False
         connack = Connack(session_present=present, properties=decision.connack_properties)
         self.out.write(self.conn.send(connack))
+        processor.admit_client(self.ctx)
         self.clean_start = connect.clean_start
         self.connected_at = time.time()
         self._watch_credential()
@@ -388,11 +393,23 @@ class ClientHandler:
         )
         return True
 
+    async def _take_session(
+        self, client_id: str, clean_start: bool, decision: ConnectDecision
+    ) -> bool | ConnectRefusal:
+        """Take the client's session and attach it to this connection: whether it was
+        present, or why the connection is refused (the session cannot be read or stored)."""
+        try:
+            state, present = await self.server.sessions.take(client_id, clean_start=clean_start)
+        except BackendError as exc:
+            return ConnectRefusal(ReasonCode.SERVER_UNAVAILABLE, f"cannot read the session: {exc}")
+        refusal = await self._attach(state, present, decision)
+        return present if refusal is None else refusal
+
     async def _attach(
         self, state: SessionState, present: bool, decision: ConnectDecision
     ) -> ConnectRefusal | None:
         """Resume `state` on this connection on the terms of `decision`; when it cannot be
-        stored, put it back as it was, give the client id up and say why."""
+        stored, put it back as it was and say why (the caller gives the client id up)."""
         previous = (state.expiry_interval, state.disconnected_at)
         state.expiry_interval = decision.session_expiry
         state.will = decision.will
@@ -415,11 +432,15 @@ class ClientHandler:
             state.expiry_interval, state.disconnected_at = previous
             if present:
                 self.server.sessions.put_back(state)
-            assert self.lease is not None
-            await self.server.processor.close_client(self.ctx, self.lease)
-            self.lease = None
             return ConnectRefusal(backend_reason_code(exc), f"the session cannot be stored: {exc}")
         return None
+
+    async def _withdraw(self) -> None:
+        """Give the client id up before CONNACK: the connection was not admitted after all."""
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            with trio.CancelScope(shield=True):
+                await self.server.processor.withdraw_client(self.ctx, lease)
 
     def _outflow(self) -> Outflow:
         assert self.flow is not None, "the session is open"

@@ -1,0 +1,69 @@
+"""How a CONNECT refused after the client id was taken is counted: refused only (never opened
+nor closed), with the client id given up so that the client can connect again."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from mop.broker.storage.memory import MemoryStorage
+from mop.messaging import BackendError
+from mop.protocols.mqtt.packets import Connack, Connect
+from mop.protocols.mqtt.reason_codes import ReasonCode
+from mop.protocols.mqtt.serving.handler import ClientHandler
+from mop.protocols.mqtt.serving.server import MqttServer
+from mop.protocols.mqtt.serving.session_registry import SessionRegistry
+
+from .test_handler import connect, mqtt_server
+from .test_server import INFO, Peer
+
+
+async def connack_of(
+    server: MqttServer, nursery: trio.Nursery, client_id: str, level: int
+) -> Connack:
+    client_end, server_end = trio.testing.memory_stream_pair()
+
+    async def serve() -> None:
+        async with server_end:
+            await ClientHandler(server, server_end, INFO).run()
+
+    nursery.start_soon(serve)
+    peer = Peer(client_end, level)
+    await peer.send(Connect(client_id, protocol_level=level))
+    answer = await peer.recv()
+    assert isinstance(answer, Connack)
+    return answer
+
+
+@pytest.mark.parametrize("failing", ["take", "attach"])
+@pytest.mark.parametrize("level", [5, 4])
+async def test_a_session_that_cannot_be_read_or_stored_refuses_as_unavailable(
+    failing: str, level: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = getattr(SessionRegistry, failing)
+    fail = [True]
+
+    async def flaky(self: SessionRegistry, *args: object, **kwargs: object) -> object:
+        if fail[0]:
+            fail[0] = False
+            raise BackendError("unreachable")
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SessionRegistry, failing, flaky)
+    async with mqtt_server(MemoryStorage()) as (server, nursery):
+        answer = await connack_of(server, nursery, "c", level)
+        if failing == "take":
+            assert answer.reason_code == (ReasonCode.SERVER_UNAVAILABLE if level == 5 else 3)
+        else:  # as the backend's error says (here: none in particular)
+            assert answer.reason_code == (ReasonCode.UNSPECIFIED_ERROR if level == 5 else 3)
+        await trio.testing.wait_all_tasks_blocked()
+        stats = server.processor.stats.protocol("mqtt")
+        assert stats.connections == 0
+        assert stats.opened == 0
+        assert stats.closed == {}
+        assert stats.refused == {"unavailable": 1}
+        # The client id was given up: the same client connects at once.
+        with trio.fail_after(5):
+            await connect(server, nursery, "c", level)
+        assert (stats.connections, stats.opened) == (1, 1)
