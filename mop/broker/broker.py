@@ -72,8 +72,8 @@ class BrokerStats:
     topics: int
     subscriptions: int
     consumers: int
-    messages_stored: int
-    messages_backlog: int  # waiting for a consumer (including delayed redeliveries)
+    messages_stored: int  # entries in storage: a Pulsar batch is one
+    messages_backlog: int  # waiting for a consumer (delayed ones included; batches unpacked)
     messages_unacked: int  # dispatched to a consumer and not yet acknowledged
     messages_dropped: int  # by the max_backlog rule, since start
     messages_expired: int  # dropped at dispatch because `expires_at` had passed, since start
@@ -172,6 +172,7 @@ class Broker:
         if message.batch:
             node.messages_in += len(message.batch)
             node.bytes_in += payload_size(message)
+            node.batched = True
         else:
             node.messages_in += 1
             node.bytes_in += len(message.payload)
@@ -185,7 +186,7 @@ class Broker:
         else:
             self._trim_dirty.add(node)
             if topic not in self.compacted:  # a table's record is no message
-                self.unrouted += 1
+                self.unrouted += message.count
         return Published(message_id, count)
 
     def store_many(self, topic: str, messages: Sequence[Message]) -> tuple[list[MessageId], int]:
@@ -215,7 +216,10 @@ class Broker:
             for _ in messages:
                 node.last_id = node.next_transient_id()
                 ids.append(node.last_id)
-        node.messages_in += sum(message.count for message in messages)
+        received = sum(message.count for message in messages)
+        if received != len(messages):
+            node.batched = True
+        node.messages_in += received
         node.bytes_in += sum(payload_size(message) for message in messages)
         count = len(node.cursors)
         if count:
@@ -224,7 +228,7 @@ class Broker:
         else:
             self._trim_dirty.add(node)
             if topic not in self.compacted:
-                self.unrouted += len(messages)
+                self.unrouted += received
         return ids, count
 
     def _route(self, node: Topic, entries: list[Entry], *, hold: bool) -> None:
@@ -716,6 +720,8 @@ class Broker:
                 cursor.sub.finish_load(cursor, [], [], IdRanges())
                 self._flush()
             raise
+        if not topic.batched and any(entry.message.batch for entry in entries):
+            topic.batched = True
         if cursor.attached:
             cursor.sub.finish_load(cursor, ids, entries, acked)
             cursor.sub.pump()
@@ -752,15 +758,17 @@ class Broker:
         self._books.on_dropped = callback
 
     def stats(self) -> BrokerStats:
+        """The broker's counts now: a walk over its subscriptions (and, on topics that had
+        batches, over their backlogs' entries, to count a batch's messages)."""
         subs = self._subs.values()
-        backlog = sum(len(c.backlog) for sub in subs for c in sub.cursors.values())
+        backlog = sum(_backlog(c) for sub in subs for c in sub.cursors.values())
         attachments = [att for sub in subs for att in sub.attachments]
         return BrokerStats(
             topics=len(self._topics),
             subscriptions=len(self._subs),
             consumers=len(attachments),
             messages_stored=self.storage.stats().messages,
-            messages_backlog=backlog + len(self._delayed) + len(self._books.held),
+            messages_backlog=backlog + self._delayed.messages() + self._books.held.messages(),
             messages_unacked=sum(len(att.queue) + len(att.unacked) for att in attachments),
             messages_dropped=self._books.dropped,
             messages_expired=self._books.expired,
@@ -773,9 +781,17 @@ class Broker:
         if limit <= 0:
             return []
         backlogs = (
-            (len(cursor.backlog), name, topic)
+            (_backlog(cursor), name, topic)
             for name, sub in self._subs.items()
             for topic, cursor in sub.cursors.items()
             if cursor.backlog
         )
         return [(name, topic, size) for size, name, topic in heapq.nlargest(limit, backlogs)]
+
+
+def _backlog(cursor: Cursor) -> int:
+    """The messages waiting in `cursor`'s backlog: a batch counts its messages. Only a topic
+    that had batches walks its entries; otherwise one entry is one message."""
+    if cursor.topic.batched:
+        return sum(entry.message.count for entry in cursor.backlog)
+    return len(cursor.backlog)

@@ -22,6 +22,10 @@ class DelayQueue:
     def __len__(self) -> int:
         return len(self._heap)
 
+    def messages(self) -> int:
+        """The messages held (a batch entry counts its messages): a walk, for the stats."""
+        return sum(item[3].message.count for item in self._heap)
+
     def push(self, due: float, cursor: Cursor, entry: Entry) -> None:
         heapq.heappush(self._heap, (due, next(self._order), cursor, entry))
 

@@ -34,6 +34,7 @@ class Topic:
     (at `loaded_at`, wall-clock seconds), for its stats; `meter` measures their rates."""
 
     __slots__ = (
+        "batched",
         "bytes_in",
         "cursors",
         "last_id",
@@ -58,6 +59,9 @@ class Topic:
         self.messages_in = 0
         self.bytes_in = 0
         self.loaded_at = 0.0
+        # Whether a batch of messages (an entry of several) was stored or read here: only then
+        # do the stats count a backlog's messages one by one rather than by its entries.
+        self.batched = False
         self.meter: RateMeter | None = None  # made when the stats are first read
 
     def __repr__(self) -> str:

@@ -77,14 +77,15 @@ def register_broker_metrics(telemetry: Telemetry, broker: BrokerReadings, *, top
     gauge(
         "mop.broker.messages.stored",
         lambda s: s.messages_stored,
-        "{message}",
-        "Messages in storage",
+        "{entry}",
+        "Entries in storage: a message, or a Pulsar batch of messages as one entry",
     )
     gauge(
         "mop.broker.backlog",
         lambda s: s.messages_backlog,
         "{message}",
-        "Messages waiting for a consumer, every subscription (delayed ones included)",
+        "Messages waiting for a consumer, every subscription (delayed ones included; a"
+        " Pulsar batch counts its messages)",
     )
     gauge(
         "mop.broker.unacked",

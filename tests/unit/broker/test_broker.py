@@ -634,3 +634,30 @@ async def test_non_persistent_topics_get_ids_without_storage() -> None:
     assert [i.entry for i in ids] == [0, 1, 2]
     assert payloads(take_all(broker, att)) == ["1", "2", "3"]
     assert broker.storage.topics() == []
+
+
+def batch(*payloads: str) -> Message:
+    return Message(b"", qos=1, batch=tuple(Message(p.encode(), qos=1) for p in payloads))
+
+
+async def test_the_stats_count_the_messages_of_a_batch() -> None:
+    broker = new_broker()
+    await broker.publish(topic("nobody"), batch("1", "2", "3"))
+    broker.store_many(topic("nobody"), [batch("4", "5"), msg("6")])
+    assert broker.stats().messages_unrouted == 6
+    await subscribe(broker, "c1", ["a"], capacity=0)
+    await broker.publish(topic("a"), batch("1", "2", "3", "4"))
+    broker.store_many(topic("a"), [batch("5", "6"), msg("7")])
+    assert broker.stats().messages_backlog == 7
+    assert broker.largest_backlogs(5) == [("c1", topic("a"), 7)]
+
+
+async def test_a_backlog_read_from_storage_counts_the_messages_of_its_batches() -> None:
+    storage = MemoryStorage()
+    broker = new_broker(storage)
+    await subscribe(broker, "c1", ["a"], durable=True, capacity=0)
+    await broker.publish(topic("a"), batch("1", "2", "3"))
+    await broker.publish(topic("a"), msg("4"))
+    again = new_broker(storage)
+    await again.recover()
+    assert again.stats().messages_backlog == 4
