@@ -8,6 +8,7 @@ from typing import Final, TypeVar, dataclass_transform
 __all__ = [
     "CATCH_UP_KEY",
     "QOS_PROPERTY",
+    "RETAINED",
     "TOMBSTONE_PROPERTY",
     "Delivery",
     "Message",
@@ -30,6 +31,10 @@ CATCH_UP_KEY: Final = "\x00catch-up"
 # proxy writes it, and a broker routes such a QoS 0 message at once, as it does its own MQTT
 # clients' (at most once), instead of holding it until it is written.
 QOS_PROPERTY: Final = "mop.qos"
+# The property of a message kept for the subscribers to come (an MQTT retained message): one
+# published where no subscription takes it is not counted as dropped (it has no subscribers,
+# and is kept all the same).
+RETAINED: Final = ("mqtt.retain", "1")
 
 
 def qos_of(properties: tuple[tuple[str, str], ...]) -> int:

@@ -31,7 +31,7 @@ from mop.broker.storage.ranges import IdRanges
 from mop.broker.subscription import Bookkeeping, Subscription
 from mop.broker.topic import NON_PERSISTENT, Topic, Topics, payload_size
 from mop.clock import now_ms
-from mop.message import Delivery, Message, MessageId
+from mop.message import RETAINED, Delivery, Message, MessageId
 from mop.messaging import StartPosition, SubscriptionSpec, TopicBusy
 from mop.topic_names import is_exact_selector
 from mop.topics import SubscriptionTrie, matches
@@ -185,7 +185,8 @@ class Broker:
             self._route(node, [Entry(topic, message_id, message)], hold=bool(message.qos))
         else:
             self._trim_dirty.add(node)
-            if topic not in self.compacted:  # a table's record is no message
+            # A table's record is no message, and a retained message is kept.
+            if topic not in self.compacted and RETAINED not in message.properties:
                 self.unrouted += message.count
         return Published(message_id, count)
 
@@ -228,7 +229,7 @@ class Broker:
         else:
             self._trim_dirty.add(node)
             if topic not in self.compacted:
-                self.unrouted += received
+                self.unrouted += sum(m.count for m in messages if RETAINED not in m.properties)
         return ids, count
 
     def _route(self, node: Topic, entries: list[Entry], *, hold: bool) -> None:

@@ -21,7 +21,7 @@ class AdapterCounts:
     offline_sessions: int = 0  # sessions without a connection whose timers run here
     subscriptions: int = 0  # of those sessions, shared subscriptions apart
     shared_subscriptions: int = 0
-    retained: int = 0  # retained messages
+    retained: int = 0  # retained messages, the node's own (`$SYS`) apart
     inflight: int = 0  # deliveries sent and not yet acknowledged by their client
     queued: int = 0  # deliveries waiting for room in their client's window
 

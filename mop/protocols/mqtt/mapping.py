@@ -10,14 +10,14 @@ import base64
 import dataclasses
 import math
 
-from mop.message import Message
+from mop.message import RETAINED, Message
 from mop.protocols.mqtt.packets import NO_PROPERTIES, Properties, Publish
 
 CONTENT_TYPE = "mqtt.content_type"
 RESPONSE_TOPIC = "mqtt.response_topic"
 CORRELATION_DATA = "mqtt.correlation_data"  # base64, as properties are strings
 PAYLOAD_FORMAT = "mqtt.payload_format"
-RETAIN = "mqtt.retain"
+RETAIN = RETAINED[0]
 RESERVED_PREFIX = "mqtt."
 
 
@@ -38,7 +38,7 @@ def publish_to_message(publish: Publish, *, client_id: str, now_ms: int) -> Mess
     if props.payload_format_indicator is not None:
         pairs.append((PAYLOAD_FORMAT, str(props.payload_format_indicator)))
     if publish.retain:
-        pairs.append((RETAIN, "1"))
+        pairs.append(RETAINED)
     pairs.extend(props.user_properties)
     expiry = props.message_expiry_interval
     return Message(
@@ -57,7 +57,7 @@ def with_properties(message: Message, extra: tuple[tuple[str, str], ...]) -> Mes
 
 
 def was_retained(message: Message) -> bool:
-    return (RETAIN, "1") in message.properties
+    return RETAINED in message.properties
 
 
 def message_properties(

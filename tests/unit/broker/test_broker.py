@@ -13,7 +13,7 @@ from mop.broker import (
     SubscriptionMismatch,
 )
 from mop.broker.storage import IdRanges, MemoryStorage, StorageFull
-from mop.message import Message, MessageId
+from mop.message import RETAINED, Message, MessageId
 from mop.messaging import StartPosition, SubscriptionKind
 
 from .support import Clock, Wakeups, msg, new_broker, payloads, subscribe, take_all, topic
@@ -661,3 +661,11 @@ async def test_a_backlog_read_from_storage_counts_the_messages_of_its_batches() 
     again = new_broker(storage)
     await again.recover()
     assert again.stats().messages_backlog == 4
+
+
+async def test_a_retained_message_without_subscribers_is_not_counted_unrouted() -> None:
+    broker = new_broker()
+    retained = Message(b"kept", properties=(RETAINED,))
+    await broker.publish(topic("nobody"), retained)
+    broker.store_many(topic("nobody"), [retained, msg("gone")])
+    assert broker.stats().messages_unrouted == 1

@@ -67,6 +67,11 @@ class RetainedStore:
     def __len__(self) -> int:
         return len(self._messages)
 
+    @property
+    def shared(self) -> int:
+        """The retained messages of the deployment: the node's own (`keep_local`) apart."""
+        return len(self._messages) - sum(1 for topic in self._local if topic in self._messages)
+
     async def set(self, topic: str, message: Message | None) -> None:
         """Retain `message` for `topic`; None (an empty retained payload) clears it."""
         if message is None and topic not in self._messages:

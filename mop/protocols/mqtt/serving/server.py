@@ -166,7 +166,7 @@ class MqttServer:
             offline_sessions=len(self.sessions),
             subscriptions=subscriptions,
             shared_subscriptions=shared,
-            retained=len(self.retained),
+            retained=self.retained.shared,
             inflight=inflight,
             queued=queued,
         )

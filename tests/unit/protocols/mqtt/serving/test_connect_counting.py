@@ -8,6 +8,7 @@ import trio
 import trio.testing
 
 from mop.broker.storage.memory import MemoryStorage
+from mop.message import Message
 from mop.messaging import BackendError
 from mop.protocols.mqtt.packets import Connack, Connect
 from mop.protocols.mqtt.reason_codes import ReasonCode
@@ -67,3 +68,10 @@ async def test_a_session_that_cannot_be_read_or_stored_refuses_as_unavailable(
         with trio.fail_after(5):
             await connect(server, nursery, "c", level)
         assert (stats.connections, stats.opened) == (1, 1)
+
+
+async def test_the_retained_messages_counted_are_not_the_nodes_own() -> None:
+    async with mqtt_server(MemoryStorage()) as (server, _nursery):
+        server.retained.keep_local("$SYS/broker/uptime", Message(b"1 seconds"))
+        await server.retained.set("a", Message(b"kept"))
+        assert server.counts().retained == 1

@@ -51,3 +51,14 @@ async def test_clearing_shared_values_of_local_topics() -> None:
     assert sorted(data) == ["$SYS/broker/version", "a"]  # the local value was never shared
     assert payloads(store, "$SYS/#") == {"$SYS/broker/version": b"new"}
     assert payloads(store, "a") == {"a": b"kept"}
+
+
+async def test_the_count_of_retained_messages_leaves_out_the_nodes_own() -> None:
+    store = RetainedStore(SharedTable("retained", {}, []))
+    store.keep_local("$SYS/broker/uptime", Message(b"1 seconds"))
+    store.keep_local("$SYS/broker/version", None)
+    await store.set("a/b", Message(b"shared"))
+    await store.set("a/c", Message(b"shared"))
+    assert store.shared == 2
+    await store.set("a/c", None)
+    assert store.shared == 1
