@@ -32,7 +32,7 @@ from mop.observability.backend_metrics import (
     register_link_metrics,
 )
 from mop.observability.overload_metrics import register_overload_metrics
-from mop.observability.processor_metrics import Cached, register_processor_metrics
+from mop.observability.processor_metrics import register_processor_metrics
 from mop.observability.telemetry import TelemetryError
 from mop.overload.guard import OverloadGuard
 from mop.overload.memory import open_guard, serve_memory_watch
@@ -387,7 +387,7 @@ def _register_metrics(
     if isinstance(backend, LocalBackend):
         storage = backend.storage
         # One walk over the broker per collection, for every instrument that reads it.
-        stats = Cached(backend.stats)
+        stats = telemetry.per_collection(backend.stats)
         register_broker_metrics(
             telemetry,
             BrokerReadings(

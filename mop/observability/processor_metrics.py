@@ -8,9 +8,7 @@ subscriptions, retained messages, deliveries in flight) is counted at that momen
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Generic, TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
@@ -18,28 +16,9 @@ from mop.observability.histograms import HistogramReading
 from mop.observability.telemetry import Telemetry
 from mop.processor import AdapterCounts, MessagingProcessor, ProcessorStats
 
-__all__ = ["Cached", "register_processor_metrics"]
+__all__ = ["register_processor_metrics"]
 
-_T = TypeVar("_T")
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
-
-
-class Cached(Generic[_T]):
-    """`read()` remembered for `seconds`: the instruments of one collection that read the
-    same walk over sessions (or subscriptions) make it once."""
-
-    def __init__(self, read: Callable[[], _T], seconds: float = 0.5) -> None:
-        self._read = read
-        self._seconds = seconds
-        self._value: _T | None = None
-        self._at = 0.0
-
-    def __call__(self) -> _T:
-        now = time.monotonic()
-        if self._value is None or now - self._at >= self._seconds:
-            self._value = self._read()
-            self._at = now
-        return self._value
 
 
 def register_processor_metrics(
@@ -55,7 +34,7 @@ def register_processor_metrics(
     meter = telemetry.meter
     _connections(meter, stats)
     _traffic(meter, stats, backend_drops)
-    _adapters(meter, stats)
+    _adapters(telemetry, stats)
     meter.create_observable_gauge(
         "mop.uptime",
         [_one(lambda: stats.uptime)],
@@ -185,11 +164,13 @@ def _traffic(
     )
 
 
-def _adapters(meter: Meter, stats: ProcessorStats) -> None:
+def _adapters(telemetry: Telemetry, stats: ProcessorStats) -> None:
+    meter = telemetry.meter
+
     def read() -> dict[str, AdapterCounts]:
         return {name: counts() for name, counts in list(stats.adapters.items())}
 
-    counts = Cached(read)
+    counts = telemetry.per_collection(read)
 
     def sessions(_options: CallbackOptions) -> Iterable[Observation]:
         for name, held in counts().items():

@@ -11,8 +11,9 @@ TracerProvider (sampling by trace id, following a sampled parent), exporting ove
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import Meter
@@ -44,6 +45,39 @@ log = logging.getLogger("mop.telemetry")
 
 METER_NAME = "mop"
 
+_T = TypeVar("_T")
+
+
+class Collections:
+    """Counts the collections of a node's metrics (a scrape, an OTLP export): each reader
+    calls `ended` once it has what it collected, so that the next collection reads afresh."""
+
+    def __init__(self) -> None:
+        self.number = 0
+
+    def ended(self) -> None:
+        self.number += 1
+
+
+class PerCollection(Generic[_T]):
+    """`read()` made once per collection: the instruments of one scrape that read the same
+    walk (over sessions, subscriptions) share it, and the next scrape reads afresh. (A scrape
+    and an OTLP export at the same time may each read it again: never a stale value.)"""
+
+    def __init__(self, read: Callable[[], _T], collections: Collections) -> None:
+        self._read = read
+        self._collections = collections
+        self._value: _T | None = None
+        self._number = -1
+
+    def __call__(self) -> _T:
+        number = self._collections.number
+        value = self._value
+        if value is None or number != self._number:
+            value = self._value = self._read()
+            self._number = number
+        return value
+
 
 class TelemetryError(Exception):
     """The telemetry settings cannot be used (e.g. OTLP without its exporter installed)."""
@@ -66,9 +100,11 @@ class Telemetry:
         registry: CollectorRegistry,
         histograms: BucketHistograms | None = None,
         tracer_provider: TracerProvider | None = None,
+        collections: Collections | None = None,
     ) -> None:
         self._provider = provider
         self._registry = registry
+        self.collections = collections or Collections()
         self.meter: Meter = provider.get_meter(METER_NAME, VERSION)
         # Histograms the hot path keeps itself, served with the meter's metrics.
         self.histograms = histograms or BucketHistograms(
@@ -78,6 +114,10 @@ class Telemetry:
         self.tracing: NodeTracing | None = (
             NodeTracing(tracer_provider) if tracer_provider is not None else None
         )
+
+    def per_collection(self, read: Callable[[], _T]) -> PerCollection[_T]:
+        """`read` made once per collection of the metrics, for instruments that share it."""
+        return PerCollection(read, self.collections)
 
     def export_spans_to(self, exporter: SpanExporter) -> None:
         """Also hand every span to `exporter` as it ends (tests read them from an
@@ -115,15 +155,17 @@ def open_telemetry(settings: TelemetrySettings, *, mode: str, node_name: str) ->
         }
     )
     histograms = BucketHistograms(resource, InstrumentationScope(METER_NAME, VERSION))
-    readers: list[MetricReader] = [_PrometheusReader(registry, histograms)]
+    collections = Collections()
+    readers: list[MetricReader] = [_PrometheusReader(registry, histograms, collections)]
     if settings.otlp_metrics_endpoint:
-        readers.append(_otlp_reader(settings, histograms))
+        readers.append(_otlp_reader(settings, histograms, collections))
     provider = MeterProvider(metric_readers=readers, resource=resource)
     return Telemetry(
         provider,
         registry,
         histograms=histograms,
         tracer_provider=_tracer_provider(settings, resource),
+        collections=collections,
     )
 
 
@@ -162,21 +204,27 @@ def _otlp_span_exporter(settings: TelemetrySettings) -> SpanExporter:
 class _PrometheusReader(PrometheusMetricReader):
     """OpenTelemetry's Prometheus reader, given the bucket histograms with what it collects."""
 
-    def __init__(self, registry: CollectorRegistry, histograms: BucketHistograms) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, histograms: BucketHistograms, collections: Collections
+    ) -> None:
         self._histograms = histograms
+        self._collections = collections
         super().__init__(registry=registry)
 
     def _receive_metrics(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> None:
         # (Not called when the meter has no instrument at all: a node always has some.)
+        self._collections.ended()
         super()._receive_metrics(self._histograms.extend(metrics_data), timeout_millis, **kwargs)
 
 
 class _WithHistograms(MetricExporter):
     """An exporter that exports the bucket histograms with what the SDK collected."""
 
-    def __init__(self, exporter: MetricExporter, histograms: BucketHistograms) -> None:
+    def __init__(
+        self, exporter: MetricExporter, histograms: BucketHistograms, collections: Collections
+    ) -> None:
         # The reader asks the exporter which temporality and aggregation it prefers.
         super().__init__(
             preferred_temporality=exporter._preferred_temporality,
@@ -184,10 +232,12 @@ class _WithHistograms(MetricExporter):
         )
         self._exporter = exporter
         self._histograms = histograms
+        self._collections = collections
 
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> MetricExportResult:
+        self._collections.ended()
         return self._exporter.export(
             self._histograms.extend(metrics_data), timeout_millis=timeout_millis, **kwargs
         )
@@ -199,7 +249,9 @@ class _WithHistograms(MetricExporter):
         self._exporter.shutdown(timeout_millis=timeout_millis, **kwargs)
 
 
-def _otlp_reader(settings: TelemetrySettings, histograms: BucketHistograms) -> MetricReader:
+def _otlp_reader(
+    settings: TelemetrySettings, histograms: BucketHistograms, collections: Collections
+) -> MetricReader:
     try:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     except ImportError:
@@ -208,6 +260,6 @@ def _otlp_reader(settings: TelemetrySettings, histograms: BucketHistograms) -> M
         ) from None
     exporter = OTLPMetricExporter(endpoint=settings.otlp_metrics_endpoint)
     return PeriodicExportingMetricReader(
-        _WithHistograms(exporter, histograms),
+        _WithHistograms(exporter, histograms, collections),
         export_interval_millis=settings.otlp_interval * 1000,
     )

@@ -116,7 +116,9 @@ def test_an_exporter_is_given_the_histograms_with_what_the_sdk_collected(
     histogram.record(0.75)
     telemetry.histograms.add("mop.test.duration", lambda: [({"a": "b"}, histogram)])
     capture = Capture()
-    _WithHistograms(capture, telemetry.histograms).export(MetricsData(resource_metrics=[]))
+    _WithHistograms(capture, telemetry.histograms, telemetry.collections).export(
+        MetricsData(resource_metrics=[])
+    )
     (point,) = histogram_points(capture.exported[0], "mop.test.duration")
     assert dict(point.attributes) == {"a": "b"}
     assert (point.count, point.sum, list(point.bucket_counts)) == (2, 1.0, [1, 1])

@@ -11,7 +11,7 @@ from mop.backends.local import open_local_backend
 from mop.broker.storage import MemoryStorage
 from mop.counters import Closing, Drop, Refusal
 from mop.observability import Telemetry, open_telemetry
-from mop.observability.processor_metrics import Cached, register_processor_metrics
+from mop.observability.processor_metrics import register_processor_metrics
 from mop.processor import AdapterCounts, MessagingProcessor
 from mop.settings import TelemetrySettings
 from mop.testing.metrics import MetricsPage
@@ -71,13 +71,21 @@ async def test_counters_are_read_by_protocol_and_reason(processor: MessagingProc
     assert ("mop_delivery_latency_seconds_count", (("protocol", "pulsar"),)) in found
 
 
-def test_a_cached_reading_is_made_once_per_interval() -> None:
-    calls = []
+async def test_each_scrape_reads_what_adapters_hold_once_and_afresh(
+    processor: MessagingProcessor,
+) -> None:
+    telemetry = open_telemetry(TelemetrySettings(), mode="merged", node_name="test")
+    register_processor_metrics(telemetry, processor)
+    reads = []
 
-    def read() -> int:
-        calls.append(1)
-        return len(calls)
+    def counts() -> AdapterCounts:
+        reads.append(1)
+        return AdapterCounts(sessions=len(reads), retained=len(reads))
 
-    cached = Cached(read, seconds=60)
-    assert (cached(), cached()) == (1, 1)
-    assert Cached(read, seconds=0)() == 2
+    processor.stats.adapters["mqtt"] = counts
+    connected = ("mop_sessions", (("protocol", "mqtt"), ("state", "connected")))
+    retained = ("mop_retained_messages", (("protocol", "mqtt"),))
+    first = page(telemetry)
+    assert (first[connected], first[retained], len(reads)) == (1, 1, 1)
+    second = page(telemetry)  # at once: not the value of the scrape before
+    assert (second[connected], second[retained], len(reads)) == (2, 2, 2)
