@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import itertools
 import logging
+import os
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -415,13 +418,23 @@ def _register_metrics(
             register_link_metrics(telemetry, backend.links)
 
 
+# Nodes started in this process so far (tests and embedded brokers run several).
+_NODES = itertools.count(1)
+
+
+def node_instance_id() -> str:
+    """The node's identity in its telemetry (`service.instance.id`, `target_info`): its host
+    and process, `{host}:{pid}`, with `/{n}` for the n-th node of a process that runs several.
+    Known before any listener binds (a port may be 0), and unlike an address a node connects
+    to (the brokers' URL a proxy has), never shared by two nodes."""
+    number = next(_NODES)
+    name = f"{socket.gethostname()}:{os.getpid()}"
+    return name if number == 1 else f"{name}/{number}"
+
+
 def _open_telemetry(settings: Settings) -> Telemetry:
     try:
-        return open_telemetry(
-            settings.telemetry,
-            mode=settings.mode,
-            node_name=cluster_membership(settings).advertised_url,
-        )
+        return open_telemetry(settings.telemetry, mode=settings.mode, node_name=node_instance_id())
     except TelemetryError as exc:
         raise StartupError(str(exc)) from None
 

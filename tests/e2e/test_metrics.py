@@ -77,6 +77,7 @@ def test_the_page_counts_what_mqtt_and_pulsar_clients_did(node: RunningNode) -> 
     for n in range(5):
         assert publisher.publish("m/a", f"m{n}", qos=1) == 0
     assert publisher.publish("m/r", b"kept", qos=1, retain=True) == 0x10  # nobody subscribes
+    assert publisher.publish("m/nobody", b"gone", qos=1) == 0x10
     assert len(subscriber.expect(5)) == 5
     wrong = Client(port, "wrong", username="alice", password="nope", connect=False)
     assert wrong.connect().reason_code == 0x86
@@ -100,7 +101,7 @@ def test_the_page_counts_what_mqtt_and_pulsar_clients_did(node: RunningNode) -> 
     )
     assert page.value("mop_connections_closed_total", protocol="mqtt", reason="normal") == 1
     # Messages and bytes by protocol and direction.
-    assert page.value("mop_messages_total", protocol="mqtt", direction="in") == 6
+    assert page.value("mop_messages_total", protocol="mqtt", direction="in") == 7
     assert page.value("mop_messages_total", protocol="mqtt", direction="out") == 5
     assert page.value("mop_messages_total", protocol="pulsar", direction="in") == 3
     assert page.value("mop_messages_total", protocol="pulsar", direction="out") == 3
@@ -108,6 +109,7 @@ def test_the_page_counts_what_mqtt_and_pulsar_clients_did(node: RunningNode) -> 
         for direction in ("in", "out"):
             assert page.value("mop_bytes_total", protocol=protocol, direction=direction) > 0
         assert page.value("mop_requests_total", protocol=protocol) >= 3
+    # The retained message is kept: dropped is the one nobody subscribes to nor keeps.
     assert page.value("mop_messages_dropped_total", reason="no_subscribers") == 1
     # What the MQTT adapter and the broker hold.
     assert page.value("mop_retained_messages", protocol="mqtt") == 1
@@ -119,7 +121,7 @@ def test_the_page_counts_what_mqtt_and_pulsar_clients_did(node: RunningNode) -> 
     assert [value for _, value in backlogs] == [5]
     assert page.value("mop_broker_topics") >= 3
     # Latency histograms have samples.
-    assert page.value("mop_publish_duration_seconds_count") >= 9
+    assert page.value("mop_publish_duration_seconds_count") >= 10
     for protocol in ("mqtt", "pulsar"):
         assert page.value("mop_delivery_latency_seconds_count", protocol=protocol) > 0
     assert page.value("mop_storage_sync_duration_seconds_count") > 0
@@ -152,3 +154,14 @@ def test_a_separated_proxy_tells_of_its_links_to_the_brokers(broker: NodeProcess
     assert page.value("mop_broker_link_receive_delay_seconds_count", broker=address) >= 1
     assert page.value("mop_connections_active", protocol="mqtt") == 2
     assert page.value("mop_messages_total", protocol="mqtt", direction="in") == 3
+
+
+def test_each_proxy_names_itself_in_target_info(broker: NodeProcess) -> None:
+    settings = as_proxy(node_settings(), broker.service_url, namespace=f"m-{uuid.uuid4().hex[:12]}")
+    with running_node(settings) as first, running_node(settings) as second:
+        names = [
+            scrape(node).matching("target_info")[0][0]["service_instance_id"]
+            for node in (first, second)
+        ]
+    assert names[0] != names[1]
+    assert broker.service_url not in names

@@ -3,11 +3,14 @@ movement), and the check that this broker is a member."""
 
 from __future__ import annotations
 
+import os
+import socket
 from collections import Counter
 
 import pytest
 
 from mop.membership import Membership, MembershipError, score
+from mop.node import node_instance_id
 
 A, B, C, D = (f"pulsar://127.0.0.1:{port}" for port in (6650, 6651, 6652, 6653))
 TOPICS = [f"persistent://public/default/t-{n}" for n in range(3000)]
@@ -85,3 +88,9 @@ def test_advertise_changes_the_url_it_owns_under() -> None:
     membership.advertise(A + "/")
     assert (membership.advertised_url, membership.url) == (A + "/", A)
     assert membership.owner(TOPICS[0]) == A
+
+
+def test_each_node_of_a_process_has_its_own_instance_id() -> None:
+    first, second = node_instance_id(), node_instance_id()
+    assert first != second
+    assert first.split("/")[0] == second.split("/")[0] == f"{socket.gethostname()}:{os.getpid()}"
