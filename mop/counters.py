@@ -36,6 +36,7 @@ class Refusal(StrEnum):
     NOT_AUTHORIZED = "not_authorized"  # no credentials and anonymous refused, or denied
     BANNED = "banned"  # a ban, or too many failures lately
     LIMIT_REACHED = "limit_reached"  # the node serves its maximum of clients (or quota)
+    RATE_LIMITED = "rate_limited"  # over its listener's connection rate
     PROTOCOL_ERROR = "protocol_error"  # a bad first packet, an unsupported version, ...
     UNAVAILABLE = "unavailable"  # the node cannot serve it now (brokers unreachable)
     TIMEOUT = "timeout"  # nothing usable arrived within the connect timeout

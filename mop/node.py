@@ -25,7 +25,7 @@ import trio
 from mop.admin import AdminContext, serve_admin
 from mop.backends.local import LocalBackend
 from mop.broker.storage import DurableStorage, StorageError, open_durable_storage
-from mop.counters import Drop
+from mop.counters import Drop, ProtocolStats, Refusal
 from mop.exception_groups import leaves
 from mop.membership import Membership, MembershipError
 from mop.observability import Telemetry, open_telemetry
@@ -342,7 +342,8 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                 await handler.start(services)
             bound: list[BoundListener] = []
             for handler in handlers.values():
-                bound.extend(await _serve(nursery, handler, settings.limits, overload))
+                counted = processor.stats.protocol(handler.name)
+                bound.extend(await _serve(nursery, handler, settings.limits, overload, counted))
             _advertise_bound_port(membership, settings, bound)
             if settings.admin.enabled:
                 context = AdminContext(
@@ -485,8 +486,10 @@ async def _serve(
     handler: ProtocolHandler,
     limits: LimitsSettings,
     overload: OverloadGuard,
+    stats: ProtocolStats,
 ) -> list[BoundListener]:
-    """Serve the listeners of `handler`, each held to `limits.connection_rate`."""
+    """Serve the listeners of `handler`, each held to `limits.connection_rate` (a connection
+    refused over it is counted in `stats` and by overload protection)."""
     bound: list[BoundListener] = []
     by_handler: dict[Handler, list[ListenerSpec]] = {}
     for spec, connection_handler in handler.listeners():
@@ -497,6 +500,7 @@ async def _serve(
 
     def refused(spec: ListenerSpec) -> None:
         overload.refused_connection(f"{spec.name} ({spec.kind})")
+        stats.refuse(Refusal.RATE_LIMITED)
 
     for connection_handler, specs in by_handler.items():
         try:

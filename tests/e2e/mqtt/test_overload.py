@@ -84,6 +84,8 @@ def test_connections_over_the_rate_get_a_connack(
         silent = raws(node.mqtt_port, level)
         assert silent.recv_until_closed() == []
         assert stats(node).connections_refused_rate == 2
+        refused_here = node.node.processor.stats.protocol("mqtt").refused
+        assert refused_here == {"rate_limited": 2}  # mop_connections_rejected_total too
         # Those admitted are served as usual.
         first.send_bytes(b"\xc0\x00")  # PINGREQ
         assert first.recv() is not None

@@ -96,6 +96,7 @@ def test_connections_over_the_rate_get_too_many_requests() -> None:
             first.close()
             second.close()
         assert stats(node).connections_refused_rate == 1
+        assert node.node.processor.stats.protocol("pulsar").refused == {"rate_limited": 1}
 
 
 def test_a_refused_connection_that_sent_more_ends_cleanly() -> None:
