@@ -388,6 +388,8 @@ def _register_metrics(
     backend (the colocated broker and its storage, or the links to the brokers)."""
     sampling = settings.telemetry.latency_sampling
     processor.stats.sample_every(sampling)
+    for name in settings.protocols:  # their series from the start, at 0
+        processor.stats.protocol(name)
     if isinstance(backend, LocalBackend):
         storage = backend.storage
         # One walk over the broker per collection, for every instrument that reads it.

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from mop.counters import Closing, Drop, Refusal
 from mop.observability.histograms import HistogramReading
 from mop.observability.telemetry import Telemetry
 from mop.processor import AdapterCounts, MessagingProcessor, ProcessorStats
@@ -76,15 +77,18 @@ def _connections(meter: Meter, stats: ProcessorStats) -> None:
         for name, protocol in list(stats.protocols.items()):
             yield Observation(protocol.opened, {"protocol": name})
 
+    # Every known reason from the start (at 0), so that a rate sees the first one counted.
     def closed(_options: CallbackOptions) -> Iterable[Observation]:
         for name, protocol in list(stats.protocols.items()):
-            for reason, count in list(protocol.closed.items()):
-                yield Observation(count, {"protocol": name, "reason": reason})
+            counts: dict[str, int] = {**dict.fromkeys(Closing, 0), **protocol.closed}
+            for reason, count in counts.items():
+                yield Observation(count, {"protocol": name, "reason": str(reason)})
 
     def rejected(_options: CallbackOptions) -> Iterable[Observation]:
         for name, protocol in list(stats.protocols.items()):
-            for reason, count in list(protocol.refused.items()):
-                yield Observation(count, {"protocol": name, "reason": reason})
+            counts: dict[str, int] = {**dict.fromkeys(Refusal, 0), **protocol.refused}
+            for reason, count in counts.items():
+                yield Observation(count, {"protocol": name, "reason": str(reason)})
 
     meter.create_observable_up_down_counter(
         "mop.connections.active",
@@ -130,7 +134,7 @@ def _traffic(
             yield Observation(protocol.bytes_sent, {"protocol": name, "direction": "out"})
 
     def dropped(_options: CallbackOptions) -> Iterable[Observation]:
-        reasons = dict(stats.dropped)
+        reasons: dict[str, int] = {**dict.fromkeys(Drop, 0), **stats.dropped}
         if backend_drops is not None:
             for reason, count in backend_drops().items():
                 reasons[reason] = reasons.get(reason, 0) + count

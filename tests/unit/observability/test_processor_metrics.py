@@ -89,3 +89,21 @@ async def test_each_scrape_reads_what_adapters_hold_once_and_afresh(
     assert (first[connected], first[retained], len(reads)) == (1, 1, 1)
     second = page(telemetry)  # at once: not the value of the scrape before
     assert (second[connected], second[retained], len(reads)) == (2, 2, 2)
+
+
+async def test_known_reasons_are_on_the_page_at_zero_from_the_start(
+    processor: MessagingProcessor,
+) -> None:
+    telemetry = open_telemetry(TelemetrySettings(), mode="merged", node_name="test")
+    register_processor_metrics(telemetry, processor)
+    processor.stats.protocol("mqtt")
+    found = page(telemetry)
+    for reason in Closing:
+        assert (
+            found[("mop_connections_closed_total", (("protocol", "mqtt"), ("reason", reason)))] == 0
+        )
+    for reason in Refusal:
+        labels = (("protocol", "mqtt"), ("reason", str(reason)))
+        assert found[("mop_connections_rejected_total", labels)] == 0
+    for reason in Drop:
+        assert found[("mop_messages_dropped_total", (("reason", str(reason)),))] == 0
