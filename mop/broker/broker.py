@@ -217,11 +217,7 @@ class Broker:
             for _ in messages:
                 node.last_id = node.next_transient_id()
                 ids.append(node.last_id)
-        received = sum(message.count for message in messages)
-        if received != len(messages):
-            node.batched = True
-        node.messages_in += received
-        node.bytes_in += sum(payload_size(message) for message in messages)
+        node.count_in(messages)
         count = len(node.cursors)
         if count:
             entries = [Entry(topic, i, m) for i, m in zip(ids, messages, strict=True)]

@@ -353,9 +353,19 @@ class Subscription:
         now = 0.0
         freed = False
         entries = 0
+        # What `counted` hands out, added to its counters when another cursor comes (or at
+        # the end): a take is usually of one topic.
+        counted: Cursor | None = None
+        out = out_bytes = 0
         while queue and entries < max_messages:
             entry = queue.popleft()
             cursor = cursors[entry.topic]
+            if cursor is not counted:
+                if counted is not None:
+                    counted.messages_out += out
+                    counted.bytes_out += out_bytes
+                    out = out_bytes = 0
+                counted = cursor
             message = entry.message
             if message.expires_at:
                 now = now or self.books.clock()
@@ -369,8 +379,8 @@ class Subscription:
             entries += 1
             count = cursor.redeliveries.get(entry.message_id, 0) if cursor.redeliveries else 0
             if not message.batch:
-                cursor.messages_out += 1
-                cursor.bytes_out += len(message.payload)
+                out += 1
+                out_bytes += len(message.payload)
                 if message.qos == 0 and att.ack_qos0:
                     # At most once: acknowledged as it is taken, never tracked as unacked.
                     cursor.ack(entry.message_id)
@@ -386,8 +396,8 @@ class Subscription:
                     taken.append(delivery)
                 continue
             unacked[(entry.topic, entry.message_id)] = entry
-            cursor.messages_out += len(message.batch)
-            cursor.bytes_out += payload_size(message)
+            out += len(message.batch)
+            out_bytes += payload_size(message)
             bits = cursor.partial.get(entry.message_id, 0) if cursor.partial else 0
             if att.whole_batches:
                 acked = frozenset(i for i in range(len(message.batch)) if bits >> i & 1)
@@ -399,6 +409,9 @@ class Subscription:
                     for index, member in enumerate(message.batch)
                     if not bits >> index & 1
                 )
+        if counted is not None:
+            counted.messages_out += out
+            counted.bytes_out += out_bytes
         if freed:
             self.pump()
         return taken

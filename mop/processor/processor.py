@@ -238,7 +238,7 @@ class MessagingProcessor:
         if not ctx.internal:
             protocol = stats.protocol(ctx.protocol)
             protocol.messages_received += len(items)
-            protocol.payload_bytes_received += sum(len(item[1].payload) for item in items)
+            protocol.payload_bytes_received += sum([len(message.payload) for _, message in items])
         latency = stats.publish_latency
         start = time.perf_counter() if latency.due() else 0.0
         results: list[PublishResult | BackendError]

@@ -37,6 +37,9 @@ class LocalConsumer:
         self._att: Attachment | None = None
         self._local: deque[Delivery] = deque()
         self._local_permits = 0
+        # Whether it ever followed one of the node's own topics: until then no delivery of
+        # one can be among those it acknowledges, so they go to the broker unfiltered.
+        self._followed_local = False
         self._wakeup: trio.Event | None = None
         self._closed = False
         self._active = False
@@ -59,6 +62,8 @@ class LocalConsumer:
                 namespace=backend.broker.namespace,
             )
         )
+        if selectors:
+            self._followed_local = True
         backend.local.follow(self, self._spec.name, selectors)
 
     def deliver_local(self, delivery: Delivery) -> None:
@@ -76,7 +81,9 @@ class LocalConsumer:
             self._local_permits -= count
         return [self._local.popleft() for _ in range(count)]
 
-    def _not_local(self, deliveries: Iterable[Delivery]) -> list[Delivery]:
+    def _not_local(self, deliveries: Iterable[Delivery]) -> Iterable[Delivery]:
+        if not self._followed_local:
+            return deliveries
         owns = self._backend.local.owns
         return [delivery for delivery in deliveries if not owns(delivery.topic)]
 
@@ -165,7 +172,9 @@ class LocalConsumer:
                 self._backend.broker.nack(self._att, deliveries)
 
     def ack_through(self, topic: str, message_id: MessageId) -> None:
-        if not self._closed and self._att is not None and not self._backend.local.owns(topic):
+        if self._closed or self._att is None:
+            return
+        if not self._followed_local or not self._backend.local.owns(topic):
             with translated():
                 self._backend.broker.ack_through(self._att, topic, message_id)
 

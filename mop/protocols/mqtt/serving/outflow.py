@@ -314,21 +314,35 @@ class Outflow:
 
     def _send_batch(self, batch: list[tuple[_Pending, Outbound | None, bool]]) -> None:
         state = self._state
-        write = self._write
+        encode = self._encode
+        add = self._out.add  # pushed by the caller (see `deliver` and the read loop)
+        # Counted once for the batch (`_count_sent`).
+        sent = nbytes = payload = 0
         for item, entry, dup in batch:
+            message = item.message
             if entry is None:
-                write(item.topic, item.message, 0, item.retain, False, None, item.properties)
-            elif not write(
-                item.topic,
-                item.message,
-                item.qos,
-                item.retain,
-                dup,
-                entry.packet_id,
-                item.properties,
-            ):
-                state.outbound.pop(entry.packet_id, None)
-                self._finish(entry)
+                data = encode(item.topic, message, 0, item.retain, False, None, item.properties)
+            else:
+                data = encode(
+                    item.topic,
+                    message,
+                    item.qos,
+                    item.retain,
+                    dup,
+                    entry.packet_id,
+                    item.properties,
+                )
+            if data is None:
+                if entry is not None:
+                    state.outbound.pop(entry.packet_id, None)
+                    self._finish(entry)
+                continue
+            add(data)
+            sent += 1
+            nbytes += len(data)
+            payload += len(message.payload)
+        if sent:
+            self._count_sent(sent, nbytes, payload)
         self.flush_acks()
 
     def _take_window(self) -> list[tuple[_Pending, Outbound | None, bool]]:
@@ -386,8 +400,31 @@ class Outflow:
         props: Properties,
     ) -> bool:
         """Encode and buffer one PUBLISH; False when it exceeds the client's Maximum Packet
-        Size and is dropped. A QoS 0 PUBLISH without properties or topic alias is the same
-        bytes for every client at its protocol level: the server encodes it once."""
+        Size and is dropped."""
+        data = self._encode(topic, message, qos, retain, dup, packet_id, props)
+        if data is None:
+            return False
+        self._out.add(data)  # pushed by the caller (see `deliver` and the read loop)
+        self._count_sent(1, len(data), len(message.payload))
+        return True
+
+    def _count_sent(self, messages: int, nbytes: int, payload: int) -> None:
+        self.messages_out += messages
+        self._context.record_sent(messages, nbytes, payload)
+
+    def _encode(
+        self,
+        topic: str,
+        message: Message,
+        qos: int,
+        retain: bool,
+        dup: bool,
+        packet_id: int | None,
+        props: Properties,
+    ) -> bytes | None:
+        """One PUBLISH; None (counted as dropped) when it exceeds the client's Maximum
+        Packet Size. A QoS 0 PUBLISH without properties or topic alias is the same bytes for
+        every client at its protocol level: the server encodes it once."""
         conn = self._conn
         data: bytes | None
         if qos == 0 and props is NO_PROPERTIES and not conn.client_topic_alias_maximum:
@@ -404,11 +441,7 @@ class Outflow:
                 self._ctx.client_id,
                 topic,
             )
-            return False
-        self._out.add(data)  # pushed by the caller (see `deliver` and the read loop)
-        self.messages_out += 1
-        self._context.record_sent(1, len(data), len(message.payload))
-        return True
+        return data
 
     @property
     def waiting(self) -> bool:

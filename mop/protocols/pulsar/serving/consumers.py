@@ -196,12 +196,16 @@ class ConnectionConsumers:
                 return
             frames = []
             traces: list[DeliveryTrace] | None = None
+            count = payload = 0  # messages (those of batches apart) and their payloads' bytes
             for delivery in deliveries:
+                message = delivery.message
                 if tracing is not None:
-                    traces = self._traced(tracing, state.topic, delivery.message, traces)
+                    traces = self._traced(tracing, state.topic, message, traces)
                 mid = delivery.message_id
                 state.outstanding[mid] = delivery
-                batch = delivery.message.batch
+                batch = message.batch
+                count += len(batch) or 1
+                payload += len(message.payload)
                 ack_set: tuple[int, ...] = ()
                 if delivery.acked and batch:
                     ack_set = ack_set_of(i for i in range(len(batch)) if i not in delivery.acked)
@@ -219,9 +223,8 @@ class ConnectionConsumers:
             data = b"".join(frames)
             link.write(data)
             stats = link.server.stats
-            count = sum(d.message.count for d in deliveries)
             link.messages_out += count
-            stats.record_sent(count, len(data), sum(len(d.message.payload) for d in deliveries))
+            stats.record_sent(count, len(data), payload)
             if deliveries and stats.delivery_latency.due(count):
                 stats.delivery_latency.record_age(now_ms(), deliveries[-1].message.publish_time)
             if traces is not None:
