@@ -5,7 +5,6 @@ a QoS 1 message, and over the memory high-water mark publishes get 0x97, new cli
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import socket
 import time
@@ -17,10 +16,10 @@ from typing import Any
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
-from mop.overload.guard import OverloadGuard, OverloadStats
 from mop.settings import LimitsSettings
 from mop.testing.node import RunningNode, node_settings, running_node
 from tests.e2e.clients import TIMEOUT, Client, props
+from tests.e2e.overload_support import set_memory, stats
 from tests.e2e.raw import RawClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
@@ -32,18 +31,6 @@ LOW = 1e14
 MEMORY = LimitsSettings(
     memory_high_watermark=HIGH, memory_low_watermark=LOW, memory_check_interval=3600.0
 )
-
-
-def stats(node: RunningNode) -> OverloadStats:
-    """A copy of the counters of the node's overload guard."""
-    guard: OverloadGuard = node.node.processor.overload
-    return node.call(lambda: dataclasses.replace(guard.stats))
-
-
-def set_memory(node: RunningNode, used: float) -> None:
-    """Give the node's guard a memory sample, as its watch would."""
-    guard: OverloadGuard = node.node.processor.overload
-    node.call(lambda: guard.observe_memory(int(used)))
 
 
 def http_get(node: RunningNode, path: str) -> tuple[int, Any]:

@@ -16,7 +16,6 @@ from typing import Any
 import pulsar
 import pytest
 
-from mop.overload.guard import OverloadGuard, OverloadStats
 from mop.protocols.pulsar.commands import (
     Connect,
     Connected,
@@ -34,6 +33,7 @@ from mop.protocols.pulsar.metadata import MessageMetadata
 from mop.protocols.pulsar.serving.server import PulsarServer, Timers
 from mop.settings import LimitsSettings
 from mop.testing.node import RunningNode
+from tests.e2e.overload_support import set_memory, stats
 from tests.e2e.pulsar_support import (
     RawPulsar,
     pulsar_client,
@@ -67,16 +67,6 @@ def node() -> Iterator[RunningNode]:
 @pytest.fixture
 def topic(request: pytest.FixtureRequest) -> str:
     return topic_for(request.node.name)
-
-
-def stats(node: RunningNode) -> OverloadStats:
-    guard: OverloadGuard = node.node.processor.overload
-    return node.call(lambda: dataclasses.replace(guard.stats))
-
-
-def set_memory(node: RunningNode, used: float) -> None:
-    guard: OverloadGuard = node.node.processor.overload
-    node.call(lambda: guard.observe_memory(int(used)))
 
 
 def test_connections_over_the_rate_get_too_many_requests() -> None:
