@@ -92,7 +92,8 @@ def _check_fixed_header(packet_type: int, flags: int, level: int) -> None:
     if packet_type == PacketType.PUBLISH:
         if flags & 0x06 == 0x06:
             raise MalformedPacket("PUBLISH with QoS 3")
-        if level == 5 and flags & 0x0E == 0x08:
+        # [MQTT-3.3.1-2]: 3.1.1 and 5.0; MQTT 3.1 left it open.
+        if level >= 4 and flags & 0x0E == 0x08:
             raise MalformedPacket("PUBLISH with QoS 0 and DUP set")
         return
     required = _REQUIRED_FLAGS.get(packet_type)
@@ -151,6 +152,7 @@ class PacketDecoder(ReceiveBuffer):
             if (
                 remaining < 0x80
                 and first & 0x06 != 0x06
+                and first & 0x0E != 0x08
                 and remaining + 2 <= self.max_packet_size
                 and end <= len(buf)
             ):
@@ -385,6 +387,8 @@ def _decode_subscribe(mv: memoryview, flags: int, level: int) -> Subscribe:
     end = len(mv)
     while pos < end:
         topic_filter, pos = read_utf8(mv, pos)
+        if not topic_filter:  # [MQTT-4.7.3-1]: the connection closes
+            raise ProtocolViolation("SUBSCRIBE with an empty topic filter")
         options, pos = read_byte(mv, pos)
         if options & reserved:
             raise MalformedPacket("reserved bits set in subscription options")
@@ -431,6 +435,8 @@ def _decode_unsubscribe(mv: memoryview, flags: int, level: int) -> Unsubscribe:
     end = len(mv)
     while pos < end:
         topic_filter, pos = read_utf8(mv, pos)
+        if not topic_filter:  # [MQTT-4.7.3-1]
+            raise ProtocolViolation("UNSUBSCRIBE with an empty topic filter")
         topic_filters.append(topic_filter)
     if not topic_filters:
         raise ProtocolViolation("UNSUBSCRIBE without topic filters")

@@ -15,7 +15,12 @@ from functools import lru_cache
 from typing import Any, cast
 
 from mop.protocols.mqtt.codec import NEED_DATA, NeedData, PacketDecoder, encode, encode_publish
-from mop.protocols.mqtt.errors import LocalProtocolError, ProtocolViolation, RemoteProtocolError
+from mop.protocols.mqtt.errors import (
+    LocalProtocolError,
+    MalformedPacket,
+    ProtocolViolation,
+    RemoteProtocolError,
+)
 from mop.protocols.mqtt.packets import (
     Auth,
     Connack,
@@ -165,7 +170,11 @@ class ServerConnection:
         self.auth_method = props.authentication_method
 
     def _inbound_publish(self, publish: Publish) -> Publish:
-        alias = publish.properties.topic_alias
+        props = publish.properties
+        if props.subscription_identifiers:
+            # Only the server sends them [MQTT-3.3.4-6].
+            raise MalformedPacket("PUBLISH from a client with a subscription identifier")
+        alias = props.topic_alias
         topic = publish.topic
         if alias is not None:
             if alias > self.limits.topic_alias_maximum:

@@ -165,7 +165,8 @@ def _encode_connect(p: Connect, level: int) -> bytes:
 
 
 def _encode_connack(p: Connack, level: int) -> bytes:
-    flags = b"\x01" if p.session_present else b"\x00"
+    # MQTT 3.1 has no session present flag: its first byte is reserved.
+    flags = b"\x01" if p.session_present and level >= 4 else b"\x00"
     if level == 5:
         return _frame(
             0x20,

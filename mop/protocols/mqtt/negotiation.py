@@ -94,13 +94,17 @@ def negotiate_connect(
 ) -> ConnectDecision | ConnectRefusal:
     """Decide what the server accepts of `connect` under `policy`, or why it refuses it.
 
-    The refusals come in the order of the checks: an empty client id on a persistent MQTT
-    3.1.1 session, an authentication method not offered, an invalid will topic.
+    The refusals come in the order of the checks: an empty client id in MQTT 3.1 or on a
+    persistent MQTT 3.1.1 session, an authentication method not offered, an invalid will topic.
     """
     v5 = connect.protocol_level == 5
     client_id = connect.client_id
     assigned = None
     if not client_id:
+        if connect.protocol_level == 3:
+            return ConnectRefusal(
+                ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "MQTT 3.1 requires a client id"
+            )
         if not v5 and not connect.clean_start:
             return ConnectRefusal(
                 ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "an empty client id needs a clean session"

@@ -416,6 +416,9 @@ def decode_properties(mv: memoryview, pos: int, context: int) -> tuple[Propertie
                     f"topic alias {value} is invalid", reason_code=ReasonCode.TOPIC_ALIAS_INVALID
                 )
             raise ProtocolViolation(f"property {spec.field} has invalid value {value}")
+        if ident == PropertyId.RESPONSE_TOPIC and ("+" in value or "#" in value):
+            # A topic name, never a filter [MQTT-3.3.2-14].
+            raise MalformedPacket(f"response topic {value!r} contains a wildcard")
         if spec.field in values and context not in spec.repeatable_in:
             raise ProtocolViolation(f"property {spec.field} appears more than once")
         if spec.repeated:

@@ -291,6 +291,66 @@ def test_qos_3_publish_is_malformed(node: RunningNode, raws: Callable[..., RawCl
         closed_with(raw, 0x81)
 
 
+@pytest.mark.parametrize("level", [4, 5])
+def test_qos_0_publish_with_dup_is_malformed(
+    node: RunningNode, raws: Callable[..., RawClient], level: int
+) -> None:
+    # [MQTT-3.3.1-2] in 3.1.1 and 5.0.
+    with bystander(node.mqtt_port):
+        raw = raws(node.mqtt_port, level)
+        raw.connect("dup0")
+        props = b"\x00" if level == 5 else b""
+        raw.send_bytes(frame(0x38, mqtt_string(b"a") + props + b"x"))
+        closed_with(raw, 0x81 if level == 5 else None)
+
+
+@pytest.mark.parametrize("level", [4, 5])
+@pytest.mark.parametrize("first", [0x82, 0xA2], ids=["subscribe", "unsubscribe"])
+def test_empty_topic_filter_closes_the_connection(
+    node: RunningNode, raws: Callable[..., RawClient], level: int, first: int
+) -> None:
+    # [MQTT-4.7.3-1]: a protocol error, not a failure of one item.
+    with bystander(node.mqtt_port):
+        raw = raws(node.mqtt_port, level)
+        raw.connect("empty-filter")
+        body = b"\x00\x01" + (b"\x00" if level == 5 else b"")
+        body += mqtt_string(b"ok") + (b"\x00" if first == 0x82 else b"")
+        body += mqtt_string(b"") + (b"\x00" if first == 0x82 else b"")
+        raw.send_bytes(frame(first, body))
+        closed_with(raw, 0x82 if level == 5 else None)
+
+
+@pytest.mark.parametrize("response_topic", [b"r/+", b"r/#"])
+def test_wildcard_in_response_topic_is_malformed(
+    node: RunningNode, raws: Callable[..., RawClient], response_topic: bytes
+) -> None:
+    # [MQTT-3.3.2-14]
+    with bystander(node.mqtt_port):
+        sub = Client(node.mqtt_port, "resp-sub")
+        sub.subscribe("#", 0)
+        raw = raws(node.mqtt_port)
+        raw.connect("resp")
+        raw.send_bytes(publish_bytes(b"req", props=b"\x08" + mqtt_string(response_topic)))
+        closed_with(raw, 0x81)
+        expect_only_bystander(sub)
+        sub.disconnect()
+
+
+def test_subscription_identifier_in_a_client_publish_is_malformed(
+    node: RunningNode, raws: Callable[..., RawClient]
+) -> None:
+    # [MQTT-3.3.4-6]
+    with bystander(node.mqtt_port):
+        sub = Client(node.mqtt_port, "subid-sub")
+        sub.subscribe("#", 0)
+        raw = raws(node.mqtt_port)
+        raw.connect("subid")
+        raw.send_bytes(publish_bytes(b"t", props=b"\x0b\x01"))
+        closed_with(raw, 0x81)
+        expect_only_bystander(sub)
+        sub.disconnect()
+
+
 def test_many_hostile_connections_at_once() -> None:
     """Dozens of broken connections side by side cost the healthy clients nothing; whatever
     they send, they are closed (at the latest by the CONNECT timeout) and never get a CONNACK
@@ -352,6 +412,30 @@ def test_v311_empty_client_id_without_clean_session_is_rejected(
     raw = raws(node.mqtt_port, 4)
     assert raw.connect("", clean_start=False).reason_code == 2  # identifier rejected
     assert raw.recv_until_closed() == []
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_v31_empty_client_id_is_rejected(
+    node: RunningNode, raws: Callable[..., RawClient], clean: bool
+) -> None:
+    # MQTT 3.1 client ids are 1 to 23 characters.
+    raw = raws(node.mqtt_port, 3)
+    assert raw.connect("", clean_start=clean).reason_code == 2  # identifier rejected
+    assert raw.recv_until_closed() == []
+
+
+def test_v31_connack_has_no_session_present_flag(
+    node: RunningNode, raws: Callable[..., RawClient]
+) -> None:
+    first = raws(node.mqtt_port, 3)
+    assert first.connect("v31-session", clean_start=False).reason_code == 0
+    first.send(Disconnect())
+    assert first.recv_until_closed() == []
+    # The session is there for the client, but the 3.1 CONNACK's first byte is reserved.
+    again = raws(node.mqtt_port, 3)
+    assert again.connect("v31-session", clean_start=False) == Connack(session_present=False)
+    v311 = raws(node.mqtt_port, 4)
+    assert v311.connect("v31-session", clean_start=False).session_present
 
 
 @pytest.mark.parametrize(

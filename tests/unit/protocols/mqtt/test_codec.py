@@ -251,7 +251,7 @@ def test_known_vectors(level: int, packet: Packet, data: bytes) -> None:
         (5, h("E0 01 00"), Disconnect()),
         (5, h("E0 02 00 00"), Disconnect()),
         (5, h("F0 01 19"), Auth(0x19)),
-        (4, h("38 04 00 01 'a' 'x'"), Publish("a", b"x", dup=True)),  # tolerated before MQTT 5
+        (3, h("38 04 00 01 'a' 'x'"), Publish("a", b"x", dup=True)),  # tolerated in MQTT 3.1
         (
             5,
             h("10 11 00 04 'MQTT' 05 42 00 3C 00 00 01 'c' 00 01 'p'"),
@@ -273,6 +273,8 @@ def test_level_3_4_drop_what_they_cannot_express() -> None:
     assert encode(Disconnect(0x8B, props), 3) == h("E0 00")
     assert encode(Connack(reason_code=0x86), 4) == h("20 02 00 04")
     assert encode(Connack(reason_code=0x84), 3) == h("20 02 00 01")
+    # MQTT 3.1 has no session present flag: the first byte is reserved.
+    assert encode(Connack(session_present=True), 3) == h("20 02 00 00")
     aliased = Publish("t", b"", properties=Properties(topic_alias=3))
     assert encode(aliased, 4) == h("30 03 00 01 't'")
     sub = Subscribe(
@@ -357,6 +359,26 @@ REJECTED: list[tuple[str, int, bytes, type[RemoteProtocolError], int]] = [
     ("pingreq flags", 4, h("C8 00"), MalformedPacket, 0x81),
     ("publish qos 3", 4, h("36 05 00 01 'a' 00 01"), MalformedPacket, 0x81),
     ("publish 5 qos 0 dup", 5, h("38 04 00 01 'a' 00"), MalformedPacket, 0x81),
+    ("publish 3.1.1 qos 0 dup", 4, h("38 04 00 01 'a' 'x'"), MalformedPacket, 0x81),
+    ("subscribe empty filter", 4, h("82 05 00 01 00 00 00"), ProtocolViolation, 0x82),
+    ("subscribe 5 empty filter", 5, h("82 06 00 01 00 00 00 00"), ProtocolViolation, 0x82),
+    (
+        "subscribe empty filter after a valid one",
+        4,
+        h("82 09 00 01 00 01 'a' 00 00 00 00"),
+        ProtocolViolation,
+        0x82,
+    ),
+    ("unsubscribe empty filter", 4, h("A2 04 00 01 00 00"), ProtocolViolation, 0x82),
+    ("unsubscribe 5 empty filter", 5, h("A2 05 00 01 00 00 00"), ProtocolViolation, 0x82),
+    ("response topic with +", 5, h("30 08 00 01 't' 04 08 00 01 '+'"), MalformedPacket, 0x81),
+    (
+        "response topic with #",
+        5,
+        h("30 0A 00 01 't' 06 08 00 03 'a' '/' '#'"),
+        MalformedPacket,
+        0x81,
+    ),
     ("auth before mqtt 5", 4, h("F0 00"), MalformedPacket, 0x81),
     ("topic invalid utf-8", 4, h("30 04 00 02 C3 28"), MalformedPacket, 0x81),
     ("topic with surrogate", 4, h("30 05 00 03 ED A0 80"), MalformedPacket, 0x81),

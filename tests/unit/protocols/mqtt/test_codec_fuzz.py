@@ -38,6 +38,7 @@ from mop.protocols.mqtt.properties import (
     STRING_PAIR,
     UTF8,
     WILL,
+    PropertyId,
     PropertySpec,
 )
 from mop.protocols.mqtt.reason_codes import REASON_CODES_BY_PACKET, V3_SUBACK_CODES
@@ -45,12 +46,17 @@ from mop.protocols.mqtt.reason_codes import REASON_CODES_BY_PACKET, V3_SUBACK_CO
 # --- strategies ----------------------------------------------------------------------------------
 
 texts = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=12)
+# Topic filters are never empty [MQTT-4.7.3-1]; topic names (Response Topic) have no wildcards.
+filters = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=12)
+names = st.text(st.characters(codec="utf-8", exclude_characters="\x00+#"), max_size=12)
 blobs = st.binary(max_size=40)
 packet_ids = st.integers(1, 0xFFFF)
 levels = st.sampled_from([3, 4, 5])
 
 
 def _value(spec: PropertySpec) -> st.SearchStrategy[Any]:
+    if spec.id == PropertyId.RESPONSE_TOPIC:
+        return names
     if spec.kind is UTF8:
         return texts
     if spec.kind is BINARY:
@@ -128,10 +134,10 @@ def publishes(draw: st.DrawFn, level: int) -> Publish:
 
 def subscription_requests(level: int) -> st.SearchStrategy[SubscriptionRequest]:
     if level < 5:
-        return st.builds(SubscriptionRequest, texts, st.integers(0, 2))
+        return st.builds(SubscriptionRequest, filters, st.integers(0, 2))
     return st.builds(
         SubscriptionRequest,
-        texts,
+        filters,
         st.integers(0, 2),
         st.booleans(),
         st.booleans(),
@@ -158,7 +164,7 @@ def packets(level: int) -> st.SearchStrategy[Packet]:
         connects(level),
         st.builds(
             Connack,
-            st.booleans(),
+            st.booleans() if level >= 4 else st.just(False),  # 3.1 has no session present
             reasons(level, t.CONNACK) if level == 5 else st.integers(0, 5),
             props_for(level, t.CONNACK),
         ),
@@ -179,7 +185,7 @@ def packets(level: int) -> st.SearchStrategy[Packet]:
         st.builds(
             Unsubscribe,
             packet_ids,
-            st.lists(texts, min_size=1, max_size=4).map(tuple),
+            st.lists(filters, min_size=1, max_size=4).map(tuple),
             props_for(level, t.UNSUBSCRIBE),
         ),
         st.builds(Pingreq),

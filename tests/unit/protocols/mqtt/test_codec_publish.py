@@ -64,6 +64,7 @@ def test_well_formed_publishes(first: int, body: bytes, expected: Publish) -> No
         (0x32, b"\x00\x01t\x01", "two byte integer"),
         (0x30, b"\x00", "string length"),
         (0x36, b"\x00\x01t", "QoS 3"),
+        (0x38, b"\x00\x01t", "QoS 0 and DUP"),
     ],
 )
 def test_malformed_publishes_fail_as_before(first: int, body: bytes, error: str) -> None:
@@ -101,5 +102,8 @@ def test_any_body_decodes_like_the_general_path(flags: int, body: bytes, level: 
     got = _decode_all(_packet(first, body), level)
     if flags & 0x06 == 0x06:
         assert len(got) == 1 and isinstance(got[0], tuple) and "QoS 3" in got[0][1]
+        return
+    if flags & 0x0E == 0x08 and level == 4:
+        assert len(got) == 1 and isinstance(got[0], tuple) and "DUP" in got[0][1]
         return
     assert got == [_general(first, body, level)]

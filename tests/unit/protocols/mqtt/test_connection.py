@@ -6,7 +6,7 @@ import pytest
 
 from mop.protocols.mqtt.codec import NEED_DATA, PacketDecoder, encode
 from mop.protocols.mqtt.connection import ConnectionLimits, ConnectionState, ServerConnection
-from mop.protocols.mqtt.errors import ProtocolViolation, RemoteProtocolError
+from mop.protocols.mqtt.errors import MalformedPacket, ProtocolViolation, RemoteProtocolError
 from mop.protocols.mqtt.packets import (
     Connack,
     Connect,
@@ -118,6 +118,14 @@ def test_invalid_topic_name_in_publish() -> None:
     with pytest.raises(RemoteProtocolError) as info:
         feed(conn, Publish("a/+", b""))
     assert info.value.reason_code == ReasonCode.TOPIC_NAME_INVALID
+
+
+def test_a_subscription_identifier_in_a_client_publish_is_malformed() -> None:
+    # Only the server sends subscription identifiers [MQTT-3.3.4-6].
+    conn = connected()
+    with pytest.raises(MalformedPacket) as info:
+        feed(conn, Publish("t", b"", properties=Properties(subscription_identifiers=(1,))))
+    assert info.value.reason_code == ReasonCode.MALFORMED_PACKET
 
 
 def test_topic_levels_limit() -> None:

@@ -44,6 +44,13 @@ def test_an_empty_client_id_on_a_persistent_311_session_is_refused() -> None:
     assert v3_connack_code(refusal.reason_code) == ConnectReturnCode.IDENTIFIER_REJECTED
 
 
+@pytest.mark.parametrize("clean", [True, False])
+def test_an_empty_client_id_in_mqtt_31_is_refused(clean: bool) -> None:
+    # MQTT 3.1 client ids are 1 to 23 characters: the server assigns none.
+    refusal = refused(Connect("", protocol_level=3, clean_start=clean))
+    assert v3_connack_code(refusal.reason_code) == ConnectReturnCode.IDENTIFIER_REJECTED
+
+
 def test_an_empty_client_id_on_a_clean_311_session_is_assigned_without_telling() -> None:
     decision = accepted(Connect("", protocol_level=4, clean_start=True))
     assert decision.client_id == "assigned-1"
