@@ -10,31 +10,10 @@ import trio.testing
 from mop.broker.storage.memory import MemoryStorage
 from mop.message import Message
 from mop.messaging import BackendError
-from mop.protocols.mqtt.packets import Connack, Connect
 from mop.protocols.mqtt.reason_codes import ReasonCode
-from mop.protocols.mqtt.serving.handler import ClientHandler
-from mop.protocols.mqtt.serving.server import MqttServer
 from mop.protocols.mqtt.serving.session_registry import SessionRegistry
 
-from .test_handler import connect, mqtt_server
-from .test_server import INFO, Peer
-
-
-async def connack_of(
-    server: MqttServer, nursery: trio.Nursery, client_id: str, level: int
-) -> Connack:
-    client_end, server_end = trio.testing.memory_stream_pair()
-
-    async def serve() -> None:
-        async with server_end:
-            await ClientHandler(server, server_end, INFO).run()
-
-    nursery.start_soon(serve)
-    peer = Peer(client_end, level)
-    await peer.send(Connect(client_id, protocol_level=level))
-    answer = await peer.recv()
-    assert isinstance(answer, Connack)
-    return answer
+from .test_handler import connect, connect_answer, mqtt_server
 
 
 @pytest.mark.parametrize("failing", ["take", "attach"])
@@ -53,7 +32,7 @@ async def test_a_session_that_cannot_be_read_or_stored_refuses_as_unavailable(
 
     monkeypatch.setattr(SessionRegistry, failing, flaky)
     async with mqtt_server(MemoryStorage()) as (server, nursery):
-        answer = await connack_of(server, nursery, "c", level)
+        _, answer = await connect_answer(server, nursery, "c", level)
         if failing == "take":
             assert answer.reason_code == (ReasonCode.SERVER_UNAVAILABLE if level == 5 else 3)
         else:  # as the backend's error says (here: none in particular)

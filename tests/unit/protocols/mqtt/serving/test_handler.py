@@ -49,9 +49,10 @@ async def mqtt_server(
         nursery.cancel_scope.cancel()
 
 
-async def connect(
+async def connect_answer(
     server: MqttServer, nursery: trio.Nursery, client_id: str, level: int = 5, **fields: object
-) -> Peer:
+) -> tuple[Peer, Connack]:
+    """A client over a memory stream that sent CONNECT, and the server's CONNACK."""
     client_end, server_end = trio.testing.memory_stream_pair()
 
     async def serve() -> None:
@@ -62,7 +63,15 @@ async def connect(
     peer = Peer(client_end, level)
     await peer.send(Connect(client_id, protocol_level=level, **fields))  # type: ignore[arg-type]
     connack = await peer.recv()
-    assert isinstance(connack, Connack) and connack.reason_code == 0
+    assert isinstance(connack, Connack)
+    return peer, connack
+
+
+async def connect(
+    server: MqttServer, nursery: trio.Nursery, client_id: str, level: int = 5, **fields: object
+) -> Peer:
+    peer, connack = await connect_answer(server, nursery, client_id, level, **fields)
+    assert connack.reason_code == 0
     return peer
 
 
