@@ -57,9 +57,13 @@ class CommandType(IntEnum):
     ACTIVE_CONSUMER_CHANGE = 31
     GET_TOPICS_OF_NAMESPACE = 32
     GET_TOPICS_OF_NAMESPACE_RESPONSE = 33
+    GET_SCHEMA = 34
+    GET_SCHEMA_RESPONSE = 35
     AUTH_CHALLENGE = 36
     AUTH_RESPONSE = 37
     ACK_RESPONSE = 38
+    GET_OR_CREATE_SCHEMA = 39
+    GET_OR_CREATE_SCHEMA_RESPONSE = 40
 
 
 # The newest protocol version mop speaks (ProtocolVersion v20); CONNECTED answers min(client, this).
@@ -88,6 +92,8 @@ class SchemaType(IntEnum):
     LOCAL_TIME = 18
     LOCAL_DATE_TIME = 19
     PROTOBUF_NATIVE = 20
+    AUTO_CONSUME = 21
+    EXTERNAL = 22
 
 
 class SubType(IntEnum):
@@ -534,6 +540,48 @@ class ActiveConsumerChange:
     is_active: bool = pb(2, BOOL, default=False)
 
 
+# --- schemas -------------------------------------------------------------------------------------
+
+
+@message
+class GetSchema:
+    """The schema of a topic: version `schema_version` (8 bytes, big-endian), else the latest."""
+
+    TYPE: ClassVar = CommandType.GET_SCHEMA
+    request_id: int = pb(1, UINT64)
+    topic: str = pb(2, STRING)
+    schema_version: bytes | None = pb(3, BYTES, default=None)
+
+
+@message
+class GetSchemaResponse:
+    TYPE: ClassVar = CommandType.GET_SCHEMA_RESPONSE
+    request_id: int = pb(1, UINT64)
+    error_code: ServerError | None = pb(2, ServerError, default=None)
+    error_message: str | None = pb(3, STRING, default=None)
+    schema: Schema | None = pb(4, Schema, default=None)
+    schema_version: bytes | None = pb(5, BYTES, default=None)
+
+
+@message
+class GetOrCreateSchema:
+    """The version of `schema` for a topic, registered when it is new (and compatible)."""
+
+    TYPE: ClassVar = CommandType.GET_OR_CREATE_SCHEMA
+    request_id: int = pb(1, UINT64)
+    topic: str = pb(2, STRING)
+    schema: Schema = pb(3, Schema)
+
+
+@message
+class GetOrCreateSchemaResponse:
+    TYPE: ClassVar = CommandType.GET_OR_CREATE_SCHEMA_RESPONSE
+    request_id: int = pb(1, UINT64)
+    error_code: ServerError | None = pb(2, ServerError, default=None)
+    error_message: str | None = pb(3, STRING, default=None)
+    schema_version: bytes | None = pb(4, BYTES, default=None)
+
+
 Command = (
     Connect
     | Connected
@@ -568,6 +616,10 @@ Command = (
     | GetLastMessageId
     | GetLastMessageIdResponse
     | ActiveConsumerChange
+    | GetSchema
+    | GetSchemaResponse
+    | GetOrCreateSchema
+    | GetOrCreateSchemaResponse
 )
 
 # CommandType -> class, for every type this module knows.
@@ -607,6 +659,10 @@ COMMAND_CLASSES: Final[dict[int, type[Command]]] = {
         GetLastMessageId,
         GetLastMessageIdResponse,
         ActiveConsumerChange,
+        GetSchema,
+        GetSchemaResponse,
+        GetOrCreateSchema,
+        GetOrCreateSchemaResponse,
     )
 }
 
@@ -631,6 +687,10 @@ __all__ = [
     "Flow",
     "GetLastMessageId",
     "GetLastMessageIdResponse",
+    "GetOrCreateSchema",
+    "GetOrCreateSchemaResponse",
+    "GetSchema",
+    "GetSchemaResponse",
     "GetTopicsOfNamespace",
     "GetTopicsOfNamespaceResponse",
     "InitialPosition",

@@ -30,6 +30,10 @@ from mop.protocols.pulsar.commands import (
     Flow,
     GetLastMessageId,
     GetLastMessageIdResponse,
+    GetOrCreateSchema,
+    GetOrCreateSchemaResponse,
+    GetSchema,
+    GetSchemaResponse,
     GetTopicsOfNamespace,
     GetTopicsOfNamespaceResponse,
     Lookup,
@@ -126,6 +130,8 @@ ClientEvent = (
     | Seek
     | CloseConsumer
     | GetLastMessageId
+    | GetSchema
+    | GetOrCreateSchema
     | ChecksumMismatch
     | UnknownCommand
 )
@@ -147,6 +153,8 @@ _CLIENT_EVENTS: Final[tuple[type, ...]] = (
     Seek,
     CloseConsumer,
     GetLastMessageId,
+    GetSchema,
+    GetOrCreateSchema,
     ChecksumMismatch,
     UnknownCommand,
 )
@@ -168,6 +176,8 @@ _SERVER_COMMANDS: Final[tuple[type, ...]] = (
     GetLastMessageIdResponse,
     ActiveConsumerChange,
     AckResponse,
+    GetSchemaResponse,
+    GetOrCreateSchemaResponse,
 )
 
 _S = ConnectionState
