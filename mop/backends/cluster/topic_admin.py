@@ -146,11 +146,11 @@ class BrokerAdmin:
 
     async def set_schema_compatibility(self, namespace: str, rule: Compatibility | None) -> None:
         """Set the rule of `namespace` (None: back to the brokers' default)."""
-        path = _namespace_path(namespace)
-        if rule is None:
-            response = await self._ask_at("DELETE", path, namespace)
-        else:
-            response = await self._ask_at("PUT", path, namespace, content=json.dumps(rule.value))
+        # "UNDEFINED": no rule of its own (Pulsar's name for it), so the brokers' default.
+        value = "UNDEFINED" if rule is None else rule.value
+        response = await self._ask_at(
+            "PUT", _namespace_path(namespace), namespace, content=json.dumps(value)
+        )
         if response is None:
             raise BackendError(f"no namespace {namespace}", reason="not_found")
 
