@@ -4,6 +4,7 @@ broker, or the mop broker a separated proxy asks with GET_SCHEMA / GET_OR_CREATE
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import pytest
 
@@ -12,7 +13,7 @@ from mop.schemas import IncompatibleSchema, SchemaInfo, SchemaKind
 from tests.conformance.harness import Names
 
 
-def avro(*fields: dict[str, object]) -> SchemaInfo:
+def avro(*fields: Mapping[str, object]) -> SchemaInfo:
     definition = {"type": "record", "name": "Reading", "fields": list(fields)}
     return SchemaInfo(SchemaKind.AVRO, json.dumps(definition).encode(), (("origin", "test"),))
 

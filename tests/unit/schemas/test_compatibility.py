@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import pytest
 
@@ -12,7 +13,7 @@ from mop.schemas.compatibility import check_definition, incompatibility
 C = Compatibility
 
 
-def record(*fields: dict[str, object], kind: SchemaKind = SchemaKind.AVRO) -> SchemaInfo:
+def record(*fields: Mapping[str, object], kind: SchemaKind = SchemaKind.AVRO) -> SchemaInfo:
     definition = {"type": "record", "name": "User", "fields": list(fields)}
     return SchemaInfo(kind, json.dumps(definition).encode())
 
