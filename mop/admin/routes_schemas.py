@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from mop.admin.context import AdminContext
 from mop.admin.http import Request, Response, Router, json_response
+from mop.admin.routes_pulsar import NOT_OWNER
 from mop.processor import BackendError
 from mop.protocols.pulsar.admin_rest import ADMIN_PREFIX
 from mop.schemas import Compatibility, StoredSchema
@@ -73,6 +74,12 @@ def add_schema_routes(router: Router, context: AdminContext) -> None:
             topic = str(PulsarTopicName.parse(name))
         except TopicError as exc:
             return _reason(412, str(exc))
+        broker = context.broker
+        if broker is not None and not broker.owns(topic):
+            # A member of a mop broker cluster keeps the schemas of the topics it owns.
+            return _reason(
+                NOT_OWNER, f"{topic} is owned by {broker.owner(topic)}, not by {broker.url}"
+            )
         version = None
         if "version" in params:
             try:

@@ -145,14 +145,17 @@ class BrokerAdmin:
             ) from None
 
     async def set_schema_compatibility(self, namespace: str, rule: Compatibility | None) -> None:
-        """Set the rule of `namespace` (None: back to the brokers' default)."""
+        """Set the rule of `namespace` (None: back to the brokers' default) at every URL: each
+        member of a mop broker cluster keeps the rules of its own topics (Apache Pulsar keeps
+        one, so setting it again changes nothing)."""
         # "UNDEFINED": no rule of its own (Pulsar's name for it), so the brokers' default.
         value = "UNDEFINED" if rule is None else rule.value
-        response = await self._ask_at(
-            "PUT", _namespace_path(namespace), namespace, content=json.dumps(value)
-        )
-        if response is None:
-            raise BackendError(f"no namespace {namespace}", reason="not_found")
+        for url in self.urls:
+            response = await self._ask_at(
+                "PUT", _namespace_path(namespace), namespace, content=json.dumps(value), urls=(url,)
+            )
+            if response is None:
+                raise BackendError(f"{url}: no namespace {namespace}", reason="not_found")
 
     async def _ask_at(
         self,
@@ -161,13 +164,15 @@ class BrokerAdmin:
         topic: str,
         params: dict[str, str] | None = None,
         content: str | None = None,
+        urls: tuple[str, ...] | None = None,
     ) -> httpx.Response | None:
-        """The answer of the first URL that answers `method path` (None: a 404)."""
+        """The answer of the first URL (of `urls`, else of all) that answers `method path`
+        (None: a 404)."""
         failures: list[str] = []
         # Why the brokers that answered 421 do not answer for the topic: another member owns
         # it, or (a broker's admin.allowed_hosts) they do not answer for the host asked.
         misdirected: list[str] = []
-        for base in self.urls:
+        for base in urls or self.urls:
             try:
                 with trio.fail_after(self.timeout):
                     response = await self._follow(method, base + path, params, content)
