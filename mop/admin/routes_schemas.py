@@ -13,6 +13,7 @@ Errors are Pulsar's `{"reason": "..."}`.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 from mop.admin.context import AdminContext
@@ -28,6 +29,7 @@ __all__ = ["add_schema_routes", "schema_document"]
 
 # The value that puts a namespace back on the default rule (Pulsar's name for "not set").
 UNDEFINED: Final = "UNDEFINED"
+_VERSION: Final = re.compile(r"[0-9]+")
 _STATUS_BY_REASON: Final = {
     "invalid_topic": 412,
     "not_found": 404,
@@ -82,10 +84,9 @@ def add_schema_routes(router: Router, context: AdminContext) -> None:
             )
         version = None
         if "version" in params:
-            try:
-                version = int(params["version"])
-            except ValueError:
-                return _reason(400, "the schema version must be an integer")
+            if not _VERSION.fullmatch(params["version"]):
+                return _reason(400, "the schema version must be a number (0, 1, ...)")
+            version = int(params["version"])
         try:
             stored = await processor.schema(topic, version)
         except BackendError as exc:
