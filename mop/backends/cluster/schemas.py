@@ -52,7 +52,7 @@ class BrokerSchemas:
 
         what = f"schema of {topic}"
         try:
-            answer = await self._client.retrying(what, attempt)
+            answer = await self._client.retrying("GET_SCHEMA", attempt)
         except DriverError as exc:
             raise error_for(exc, what) from None
         if answer.error_code is not None or answer.schema is None:
@@ -82,7 +82,7 @@ class BrokerSchemas:
 
         what = f"schema of {topic}"
         try:
-            answer = await self._client.retrying(what, attempt)
+            answer = await self._client.retrying("GET_OR_CREATE_SCHEMA", attempt)
         except DriverError as exc:
             raise error_for(exc, what) from None
         if answer.error_code is not None:

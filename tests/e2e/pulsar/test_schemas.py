@@ -122,8 +122,9 @@ def test_values_round_trip_with_their_schema(
 
 def test_the_asyncio_client_round_trips_avro_and_json(node: RunningNode, topic: str) -> None:
     from pulsar.asyncio import Client as AsyncClient
+    from pulsar.asyncio import PulsarException
 
-    async def scenario() -> list[tuple[str, int]]:
+    async def scenario() -> tuple[list[tuple[str, int]], pulsar.Result]:
         client = AsyncClient(service_url(node))
         got = []
         try:
@@ -134,11 +135,18 @@ def test_the_asyncio_client_round_trips_avro_and_json(node: RunningNode, topic: 
                 message = await consumer.receive()
                 await consumer.acknowledge(message)
                 got.append((message.value().sensor, message.value().value))
-            return got
+            refused = AvroSchema(reading_with_required_field())
+            try:
+                await client.create_producer(f"{topic}-avro", schema=refused)
+            except PulsarException as exc:
+                return got, exc.error()
+            raise AssertionError("an incompatible schema was taken")
         finally:
             await client.close()
 
-    assert asyncio.run(scenario()) == [("avro", 0), ("json", 1)]
+    got, refusal = asyncio.run(scenario())
+    assert got == [("avro", 0), ("json", 1)]
+    assert refusal == pulsar.Result.IncompatibleSchema
 
 
 def test_a_compatible_schema_becomes_the_next_version(client: pulsar.Client, topic: str) -> None:
