@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from mop.clock import now_ms
-from mop.processor.backend import Table
+from mop.processor.backend import BackendError, Table
 from mop.schemas.compatibility import check_definition, incompatibility
 from mop.schemas.model import (
     Compatibility,
@@ -74,7 +74,15 @@ class SchemaRegistry:
         """Every version of `topic`'s schema, oldest (version 0) first."""
         name = schema_name(topic)
         value = self._schemas.get(name)
-        return [] if value is None else _decode(name, value)
+        if value is None:
+            return []
+        try:
+            return _decode(name, value)
+        except (ValueError, KeyError, TypeError) as exc:
+            # The table is a topic: a Pulsar client with the rights could write anything.
+            raise BackendError(
+                f"the schemas of {name} cannot be read: {exc!r}", reason="storage_error"
+            ) from None
 
     def get(self, topic: str, version: int | None = None) -> StoredSchema | None:
         """Version `version` of `topic`'s schema (None: the latest); None when there is none."""
@@ -88,7 +96,15 @@ class SchemaRegistry:
     def compatibility(self, namespace: str) -> Compatibility:
         """The rule of `namespace` ("tenant/namespace"): its own, else the default."""
         value = self._policies.get(namespace)
-        return self.default if value is None else Compatibility(value.decode())
+        if value is None:
+            return self.default
+        try:
+            return Compatibility(value.decode())
+        except (ValueError, UnicodeDecodeError):
+            raise BackendError(
+                f"the schema compatibility of {namespace} cannot be read: {value[:40]!r}",
+                reason="storage_error",
+            ) from None
 
     async def set_compatibility(self, namespace: str, rule: Compatibility | None) -> None:
         """Set `namespace`'s rule (None: back to the default)."""

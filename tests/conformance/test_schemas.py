@@ -7,6 +7,7 @@ import json
 from collections.abc import Mapping
 
 import pytest
+import trio
 
 from mop.processor.backend import Backend
 from mop.schemas import IncompatibleSchema, SchemaInfo, SchemaKind
@@ -61,3 +62,24 @@ async def test_the_partitions_of_a_topic_share_its_schemas(backend: Backend, nam
     assert await backend.get_or_create_schema(topic + "-partition-0", V0) == 0
     stored = await backend.schema(topic)
     assert stored is not None and stored.info.data == V0.data
+
+
+async def test_one_new_schema_brought_at_once_by_many_gets_one_version(
+    backend: Backend, names: Names
+) -> None:
+    topic = names.topic("race")
+    versions: list[int] = []
+
+    async def bring(schema: SchemaInfo) -> None:
+        versions.append(await backend.get_or_create_schema(topic, schema))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(bring, V0)
+    assert versions == [0, 0, 0, 0]
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(bring, V1)
+    assert versions[4:] == [1, 1, 1]
+    latest = await backend.schema(topic)
+    assert latest is not None and latest.version == 1
