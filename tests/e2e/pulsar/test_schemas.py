@@ -172,6 +172,23 @@ def test_an_incompatible_producer_or_consumer_is_refused(client: pulsar.Client, 
     client.subscribe(topic, "s3")
 
 
+def test_a_consumers_schema_is_checked_and_not_added(
+    client: pulsar.Client, http: httpx.Client
+) -> None:
+    topic = "persistent://public/default/schema-consumers"
+    base = "/admin/v2/schemas/public/default/schema-consumers/schema"
+    # On a topic without a schema, a consumer's becomes the first version (as in Pulsar).
+    client.subscribe(topic, "first", schema=AvroSchema(Reading))
+    assert http.get(base).json()["version"] == 0
+    # A compatible one is taken, and the topic keeps its versions.
+    v2 = reading_v2()
+    consumer = client.subscribe(topic, "second", schema=AvroSchema(v2))
+    assert http.get(base).json()["version"] == 0
+    client.create_producer(topic, schema=AvroSchema(Reading)).send(Reading(sensor="o", value=9))
+    message = consumer.receive(timeout_millis=TIMEOUT_MS)
+    assert (message.value().sensor, message.value().unit) == ("o", None)
+
+
 def test_the_namespace_rule_is_set_through_the_admin_api(
     client: pulsar.Client, http: httpx.Client
 ) -> None:

@@ -146,9 +146,7 @@ class ConnectionConsumers:
             )
             return
         try:
-            # Registered (or found) like a producer's: the topic's rule decides whether it
-            # may follow the topic's schemas.
-            await link.schemas.version_for(topic, cmd.schema)
+            await link.schemas.check_consumer(topic, cmd.schema)
         except BackendError as exc:
             link.send(Error(request_id=rid, error=server_error(exc), message=str(exc)))
             return

@@ -22,6 +22,8 @@ from mop.protocols.pulsar.schemas import (
     version_number,
 )
 from mop.protocols.pulsar.serving.server import TopicRefused, server_error
+from mop.schemas import IncompatibleSchema, namespace_of, schema_name
+from mop.schemas.compatibility import check_definition, incompatibility
 
 if TYPE_CHECKING:
     from mop.protocols.pulsar.serving.handler import PulsarConnection
@@ -46,6 +48,35 @@ class ConnectionSchemas:
             return None
         version = await self._link.server.processor.get_or_create_schema(topic, info)
         return version_bytes(version)
+
+    async def check_consumer(self, topic: str, schema: Schema | None) -> None:
+        """Check the schema a consumer of `topic` brings, as Pulsar brokers do: on a topic
+        without a schema it becomes the first version; otherwise it must be one of the topic's
+        versions or follow them under the namespace's rule, and is not added. Raises
+        BackendError (IncompatibleSchema) when it may not."""
+        if schema is None:
+            return
+        info = schema_info(schema)
+        if not info.kind.registered:
+            return
+        processor = self._link.server.processor
+        latest = await processor.schema(topic)
+        if latest is None:
+            await processor.get_or_create_schema(topic, info)
+            return
+        versions = [latest.info]
+        for version in range(latest.version - 1, -1, -1):
+            stored = await processor.schema(topic, version)
+            if stored is not None:
+                versions.insert(0, stored.info)
+        if any(known.same_as(info) for known in versions):
+            return
+        reason = check_definition(info)
+        if reason is None:
+            rule = await processor.schema_compatibility(namespace_of(topic))
+            reason = incompatibility(versions, info, rule)
+        if reason is not None:
+            raise IncompatibleSchema(f"{schema_name(topic)}: {reason}")
 
     async def on_get_schema(self, cmd: GetSchema) -> None:
         link = self._link
