@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import get_args
 
 import pytest
 
 from mop.schemas import Compatibility, SchemaInfo, SchemaKind
 from mop.schemas.compatibility import check_definition, incompatibility
+from mop.settings import SchemaCompatibility
 
 C = Compatibility
 
@@ -95,3 +97,7 @@ def test_a_promotable_field_type_change_is_refused_only_by_always_incompatible(
     new = record({"name": "blob", "type": "bytes"})
     expected_refused = rule is Compatibility.ALWAYS_INCOMPATIBLE
     assert (incompatibility([old], new, rule) is not None) == expected_refused
+
+
+def test_the_setting_names_every_rule() -> None:
+    assert set(get_args(SchemaCompatibility)) == {rule.value for rule in Compatibility}
