@@ -43,13 +43,21 @@ def _parse(info: SchemaInfo) -> avro.schema.Schema:
 
 
 def check_definition(info: SchemaInfo) -> str | None:
-    """Why `info` is not a valid schema of its kind (None when it is)."""
-    if info.kind not in _AVRO_KINDS:
+    """Why `info` is not a valid schema of its kind (None when it is). A JSON schema may also
+    be a JSON Schema document, as older Pulsar clients write them: such a one is only ever
+    followed by itself (no rule compares it), unless the rule is ALWAYS_COMPATIBLE."""
+    if info.kind is SchemaKind.JSON:
+        try:
+            json.loads(info.data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return f"JSON schema: the definition is not JSON: {exc}"
+        return None
+    if info.kind is not SchemaKind.AVRO:
         return None
     try:
         _parse(info)
     except ValueError as exc:
-        return f"{info.kind.value} schema: {exc}"
+        return f"AVRO schema: {exc}"
     return None
 
 

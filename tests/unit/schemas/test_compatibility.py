@@ -59,6 +59,15 @@ def test_another_kind_is_refused_unless_always_compatible() -> None:
     assert incompatibility([V1], record(NAME, kind=SchemaKind.JSON), C.BACKWARD) is not None
 
 
+def test_a_json_schema_that_is_no_avro_record_is_followed_only_by_itself() -> None:
+    # A JSON Schema document, as older Pulsar clients wrote them: valid, but not comparable.
+    draft = SchemaInfo(SchemaKind.JSON, b'{"type": "object", "properties": {}}')
+    assert check_definition(draft) is None
+    assert incompatibility([draft], record(NAME, kind=SchemaKind.JSON), C.FULL) is not None
+    assert incompatibility([record(NAME, kind=SchemaKind.JSON)], draft, C.FULL) is not None
+    assert incompatibility([draft], record(NAME, kind=SchemaKind.JSON), C.ALWAYS_COMPATIBLE) is None
+
+
 def test_primitive_schemas_of_one_kind_follow_each_other() -> None:
     old = SchemaInfo(SchemaKind.STRING, properties=(("a", "1"),))
     assert incompatibility([old], SchemaInfo(SchemaKind.STRING), C.FULL) is None
@@ -83,7 +92,8 @@ def test_the_transitive_rules_check_every_version_the_others_only_the_last() -> 
 
 def test_a_definition_that_is_not_avro_is_refused() -> None:
     assert check_definition(SchemaInfo(SchemaKind.AVRO, b"{not json")) is not None
-    assert check_definition(SchemaInfo(SchemaKind.JSON, b'{"type": "recordd"}')) is not None
+    assert check_definition(SchemaInfo(SchemaKind.AVRO, b'{"type": "recordd"}')) is not None
+    assert check_definition(SchemaInfo(SchemaKind.JSON, b"{not json")) is not None
     assert check_definition(V1) is None
     assert check_definition(SchemaInfo(SchemaKind.STRING, b"anything")) is None
 

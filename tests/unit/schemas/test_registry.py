@@ -48,7 +48,7 @@ async def test_the_namespace_rule_overrides_the_default_and_can_be_dropped() -> 
 async def test_an_invalid_definition_is_refused_even_as_the_first_version() -> None:
     schemas = registry()
     with pytest.raises(IncompatibleSchema, match="not a valid Avro schema"):
-        await schemas.get_or_create(TOPIC, SchemaInfo(SchemaKind.JSON, b"{}"))
+        await schemas.get_or_create(TOPIC, SchemaInfo(SchemaKind.AVRO, b"{}"))
     assert schemas.get(TOPIC) is None
 
 
