@@ -19,7 +19,7 @@ from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibi
 
 from mop.schemas.model import Compatibility, SchemaInfo, SchemaKind
 
-__all__ = ["check_definition", "incompatibility"]
+__all__ = ["check_definition", "incompatibility", "reader_incompatibility"]
 
 # The kinds whose definition is an Avro schema.
 _AVRO_KINDS: Final = frozenset({SchemaKind.AVRO, SchemaKind.JSON})
@@ -107,3 +107,14 @@ def incompatibility(
             if reason is not None:
                 return f"{reason} (compatibility {rule.value})"
     return None
+
+
+def reader_incompatibility(
+    existing: Sequence[SchemaInfo], new: SchemaInfo, rule: Compatibility
+) -> str | None:
+    """Why a consumer with schema `new` may not read a topic with schemas `existing` (oldest
+    first, not empty) under `rule`; None when it may: it is one of them, or it is valid and
+    could follow them."""
+    if any(known.same_as(new) for known in existing):
+        return None
+    return check_definition(new) or incompatibility(existing, new, rule)

@@ -9,7 +9,11 @@ from typing import get_args
 import pytest
 
 from mop.schemas import Compatibility, SchemaInfo, SchemaKind
-from mop.schemas.compatibility import check_definition, incompatibility
+from mop.schemas.compatibility import (
+    check_definition,
+    incompatibility,
+    reader_incompatibility,
+)
 from mop.settings import SchemaCompatibility
 
 C = Compatibility
@@ -111,3 +115,11 @@ def test_a_promotable_field_type_change_is_refused_only_by_always_incompatible(
 
 def test_the_setting_names_every_rule() -> None:
     assert set(get_args(SchemaCompatibility)) == {rule.value for rule in Compatibility}
+
+
+def test_a_reader_is_taken_when_it_is_a_known_version_or_could_follow() -> None:
+    # A known version is taken whatever the rule; a new one as a producer's would be.
+    assert reader_incompatibility([V1, ADDS_OPTIONAL], V1, C.ALWAYS_INCOMPATIBLE) is None
+    assert reader_incompatibility([V1], ADDS_OPTIONAL, C.FULL) is None
+    assert reader_incompatibility([V1], ADDS_REQUIRED, C.FULL) is not None
+    assert reader_incompatibility([V1], SchemaInfo(SchemaKind.AVRO, b"{"), C.ALWAYS_COMPATIBLE)

@@ -23,7 +23,7 @@ from mop.protocols.pulsar.schemas import (
 )
 from mop.protocols.pulsar.serving.server import TopicRefused, server_error
 from mop.schemas import IncompatibleSchema, namespace_of, schema_name
-from mop.schemas.compatibility import check_definition, incompatibility
+from mop.schemas.compatibility import reader_incompatibility
 
 if TYPE_CHECKING:
     from mop.protocols.pulsar.serving.handler import PulsarConnection
@@ -34,13 +34,16 @@ log = logging.getLogger("mop.pulsar")
 
 
 class ConnectionSchemas:
+    """The schema requests of one connection, answered through the processor (the broker
+    that owns a topic keeps its schemas)."""
+
     def __init__(self, link: PulsarConnection) -> None:
         self._link = link
 
     async def version_for(self, topic: str, schema: Schema | None) -> bytes | None:
-        """The version of the schema a producer or consumer of `topic` brings, registered
-        when new (None when it brings none, or takes whatever the topic has). Raises
-        BackendError (IncompatibleSchema) when the topic's rule refuses it."""
+        """The version of the schema a producer of `topic` brings (or GET_OR_CREATE_SCHEMA
+        names), registered when new; None when it brings none. Raises BackendError
+        (IncompatibleSchema) when the namespace's rule refuses it."""
         if schema is None:
             return None
         info = schema_info(schema)
@@ -69,12 +72,8 @@ class ConnectionSchemas:
             stored = await processor.schema(topic, version)
             if stored is not None:
                 versions.insert(0, stored.info)
-        if any(known.same_as(info) for known in versions):
-            return
-        reason = check_definition(info)
-        if reason is None:
-            rule = await processor.schema_compatibility(namespace_of(topic))
-            reason = incompatibility(versions, info, rule)
+        rule = await processor.schema_compatibility(namespace_of(topic))
+        reason = reader_incompatibility(versions, info, rule)
         if reason is not None:
             raise IncompatibleSchema(f"{schema_name(topic)}: {reason}")
 
