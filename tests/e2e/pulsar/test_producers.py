@@ -113,7 +113,8 @@ def test_exclusive_access_refuses_other_producers(client: pulsar.Client, topic: 
     exclusive = client.create_producer(topic, access_mode=pulsar.ProducerAccessMode.Exclusive)
     with pytest.raises(pulsar.ProducerBusy):
         client.create_producer(topic)
-    with pytest.raises(pulsar.ProducerBusy):
+    # Pulsar fences a second Exclusive producer out (ProducerFencedException), it is not "busy".
+    with pytest.raises(pulsar.ProducerFenced):
         client.create_producer(topic, access_mode=pulsar.ProducerAccessMode.Exclusive)
     exclusive.send(b"still mine")
     exclusive.close()
@@ -124,7 +125,7 @@ def test_exclusive_is_refused_while_shared_producers_exist(
     client: pulsar.Client, topic: str
 ) -> None:
     client.create_producer(topic)
-    with pytest.raises(pulsar.ProducerBusy):
+    with pytest.raises(pulsar.ProducerFenced):
         client.create_producer(topic, access_mode=pulsar.ProducerAccessMode.Exclusive)
 
 
