@@ -145,7 +145,7 @@ def test_the_asyncio_client_is_fenced_out_of_an_exclusive_topic(
         finally:
             await client.close()
 
-    assert asyncio.run(scenario()) is pulsar.Result.ProducerFenced
+    assert asyncio.run(scenario()) == pulsar.Result.ProducerFenced
 
 
 def test_exclusive_is_refused_while_shared_producers_exist(
