@@ -8,21 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pulsar
 import pytest
 from pulsar.asyncio import Client as AsyncClient
 
-from mop.testing.cluster import broker_settings, proxy_settings
-from mop.testing.node import RunningNode, running_node
 from tests.e2e.clients import Client
 from tests.e2e.pulsar_support import (
     TIMEOUT_MS,
+    Deployment,
     pulsar_client,
     pulsar_node,
     pulsar_settings,
@@ -33,24 +30,6 @@ from tests.e2e.pulsar_support import (
 pytestmark = pytest.mark.e2e
 
 Mode = pulsar.RegexSubscriptionMode
-
-
-@dataclasses.dataclass(frozen=True)
-class Deployment:
-    pulsar: RunningNode  # where Pulsar clients connect
-    mqtt: RunningNode  # where MQTT clients connect
-    separated: bool
-
-
-@pytest.fixture(scope="module", params=["merged", "separated"])
-def deployment(request: pytest.FixtureRequest) -> Iterator[Deployment]:
-    if request.param == "merged":
-        with pulsar_node() as node:
-            yield Deployment(node, node, separated=False)
-        return
-    with running_node(broker_settings()) as broker:
-        with running_node(proxy_settings(service_url(broker))) as proxy:
-            yield Deployment(broker, proxy, separated=True)
 
 
 def prefix_for(request: pytest.FixtureRequest) -> str:
