@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import pulsar
 import pytest
@@ -19,6 +20,8 @@ from tests.e2e.pulsar_support import (
     TIMEOUT_MS,
     Deployment,
     pulsar_client,
+    pulsar_node,
+    pulsar_settings,
     receive_all,
     service_url,
     topic_for,
@@ -162,3 +165,28 @@ def test_mqtt_subscribers_skip_encrypted_messages(
         received = subscriber.expect(1)
         subscriber.expect_none(0.5)
     assert [(m.topic, m.payload) for m in received] == [(mqtt_topic, b"in clear")]
+
+
+def test_encrypted_messages_are_stored_as_sent(
+    tmp_path: Path, keys: pulsar.CryptoKeyReader
+) -> None:
+    """What a restart reads back from storage still decrypts, batches included."""
+    settings = pulsar_settings(data_dir=str(tmp_path / "data"))
+    topic = "persistent://public/default/encrypted-kept"
+    with pulsar_node(settings) as node, pulsar_client(node) as client:
+        client.subscribe(topic, "later").close()
+        producer = client.create_producer(
+            topic,
+            encryption_key="k1",
+            crypto_key_reader=keys,
+            compression_type=Compression.ZLib,
+            batching_max_publish_delay_ms=1000,
+        )
+        for i in range(4):
+            producer.send_async(f"kept {i}".encode(), None)
+        producer.flush()
+    with pulsar_node(settings) as node, pulsar_client(node) as client:
+        consumer = client.subscribe(topic, "later", crypto_key_reader=keys)
+        assert [m.data() for m in receive_all(consumer, 4)] == [
+            f"kept {i}".encode() for i in range(4)
+        ]
