@@ -79,3 +79,17 @@ async def test_a_producer_keeps_its_topic_when_a_subscription_leaves() -> None:
     att = await subscribe(broker, "s", [name], durable=False)
     broker.close(att)
     assert broker.topics(NS) == [name]
+
+
+async def test_a_durable_subscriptions_topic_is_listed_after_a_restart() -> None:
+    # A Pulsar consumer's subscription is durable: its topic comes back with it, and goes
+    # with it (no record of its own), as long as it never held a message.
+    storage = MemoryStorage()
+    broker = new_broker(storage)
+    await subscribe(broker, "s", [topic("consumed")])
+    again = new_broker(storage)
+    await again.recover()
+    assert again.topics(NS) == [topic("consumed")]
+    await again.delete_subscription("s")
+    assert again.topics(NS) == []
+    assert list(storage.table_items(TOPICS_TABLE)) == []
