@@ -26,6 +26,8 @@ from mop.protocols.pulsar.commands import (
     Command,
     Connect,
     Connected,
+    ConsumerStats,
+    ConsumerStatsResponse,
     Error,
     Flow,
     GetLastMessageId,
@@ -132,6 +134,7 @@ ClientEvent = (
     | GetLastMessageId
     | GetSchema
     | GetOrCreateSchema
+    | ConsumerStats
     | ChecksumMismatch
     | UnknownCommand
 )
@@ -155,6 +158,7 @@ _CLIENT_EVENTS: Final[tuple[type, ...]] = (
     GetLastMessageId,
     GetSchema,
     GetOrCreateSchema,
+    ConsumerStats,
     ChecksumMismatch,
     UnknownCommand,
 )
@@ -178,6 +182,7 @@ _SERVER_COMMANDS: Final[tuple[type, ...]] = (
     AckResponse,
     GetSchemaResponse,
     GetOrCreateSchemaResponse,
+    ConsumerStatsResponse,
 )
 
 _S = ConnectionState

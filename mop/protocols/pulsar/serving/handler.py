@@ -40,6 +40,7 @@ from mop.protocols.pulsar.commands import (
     CloseProducer,
     Command,
     Connect,
+    ConsumerStats,
     Error,
     Flow,
     GetLastMessageId,
@@ -161,6 +162,7 @@ class PulsarConnection:
             GetLastMessageId: self.consumers.on_get_last_message_id,
             GetSchema: self.schemas.on_get_schema,
             GetOrCreateSchema: self.schemas.on_get_or_create_schema,
+            ConsumerStats: self.consumers.on_stats,
             ChecksumMismatch: self._on_checksum_mismatch,
             UnknownCommand: self._on_unknown,
         }
