@@ -19,6 +19,7 @@ from mop.admin.routes_docs import add_docs_routes
 from mop.admin.routes_health import add_health_routes
 from mop.admin.routes_logging import add_logging_routes
 from mop.admin.routes_page import add_page_routes
+from mop.admin.routes_partitioned import add_partitioned_routes
 from mop.admin.routes_publish import add_publish_routes
 from mop.admin.routes_pulsar import add_pulsar_admin_routes
 from mop.admin.routes_retained import add_retained_routes
@@ -46,6 +47,7 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
     add_topic_routes(router, context)
     if context.broker is not None:
         add_pulsar_admin_routes(router, context, context.broker)
+        add_partitioned_routes(router, context, context.broker)
     add_page_routes(router, context)
     guard = AdminGuard(context.settings, context.processor)
     return AsgiApp(router, guard, hosts=HostGuard.of(context.settings.admin))
