@@ -1,5 +1,6 @@
-"""On a broker node: Apache Pulsar's admin REST API v2 for partitioned topics, which separated
-proxies (`mop.backends.cluster.partitioned`) and Pulsar's own tools use.
+"""Apache Pulsar's admin REST API v2 for partitioned topics, which Pulsar's own tools use. A
+broker node keeps the metadata; a separated proxy serves the same routes by asking its brokers
+(`mop.backends.cluster.partitioned`, through `cluster.admin_url`).
 
 - `PUT .../{topic}/partitions` (body: the count): 204; 409 when it exists (or an ordinary topic
   of that name does), 406 for a count out of 1..4096 (`mop.partitioned.MAX_PARTITIONS`);
@@ -46,11 +47,15 @@ def _refused(exc: BackendError) -> Response:
     return reason_response(_STATUS_BY_REASON.get(exc.reason, 500), str(exc))
 
 
-def _count(request: Request) -> int:
-    """The body: a JSON integer (Pulsar's admin client sends the count alone)."""
-    value = request.json()
+def _count(request: Request) -> int | Response:
+    """The body: a JSON integer (Pulsar's admin client sends the count alone), or the answer
+    refusing it."""
+    try:
+        value = request.json()
+    except HttpError as exc:
+        return reason_response(400, exc.message)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise HttpError(400, "the body must be the number of partitions (a JSON integer)")
+        return reason_response(400, "the body must be the number of partitions (a JSON integer)")
     return value
 
 
@@ -64,8 +69,11 @@ def add_partitioned_routes(router: Router, context: AdminContext, broker: Member
         topic = owned_topic(request, broker)
         if isinstance(topic, Response):
             return topic
+        count = _count(request)
+        if isinstance(count, Response):
+            return count
         try:
-            await partitioned().create(topic, _count(request))
+            await partitioned().create(topic, count)
         except BackendError as exc:
             return _refused(exc)
         return Response(204, content_type="text/plain")
@@ -74,8 +82,11 @@ def add_partitioned_routes(router: Router, context: AdminContext, broker: Member
         topic = owned_topic(request, broker)
         if isinstance(topic, Response):
             return topic
+        count = _count(request)
+        if isinstance(count, Response):
+            return count
         try:
-            await partitioned().grow(topic, _count(request))
+            await partitioned().grow(topic, count)
         except BackendError as exc:
             return _refused(exc)
         return Response(204, content_type="text/plain")

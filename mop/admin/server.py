@@ -26,6 +26,7 @@ from mop.admin.routes_retained import add_retained_routes
 from mop.admin.routes_sessions import add_sessions_routes
 from mop.admin.routes_stats import add_stats_routes
 from mop.admin.routes_topics import add_topic_routes
+from mop.membership import Membership
 from mop.transport import BoundListener, ListenerSpec
 
 log = logging.getLogger("mop.admin")
@@ -47,7 +48,8 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
     add_topic_routes(router, context)
     if context.broker is not None:
         add_pulsar_admin_routes(router, context, context.broker)
-        add_partitioned_routes(router, context, context.broker)
+    # A broker answers for the names it owns; a proxy passes every request on to its brokers.
+    add_partitioned_routes(router, context, context.broker or Membership((), ""))
     add_page_routes(router, context)
     guard = AdminGuard(context.settings, context.processor)
     return AsgiApp(router, guard, hosts=HostGuard.of(context.settings.admin))
