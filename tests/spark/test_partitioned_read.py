@@ -9,8 +9,8 @@ import httpx
 import pulsar
 import pytest
 
-from mop.testing.node import RunningNode
 from mop.protocols.pulsar.admin_rest import topic_path
+from mop.testing.node import RunningNode
 from mop.topic_names import mqtt_to_pulsar
 from tests.e2e.admin.topics_support import admin_url
 from tests.spark.support import hold
