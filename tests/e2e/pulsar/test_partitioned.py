@@ -20,6 +20,7 @@ from pulsar.asyncio import Client as AsyncClient
 from mop.settings import PulsarSettings, Settings
 from mop.testing.node import RunningNode, node_settings
 from tests.e2e.admin.topics_support import admin_url
+from tests.e2e.clients import Client
 from tests.e2e.pulsar_support import (
     TIMEOUT_MS,
     pulsar_client,
@@ -303,3 +304,30 @@ def test_the_asyncio_client_produces_and_consumes_across_partitions(
     got, topics = asyncio.run(scenario())
     assert got == [f"a{n}".encode() for n in range(6)]
     assert topics == set(partitions(partitioned))
+
+
+def test_mqtt_clients_see_the_partitions_as_the_topics_they_are(
+    node: RunningNode, client: pulsar.Client, partitioned: str
+) -> None:
+    # MQTT topics are never partitioned: an MQTT client names each partition.
+    names = [name.rpartition("/")[2] for name in partitions(partitioned)]
+    subscriber = Client(node.mqtt_port, "partition-reader")
+    for name in names:
+        assert subscriber.subscribe(name, qos=1) == [1]
+    producer = client.create_producer(
+        partitioned,
+        message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
+        batching_enabled=False,
+    )
+    for n in range(3):
+        producer.send(f"p{n}".encode())
+    received = subscriber.expect(3)
+    assert sorted(m.topic for m in received) == names
+    # A publish to one partition reaches the Pulsar consumers of the partitioned topic.
+    consumer = client.subscribe(partitioned, "from-mqtt")
+    Client(node.mqtt_port, "partition-writer").publish(names[1], b"to one partition", qos=1)
+    message = consumer.receive(timeout_millis=TIMEOUT_MS)
+    assert (message.data(), message.topic_name()) == (
+        b"to one partition",
+        partitions(partitioned)[1],
+    )
