@@ -54,6 +54,8 @@ def _count(request: Request) -> int | Response:
         value = request.json()
     except HttpError as exc:
         return reason_response(400, exc.message)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 3.0 is the integer 3 in JSON
     if isinstance(value, bool) or not isinstance(value, int):
         return reason_response(400, "the body must be the number of partitions (a JSON integer)")
     return value

@@ -136,6 +136,7 @@ class ClusterBackend:
         self.partitioned = ClusterPartitionedTopics(
             self._partition_count,
             self._topic_admin,
+            self.topics,
             lambda topic, force: self.delete_topic(topic, force=force),
         )
         self._producers: ProducerCache | None = None

@@ -12,7 +12,13 @@ import httpx
 
 from mop.backends.cluster.topic_admin import BrokerAdmin, answer_reason
 from mop.messaging import BackendError, TopicBusy
-from mop.partitioned import PartitionsExist, PartitionsRefused, check_count, partitions_of
+from mop.partitioned import (
+    PartitionsExist,
+    PartitionsRefused,
+    check_count,
+    namespace_of,
+    partitions_of,
+)
 
 __all__ = ["ClusterPartitionedTopics"]
 
@@ -23,17 +29,19 @@ _FEWER: Final = 422  # Pulsar's answer to a count that is not more than there ar
 
 class ClusterPartitionedTopics:
     """See `mop.partitioned.PartitionedTopics`. `count` asks the brokers' metadata of a topic,
-    `admin` gives the brokers' HTTP admin (BackendError when none is configured), and
-    `delete_topic` deletes one ordinary topic as the backend does."""
+    `admin` gives the brokers' HTTP admin (BackendError when none is configured), `topics`
+    lists a namespace and `delete_topic` deletes one ordinary topic, as the backend does."""
 
     def __init__(
         self,
         count: Callable[[str], Awaitable[int]],
         admin: Callable[[], BrokerAdmin],
+        topics: Callable[[str], Awaitable[list[str]]],
         delete_topic: Callable[[str, bool], Awaitable[bool]],
     ) -> None:
         self._count = count
         self._admin = admin
+        self._topics = topics
         self._delete_topic = delete_topic
 
     async def partitions(self, topic: str) -> int:
@@ -61,9 +69,15 @@ class ClusterPartitionedTopics:
             _check(topic, response)
         # In a mop broker cluster the partitions live on several members, and the member
         # that keeps the metadata deletes only its own: each of the others is deleted at
-        # its owner (Apache Pulsar has deleted them all already: they are not found then).
-        for partition in partitions_of(topic, count):
-            await self._delete_topic(partition, force)
+        # its owner (Apache Pulsar has deleted them all already: none is left then).
+        partitions = partitions_of(topic, count)
+        try:
+            existing = set(await self._topics(namespace_of(topic)))
+        except BackendError:
+            existing = set(partitions)  # brokers that cannot list: each partition is asked
+        for partition in partitions:
+            if partition in existing:
+                await self._delete_topic(partition, force)
         return True
 
     async def names(self, namespace: str) -> list[str]:

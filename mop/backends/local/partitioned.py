@@ -14,6 +14,7 @@ from mop.partitioned import (
     check_count,
     decode_count,
     encode_count,
+    namespace_of,
     partitions_of,
 )
 from mop.processor.backend import Table
@@ -51,8 +52,7 @@ class LocalPartitionedTopics:
         table = self._table()
         if decode_count(table.get(topic)):
             raise PartitionsExist(f"partitioned topic {topic} already exists")
-        namespace = "/".join(topic.partition("://")[2].split("/")[:2])
-        if topic in await self._topics(namespace):
+        if topic in await self._topics(namespace_of(topic)):
             raise PartitionsExist(f"{topic} already exists as a non-partitioned topic")
         await table.put(topic, encode_count(count))
 
@@ -70,10 +70,12 @@ class LocalPartitionedTopics:
         if not count:
             await trio.lowlevel.checkpoint()
             return False
-        # The partitions first: when one is busy (and not `force`), the metadata stays, so the
-        # delete can be asked again.
+        # The partitions first (those that hold anything): when one is busy (and not `force`),
+        # the metadata stays, so the delete can be asked again.
+        existing = set(await self._topics(namespace_of(topic)))
         for partition in partitions_of(topic, count):
-            await self._delete_topic(partition, force)
+            if partition in existing:
+                await self._delete_topic(partition, force)
         await table.put(topic, None)
         return True
 
