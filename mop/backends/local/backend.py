@@ -261,6 +261,15 @@ class LocalBackend:
     async def open_producer(self, spec: ProducerSpec) -> LocalProducer:
         self._check_running()
         producer = LocalProducer(self, spec)
+        # As in Pulsar, the topic exists from its first producer on, sent to or not.
+        try:
+            with translated():
+                recorded = self.broker.open_topic(spec.topic)
+                if recorded:
+                    await self.storage.sync()
+        except BaseException:
+            await producer.close()
+            raise
         await trio.lowlevel.checkpoint()
         return producer
 

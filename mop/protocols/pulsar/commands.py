@@ -12,6 +12,7 @@ from typing import ClassVar, Final
 from mop.protocols.pulsar.codec import (
     BOOL,
     BYTES,
+    DOUBLE,
     INT32,
     INT64,
     STRING,
@@ -50,6 +51,8 @@ class CommandType(IntEnum):
     PARTITIONED_METADATA_RESPONSE = 22
     LOOKUP = 23
     LOOKUP_RESPONSE = 24
+    CONSUMER_STATS = 25
+    CONSUMER_STATS_RESPONSE = 26
     REACHED_END_OF_TOPIC = 27
     SEEK = 28
     GET_LAST_MESSAGE_ID = 29
@@ -513,6 +516,36 @@ class ReachedEndOfTopic:
 
 
 @message
+class ConsumerStats:
+    TYPE: ClassVar = CommandType.CONSUMER_STATS
+    request_id: int = pb(1, UINT64)
+    consumer_id: int = pb(4, UINT64)
+
+
+@message
+class ConsumerStatsResponse:
+    """One consumer as its broker sees it; an unknown consumer is told with `error_code`.
+    Rates are per second, throughput in bytes per second."""
+
+    TYPE: ClassVar = CommandType.CONSUMER_STATS_RESPONSE
+    request_id: int = pb(1, UINT64)
+    error_code: ServerError | None = pb(2, ServerError, default=None)
+    error_message: str | None = pb(3, STRING, default=None)
+    msg_rate_out: float | None = pb(4, DOUBLE, default=None)
+    msg_throughput_out: float | None = pb(5, DOUBLE, default=None)
+    msg_rate_redeliver: float | None = pb(6, DOUBLE, default=None)
+    consumer_name: str | None = pb(7, STRING, default=None)
+    available_permits: int | None = pb(8, UINT64, default=None)
+    unacked_messages: int | None = pb(9, UINT64, default=None)
+    blocked_consumer_on_unacked_msgs: bool | None = pb(10, BOOL, default=None)
+    address: str | None = pb(11, STRING, default=None)
+    connected_since: str | None = pb(12, STRING, default=None)
+    type: str | None = pb(13, STRING, default=None)
+    msg_rate_expired: float | None = pb(14, DOUBLE, default=None)
+    msg_backlog: int | None = pb(15, UINT64, default=None)
+
+
+@message
 class GetLastMessageId:
     TYPE: ClassVar = CommandType.GET_LAST_MESSAGE_ID
     consumer_id: int = pb(1, UINT64)
@@ -568,6 +601,8 @@ Command = (
     | GetLastMessageId
     | GetLastMessageIdResponse
     | ActiveConsumerChange
+    | ConsumerStats
+    | ConsumerStatsResponse
 )
 
 # CommandType -> class, for every type this module knows.
@@ -607,6 +642,8 @@ COMMAND_CLASSES: Final[dict[int, type[Command]]] = {
         GetLastMessageId,
         GetLastMessageIdResponse,
         ActiveConsumerChange,
+        ConsumerStats,
+        ConsumerStatsResponse,
     )
 }
 
@@ -626,6 +663,8 @@ __all__ = [
     "CommandType",
     "Connect",
     "Connected",
+    "ConsumerStats",
+    "ConsumerStatsResponse",
     "Error",
     "FeatureFlags",
     "Flow",

@@ -26,6 +26,8 @@ from mop.protocols.pulsar.commands import (
     Command,
     Connect,
     Connected,
+    ConsumerStats,
+    ConsumerStatsResponse,
     Error,
     Flow,
     GetLastMessageId,
@@ -126,6 +128,7 @@ ClientEvent = (
     | Seek
     | CloseConsumer
     | GetLastMessageId
+    | ConsumerStats
     | ChecksumMismatch
     | UnknownCommand
 )
@@ -147,6 +150,7 @@ _CLIENT_EVENTS: Final[tuple[type, ...]] = (
     Seek,
     CloseConsumer,
     GetLastMessageId,
+    ConsumerStats,
     ChecksumMismatch,
     UnknownCommand,
 )
@@ -168,6 +172,7 @@ _SERVER_COMMANDS: Final[tuple[type, ...]] = (
     GetLastMessageIdResponse,
     ActiveConsumerChange,
     AckResponse,
+    ConsumerStatsResponse,
 )
 
 _S = ConnectionState

@@ -40,6 +40,7 @@ from mop.protocols.pulsar.commands import (
     CloseProducer,
     Command,
     Connect,
+    ConsumerStats,
     Error,
     Flow,
     GetLastMessageId,
@@ -152,6 +153,7 @@ class PulsarConnection:
             Unsubscribe: self.consumers.on_unsubscribe,
             CloseConsumer: self.consumers.on_close,
             GetLastMessageId: self.consumers.on_get_last_message_id,
+            ConsumerStats: self.consumers.on_stats,
             ChecksumMismatch: self._on_checksum_mismatch,
             UnknownCommand: self._on_unknown,
         }
