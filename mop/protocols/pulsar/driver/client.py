@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 import trio
 
+from mop.exception_groups import leaves
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, service_addresses
 from mop.protocols.pulsar.commands import Lookup, LookupResponse, LookupType
 from mop.protocols.pulsar.driver.connection import BrokerConnection
@@ -25,13 +28,14 @@ from mop.protocols.pulsar.driver.errors import (
     ClientClosed,
     ConnectionLost,
     DriverError,
+    NoBrokerAnswers,
     ServerRefused,
     Unavailable,
 )
 from mop.protocols.pulsar.driver.stats import LinkStats
 from mop.protocols.pulsar.errors import RemoteProtocolError, ServerError
 
-__all__ = ["ClientOptions", "PulsarClient", "retryable"]
+__all__ = ["ClientOptions", "PulsarClient", "connect_failure", "retryable"]
 
 log = logging.getLogger("mop.pulsar.driver")
 
@@ -48,6 +52,32 @@ def retryable(exc: BaseException) -> bool:
     if isinstance(exc, ConnectionLost | Unavailable):
         return True
     return isinstance(exc, ServerRefused) and exc.error in _RETRYABLE
+
+
+def connect_failure(exc: BaseException, connect_timeout: float) -> str:
+    """What went wrong with a connection to a broker, in a few words: "connection refused",
+    "timed out after 10 s", "host name not found", or the error itself."""
+    if isinstance(exc, trio.TooSlowError):
+        return f"timed out after {connect_timeout:g} s"
+    if isinstance(exc, socket.gaierror):
+        return f"host name not found ({exc.strerror or exc})"
+    # trio tries every address of the host: its error says "all attempts failed", and the
+    # attempts' own errors, which tell why, are its cause.
+    cause = exc.__cause__
+    if isinstance(exc, OSError) and isinstance(cause, BaseExceptionGroup):
+        reasons = dict.fromkeys(_os_reason(leaf) for leaf in leaves(cause))
+        return "; ".join(reasons)
+    if isinstance(exc, OSError):
+        return _os_reason(exc)
+    return str(exc) or type(exc).__name__
+
+
+def _os_reason(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return (exc.strerror or os.strerror(exc.errno)).lower()
+    return str(exc) or type(exc).__name__
 
 
 class ClientOptions:
@@ -207,7 +237,7 @@ class PulsarClient:
                         await stream.aclose()
                     raise
         except (OSError, trio.TooSlowError, ConnectionLost, RemoteProtocolError) as exc:
-            raise Unavailable(f"{url}: {exc or type(exc).__name__}") from None
+            raise Unavailable(f"{url}: {connect_failure(exc, options.connect_timeout)}") from None
         try:
             await self.start(connection.serve)
         except BaseException:
@@ -241,7 +271,7 @@ class PulsarClient:
                 return await self.connection(url)
             except Unavailable as exc:
                 failures.append(str(exc))
-        raise Unavailable(f"no broker of {self.service_url} answers: {'; '.join(failures)}")
+        raise NoBrokerAnswers(self.service_url, failures)
 
     # -- lookups ---------------------------------------------------------------------------
 
