@@ -15,6 +15,7 @@ import itertools
 import logging
 import os
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
@@ -73,10 +74,12 @@ def connect_failure(exc: BaseException, connect_timeout: float) -> str:
 
 
 def _os_reason(exc: BaseException) -> str:
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
+    if isinstance(exc, ssl.SSLError):
+        # OpenSSL's reason ("WRONG_VERSION_NUMBER") where the error came from OpenSSL.
+        return f"TLS: {getattr(exc, 'reason', None) or exc}"
     if isinstance(exc, OSError) and exc.errno is not None:
-        return (exc.strerror or os.strerror(exc.errno)).lower()
+        # The system's words for it ("connection refused"), without the address trio adds.
+        return os.strerror(exc.errno).lower()
     return str(exc) or type(exc).__name__
 
 
