@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # here, and to the example's extra).
 DISTRIBUTIONS = {"paho": "paho-mqtt", "pyspark": "pyspark", "pyarrow": "pyarrow"}
 EXAMPLES = {"examples/spark/pipeline.py": "spark-example"}
+# A requirement's distribution name and extras: "mop[spark]", "paho-mqtt>=2.1".
+REQUIREMENT = re.compile(r"(?P<name>[A-Za-z0-9_.-]+)(?:\[(?P<extras>[^\]]+)\])?.*")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -35,7 +37,9 @@ def extra_distributions(extra: str) -> set[str]:
     extras: dict[str, list[str]] = project["optional-dependencies"]
     names: set[str] = set()
     for requirement in extras[extra]:
-        name, inner = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:\[([^\]]+)\])?.*", requirement).groups()  # type: ignore[union-attr]
+        match = REQUIREMENT.fullmatch(requirement)
+        assert match is not None, requirement
+        name, inner = match["name"], match["extras"]
         if name == project["name"]:
             for nested in (inner or "").split(","):
                 names |= extra_distributions(nested.strip())
