@@ -114,6 +114,10 @@ class Message:
     `wire` is what the producing protocol (`wire_format`, e.g. "pulsar") encoded beyond these
     fields (for Pulsar, the metadata block), kept so that consumers of that protocol receive the
     message exactly as it was sent; other protocols ignore it.
+
+    `opaque_count` is how many messages an entry holds when they are packed in a form mop cannot
+    read (an end-to-end encrypted Pulsar batch): it is delivered whole, but permits and
+    acknowledgements still count its messages one by one. 0 for every other entry.
     """
 
     payload: bytes
@@ -128,11 +132,12 @@ class Message:
     batch: tuple[Message, ...] = ()
     wire_format: str = ""
     wire: bytes = b""
+    opaque_count: int = 0
 
     @property
     def count(self) -> int:
-        """How many messages this entry holds: the batch size, or 1."""
-        return len(self.batch) or 1
+        """How many messages this entry holds: the batch size (readable or not), or 1."""
+        return len(self.batch) or self.opaque_count or 1
 
 
 @value

@@ -379,7 +379,7 @@ class Subscription:
             entries += 1
             count = cursor.redeliveries.get(entry.message_id, 0) if cursor.redeliveries else 0
             if not message.batch:
-                out += 1
+                out += message.count  # 1, or the messages of an entry kept packed
                 out_bytes += len(message.payload)
                 if message.qos == 0 and att.ack_qos0:
                     # At most once: acknowledged as it is taken, never tracked as unacked.

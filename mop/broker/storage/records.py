@@ -185,6 +185,7 @@ def _is_plain(message: Message) -> bool:
         or message.wire_format
         or message.wire
         or message.batch
+        or message.opaque_count
     )
 
 
@@ -240,7 +241,13 @@ def encode_message(ledger: int, entry: int, append_ms: int, message: Message) ->
         raw_name, raw_value = name.encode(), value.encode()
         parts += (_PAIR.pack(len(raw_name), len(raw_value)), raw_name, raw_value)
     parts.append(message.payload)
-    if message.deliver_at or message.wire_format or message.wire or message.batch:
+    if (
+        message.deliver_at
+        or message.wire_format
+        or message.wire
+        or message.batch
+        or message.opaque_count
+    ):
         parts.append(_extension(message))
     return b"".join(parts)
 
@@ -274,9 +281,11 @@ def frame_messages(
 
 # Written after the payload only when a message uses one of the later fields (so records of
 # plain messages are unchanged): version, deliver_at, wire format and wire bytes, and the
-# messages of a batch, each encoded like a message record of its own.
+# messages of a batch, each encoded like a message record of its own. An entry whose messages
+# are packed unreadably has no member records: the count has `_OPAQUE` set instead.
 _EXTENSION = struct.Struct("<Bq")
 _EXTENSION_VERSION = 1
+_OPAQUE = 1 << 31
 
 
 def _extension(message: Message) -> bytes:
@@ -284,7 +293,9 @@ def _extension(message: Message) -> bytes:
         _EXTENSION.pack(_EXTENSION_VERSION, message.deliver_at),
         _str(message.wire_format),
         _blob(message.wire),
-        _U32.pack(len(message.batch)),
+        _U32.pack(
+            len(message.batch) or (_OPAQUE | message.opaque_count if message.opaque_count else 0)
+        ),
     ]
     parts += [_blob(encode_message(0, 0, 0, member)) for member in message.batch]
     return b"".join(parts)
@@ -308,7 +319,7 @@ def decode_message(body: bytes | memoryview) -> tuple[MessageId, Message]:
         n_name, n_value = _PAIR.unpack(reader.take(_PAIR.size))
         properties.append((reader.take(n_name).decode(), reader.take(n_value).decode()))
     payload = reader.take(n_payload)
-    deliver_at, wire_format, wire = 0, "", b""
+    deliver_at, wire_format, wire, opaque_count = 0, "", b"", 0
     batch: tuple[Message, ...] = ()
     if reader.offset != len(body):
         version, deliver_at = _EXTENSION.unpack(reader.take(_EXTENSION.size))
@@ -316,7 +327,11 @@ def decode_message(body: bytes | memoryview) -> tuple[MessageId, Message]:
             raise ValueError(f"unknown message extension version {version}")
         wire_format = reader.str()
         wire = reader.blob()
-        batch = tuple(decode_message(reader.blob())[1] for _ in range(reader.u32()))
+        count = reader.u32()
+        if count & _OPAQUE:
+            opaque_count = count & ~_OPAQUE
+        else:
+            batch = tuple(decode_message(reader.blob())[1] for _ in range(count))
     if reader.offset != len(body):
         raise ValueError("trailing bytes after message")
     message = Message(
@@ -332,6 +347,7 @@ def decode_message(body: bytes | memoryview) -> tuple[MessageId, Message]:
         batch=batch,
         wire_format=wire_format,
         wire=wire,
+        opaque_count=opaque_count,
     )
     return MessageId(ledger, entry), message
 

@@ -123,6 +123,9 @@ def message_from_payload(payload: Payload, *, limit: int = DEFAULT_MAX_MESSAGE_S
         batch=batch,
         wire_format=WIRE_FORMAT,
         wire=wire,
+        # A batch kept packed (encrypted, or too large decompressed) still holds its messages:
+        # Pulsar consumers are charged a permit for each and give each back.
+        opaque_count=0 if batch else meta.num_messages_in_batch or 0,
     )
 
 

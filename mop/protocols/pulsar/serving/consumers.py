@@ -225,12 +225,12 @@ class ConnectionConsumers:
                     traces = self._traced(tracing, state.topic, message, traces)
                 mid = delivery.message_id
                 state.outstanding[mid] = delivery
-                batch = message.batch
-                count += len(batch) or 1
+                size = message.count
+                count += size
                 payload += len(message.payload)
                 ack_set: tuple[int, ...] = ()
-                if delivery.acked and batch:
-                    ack_set = ack_set_of(i for i in range(len(batch)) if i not in delivery.acked)
+                if delivery.acked and size > 1:
+                    ack_set = ack_set_of(i for i in range(size) if i not in delivery.acked)
                 frames.append(
                     conn.deliver(
                         cid,
@@ -306,8 +306,18 @@ class ConnectionConsumers:
         delivery = state.outstanding.get(whole)
         if delivery is None:
             return  # acknowledged twice, or not delivered here: nothing to do
-        batch = delivery.message.batch
-        if data.ack_set and batch:
+        message = delivery.message
+        batch = message.batch
+        if data.ack_set and not batch and message.opaque_count:
+            # The client acknowledged some messages of an entry mop cannot split: it is done
+            # when all of them are (until then a redelivery brings it back whole).
+            unacked = set(unacked_indexes(data.ack_set, message.opaque_count))
+            acked = delivery.acked | {i for i in range(message.opaque_count) if i not in unacked}
+            if len(acked) < message.opaque_count:
+                state.outstanding[whole] = dataclasses.replace(delivery, acked=frozenset(acked))
+                return
+            state.consumer.ack([delivery])
+        elif data.ack_set and batch:
             unacked = set(unacked_indexes(data.ack_set, len(batch)))
             state.consumer.ack(
                 [
@@ -336,8 +346,8 @@ class ConnectionConsumers:
             # entry is not out with this consumer (it may be on its way back after a
             # redelivery request): taking the id as the whole entry would lose them.
             size = 64 * len(data.ack_set)
-            if delivery is not None and delivery.message.batch:
-                size = len(delivery.message.batch)
+            if delivery is not None and delivery.message.count > 1:
+                size = delivery.message.count
             unacked = unacked_indexes(data.ack_set, size)
             if unacked:
                 # Up to the message before the first one still unacknowledged.
@@ -502,8 +512,7 @@ class ConnectionConsumers:
 
 def _unacked_in(delivery: Delivery) -> int:
     """Messages of a delivered entry not acknowledged yet (a batch's members count)."""
-    batch = delivery.message.batch
-    return len(batch) - len(delivery.acked) if batch else 1
+    return delivery.message.count - len(delivery.acked)
 
 
 def _resume_at(mark: MessageId) -> tuple[StartPosition, MessageId | None]:

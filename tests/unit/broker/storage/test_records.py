@@ -32,6 +32,11 @@ def test_records_round_trip_the_new_fields() -> None:
     assert decode_message(body) == (MessageId(3, 4), BATCHED)
 
 
+def test_records_keep_the_count_of_a_batch_kept_packed() -> None:
+    opaque = Message(b"sealed", producer="p", wire_format="pulsar", wire=b"\x01", opaque_count=7)
+    assert decode_message(encode_message(3, 4, 5, opaque))[1].count == 7
+
+
 def test_a_plain_message_record_is_unchanged() -> None:
     plain = Message(b"x", (("a", "b"),), key="k", producer="p", publish_time=1, qos=2)
     body = encode_message(1, 2, 3, plain)
