@@ -352,16 +352,21 @@ class Broker:
 
     def _forget_if_unused(self, topic: Topic) -> None:
         # Topics made by an exact subscribe that never saw a message need not outlive it
-        # (so idle MQTT subscriptions leave nothing behind); a producer's topic stays.
-        if (
-            not topic.cursors
-            and topic.last_id is None
-            and not topic.declared
-            and not self.producers.producers(topic.name)
-            and self._topics.get(topic.name) is topic
-        ):
-            self._topics.discard(topic)
-            self._trim_dirty.discard(topic)
+        # (so idle MQTT subscriptions leave nothing behind); a persistent producer's topic
+        # stays. A non-persistent topic lives while it has producers or attached consumers:
+        # it keeps nothing for the others, and comes back with its next producer or message,
+        # joining the subscriptions that match it then.
+        if self._topics.get(topic.name) is not topic or self.producers.producers(topic.name):
+            return
+        if topic.persistent:
+            if topic.cursors or topic.last_id is not None or topic.declared:
+                return
+        elif any(cursor.sub.attachments for cursor in topic.cursors):
+            return
+        for cursor in list(topic.cursors):
+            cursor.sub.drop_cursor(cursor)  # never saved: the topic is not persistent
+        self._topics.discard(topic)
+        self._trim_dirty.discard(topic)
 
     # -- subscriptions ---------------------------------------------------------------------
 
@@ -606,6 +611,7 @@ class Broker:
                 sub.members.discard(att.member)
             if not sub.attachments:
                 self._drop_subscription(sub)
+        self._forget_transient_of(sub)
         self._flush()
 
     async def unsubscribe(self, att: Attachment) -> None:
@@ -617,7 +623,15 @@ class Broker:
             return
         if not any(other.member == att.member for other in sub.attachments):
             sub.members.discard(att.member)
+        self._forget_transient_of(sub)
         await self._after_member_change(sub)
+
+    def _forget_transient_of(self, sub: Subscription) -> None:
+        """Forget the non-persistent topics of `sub` that its last consumer leaves unused."""
+        if not sub.attachments:
+            for cursor in list(sub.cursors.values()):
+                if not cursor.topic.persistent:
+                    self._forget_if_unused(cursor.topic)
 
     async def delete_subscription(self, name: str, member: str = "") -> None:
         """Remove an offline member; the subscription goes with its last member."""
