@@ -104,6 +104,9 @@ class LocalBackend:
         self._leases: dict[str, LocalLease] = {}
         self._consumers: set[LocalConsumer] = set()
         self._tables: dict[str, LocalTable] = {}
+        # Topics whose record a producer's open is writing: another producer opening one of
+        # them syncs too, not to be told the topic exists before its record is durable.
+        self._recording: set[str] = set()
         self._table_topics: dict[str, LocalTable] = {}
         self._delay_event = trio.Event()
         self._stop = trio.Event()
@@ -261,10 +264,16 @@ class LocalBackend:
         self._check_running()
         producer = LocalProducer(self, spec)
         # As in Pulsar, the topic exists from its first producer on, sent to or not.
+        topic = spec.topic
         try:
             with translated():
-                recorded = self.broker.open_topic(spec.topic)
-                if recorded:
+                if self.broker.open_topic(topic):
+                    self._recording.add(topic)
+                    try:
+                        await self.storage.sync()
+                    finally:
+                        self._recording.discard(topic)
+                elif topic in self._recording:
                     await self.storage.sync()
         except BaseException:
             await producer.close()
