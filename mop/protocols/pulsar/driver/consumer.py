@@ -50,7 +50,7 @@ from mop.protocols.pulsar.driver.errors import ClientClosed, DriverError, Server
 from mop.protocols.pulsar.errors import PulsarError
 from mop.protocols.pulsar.frames import DEFAULT_MAX_MESSAGE_SIZE, unacked_indexes
 from mop.protocols.pulsar.mapping import signed64, to_id_data
-from mop.protocols.pulsar.metadata import MessageIdData, Payload
+from mop.protocols.pulsar.metadata import MessageIdData, MessageMetadata, Payload
 
 __all__ = ["ClientConsumer", "ConsumerConfig", "Received", "subscribe"]
 
@@ -238,19 +238,21 @@ class ClientConsumer:
             connection.link.receive_latency.record_age(now_ms(), meta.publish_time)
         try:
             if meta.encrypted:
-                received.append(_encrypted(payload, MessageId(ledger, entry), redeliveries))
+                # Whole, as a single message is: its members cannot be told apart, so it comes
+                # unless every one of them was acknowledged (batch-index acks) or handed over.
+                fresh = last is None or (ledger, entry) > (last.ledger, last.entry)
+                owed = not frame.ack_set or bool(unacked_indexes(frame.ack_set, count))
+                if fresh and owed:
+                    received.append(_encrypted(payload, MessageId(ledger, entry), redeliveries))
             elif not meta.batched:
                 message_id = MessageId(ledger, entry)
                 if last is None or (ledger, entry) > (last.ledger, last.entry):
-                    key = meta.partition_key
-                    if meta.ordering_key is not None:
-                        key = meta.ordering_key.decode("utf-8", "surrogateescape")
                     received.append(
                         Received(
                             message_id,
                             b"" if meta.null_value else _plain(payload, limit),
                             tuple((kv.key, kv.value) for kv in meta.properties),
-                            key,
+                            _key(meta),
                             meta.publish_time,
                             meta.event_time or 0,
                             meta.producer_name,
@@ -671,14 +673,21 @@ class ClientConsumer:
             )
 
 
+def _key(meta: MessageMetadata) -> str | None:
+    """The key a message is dispatched by: its ordering key when it has one."""
+    if meta.ordering_key is not None:
+        return meta.ordering_key.decode("utf-8", "surrogateescape")
+    return meta.partition_key
+
+
 def _encrypted(payload: Payload, message_id: MessageId, redeliveries: int) -> Received:
     """An encrypted entry as it came: neither decompressed nor split (it cannot be)."""
     meta = payload.metadata
     return Received(
         message_id,
-        payload.data,
+        b"" if meta.null_value else payload.data,
         tuple((kv.key, kv.value) for kv in meta.properties),
-        meta.partition_key,
+        _key(meta),
         meta.publish_time,
         meta.event_time or 0,
         meta.producer_name,
