@@ -17,6 +17,8 @@ import pytest
 
 from mop.security.passwords import update_password_file
 from mop.settings import AuthSettings, JwtSettings, PulsarSettings, TlsSettings
+from mop.spark.options import ClientSecurity
+from mop.spark.security import link_auth
 from mop.testing.certs import make_test_certificates
 from mop.testing.node import RunningNode
 from tests.e2e.pulsar_support import pulsar_node, pulsar_settings
@@ -154,3 +156,14 @@ def test_without_credentials_the_read_is_refused(spark: Any, secured: Secured) -
     )
     with pytest.raises(Exception, match=r"AuthenticationError|handshake refused"):
         read.collect()
+
+
+def test_the_namespace_listing_answers_a_challenge_with_the_token_files_current_token(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "token"
+    path.write_text("first\n")
+    auth = link_auth(ClientSecurity(token_file=str(path)))
+    assert auth.current_data() == b"first"
+    path.write_text("replaced\n")
+    assert auth.current_data() == b"replaced"
