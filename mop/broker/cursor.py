@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from mop.broker.rates import RateMeter
 from mop.broker.storage.api import CursorState
 from mop.broker.storage.ranges import IdRangeSet
 from mop.message import Delivery, Message, MessageId
+from mop.rates import RateMeter
 
 if TYPE_CHECKING:
     from mop.broker.subscription import Subscription

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
-from mop.broker.rates import RateMeter
 from mop.message import Message, MessageId
+from mop.rates import RateMeter
 from mop.topic_names import is_exact_selector, mqtt_to_pulsar, pulsar_to_mqtt
 from mop.topics import TopicTree
 
