@@ -306,33 +306,34 @@ class ConnectionConsumers:
         delivery = state.outstanding.get(whole)
         if delivery is None:
             return  # acknowledged twice, or not delivered here: nothing to do
+        owed = _unacked_in(delivery)
         message = delivery.message
-        batch = message.batch
-        if data.ack_set and not batch and message.opaque_count:
-            # The client acknowledged some messages of an entry mop cannot split: it is done
-            # when all of them are (until then a redelivery brings it back whole).
-            unacked = set(unacked_indexes(data.ack_set, message.opaque_count))
-            acked = delivery.acked | {i for i in range(message.opaque_count) if i not in unacked}
-            if len(acked) < message.opaque_count:
-                state.outstanding[whole] = dataclasses.replace(delivery, acked=frozenset(acked))
+        size = message.count
+        if data.ack_set and size > 1:
+            unacked = set(unacked_indexes(data.ack_set, size))
+            newly = [i for i in range(size) if i not in unacked and i not in delivery.acked]
+            if message.batch:
+                mid = MessageId
+                state.consumer.ack(
+                    [
+                        dataclasses.replace(delivery, message_id=mid(whole.ledger, whole.entry, i))
+                        for i in newly
+                    ]
+                )
+            acked = delivery.acked.union(newly)
+            if len(acked) < size:
+                # Some messages still owed. An entry mop cannot split is acknowledged once all
+                # of its messages are (until then a redelivery brings it back whole).
+                kept = dataclasses.replace(delivery, acked=acked)
+                state.outstanding[whole] = kept
+                state.meter.acknowledged(owed - _unacked_in(kept))
                 return
-            state.consumer.ack([delivery])
-        elif data.ack_set and batch:
-            unacked = set(unacked_indexes(data.ack_set, len(batch)))
-            state.consumer.ack(
-                [
-                    dataclasses.replace(
-                        delivery, message_id=MessageId(whole.ledger, whole.entry, i)
-                    )
-                    for i in range(len(batch))
-                    if i not in unacked and i not in delivery.acked
-                ]
-            )
-            if unacked:
-                return
+            if not message.batch:
+                state.consumer.ack([delivery])
         else:
             state.consumer.ack([delivery])
         del state.outstanding[whole]
+        state.meter.acknowledged(owed)
 
     def _ack_through(self, state: _ConsumerState, data: MessageIdData) -> None:
         mid = from_id_data(data)
@@ -360,8 +361,10 @@ class ConnectionConsumers:
         done = through
         if through.batch_index >= 0:
             done = MessageId(whole.ledger, whole.entry - 1)
+        acked = 0
         for key in [key for key in state.outstanding if key <= done]:
-            del state.outstanding[key]
+            acked += _unacked_in(state.outstanding.pop(key))
+        state.meter.acknowledged(acked)
 
     def on_redeliver(self, cmd: RedeliverUnacknowledgedMessages) -> None:
         state = self._states.get(cmd.consumer_id)
