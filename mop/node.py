@@ -49,6 +49,8 @@ from mop.security.gatekeeper import Gatekeeper
 from mop.security.policy import PolicyError, load_policy
 from mop.security.reloading import PolicyReloader
 from mop.settings import LimitsSettings, Settings
+from mop.topic_names import PulsarTopicName, mqtt_to_pulsar
+from mop.topics import TopicError
 from mop.transport import BoundListener, Handler, ListenerSpec, serve_listeners
 
 log = logging.getLogger("mop.node")
@@ -331,6 +333,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                 await nursery.start(
                     serve_memory_watch, overload, settings.limits.memory_check_interval
                 )
+            await _declare_partitioned(settings, processor, membership)
             await nursery.start(PolicyReloader(gatekeeper, settings.auth).serve)
             bans = BanStore(processor.table(BANS_TABLE))
             await nursery.start(_serve_bans, gatekeeper, bans)
@@ -381,6 +384,45 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
             with trio.CancelScope(shield=True):
                 await backend.aclose()
         telemetry.shutdown()
+
+
+async def _declare_partitioned(
+    settings: Settings, processor: MessagingProcessor, membership: Membership
+) -> None:
+    """Create the partitioned topics of `pulsar.partitioned_topics`, or grow those with fewer
+    partitions (never shrink them). A member of a broker cluster declares the names it owns;
+    a separated proxy asks its brokers."""
+    for name, count in settings.pulsar.partitioned_topics.items():
+        topic = mqtt_to_pulsar(
+            name, tenant=settings.default_tenant, namespace=settings.default_namespace
+        )
+        try:
+            parsed = PulsarTopicName.parse(topic)
+        except TopicError as exc:
+            raise StartupError(f"pulsar.partitioned_topics: {exc}") from None
+        if parsed.tenant != settings.default_tenant:
+            raise StartupError(
+                f"pulsar.partitioned_topics: {topic} is not of tenant {settings.default_tenant!r}"
+            )
+        topic = str(parsed)
+        if not membership.owns(topic):
+            continue
+        partitioned = processor.partitioned
+        try:
+            current = await partitioned.partitions(topic)
+            if not current:
+                await partitioned.create(topic, count)
+            elif current < count:
+                await partitioned.grow(topic, count)
+            elif current > count:
+                log.warning(
+                    "pulsar.partitioned_topics: %s has %d partitions, more than %d: kept",
+                    topic,
+                    current,
+                    count,
+                )
+        except BackendError as exc:
+            raise StartupError(f"pulsar.partitioned_topics: {topic}: {exc}") from None
 
 
 def _register_metrics(

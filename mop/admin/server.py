@@ -19,6 +19,7 @@ from mop.admin.routes_docs import add_docs_routes
 from mop.admin.routes_health import add_health_routes
 from mop.admin.routes_logging import add_logging_routes
 from mop.admin.routes_page import add_page_routes
+from mop.admin.routes_partitioned import add_partitioned_routes
 from mop.admin.routes_publish import add_publish_routes
 from mop.admin.routes_pulsar import add_pulsar_admin_routes
 from mop.admin.routes_retained import add_retained_routes
@@ -26,6 +27,7 @@ from mop.admin.routes_schemas import add_schema_routes
 from mop.admin.routes_sessions import add_sessions_routes
 from mop.admin.routes_stats import add_stats_routes
 from mop.admin.routes_topics import add_topic_routes
+from mop.membership import Membership
 from mop.transport import BoundListener, ListenerSpec
 
 log = logging.getLogger("mop.admin")
@@ -48,6 +50,8 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
     add_schema_routes(router, context)
     if context.broker is not None:
         add_pulsar_admin_routes(router, context, context.broker)
+    # A broker answers for the names it owns; a proxy passes every request on to its brokers.
+    add_partitioned_routes(router, context, context.broker or Membership((), ""))
     add_page_routes(router, context)
     guard = AdminGuard(context.settings, context.processor)
     return AsgiApp(router, guard, hosts=HostGuard.of(context.settings.admin))

@@ -40,11 +40,13 @@ from mop.backends.cluster import admin
 from mop.backends.cluster.consumers import ClusterConsumer
 from mop.backends.cluster.context import ClusterContext
 from mop.backends.cluster.discovery import NamespaceDiscovery
+from mop.backends.cluster.errors import error_for
 from mop.backends.cluster.fanout import FanOut, fans_out
 from mop.backends.cluster.fanout_consumer import FanOutConsumer
 from mop.backends.cluster.health import BrokerHealth
 from mop.backends.cluster.leases import PRESENCE_TABLE, ClusterLease, Frontier, Presence
 from mop.backends.cluster.options import ConsumerOptions, ProducerOptions
+from mop.backends.cluster.partitioned import ClusterPartitionedTopics
 from mop.backends.cluster.patterns import matching_selectors
 from mop.backends.cluster.producers import NO_ID, ProducerCache, Receipt
 from mop.backends.cluster.roles import ClusterRole, ClusterRoles
@@ -67,7 +69,7 @@ from mop.processor.backend import (
     TopicStats,
 )
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
-from mop.protocols.pulsar.driver import ClientOptions, PulsarClient
+from mop.protocols.pulsar.driver import ClientOptions, DriverError, PulsarClient
 from mop.protocols.pulsar.driver.stats import LinkStats
 from mop.schemas.model import Compatibility, SchemaInfo, StoredSchema
 from mop.version import VERSION
@@ -133,6 +135,12 @@ class ClusterBackend:
         self.consumer_options = consumers or ConsumerOptions()
         self._preload = [REGISTRY_TABLE, PRESENCE_TABLE, *dict.fromkeys(tables)]
         self._client: PulsarClient | None = None
+        self.partitioned = ClusterPartitionedTopics(
+            self._partition_count,
+            self._topic_admin,
+            self.topics,
+            lambda topic, force: self.delete_topic(topic, force=force),
+        )
         self._producers: ProducerCache | None = None
         self._nursery: trio.Nursery | None = None
         self.delays = Delays()
@@ -621,6 +629,14 @@ class ClusterBackend:
             await table.serve(self.context)
         except BackendError as exc:
             log.error("table %r: %s", table.name, exc)
+
+    async def _partition_count(self, topic: str) -> int:
+        """The brokers' partitioned metadata of `topic` (see `ClusterPartitionedTopics`)."""
+        self._check_running()
+        try:
+            return await self._current_client().partitions(topic)
+        except DriverError as exc:
+            raise error_for(exc, f"partitioned metadata of {topic}") from None
 
     async def lookup(self, topic: str) -> str:
         self._check_running()
