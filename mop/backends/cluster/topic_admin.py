@@ -188,7 +188,7 @@ class BrokerAdmin:
             path = topic_path(topic) + suffix
         except TopicError as exc:
             raise BackendError(str(exc), reason="invalid_topic") from None
-        return await self._ask_at(method, path, topic, params)
+        return await self._ask_at(method, path, topic, params, content=content, returned=returned)
 
     async def schema_compatibility(self, namespace: str) -> Compatibility:
         """The schema compatibility rule of `namespace` ("tenant/namespace")."""
@@ -224,11 +224,12 @@ class BrokerAdmin:
         path: str,
         topic: str,
         params: dict[str, str] | None = None,
-        content: str | None = None,
+        content: str | bytes | None = None,
         urls: tuple[str, ...] | None = None,
+        returned: frozenset[int] = frozenset(),
     ) -> httpx.Response | None:
         """The answer of the first URL (of `urls`, else of all) that answers `method path`
-        (None: a 404)."""
+        (None: a 404); a status of `returned` is the caller's to read."""
         failures: list[str] = []
         # Why the brokers that answered 421 do not answer for the topic: another member owns
         # it, or (a broker's admin.allowed_hosts) they do not answer for the host asked.
