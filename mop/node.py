@@ -42,12 +42,13 @@ from mop.overload.memory import open_guard, serve_memory_watch
 from mop.processor import Backend, BackendError, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, cluster_client_auth
+from mop.retention import RetentionControl, RetentionPolicies, RetentionPolicy
 from mop.security.abuse import BANS_TABLE, Ban
 from mop.security.ban_store import BanStore
 from mop.security.gatekeeper import Gatekeeper
 from mop.security.policy import PolicyError, load_policy
 from mop.security.reloading import PolicyReloader
-from mop.settings import LimitsSettings, Settings
+from mop.settings import LimitsSettings, RetentionSettings, Settings
 from mop.transport import BoundListener, Handler, ListenerSpec, serve_listeners
 
 log = logging.getLogger("mop.node")
@@ -107,6 +108,8 @@ async def start_backend(
         namespace=settings.default_namespace,
         membership=membership,
         unsubscribed_grace=settings.storage.unsubscribed_grace,
+        retention=retention_policies(settings.retention),
+        retention_check=settings.retention.check_interval,
     )
     try:
         await nursery.start(storage.serve)
@@ -116,6 +119,17 @@ async def start_backend(
             await backend.aclose()
         raise
     return backend
+
+
+def retention_policies(settings: RetentionSettings) -> RetentionPolicies:
+    """The retention policies `settings` give (the admin API may override them later)."""
+    return RetentionPolicies(
+        RetentionPolicy(settings.time_seconds, settings.size_bytes),
+        {
+            entry.namespace: RetentionPolicy(entry.time_seconds, entry.size_bytes)
+            for entry in settings.namespaces
+        },
+    )
 
 
 def cluster_membership(settings: Settings) -> Membership:
@@ -277,6 +291,12 @@ def broker_auth(settings: Settings) -> ClientAuth:
         raise StartupError(str(exc)) from None
 
 
+def _retention_control(backend: Backend) -> RetentionControl | None:
+    """What the admin API may change of the retention policies: a node with its own broker
+    (merged, or a broker node) has them; a separated proxy does not."""
+    return backend if isinstance(backend, LocalBackend) else None
+
+
 def _broker_membership(settings: Settings, membership: Membership) -> Membership | None:
     """The membership of a broker node (merged, serving the Pulsar protocol), whose admin
     listener answers Pulsar's admin REST API for its topics; None for other nodes."""
@@ -355,6 +375,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                     not_ready=lambda: [*processor.not_ready(), *overload.not_ready()],
                     broker=_broker_membership(settings, membership),
                     bans=bans,
+                    retention=_retention_control(backend),
                 )
                 bound.append(await _serve_admin(nursery, context))
             for entry in bound:

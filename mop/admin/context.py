@@ -11,6 +11,7 @@ from mop.observability import Telemetry
 from mop.processor import MessagingProcessor
 from mop.protocols.base import ProtocolHandler
 from mop.protocols.introspection import AdminView
+from mop.retention import RetentionControl
 from mop.security.ban_store import BanStore
 from mop.settings import Settings
 from mop.transport import BoundListener
@@ -32,6 +33,8 @@ class AdminContext:
     # On a broker (a merged node serving the Pulsar protocol): its cluster, for the routes of
     # Pulsar's admin REST API, which answer for the topics it owns. None on other nodes.
     broker: Membership | None = None
+    # On a node with its own broker: its namespaces' retention policies. None on proxies.
+    retention: RetentionControl | None = None
 
     def views(self) -> dict[str, AdminView]:
         """Each protocol's clients and state, by protocol name."""

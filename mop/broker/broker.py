@@ -18,6 +18,7 @@ from mop.broker.delays import DelayQueue
 from mop.broker.dispatch import Attachment
 from mop.broker.errors import ConsumerBusy
 from mop.broker.grace import UnsubscribedGrace
+from mop.broker.history import history_cut
 from mop.broker.positions import (
     id_before,
     last_message,
@@ -33,12 +34,14 @@ from mop.broker.topic import NON_PERSISTENT, Topic, Topics, payload_size
 from mop.clock import now_ms
 from mop.message import RETAINED, Delivery, Message, MessageId
 from mop.messaging import StartPosition, SubscriptionSpec, TopicBusy
+from mop.retention import RetentionPolicies, RetentionPolicy, namespace_of
 from mop.topic_names import is_exact_selector
 from mop.topics import SubscriptionTrie, matches
 
 __all__ = [
     "BROKER_TABLE_PREFIX",
     "PRODUCERS_TABLE",
+    "RETENTION_TABLE",
     "SUBSCRIPTIONS_TABLE",
     "Broker",
     "BrokerStats",
@@ -51,6 +54,8 @@ BROKER_TABLE_PREFIX = "$broker/"
 SUBSCRIPTIONS_TABLE = "$broker/subscriptions"
 # The last sequence id of each application-named producer: "{topic}\n{name}" -> decimal.
 PRODUCERS_TABLE = "$broker/producers"
+# Retention policies set at run time: "tenant/namespace" -> `RetentionPolicy.to_json()`.
+RETENTION_TABLE = "$broker/retention"
 
 
 class _Start(Enum):
@@ -96,6 +101,8 @@ class Broker:
         namespace: str = "default",
         clock: Callable[[], float] = now_ms,
         unsubscribed_grace: float = 0.0,
+        retention: RetentionPolicies | None = None,
+        retention_check: float = 10.0,
     ) -> None:
         self.storage = storage
         self.tenant = tenant
@@ -116,6 +123,14 @@ class Broker:
         # they were offered).
         self.on_scheduled: Callable[[], None] | None = None
         self._grace = UnsubscribedGrace(unsubscribed_grace)
+        # Without policies nothing acknowledged is kept (Pulsar's own default).
+        self.retention = retention if retention is not None else RetentionPolicies()
+        self.retention.on_change = self._retention_changed
+        # Topics that keep acknowledged history, looked at again every `retention_check`
+        # seconds (on the `now` of `trim_acknowledged`) for what has aged out since.
+        self._history: set[Topic] = set()
+        self._retention_check = retention_check
+        self._next_history_check = 0.0
         self.compacted = CompactedTopics(storage, tenant=tenant)
         self._seq = itertools.count()
         self.producers = ProducerRegistry()
@@ -315,6 +330,7 @@ class Broker:
                 self.storage.save_cursors({(name, sub.name): None})
         self._topics.discard(topic)
         self._trim_dirty.discard(topic)
+        self._history.discard(topic)
         self._grace.forget(topic)
         for key in self.sequences.forget(name):
             self.storage.table_put(PRODUCERS_TABLE, key, None)
@@ -673,29 +689,57 @@ class Broker:
 
     def trim_acknowledged(self, now: float = 0.0) -> int:
         """Drop stored messages that every subscription of their topic has acknowledged (all
-        of them, on a topic without subscriptions), once their `unsubscribed_grace` has passed
+        of them, on a topic without subscriptions) once their namespace's retention policy
+        lets them go (`mop.retention`), and not before their `unsubscribed_grace` has passed
         at `now` (monotonic seconds) where it applies: on a topic without subscriptions and
         on a topic trimming first saw less than the grace ago. Returns how many topics were
         trimmed."""
         dirty, self._trim_dirty = self._trim_dirty, set()
+        if now >= self._next_history_check:
+            self._next_history_check = now + self._retention_check
+            dirty |= self._history
+            self._history = set()
         trimmed = 0
         grace = self._grace
+        wall = self.now()
         for topic in dirty:
             if self._topics.get(topic.name) is not topic or not topic.persistent:
                 grace.forget(topic)
                 continue
-            through = trim_point(topic)
+            acknowledged = trim_point(topic)
             if topic.cursors:
-                through = grace.limit_held(topic, through, now)
+                through = grace.limit_held(topic, acknowledged, now)
             else:
-                through = grace.limit(topic, through, now)
+                through = grace.limit(topic, acknowledged, now)
             if grace.waiting(topic):
                 self._trim_dirty.add(topic)
+            policy = self.retention.for_topic(topic.name)
+            through = history_cut(self.storage, topic.name, through, policy, wall)
+            kept_after = topic.trimmed if through is None else through
+            if topic.trimmed is not None and kept_after is not None:
+                kept_after = max(kept_after, topic.trimmed)
+            if acknowledged is not None and (kept_after is None or kept_after < acknowledged):
+                # Acknowledged history stays for now (or its grace runs).
+                self._history.add(topic)
             if through is not None and (topic.trimmed is None or through > topic.trimmed):
                 self.storage.trim(topic.name, through)
                 topic.trimmed = through
                 trimmed += 1
         return trimmed
+
+    def _retention_changed(self, namespace: str) -> None:
+        self._trim_dirty.update(
+            t for t in self._topics.values() if namespace_of(t.name) == namespace
+        )
+
+    async def set_retention(self, namespace: str, policy: RetentionPolicy | None) -> None:
+        """Override the retention policy of `namespace` ("tenant/namespace"; None: back to the
+        configured one), durably: the override outlives restarts."""
+        self.storage.table_put(
+            RETENTION_TABLE, namespace, None if policy is None else policy.to_json()
+        )
+        await self.storage.sync()
+        self.retention.override(namespace, policy)
 
     async def _load(self, cursor: Cursor, state: CursorState | None) -> None:
         """Read a cursor's backlog from storage: every stored message after its mark_delete
@@ -728,6 +772,7 @@ class Broker:
         """Rebuild topics, durable subscriptions and their backlogs from storage. Call once,
         on a new broker, before anything else. Redelivery counts start again from 0."""
         saved = self.storage.load_cursors()
+        self.retention.restore(self.storage.table_items(RETENTION_TABLE))
         self.compacted.restore()
         for name in self.storage.topics():
             if name not in self._topics:

@@ -41,6 +41,7 @@ from mop.processor.backend import (
     SubscriptionSpec,
     TopicStats,
 )
+from mop.retention import RetentionControl, RetentionPolicies, RetentionPolicy
 from mop.topic_names import mqtt_to_pulsar
 
 if TYPE_CHECKING:
@@ -84,10 +85,17 @@ class LocalBackend:
         fence_timeout: float = 10.0,
         trim_interval: float = 1.0,
         unsubscribed_grace: float = 0.0,
+        retention: RetentionPolicies | None = None,
+        retention_check: float = 10.0,
     ) -> None:
         self.storage = storage
         self.broker = Broker(
-            storage, tenant=tenant, namespace=namespace, unsubscribed_grace=unsubscribed_grace
+            storage,
+            tenant=tenant,
+            namespace=namespace,
+            unsubscribed_grace=unsubscribed_grace,
+            retention=retention,
+            retention_check=retention_check,
         )
         self.broker.on_scheduled = self._delays_changed
         self.broker.compacted.on_change = self._table_changed
@@ -146,6 +154,16 @@ class LocalBackend:
             await trio.sleep(self.trim_interval)
             with translated():
                 self.broker.trim_acknowledged(trio.current_time())
+
+    # -- retention (`mop.retention.RetentionControl`, for the admin API) -------------------
+
+    def retention(self, namespace: str) -> RetentionPolicy:
+        return self.broker.retention.for_namespace(namespace)
+
+    async def set_retention(self, namespace: str, policy: RetentionPolicy | None) -> None:
+        self._check_running()
+        with translated():
+            await self.broker.set_retention(namespace, policy)
 
     def _check_running(self) -> None:
         if self._closed:
@@ -393,6 +411,8 @@ async def open_local_backend(
     fence_timeout: float = 10.0,
     trim_interval: float = 1.0,
     unsubscribed_grace: float = 0.0,
+    retention: RetentionPolicies | None = None,
+    retention_check: float = 10.0,
 ) -> AsyncIterator[LocalBackend]:
     """Run a `LocalBackend` over `storage` for the duration of the block, then close it."""
     backend = LocalBackend(
@@ -404,6 +424,8 @@ async def open_local_backend(
         fence_timeout=fence_timeout,
         trim_interval=trim_interval,
         unsubscribed_grace=unsubscribed_grace,
+        retention=retention,
+        retention_check=retention_check,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(backend.serve)
@@ -421,5 +443,14 @@ if TYPE_CHECKING:
         table: LocalTable,
         lease: LocalLease,
         producer: LocalProducer,
-    ) -> tuple[Backend, BatchPublisher, Consumer, Table, ClientLease, FenceNotifier, Producer]:
-        return backend, backend, consumer, table, lease, lease, producer
+    ) -> tuple[
+        Backend,
+        BatchPublisher,
+        Consumer,
+        Table,
+        ClientLease,
+        FenceNotifier,
+        Producer,
+        RetentionControl,
+    ]:
+        return backend, backend, consumer, table, lease, lease, producer, backend

@@ -14,6 +14,7 @@ from urllib.parse import quote
 from mop.messaging import SubscriptionKind
 from mop.processor.backend import ConsumerStats, SubscriptionStats, TopicStats, Traffic
 from mop.protocols.pulsar.mapping import pulsar_subscription
+from mop.retention import INFINITE, RetentionPolicy
 from mop.topic_names import PulsarTopicName
 
 __all__ = [
@@ -21,6 +22,8 @@ __all__ = [
     "DOMAINS",
     "StatsFormatError",
     "namespace_path",
+    "retention_document",
+    "retention_from_document",
     "stats_document",
     "stats_from_document",
     "topic_path",
@@ -52,6 +55,37 @@ def topic_path(topic: str) -> str:
     name = PulsarTopicName.parse(topic)
     local = quote(name.local_name, safe="")
     return f"{ADMIN_PREFIX}/{name.domain}/{name.tenant}/{name.namespace}/{local}"
+
+
+# -- retention policies (Pulsar's RetentionPolicies JSON: minutes and MiB) ----------------------
+
+_MINUTE: Final = 60
+_MEGABYTE: Final = 1024 * 1024
+
+
+def _in_units(value: int, unit: int) -> int:
+    """`value` in whole `unit`s, rounded up (-1 and 0 stay as they are)."""
+    return value if value <= 0 else -(-value // unit)
+
+
+def retention_document(policy: RetentionPolicy) -> dict[str, int]:
+    return {
+        "retentionTimeInMinutes": _in_units(policy.time_seconds, _MINUTE),
+        "retentionSizeInMB": _in_units(policy.size_bytes, _MEGABYTE),
+    }
+
+
+def retention_from_document(document: Any) -> RetentionPolicy:
+    """The policy a Pulsar RetentionPolicies JSON object sets; ValueError when it is not one."""
+    if not isinstance(document, dict):
+        raise ValueError("the body must be a JSON object")
+    values = []
+    for name, unit in (("retentionTimeInMinutes", _MINUTE), ("retentionSizeInMB", _MEGABYTE)):
+        value = document.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < INFINITE:
+            raise ValueError(f"{name} must be an integer: -1 (no limit), 0 (none) or more")
+        values.append(value if value <= 0 else value * unit)
+    return RetentionPolicy(values[0], values[1])
 
 
 # -- mop's stats -> Pulsar's JSON ---------------------------------------------------------------

@@ -29,6 +29,7 @@ def routes() -> list[tuple[str, str, bool]]:
             settings=Settings(),
             processor=None,
             broker=Membership((), "pulsar://127.0.0.1:6650"),
+            retention=object(),  # a node with its own broker: the retention routes too
         ),
     )
     return build_admin_app(context).router.routes()
