@@ -266,6 +266,9 @@ _INT_BOUNDS: Final[Mapping[str, _Bounds]] = {
     # Retention limits: -1 is "no limit", 0 "keep nothing".
     "time_seconds": _Bounds(-1),
     "size_bytes": _Bounds(-1),
+    # Backlog quota limits: -1 is "no limit".
+    "backlog_quota.limit_bytes": _Bounds(-1),
+    "backlog_quota.limit_seconds": _Bounds(-1),
     "auth.max_failures": _Bounds(0),
     "limits.connection_burst": _Bounds(0),
     "limits.client_message_burst": _Bounds(0),

@@ -24,6 +24,7 @@ import trio
 
 from mop.admin import AdminContext, serve_admin
 from mop.backends.local import LocalBackend
+from mop.backlog_quota import BacklogQuota, BacklogQuotas, QuotaKind, QuotaPolicy
 from mop.broker.storage import DurableStorage, StorageError, open_durable_storage
 from mop.counters import Drop, ProtocolStats, Refusal
 from mop.exception_groups import leaves
@@ -42,13 +43,13 @@ from mop.overload.memory import open_guard, serve_memory_watch
 from mop.processor import Backend, BackendError, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, cluster_client_auth
-from mop.retention import RetentionControl, RetentionPolicies, RetentionPolicy
+from mop.retention import RetentionPolicies, RetentionPolicy
 from mop.security.abuse import BANS_TABLE, Ban
 from mop.security.ban_store import BanStore
 from mop.security.gatekeeper import Gatekeeper
 from mop.security.policy import PolicyError, load_policy
 from mop.security.reloading import PolicyReloader
-from mop.settings import LimitsSettings, RetentionSettings, Settings
+from mop.settings import BacklogQuotaSettings, LimitsSettings, RetentionSettings, Settings
 from mop.transport import BoundListener, Handler, ListenerSpec, serve_listeners
 
 log = logging.getLogger("mop.node")
@@ -110,6 +111,7 @@ async def start_backend(
         unsubscribed_grace=settings.storage.unsubscribed_grace,
         retention=retention_policies(settings.retention),
         retention_check=settings.retention.check_interval,
+        backlog_quotas=backlog_quotas(settings.backlog_quota),
     )
     try:
         await nursery.start(storage.serve)
@@ -129,6 +131,17 @@ def retention_policies(settings: RetentionSettings) -> RetentionPolicies:
             entry.namespace: RetentionPolicy(entry.time_seconds, entry.size_bytes)
             for entry in settings.namespaces
         },
+    )
+
+
+def backlog_quotas(settings: BacklogQuotaSettings) -> BacklogQuotas:
+    """The backlog quotas `settings` give (the admin API may override them later)."""
+    policy = QuotaPolicy(settings.policy)
+    return BacklogQuotas(
+        {
+            QuotaKind.SIZE: BacklogQuota(settings.limit_bytes, policy),
+            QuotaKind.AGE: BacklogQuota(settings.limit_seconds, policy),
+        }
     )
 
 
@@ -291,9 +304,10 @@ def broker_auth(settings: Settings) -> ClientAuth:
         raise StartupError(str(exc)) from None
 
 
-def _retention_control(backend: Backend) -> RetentionControl | None:
-    """What the admin API may change of the retention policies: a node with its own broker
-    (merged, or a broker node) has them; a separated proxy does not."""
+def _retention_control(backend: Backend) -> LocalBackend | None:
+    """What the admin API may change of the retention policies and backlog quotas
+    (`RetentionControl`, `BacklogQuotaControl`): a node with its own broker (merged, or a
+    broker node) has them; a separated proxy does not."""
     return backend if isinstance(backend, LocalBackend) else None
 
 
@@ -376,6 +390,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                     broker=_broker_membership(settings, membership),
                     bans=bans,
                     retention=_retention_control(backend),
+                    backlog_quotas=_retention_control(backend),
                 )
                 bound.append(await _serve_admin(nursery, context))
             for entry in bound:

@@ -15,6 +15,9 @@ Mode = Literal["merged", "separated"]
 SECRET: Final = MappingProxyType({"secret": True})
 FsyncPolicy = Literal["always", "interval", "never"]
 LogFormat = Literal["text", "json"]
+QuotaPolicyName = Literal[
+    "producer_request_hold", "producer_exception", "consumer_backlog_eviction"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +287,16 @@ class RetentionSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class BacklogQuotaSettings:
+    """Pulsar's backlog quotas (`mop.backlog_quota`), the default of every namespace: limits
+    on each topic's unacknowledged backlog. -1: no limit."""
+
+    limit_bytes: int = -1
+    limit_seconds: int = -1
+    policy: QuotaPolicyName = "producer_request_hold"
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     mode: Mode = "merged"
     data_dir: str = "./data"
@@ -300,5 +313,6 @@ class Settings:
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
     retention: RetentionSettings = field(default_factory=RetentionSettings)
+    backlog_quota: BacklogQuotaSettings = field(default_factory=BacklogQuotaSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from mop.backlog_quota import BacklogQuotaControl
 from mop.membership import Membership
 from mop.observability import Telemetry
 from mop.processor import MessagingProcessor
@@ -35,6 +36,8 @@ class AdminContext:
     broker: Membership | None = None
     # On a node with its own broker: its namespaces' retention policies. None on proxies.
     retention: RetentionControl | None = None
+    # On a node with its own broker: its namespaces' backlog quotas. None on proxies.
+    backlog_quotas: BacklogQuotaControl | None = None
 
     def views(self) -> dict[str, AdminView]:
         """Each protocol's clients and state, by protocol name."""

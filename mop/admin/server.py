@@ -22,7 +22,7 @@ from mop.admin.routes_page import add_page_routes
 from mop.admin.routes_publish import add_publish_routes
 from mop.admin.routes_pulsar import add_pulsar_admin_routes
 from mop.admin.routes_retained import add_retained_routes
-from mop.admin.routes_retention import add_retention_routes
+from mop.admin.routes_retention import add_backlog_quota_routes, add_retention_routes
 from mop.admin.routes_sessions import add_sessions_routes
 from mop.admin.routes_stats import add_stats_routes
 from mop.admin.routes_topics import add_topic_routes
@@ -48,6 +48,8 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
     if context.retention is not None:
         # Before the topic routes of Pulsar's API, whose `{domain}/.../{topic}` also matches.
         add_retention_routes(router, context.retention)
+    if context.backlog_quotas is not None:
+        add_backlog_quota_routes(router, context.backlog_quotas)
     if context.broker is not None:
         add_pulsar_admin_routes(router, context, context.broker)
     add_page_routes(router, context)

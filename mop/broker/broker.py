@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from mop.backlog_quota import BacklogQuota, BacklogQuotas, QuotaKind
 from mop.broker.compaction import CompactedTopics
 from mop.broker.cursor import Cursor, Entry
 from mop.broker.delays import DelayQueue
@@ -27,6 +28,7 @@ from mop.broker.positions import (
     trim_point,
 )
 from mop.broker.producers import ProducerRegistry, SequenceBook, Sequenced
+from mop.broker.quotas import QuotaGuard
 from mop.broker.storage.api import CursorKey, CursorState, Storage
 from mop.broker.storage.ranges import IdRanges
 from mop.broker.subscription import Bookkeeping, Subscription
@@ -40,6 +42,7 @@ from mop.topics import SubscriptionTrie, matches
 
 __all__ = [
     "BROKER_TABLE_PREFIX",
+    "BACKLOG_QUOTA_TABLE",
     "PRODUCERS_TABLE",
     "RETENTION_TABLE",
     "SUBSCRIPTIONS_TABLE",
@@ -56,6 +59,8 @@ SUBSCRIPTIONS_TABLE = "$broker/subscriptions"
 PRODUCERS_TABLE = "$broker/producers"
 # Retention policies set at run time: "tenant/namespace" -> `RetentionPolicy.to_json()`.
 RETENTION_TABLE = "$broker/retention"
+# Backlog quotas set at run time: "tenant/namespace" -> `BacklogQuotas.saved()`.
+BACKLOG_QUOTA_TABLE = "$broker/backlog_quotas"
 
 
 class _Start(Enum):
@@ -103,6 +108,7 @@ class Broker:
         unsubscribed_grace: float = 0.0,
         retention: RetentionPolicies | None = None,
         retention_check: float = 10.0,
+        backlog_quotas: BacklogQuotas | None = None,
     ) -> None:
         self.storage = storage
         self.tenant = tenant
@@ -131,6 +137,9 @@ class Broker:
         self._history: set[Topic] = set()
         self._retention_check = retention_check
         self._next_history_check = 0.0
+        # Backlog quotas: checked on each trimming pass; producers of a topic over one may
+        # be refused (`quota.refuse`).
+        self.quota = QuotaGuard(storage, backlog_quotas)
         self.compacted = CompactedTopics(storage, tenant=tenant)
         self._seq = itertools.count()
         self.producers = ProducerRegistry()
@@ -168,6 +177,8 @@ class Broker:
         sequence id its producer sent before is dropped (`duplicate`)."""
         if sequence is not None and self.sequences.is_duplicate(topic, sequence):
             return Published(MessageId(-1, -1), 0, duplicate=True)
+        if self.quota.blocked:
+            self.quota.refuse(topic)
         node = self._topics.get(topic)
         created = node is None
         if node is None:
@@ -211,6 +222,8 @@ class Broker:
         subscriptions each was routed to. All or nothing: an error stores none of them."""
         if not messages:
             return [], 0
+        if self.quota.blocked:
+            self.quota.refuse(topic)
         node = self._topics.get(topic)
         created = node is None
         if node is None:
@@ -694,6 +707,7 @@ class Broker:
         at `now` (monotonic seconds) where it applies: on a topic without subscriptions and
         on a topic trimming first saw less than the grace ago. Returns how many topics were
         trimmed."""
+        self._enforce_quotas()
         dirty, self._trim_dirty = self._trim_dirty, set()
         if now >= self._next_history_check:
             self._next_history_check = now + self._retention_check
@@ -726,6 +740,27 @@ class Broker:
                 topic.trimmed = through
                 trimmed += 1
         return trimmed
+
+    def _enforce_quotas(self) -> None:
+        """Check the backlog quotas; skip the backlog that `consumer_backlog_eviction`
+        quotas let go, for every subscription behind it."""
+        check = self.quota.check(self._topics.values(), self.now())
+        for topic, cut in check.evict:
+            for cursor in list(topic.cursors):
+                if cursor.mark_delete is None or cursor.mark_delete < cut:
+                    cursor.sub.ack_through(topic.name, cut)
+        if check.evict:
+            self._flush()
+
+    async def set_backlog_quota(
+        self, namespace: str, kind: QuotaKind, quota: BacklogQuota | None
+    ) -> None:
+        """Override one backlog quota of `namespace` (None: back to the configured one),
+        durably: the override outlives restarts. It applies at the next trimming pass."""
+        quotas = self.quota.quotas
+        quotas.override(namespace, kind, quota)
+        self.storage.table_put(BACKLOG_QUOTA_TABLE, namespace, quotas.saved(namespace))
+        await self.storage.sync()
 
     def _retention_changed(self, namespace: str) -> None:
         self._trim_dirty.update(
@@ -773,6 +808,7 @@ class Broker:
         on a new broker, before anything else. Redelivery counts start again from 0."""
         saved = self.storage.load_cursors()
         self.retention.restore(self.storage.table_items(RETENTION_TABLE))
+        self.quota.quotas.restore(self.storage.table_items(BACKLOG_QUOTA_TABLE))
         self.compacted.restore()
         for name in self.storage.topics():
             if name not in self._topics:

@@ -9,7 +9,7 @@ is stored or kept per topic (client events name a topic per client id).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -23,6 +23,13 @@ from mop.backends.local.role import LocalRole
 from mop.backends.local.stats import topic_stats
 from mop.backends.local.table import LocalTable
 from mop.backends.node_local import LocalTopics, is_local_selector
+from mop.backlog_quota import (
+    BacklogQuota,
+    BacklogQuotaControl,
+    BacklogQuotas,
+    QuotaKind,
+    QuotaPolicy,
+)
 from mop.broker import (
     NON_PERSISTENT,
     Broker,
@@ -87,6 +94,7 @@ class LocalBackend:
         unsubscribed_grace: float = 0.0,
         retention: RetentionPolicies | None = None,
         retention_check: float = 10.0,
+        backlog_quotas: BacklogQuotas | None = None,
     ) -> None:
         self.storage = storage
         self.broker = Broker(
@@ -96,7 +104,11 @@ class LocalBackend:
             unsubscribed_grace=unsubscribed_grace,
             retention=retention,
             retention_check=retention_check,
+            backlog_quotas=backlog_quotas,
         )
+        self.broker.quota.on_room = self._quota_room
+        # Set when a topic that held its producers (producer_request_hold) has room again.
+        self._room = trio.Event()
         self.broker.on_scheduled = self._delays_changed
         self.broker.compacted.on_change = self._table_changed
         # This broker's URL, and the members of its cluster (none or one: it owns every topic).
@@ -155,6 +167,31 @@ class LocalBackend:
             with translated():
                 self.broker.trim_acknowledged(trio.current_time())
 
+    # -- backlog quotas (`mop.backlog_quota.BacklogQuotaControl`, for the admin API) -------
+
+    def _quota_room(self) -> None:
+        self._room.set()
+        self._room = trio.Event()
+
+    async def _wait_for_room(self, topics: Iterable[str]) -> None:
+        """Hold a publish while one of its topics is over a producer_request_hold quota."""
+        names = set(topics)
+        while any(
+            self.broker.quota.blocked.get(name) is QuotaPolicy.PRODUCER_REQUEST_HOLD
+            for name in names
+        ):
+            await self._room.wait()
+
+    def backlog_quotas(self, namespace: str) -> Mapping[QuotaKind, BacklogQuota]:
+        return self.broker.quota.quotas.for_namespace(namespace)
+
+    async def set_backlog_quota(
+        self, namespace: str, kind: QuotaKind, quota: BacklogQuota | None
+    ) -> None:
+        self._check_running()
+        with translated():
+            await self.broker.set_backlog_quota(namespace, kind, quota)
+
     # -- retention (`mop.retention.RetentionControl`, for the admin API) -------------------
 
     def retention(self, namespace: str) -> RetentionPolicy:
@@ -196,6 +233,8 @@ class LocalBackend:
 
     async def publish(self, topic: str, message: Message) -> PublishResult:
         self._check_running()
+        if self.broker.quota.blocked:
+            await self._wait_for_room((topic,))
         if self.local.owns(topic):
             await trio.lowlevel.checkpoint()
             return self.local.publish(topic, message)
@@ -215,6 +254,8 @@ class LocalBackend:
             self._check_running()
         except BackendError as exc:
             return [exc] * len(items)
+        if self.broker.quota.blocked:
+            await self._wait_for_room(topic for topic, _ in items)
         store_many = self.broker.store_many
         results: list[PublishResult | BackendError] = []
         durable: list[int] = []  # indexes of the results that wait for the sync
@@ -272,6 +313,9 @@ class LocalBackend:
 
     async def open_producer(self, spec: ProducerSpec) -> LocalProducer:
         self._check_running()
+        if self.broker.quota.blocked:
+            with translated():
+                self.broker.quota.refuse(spec.topic)
         producer = LocalProducer(self, spec)
         await trio.lowlevel.checkpoint()
         return producer
@@ -413,6 +457,7 @@ async def open_local_backend(
     unsubscribed_grace: float = 0.0,
     retention: RetentionPolicies | None = None,
     retention_check: float = 10.0,
+    backlog_quotas: BacklogQuotas | None = None,
 ) -> AsyncIterator[LocalBackend]:
     """Run a `LocalBackend` over `storage` for the duration of the block, then close it."""
     backend = LocalBackend(
@@ -426,6 +471,7 @@ async def open_local_backend(
         unsubscribed_grace=unsubscribed_grace,
         retention=retention,
         retention_check=retention_check,
+        backlog_quotas=backlog_quotas,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(backend.serve)
@@ -452,5 +498,6 @@ if TYPE_CHECKING:
         FenceNotifier,
         Producer,
         RetentionControl,
+        BacklogQuotaControl,
     ]:
-        return backend, backend, consumer, table, lease, lease, producer, backend
+        return backend, backend, consumer, table, lease, lease, producer, backend, backend

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import quote
 
+from mop.backlog_quota import BacklogQuota, QuotaKind, QuotaPolicy
 from mop.messaging import SubscriptionKind
 from mop.processor.backend import ConsumerStats, SubscriptionStats, TopicStats, Traffic
 from mop.protocols.pulsar.mapping import pulsar_subscription
@@ -20,6 +21,8 @@ from mop.topic_names import PulsarTopicName
 __all__ = [
     "ADMIN_PREFIX",
     "DOMAINS",
+    "backlog_quota_from_document",
+    "backlog_quota_map",
     "StatsFormatError",
     "namespace_path",
     "retention_document",
@@ -86,6 +89,42 @@ def retention_from_document(document: Any) -> RetentionPolicy:
             raise ValueError(f"{name} must be an integer: -1 (no limit), 0 (none) or more")
         values.append(value if value <= 0 else value * unit)
     return RetentionPolicy(values[0], values[1])
+
+
+# -- backlog quotas (Pulsar's BacklogQuota JSON: limitSize in bytes, limitTime in seconds) ------
+
+
+def backlog_quota_map(quotas: Mapping[QuotaKind, BacklogQuota]) -> dict[str, dict[str, Any]]:
+    """Pulsar's `backlogQuotaMap`: each quota in force by its backlogQuotaType."""
+    document: dict[str, dict[str, Any]] = {}
+    for kind, quota in quotas.items():
+        size = quota.limit if kind is QuotaKind.SIZE else -1
+        document[kind.value] = {
+            "limit": size,
+            "limitSize": size,
+            "limitTime": quota.limit if kind is QuotaKind.AGE else -1,
+            "policy": quota.policy.value,
+        }
+    return document
+
+
+def backlog_quota_from_document(kind: QuotaKind, document: Any) -> BacklogQuota:
+    """The quota of `kind` a Pulsar BacklogQuota JSON object sets (`limitSize`, or the older
+    `limit`, for destination_storage; `limitTime` for message_age; `policy`); ValueError when
+    it is not one."""
+    if not isinstance(document, dict):
+        raise ValueError("the body must be a JSON object")
+    names = ("limitSize", "limit") if kind is QuotaKind.SIZE else ("limitTime",)
+    name = next((n for n in names if n in document), names[0])
+    limit = document.get(name)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < INFINITE:
+        raise ValueError(f"{name} must be an integer: -1 (no limit), 0 or more")
+    policy = document.get("policy", QuotaPolicy.PRODUCER_REQUEST_HOLD.value)
+    try:
+        return BacklogQuota(limit, QuotaPolicy(policy))
+    except ValueError:
+        choices = ", ".join(p.value for p in QuotaPolicy)
+        raise ValueError(f"policy must be one of {choices}") from None
 
 
 # -- mop's stats -> Pulsar's JSON ---------------------------------------------------------------
