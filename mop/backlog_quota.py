@@ -129,7 +129,7 @@ class BacklogQuotas:
 class BacklogQuotaControl(Protocol):
     """What the admin API may do with the backlog quotas of a broker node."""
 
-    def backlog_quotas(self, namespace: str) -> Mapping[QuotaKind, BacklogQuota]:
+    async def backlog_quotas(self, namespace: str) -> Mapping[QuotaKind, BacklogQuota]:
         """The quotas in force for `namespace`."""
         ...
 

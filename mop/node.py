@@ -18,13 +18,19 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 import trio
 
 from mop.admin import AdminContext, serve_admin
 from mop.backends.local import LocalBackend
-from mop.backlog_quota import BacklogQuota, BacklogQuotas, QuotaKind, QuotaPolicy
+from mop.backlog_quota import (
+    BacklogQuota,
+    BacklogQuotaControl,
+    BacklogQuotas,
+    QuotaKind,
+    QuotaPolicy,
+)
 from mop.broker.storage import DurableStorage, StorageError, open_durable_storage
 from mop.counters import Drop, ProtocolStats, Refusal
 from mop.exception_groups import leaves
@@ -43,7 +49,7 @@ from mop.overload.memory import open_guard, serve_memory_watch
 from mop.processor import Backend, BackendError, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, cluster_client_auth
-from mop.retention import RetentionPolicies, RetentionPolicy
+from mop.retention import RetentionControl, RetentionPolicies, RetentionPolicy
 from mop.security.abuse import BANS_TABLE, Ban
 from mop.security.ban_store import BanStore
 from mop.security.gatekeeper import Gatekeeper
@@ -304,11 +310,22 @@ def broker_auth(settings: Settings) -> ClientAuth:
         raise StartupError(str(exc)) from None
 
 
-def _retention_control(backend: Backend) -> LocalBackend | None:
+def _retention_control(backend: Backend) -> LocalBackend | RetentionAndQuotas | None:
     """What the admin API may change of the retention policies and backlog quotas
     (`RetentionControl`, `BacklogQuotaControl`): a node with its own broker (merged, or a
-    broker node) has them; a separated proxy does not."""
-    return backend if isinstance(backend, LocalBackend) else None
+    broker node) has them; a separated proxy asks its brokers' HTTP admin
+    (`cluster.admin_url`), and without it has none."""
+    if isinstance(backend, LocalBackend):
+        return backend
+    from mop.backends.cluster import ClusterBackend
+
+    if isinstance(backend, ClusterBackend):
+        return backend.namespace_admin()
+    return None
+
+
+class RetentionAndQuotas(RetentionControl, BacklogQuotaControl, Protocol):
+    """Both controls in one object (`_retention_control`)."""
 
 
 def _broker_membership(settings: Settings, membership: Membership) -> Membership | None:

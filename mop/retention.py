@@ -121,7 +121,7 @@ class RetentionPolicies:
 class RetentionControl(Protocol):
     """What the admin API may do with the retention policies of a broker node."""
 
-    def retention(self, namespace: str) -> RetentionPolicy:
+    async def retention(self, namespace: str) -> RetentionPolicy:
         """The policy in force for `namespace`."""
         ...
 

@@ -1,4 +1,5 @@
-"""On a node with its own broker: Pulsar's admin REST API for namespace retention policies and
+"""On a node with its own broker (and on a separated proxy with `cluster.admin_url`, which asks
+its brokers): Pulsar's admin REST API for namespace retention policies and
 backlog quotas, so `pulsar-admin namespaces get-retention/set-retention/remove-retention`,
 `get-backlog-quotas/set-backlog-quota/remove-backlog-quota` and scripts written for Pulsar work
 against mop.
@@ -55,7 +56,11 @@ def add_retention_routes(router: Router, control: RetentionControl) -> None:
         namespace = namespace_of(request)
         if isinstance(namespace, Response):
             return namespace
-        return json_response(retention_document(control.retention(namespace)))
+        try:
+            policy = await control.retention(namespace)
+        except BackendError as exc:
+            return _reason(503, str(exc))
+        return json_response(retention_document(policy))
 
     async def set_retention(request: Request) -> Response:
         namespace = namespace_of(request)
@@ -101,7 +106,11 @@ def add_backlog_quota_routes(router: Router, control: BacklogQuotaControl) -> No
         namespace = namespace_of(request)
         if isinstance(namespace, Response):
             return namespace
-        return json_response(backlog_quota_map(control.backlog_quotas(namespace)))
+        try:
+            quotas = await control.backlog_quotas(namespace)
+        except BackendError as exc:
+            return _reason(503, str(exc))
+        return json_response(backlog_quota_map(quotas))
 
     async def set_quota(request: Request) -> Response:
         namespace, kind = namespace_of(request), kind_of(request)

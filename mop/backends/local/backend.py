@@ -182,7 +182,8 @@ class LocalBackend:
         ):
             await self._room.wait()
 
-    def backlog_quotas(self, namespace: str) -> Mapping[QuotaKind, BacklogQuota]:
+    async def backlog_quotas(self, namespace: str) -> Mapping[QuotaKind, BacklogQuota]:
+        await trio.lowlevel.checkpoint()
         return self.broker.quota.quotas.for_namespace(namespace)
 
     async def set_backlog_quota(
@@ -194,7 +195,8 @@ class LocalBackend:
 
     # -- retention (`mop.retention.RetentionControl`, for the admin API) -------------------
 
-    def retention(self, namespace: str) -> RetentionPolicy:
+    async def retention(self, namespace: str) -> RetentionPolicy:
+        await trio.lowlevel.checkpoint()
         return self.broker.retention.for_namespace(namespace)
 
     async def set_retention(self, namespace: str, policy: RetentionPolicy | None) -> None:
