@@ -18,11 +18,11 @@ from mop.admin.routes_clients import add_clients_routes
 from mop.admin.routes_docs import add_docs_routes
 from mop.admin.routes_health import add_health_routes
 from mop.admin.routes_logging import add_logging_routes
+from mop.admin.routes_namespace_policies import add_backlog_quota_routes, add_retention_routes
 from mop.admin.routes_page import add_page_routes
 from mop.admin.routes_publish import add_publish_routes
 from mop.admin.routes_pulsar import add_pulsar_admin_routes
 from mop.admin.routes_retained import add_retained_routes
-from mop.admin.routes_retention import add_backlog_quota_routes, add_retention_routes
 from mop.admin.routes_sessions import add_sessions_routes
 from mop.admin.routes_stats import add_stats_routes
 from mop.admin.routes_topics import add_topic_routes
