@@ -96,9 +96,9 @@ def add_retention_routes(router: Router, control: RetentionControl) -> None:
 
 def add_backlog_quota_routes(router: Router, control: BacklogQuotaControl) -> None:
     def kind_of(request: Request) -> QuotaKind | Response:
-        raw = request.arg("backlogQuotaType") or QuotaKind.SIZE.value
+        raw = request.arg("backlogQuotaType")
         try:
-            return QuotaKind(raw)
+            return QuotaKind.SIZE if raw is None else QuotaKind(raw)
         except ValueError:
             return _reason(400, "backlogQuotaType must be destination_storage or message_age")
 

@@ -71,6 +71,17 @@ def _in_units(value: int, unit: int) -> int:
     return value if value <= 0 else -(-value // unit)
 
 
+def _whole(value: Any) -> int | None:
+    """`value` as an integer when JSON says one (`88` or `88.0`), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
 def retention_document(policy: RetentionPolicy) -> dict[str, int]:
     return {
         "retentionTimeInMinutes": _in_units(policy.time_seconds, _MINUTE),
@@ -84,8 +95,8 @@ def retention_from_document(document: Any) -> RetentionPolicy:
         raise ValueError("the body must be a JSON object")
     values = []
     for name, unit in (("retentionTimeInMinutes", _MINUTE), ("retentionSizeInMB", _MEGABYTE)):
-        value = document.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < INFINITE:
+        value = _whole(document.get(name))
+        if value is None or value < INFINITE:
             raise ValueError(f"{name} must be an integer: -1 (no limit), 0 (none) or more")
         values.append(value if value <= 0 else value * unit)
     return RetentionPolicy(values[0], values[1])
@@ -110,15 +121,22 @@ def backlog_quota_map(quotas: Mapping[QuotaKind, BacklogQuota]) -> dict[str, dic
 
 def backlog_quota_from_document(kind: QuotaKind, document: Any) -> BacklogQuota:
     """The quota of `kind` a Pulsar BacklogQuota JSON object sets (`limitSize`, or the older
-    `limit`, for destination_storage; `limitTime` for message_age; `policy`); ValueError when
-    it is not one."""
+    `limit`, for destination_storage; `limitTime` for message_age; `policy`; a limit left out
+    is -1, none); ValueError when it is not one."""
     if not isinstance(document, dict):
         raise ValueError("the body must be a JSON object")
-    names = ("limitSize", "limit") if kind is QuotaKind.SIZE else ("limitTime",)
-    name = next((n for n in names if n in document), names[0])
-    limit = document.get(name)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < INFINITE:
-        raise ValueError(f"{name} must be an integer: -1 (no limit), 0 or more")
+    limits: dict[str, int] = {}
+    for name in ("limitSize", "limit", "limitTime"):
+        if name in document:
+            value = _whole(document[name])
+            if value is None or value < INFINITE:
+                raise ValueError(f"{name} must be an integer: -1 (no limit), 0 or more")
+            limits[name] = value
+    # A limit left out is Pulsar's default, -1: no limit.
+    if kind is QuotaKind.SIZE:
+        limit = limits.get("limitSize", limits.get("limit", INFINITE))
+    else:
+        limit = limits.get("limitTime", INFINITE)
     policy = document.get("policy", QuotaPolicy.PRODUCER_REQUEST_HOLD.value)
     try:
         return BacklogQuota(limit, QuotaPolicy(policy))
