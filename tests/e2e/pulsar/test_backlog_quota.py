@@ -77,6 +77,10 @@ def test_producer_exception_refuses_pulsar_producers_and_mqtt_publishers(
 
         mqtt = Client(node.mqtt_port, "quota-pub")
         assert mqtt.publish(f"quota/{request.node.name}", PAYLOAD, 1) == 0x97
+        # MQTT 3.1.1 acks carry no error: the publisher loses its connection instead.
+        old = Client(node.mqtt_port, "quota-pub-311", version=4)
+        old.client.publish(f"quota/{request.node.name}", PAYLOAD, 1)
+        old.disconnects.get(timeout=10)
         # Once the subscription catches up, producers are welcome again.
         for message in receive_all(slow, 10):
             slow.acknowledge(message)
