@@ -50,12 +50,15 @@ from mop.processor import Backend, BackendError, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, cluster_client_auth
 from mop.retention import RetentionControl, RetentionPolicies, RetentionPolicy
+from mop.schemas import Compatibility
 from mop.security.abuse import BANS_TABLE, Ban
 from mop.security.ban_store import BanStore
 from mop.security.gatekeeper import Gatekeeper
 from mop.security.policy import PolicyError, load_policy
 from mop.security.reloading import PolicyReloader
 from mop.settings import BacklogQuotaSettings, LimitsSettings, RetentionSettings, Settings
+from mop.topic_names import PulsarTopicName, mqtt_to_pulsar
+from mop.topics import TopicError
 from mop.transport import BoundListener, Handler, ListenerSpec, serve_listeners
 
 log = logging.getLogger("mop.node")
@@ -118,6 +121,7 @@ async def start_backend(
         retention=retention_policies(settings.retention),
         retention_check=settings.retention.check_interval,
         backlog_quotas=backlog_quotas(settings.backlog_quota),
+        schema_compatibility=Compatibility(settings.pulsar.schema_compatibility),
     )
     try:
         await nursery.start(storage.serve)
@@ -380,6 +384,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                 await nursery.start(
                     serve_memory_watch, overload, settings.limits.memory_check_interval
                 )
+            await _declare_partitioned(settings, processor, membership)
             await nursery.start(PolicyReloader(gatekeeper, settings.auth).serve)
             bans = BanStore(processor.table(BANS_TABLE))
             await nursery.start(_serve_bans, gatekeeper, bans)
@@ -432,6 +437,45 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
             with trio.CancelScope(shield=True):
                 await backend.aclose()
         telemetry.shutdown()
+
+
+async def _declare_partitioned(
+    settings: Settings, processor: MessagingProcessor, membership: Membership
+) -> None:
+    """Create the partitioned topics of `pulsar.partitioned_topics`, or grow those with fewer
+    partitions (never shrink them). A member of a broker cluster declares the names it owns;
+    a separated proxy asks its brokers."""
+    for name, count in settings.pulsar.partitioned_topics.items():
+        topic = mqtt_to_pulsar(
+            name, tenant=settings.default_tenant, namespace=settings.default_namespace
+        )
+        try:
+            parsed = PulsarTopicName.parse(topic)
+        except TopicError as exc:
+            raise StartupError(f"pulsar.partitioned_topics: {exc}") from None
+        if parsed.tenant != settings.default_tenant:
+            raise StartupError(
+                f"pulsar.partitioned_topics: {topic} is not of tenant {settings.default_tenant!r}"
+            )
+        topic = str(parsed)
+        if not membership.owns(topic):
+            continue
+        partitioned = processor.partitioned
+        try:
+            current = await partitioned.partitions(topic)
+            if not current:
+                await partitioned.create(topic, count)
+            elif current < count:
+                await partitioned.grow(topic, count)
+            elif current > count:
+                log.warning(
+                    "pulsar.partitioned_topics: %s has %d partitions, more than %d: kept",
+                    topic,
+                    current,
+                    count,
+                )
+        except BackendError as exc:
+            raise StartupError(f"pulsar.partitioned_topics: {topic}: {exc}") from None
 
 
 def _register_metrics(

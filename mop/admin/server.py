@@ -20,12 +20,15 @@ from mop.admin.routes_health import add_health_routes
 from mop.admin.routes_logging import add_logging_routes
 from mop.admin.routes_namespace_policies import add_backlog_quota_routes, add_retention_routes
 from mop.admin.routes_page import add_page_routes
+from mop.admin.routes_partitioned import add_partitioned_routes
 from mop.admin.routes_publish import add_publish_routes
 from mop.admin.routes_pulsar import add_pulsar_admin_routes
 from mop.admin.routes_retained import add_retained_routes
+from mop.admin.routes_schemas import add_schema_routes
 from mop.admin.routes_sessions import add_sessions_routes
 from mop.admin.routes_stats import add_stats_routes
 from mop.admin.routes_topics import add_topic_routes
+from mop.membership import Membership
 from mop.transport import BoundListener, ListenerSpec
 
 log = logging.getLogger("mop.admin")
@@ -45,6 +48,7 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
     add_docs_routes(router, context)
     add_logging_routes(router, context)
     add_topic_routes(router, context)
+    add_schema_routes(router, context)
     if context.retention is not None:
         # Before the topic routes of Pulsar's API, whose `{domain}/.../{topic}` also matches.
         add_retention_routes(router, context.retention)
@@ -52,6 +56,8 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
         add_backlog_quota_routes(router, context.backlog_quotas)
     if context.broker is not None:
         add_pulsar_admin_routes(router, context, context.broker)
+    # A broker answers for the names it owns; a proxy passes every request on to its brokers.
+    add_partitioned_routes(router, context, context.broker or Membership((), ""))
     add_page_routes(router, context)
     guard = AdminGuard(context.settings, context.processor)
     return AsgiApp(router, guard, hosts=HostGuard.of(context.settings.admin))

@@ -40,15 +40,18 @@ from mop.backends.cluster import admin
 from mop.backends.cluster.consumers import ClusterConsumer
 from mop.backends.cluster.context import ClusterContext
 from mop.backends.cluster.discovery import NamespaceDiscovery
+from mop.backends.cluster.errors import error_for
 from mop.backends.cluster.fanout import FanOut, fans_out
 from mop.backends.cluster.fanout_consumer import FanOutConsumer
 from mop.backends.cluster.health import BrokerHealth
 from mop.backends.cluster.leases import PRESENCE_TABLE, ClusterLease, Frontier, Presence
 from mop.backends.cluster.namespace_admin import NamespaceAdmin
 from mop.backends.cluster.options import ConsumerOptions, ProducerOptions
+from mop.backends.cluster.partitioned import ClusterPartitionedTopics
 from mop.backends.cluster.patterns import matching_selectors
 from mop.backends.cluster.producers import NO_ID, ProducerCache, Receipt
 from mop.backends.cluster.roles import ClusterRole, ClusterRoles
+from mop.backends.cluster.schemas import BrokerSchemas
 from mop.backends.cluster.tables import REGISTRY_TABLE, ClusterTable, SubscriptionRegistry
 from mop.backends.cluster.timing import Delays
 from mop.backends.cluster.topic_admin import BrokerAdmin, admin_urls
@@ -67,8 +70,9 @@ from mop.processor.backend import (
     TopicStats,
 )
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
-from mop.protocols.pulsar.driver import ClientOptions, PulsarClient
+from mop.protocols.pulsar.driver import ClientOptions, DriverError, PulsarClient
 from mop.protocols.pulsar.driver.stats import LinkStats
+from mop.schemas.model import Compatibility, SchemaInfo, StoredSchema
 from mop.version import VERSION
 
 if TYPE_CHECKING:
@@ -132,6 +136,12 @@ class ClusterBackend:
         self.consumer_options = consumers or ConsumerOptions()
         self._preload = [REGISTRY_TABLE, PRESENCE_TABLE, *dict.fromkeys(tables)]
         self._client: PulsarClient | None = None
+        self.partitioned = ClusterPartitionedTopics(
+            self._partition_count,
+            self._topic_admin,
+            self.topics,
+            lambda topic, force: self.delete_topic(topic, force=force),
+        )
         self._producers: ProducerCache | None = None
         self._nursery: trio.Nursery | None = None
         self.delays = Delays()
@@ -518,6 +528,27 @@ class ClusterBackend:
         await self.producers.release(topic)
         return await admin.delete(topic, force=force)
 
+    # -- schemas: kept by the brokers, as Apache Pulsar keeps them ------------------------
+
+    async def schema(self, topic: str, version: int | None = None) -> StoredSchema | None:
+        """GET_SCHEMA, asked of the broker that owns `topic`."""
+        return await self._schemas().get(topic, version)
+
+    async def get_or_create_schema(self, topic: str, schema: SchemaInfo) -> int:
+        """GET_OR_CREATE_SCHEMA, asked of the broker that owns `topic`: it checks the rule."""
+        return await self._schemas().get_or_create(topic, schema)
+
+    async def schema_compatibility(self, namespace: str) -> Compatibility:
+        """Asked of the brokers' HTTP admin (see `topic_admin`)."""
+        return await self._topic_admin().schema_compatibility(namespace)
+
+    async def set_schema_compatibility(self, namespace: str, rule: Compatibility | None) -> None:
+        await self._topic_admin().set_schema_compatibility(namespace, rule)
+
+    def _schemas(self) -> BrokerSchemas:
+        self._check_running()
+        return BrokerSchemas(self._current_client(), self.operation_timeout)
+
     def not_ready(self) -> list[str]:
         if self._closed:
             return ["the connection to the brokers is closed"]
@@ -604,6 +635,14 @@ class ClusterBackend:
             await table.serve(self.context)
         except BackendError as exc:
             log.error("table %r: %s", table.name, exc)
+
+    async def _partition_count(self, topic: str) -> int:
+        """The brokers' partitioned metadata of `topic` (see `ClusterPartitionedTopics`)."""
+        self._check_running()
+        try:
+            return await self._current_client().partitions(topic)
+        except DriverError as exc:
+            raise error_for(exc, f"partitioned metadata of {topic}") from None
 
     async def lookup(self, topic: str) -> str:
         self._check_running()

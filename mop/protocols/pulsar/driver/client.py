@@ -19,7 +19,14 @@ from typing import Final, TypeVar
 import trio
 
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, service_addresses
-from mop.protocols.pulsar.commands import Lookup, LookupResponse, LookupType
+from mop.protocols.pulsar.commands import (
+    Lookup,
+    LookupResponse,
+    LookupType,
+    MetadataResult,
+    PartitionedMetadata,
+    PartitionedMetadataResponse,
+)
 from mop.protocols.pulsar.driver.connection import BrokerConnection
 from mop.protocols.pulsar.driver.errors import (
     ClientClosed,
@@ -280,6 +287,29 @@ class PulsarClient:
                 return connection
             authoritative = answer.authoritative
         raise Unavailable(f"lookup of {topic}: more than {MAX_REDIRECTS} redirects")
+
+    async def partitions(self, topic: str) -> int:
+        """How many partitions `topic` has (0: not partitioned), as the brokers' metadata
+        says (PARTITIONED_METADATA, asked of any broker of the service URL), retried until
+        the operation timeout while brokers cannot be reached or are not ready."""
+        return await self.retrying(
+            f"partitioned metadata of {topic}", lambda: self._partitions_once(topic)
+        )
+
+    async def _partitions_once(self, topic: str) -> int:
+        connection = await self._service_connection()
+        answer = await connection.request(
+            PartitionedMetadata(topic=topic, request_id=connection.next_id()),
+            self.options.operation_timeout,
+        )
+        if not isinstance(answer, PartitionedMetadataResponse):
+            raise Unavailable(f"partitioned metadata of {topic}: unexpected answer {answer!r:.200}")
+        if answer.response is MetadataResult.Failed:
+            raise ServerRefused(
+                answer.error or ServerError.ServiceNotReady,
+                f"partitioned metadata of {topic}: {answer.message or 'failed'}",
+            )
+        return answer.partitions or 0
 
     async def retrying(self, what: str, attempt: Callable[[], Awaitable[_T]]) -> _T:
         """`attempt()` until it succeeds, fails for good, or the operation timeout passes
