@@ -15,7 +15,7 @@ Each query keeps its progress in a checkpoint under `--work` and a durable subsc
 sensor topic, so a later run goes on where this one stopped, also after a stop longer than the
 node's retention policy (24 hours on a fresh node), which keeps the readings meanwhile. With
 `--no-sensors` the pipeline processes real sensors' readings until Ctrl-C. Needs
-`pip install -e '.[spark]' paho-mqtt` and Java 17 or 21.
+`pip install -e '.[spark-example]'` (the Spark data source and paho-mqtt) and Java 17 or 21.
 """
 
 from __future__ import annotations
