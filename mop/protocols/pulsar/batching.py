@@ -214,8 +214,13 @@ def read_members(data: Buffer, count: int) -> list[Member]:
     """The `count` messages of an uncompressed batch payload; MalformedFrame when it does not
     parse as exactly that many."""
     members = []
+    data = data if isinstance(data, bytes) else bytes(data)
     pos = 0
     end = len(data)
+    # Members of a stream mostly repeat their header (same properties, same size) but for a
+    # sequence id at its end: `known` is the last header read, `prefix` its bytes before that.
+    known: _Header | None = None
+    prefix = b""
     try:
         for _ in range(count):
             (size,) = _U32.unpack_from(data, pos)
@@ -223,20 +228,24 @@ def read_members(data: Buffer, count: int) -> list[Member]:
             stop = pos + size
             if stop > end:
                 raise MalformedFrame("batch entry metadata overruns the payload")
-            header = bytes(data[pos:stop])
-            # Members of a stream mostly repeat their header (same properties, same size).
-            parsed = _headers.get(header)
-            if parsed is None:
-                parsed = _parse_header(header)
-                if size <= _CACHED_BYTES:
-                    if len(_headers) >= _CACHE_SIZE:
-                        _headers.clear()
-                    _headers[header] = parsed
+            header = data[pos:stop]
+            at = pos + len(prefix)
+            if (
+                known is not None
+                and at + 1 < stop
+                and data[at] == 0x40
+                and data.startswith(prefix, pos)
+                and _one_varint(data, at + 1, stop)
+            ):
+                parsed = known
+            else:
+                parsed, found = _header_of(header)
+                known, prefix = (parsed, found) if found is not None else (None, b"")
             properties, routing, payload_size, event_time, null_value = parsed
             pos = stop
             if pos + payload_size > end:
                 raise MalformedFrame("batch entry payload overruns the payload")
-            payload = b"" if null_value else bytes(data[pos : pos + payload_size])
+            payload = b"" if null_value else data[pos : pos + payload_size]
             pos += payload_size
             members.append(Member(payload, properties, routing, event_time, null_value, header))
     except struct.error:
@@ -246,17 +255,68 @@ def read_members(data: Buffer, count: int) -> list[Member]:
     return members
 
 
-def _parse_header(header: bytes) -> _Header:
-    """(properties, routing key, payload size, event time, null value) of a member header."""
+def _one_varint(data: bytes, start: int, stop: int) -> bool:
+    """Whether `data[start:stop]` is exactly one varint (a sequence id: 1 to 3 bytes, mostly)."""
+    if data[stop - 1] & 0x80:
+        return False
+    return all(data[index] & 0x80 for index in range(start, stop - 1))
+
+
+def _header_of(header: bytes) -> tuple[_Header, bytes | None]:
+    """The values of a member header, cached by its bytes and, when its last field is a
+    sequence id (clients write fields in order, so the sequence id, field 8, is last unless a
+    null value or key follows), by its bytes before that field, which are returned too.
+
+    A prefix is cached (and returned) only once a full parse found that it ends where a final
+    sequence id begins, so a header made of that prefix, a sequence id tag and one varint
+    parses to the same values."""
+    parsed = _headers.get(header)
+    prefix = _before_sequence_id(header)
+    if parsed is None and prefix is not None:
+        parsed = _headers.get(prefix)
+        if parsed is not None:
+            return parsed, prefix
+    if parsed is not None:
+        return parsed, prefix if prefix is not None and prefix in _headers else None
+    parsed, last_field = _parse_header(header)
+    if prefix is not None and last_field != len(prefix):
+        prefix = None
+    if len(header) <= _CACHED_BYTES:
+        if len(_headers) >= _CACHE_SIZE:
+            _headers.clear()
+        _headers[header] = parsed
+        if prefix is not None:
+            _headers[prefix] = parsed
+    return parsed, prefix
+
+
+def _before_sequence_id(header: bytes) -> bytes | None:
+    """`header` without what looks like a final sequence id field (tag 0x40, then one
+    varint up to the end); None when its end does not look like one."""
+    at = len(header) - 1
+    if at < 1 or header[at] & 0x80:
+        return None
+    at -= 1
+    while at >= 0 and header[at] & 0x80:
+        at -= 1
+    if at < 0 or header[at] != 0x40:
+        return None
+    return header[:at]
+
+
+def _parse_header(header: bytes) -> tuple[_Header, int]:
+    """(properties, routing key, payload size, event time, null value) of a member header,
+    and where its last field begins."""
     properties: tuple[tuple[str, str], ...] = ()
     key: str | None = None
     ordering: str | None = None
     payload_size = -1
     event_time = 0
     null_value = null_key = False
-    pos = 0
+    pos = last_field = 0
     stop = len(header)
     while pos < stop:
+        last_field = pos
         tag, pos = read_varint(header, pos, stop)
         if tag == 0x0A:
             pos, run = _properties(header, pos - 1, stop)
@@ -284,4 +344,4 @@ def _parse_header(header: bytes) -> _Header:
     if payload_size < 0:
         raise MalformedFrame("batch entry without a payload size")
     routing = None if null_key else (ordering if ordering is not None else key)
-    return properties, routing, payload_size, event_time & _M64, null_value
+    return (properties, routing, payload_size, event_time & _M64, null_value), last_field
