@@ -133,7 +133,8 @@ class Cursor:
     def owed(self) -> int:
         """How many messages routed here the subscription has not acknowledged (Pulsar's
         msgBacklog): waiting for dispatch, with a consumer, or delayed. O(len(ids)), walked
-        by runs of `acked` as `compact` does."""
+        by runs of `acked` as `compact` does. While the cursor catches up with its stored
+        backlog, only the part read so far counts."""
         acked = self.acked
         if not acked:
             return len(self.ids)
