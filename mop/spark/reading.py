@@ -117,7 +117,7 @@ def _entries(
         entry = feed.get(_IDLE_MS / 1000)
         if entry is not None:
             waited = 0
-            last = max(last, (entry.message_id.ledger, entry.message_id.entry, -1))
+            last = max(last, (entry.message_id.ledger, entry.message_id.entry, WHOLE_ENTRY))
             yield entry
             continue
         client = open_client(options.service_url, options.timeout_ms)
