@@ -491,6 +491,10 @@ class Subscription:
         ids = cursor.ids
         while ids and ids[0] <= through:
             cursor.ack(ids[0])
+        if cursor.catching_up and (cursor.read_after is None or cursor.read_after < through):
+            # Past what it read of its stored backlog: the rest of the way is acknowledged
+            # too, and reading goes on after it.
+            cursor.read_after = cursor.mark_delete = through
         cursor.acked.discard_through(through)
         if len(cursor.backlog) and cursor.backlog[0].message_id <= through:
             kept = [entry for entry in cursor.backlog if entry.message_id > through]

@@ -10,9 +10,8 @@ or otherwise undecodable batch) raises `Unreadable`; pulsar-client reads it inst
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
 
-from mop.protocols.pulsar.batching import read_members
+from mop.protocols.pulsar.batching import read_columns
 from mop.protocols.pulsar.driver import ReceivedEntry
 from mop.protocols.pulsar.errors import PulsarError
 from mop.protocols.pulsar.frames import unacked_indexes
@@ -22,7 +21,6 @@ from mop.spark.rows import RowBatch
 __all__ = ["Key", "Unreadable", "add_entry"]
 
 Key = tuple[int, int, int]  # (ledger, entry, batch index or WHOLE_ENTRY): see `order_key`
-_NO_PROPERTIES: Final[tuple[tuple[str, str], ...]] = ()
 
 
 class Unreadable(Exception):
@@ -55,7 +53,7 @@ def add_entry(rows: RowBatch, entry: ReceivedEntry, after: Key, through: Key) ->
         return None
     count = meta.message_count
     try:
-        members = read_members(entry.data, count)
+        payloads, properties, keys, events = read_columns(entry.data, count)
     except PulsarError as exc:
         raise Unreadable(str(exc)) from None
     first, stop = 0, count
@@ -70,14 +68,19 @@ def add_entry(rows: RowBatch, entry: ReceivedEntry, after: Key, through: Key) ->
     if not indexes:
         return None
     if len(indexes) != count:
-        members = [members[index] for index in indexes]
+        payloads = [payloads[index] for index in indexes]
+        properties = [properties[index] for index in indexes]
+        keys = [keys[index] for index in indexes]
+        events = [events[index] for index in indexes]
+    if "" in keys:
+        keys = [key or None for key in keys]  # pulsar-client shows no key as ""
     prefix = f"{ledger}:{number}:"
     rows.extend(
-        [member.partition_key or None for member in members],
-        [member.payload for member in members],
-        [member.properties or _NO_PROPERTIES for member in members],
+        keys,
+        payloads,
+        properties,
         published,
-        [member.event_time * 1000 if member.event_time else None for member in members],
+        [time * 1000 if time else None for time in events] if any(events) else [None] * len(keys),
         [prefix + str(index) for index in indexes],
     )
     return (ledger, number, indexes[-1])

@@ -76,12 +76,12 @@ class RowBatch:
 
     def extend(
         self,
-        keys: list[str | None],
-        payloads: list[bytes],
-        properties: list[Sequence[tuple[str, str]]],
+        keys: Sequence[str | None],
+        payloads: Sequence[bytes],
+        properties: Sequence[Sequence[tuple[str, str]]],
         published: int,
-        event: list[int | None],
-        ids: list[str],
+        event: Sequence[int | None],
+        ids: Sequence[str],
     ) -> None:
         """Add the rows of one entry, column by column (times in microseconds since the
         epoch; `published` is the entry's, shared by its rows)."""

@@ -19,7 +19,7 @@ from crc32c import crc32c
 from mop.protocols.pulsar.codec import Buffer, read_varint, write_varint
 from mop.protocols.pulsar.errors import MalformedFrame
 
-__all__ = ["Member", "read_members", "send_frame", "single_header"]
+__all__ = ["Columns", "Member", "read_columns", "read_members", "send_frame", "single_header"]
 
 _U32: Final = struct.Struct(">I")
 _HEADER: Final = struct.Struct(">II")  # totalSize, commandSize
@@ -213,8 +213,50 @@ def _properties(data: Buffer, pos: int, end: int) -> tuple[int, tuple[tuple[str,
 def read_members(data: Buffer, count: int) -> list[Member]:
     """The `count` messages of an uncompressed batch payload; MalformedFrame when it does not
     parse as exactly that many."""
-    members = []
     data = data if isinstance(data, bytes) else bytes(data)
+    return [
+        Member(
+            b"" if null_value else data[start : start + size],
+            properties,
+            routing,
+            event_time,
+            null_value,
+            data[at:header_end],
+        )
+        for at, header_end, start, size, (properties, routing, _, event_time, null_value) in (
+            _walk(data, count)
+        )
+    ]
+
+
+class Columns(NamedTuple):
+    """The messages of a batch, field by field (see `read_columns`)."""
+
+    payloads: list[bytes]
+    properties: list[tuple[tuple[str, str], ...]]
+    keys: list[str | None]  # the ordering key when there is one, as `Member.partition_key`
+    event_times: list[int]
+
+
+def read_columns(data: bytes, count: int) -> Columns:
+    """`read_members` as columns, without an object per message (for readers that build
+    columns, e.g. the Spark source); MalformedFrame likewise."""
+    payloads: list[bytes] = []
+    properties: list[tuple[tuple[str, str], ...]] = []
+    keys: list[str | None] = []
+    event_times: list[int] = []
+    for _, _, start, size, parsed in _walk(data, count):
+        payloads.append(b"" if parsed[4] else data[start : start + size])
+        properties.append(parsed[0])
+        keys.append(parsed[1])
+        event_times.append(parsed[3])
+    return Columns(payloads, properties, keys, event_times)
+
+
+def _walk(data: bytes, count: int) -> list[tuple[int, int, int, int, _Header]]:
+    """Per message of a batch payload: where its header starts and ends, where its payload
+    starts, its payload size, and its header's values."""
+    found = []
     pos = 0
     end = len(data)
     # Members of a stream mostly repeat their header (same properties, same size) but for a
@@ -224,35 +266,32 @@ def read_members(data: Buffer, count: int) -> list[Member]:
     try:
         for _ in range(count):
             (size,) = _U32.unpack_from(data, pos)
-            pos += 4
-            stop = pos + size
+            at = pos + 4
+            stop = at + size
             if stop > end:
                 raise MalformedFrame("batch entry metadata overruns the payload")
-            header = data[pos:stop]
-            at = pos + len(prefix)
+            tail = at + len(prefix)
             if (
                 known is not None
-                and at + 1 < stop
-                and data[at] == 0x40
-                and data.startswith(prefix, pos)
-                and _one_varint(data, at + 1, stop)
+                and tail + 1 < stop
+                and data[tail] == 0x40
+                and data.startswith(prefix, at)
+                and _one_varint(data, tail + 1, stop)
             ):
                 parsed = known
             else:
-                parsed, found = _header_of(header)
-                known, prefix = (parsed, found) if found is not None else (None, b"")
-            properties, routing, payload_size, event_time, null_value = parsed
-            pos = stop
-            if pos + payload_size > end:
+                parsed, found_prefix = _header_of(data[at:stop])
+                known, prefix = (parsed, found_prefix) if found_prefix is not None else (None, b"")
+            payload_size = parsed[2]
+            pos = stop + payload_size
+            if pos > end:
                 raise MalformedFrame("batch entry payload overruns the payload")
-            payload = b"" if null_value else data[pos : pos + payload_size]
-            pos += payload_size
-            members.append(Member(payload, properties, routing, event_time, null_value, header))
+            found.append((at, stop, stop, payload_size, parsed))
     except struct.error:
         raise MalformedFrame("batch payload ends inside an entry header") from None
     if pos != end:
         raise MalformedFrame(f"{end - pos} bytes after the {count} entries of a batch")
-    return members
+    return found
 
 
 def _one_varint(data: bytes, start: int, stop: int) -> bool:

@@ -97,3 +97,20 @@ async def test_a_seek_reads_from_the_new_position_by_chunks_too() -> None:
     await broker.reset(att.sub, topic("a"), message_id=MessageId(0, STORED - 2 * READ_AHEAD))
     got = await _drain(broker, att, "s")
     assert payloads(got) == [str(n) for n in range(STORED - 2 * READ_AHEAD, STORED)]
+
+
+async def test_a_cumulative_acknowledgement_past_what_it_read_skips_the_rest() -> None:
+    storage = MemoryStorage()
+    first = new_broker(storage)
+    await subscribe(first, "s", ["a"], start=StartPosition.EARLIEST)
+    await _stored(first)
+    second = Broker(storage, clock=Clock())
+    await second.recover()
+    att = await subscribe(second, "s", ["a"])
+    through = MessageId(0, STORED - 10)
+    second.ack_through(att, topic("a"), through)
+    sub = second.subscription("s")
+    assert sub is not None
+    assert sub.cursors[topic("a")].mark_delete == through
+    got = await _drain(second, att, "s")
+    assert payloads(got) == [str(n) for n in range(STORED - 9, STORED)]
