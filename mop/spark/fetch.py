@@ -29,7 +29,6 @@ from mop.protocols.pulsar.driver import (
     ReceivedEntry,
     subscribe_entries,
 )
-from mop.spark.positions import EARLIEST
 from mop.version import VERSION
 
 __all__ = ["EntryFeed"]
@@ -121,7 +120,8 @@ class EntryFeed:
                 sub_type=SubType.Exclusive,
                 durable=False,
                 initial_position=InitialPosition.Earliest,
-                start_message_id=None if start == EARLIEST else start.whole,
+                # As pulsar-client readers do: the earliest is an id too (-1:-1).
+                start_message_id=start.whole,
                 receiver_queue=PERMITS,
                 auto_ack=True,
             )
