@@ -42,6 +42,7 @@ from mop.overload.memory import open_guard, serve_memory_watch
 from mop.processor import Backend, BackendError, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, cluster_client_auth
+from mop.schemas import Compatibility
 from mop.security.abuse import BANS_TABLE, Ban
 from mop.security.ban_store import BanStore
 from mop.security.gatekeeper import Gatekeeper
@@ -107,6 +108,7 @@ async def start_backend(
         namespace=settings.default_namespace,
         membership=membership,
         unsubscribed_grace=settings.storage.unsubscribed_grace,
+        schema_compatibility=Compatibility(settings.pulsar.schema_compatibility),
     )
     try:
         await nursery.start(storage.serve)

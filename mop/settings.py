@@ -15,6 +15,17 @@ Mode = Literal["merged", "separated"]
 SECRET: Final = MappingProxyType({"secret": True})
 FsyncPolicy = Literal["always", "interval", "never"]
 LogFormat = Literal["text", "json"]
+# Pulsar's schema compatibility strategies (see `mop.schemas.Compatibility`).
+SchemaCompatibility = Literal[
+    "ALWAYS_INCOMPATIBLE",
+    "ALWAYS_COMPATIBLE",
+    "BACKWARD",
+    "FORWARD",
+    "FULL",
+    "BACKWARD_TRANSITIVE",
+    "FORWARD_TRANSITIVE",
+    "FULL_TRANSITIVE",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +114,9 @@ class PulsarSettings:
     # Seconds between checks of each connection's credentials: an expired token is asked to
     # refresh (AuthChallenge), and a connection that cannot is closed.
     auth_refresh_interval: float = 60.0
+    # The schema compatibility rule of namespaces that set none (Pulsar's
+    # schemaCompatibilityStrategy): which new schema may follow a topic's schemas.
+    schema_compatibility: SchemaCompatibility = "FULL"
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from mop.admin.routes_page import add_page_routes
 from mop.admin.routes_publish import add_publish_routes
 from mop.admin.routes_pulsar import add_pulsar_admin_routes
 from mop.admin.routes_retained import add_retained_routes
+from mop.admin.routes_schemas import add_schema_routes
 from mop.admin.routes_sessions import add_sessions_routes
 from mop.admin.routes_stats import add_stats_routes
 from mop.admin.routes_topics import add_topic_routes
@@ -44,6 +45,7 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
     add_docs_routes(router, context)
     add_logging_routes(router, context)
     add_topic_routes(router, context)
+    add_schema_routes(router, context)
     if context.broker is not None:
         add_pulsar_admin_routes(router, context, context.broker)
     add_page_routes(router, context)

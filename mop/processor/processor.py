@@ -34,6 +34,7 @@ from mop.processor.backend import (
 from mop.processor.drops import DropLog
 from mop.processor.stats import ProcessorStats
 from mop.processor.tracing import MessageTracing
+from mop.schemas.model import Compatibility, SchemaInfo, StoredSchema
 from mop.security.authorization import ClientPermissions
 from mop.security.gatekeeper import Gatekeeper
 from mop.security.identity import ANONYMOUS, Credentials, Principal
@@ -286,6 +287,21 @@ class MessagingProcessor:
     async def delete_topic(self, topic: str, *, force: bool = False) -> bool:
         """Delete `topic` (a full name; see `Backend.delete_topic`), for the admin API."""
         return await self.backend.delete_topic(topic, force=force)
+
+    async def schema(self, topic: str, version: int | None = None) -> StoredSchema | None:
+        """Version `version` of `topic`'s schema (None: the latest); None when it has none."""
+        return await self.backend.schema(topic, version)
+
+    async def get_or_create_schema(self, topic: str, schema: SchemaInfo) -> int:
+        """The version of `schema` for `topic`, registered when new (see
+        `Backend.get_or_create_schema`); raises IncompatibleSchema."""
+        return await self.backend.get_or_create_schema(topic, schema)
+
+    async def schema_compatibility(self, namespace: str) -> Compatibility:
+        return await self.backend.schema_compatibility(namespace)
+
+    async def set_schema_compatibility(self, namespace: str, rule: Compatibility | None) -> None:
+        await self.backend.set_schema_compatibility(namespace, rule)
 
     def not_ready(self) -> list[str]:
         """Why the backend cannot serve clients now (empty: it can), for `/readyz`."""

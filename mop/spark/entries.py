@@ -33,6 +33,8 @@ def add_entry(rows: RowBatch, entry: ReceivedEntry, after: Key, through: Key) ->
     meta = entry.metadata
     if meta.chunk_id is not None:
         raise Unreadable("a chunk of a larger message")
+    if meta.encrypted:
+        raise Unreadable("an encrypted message")
     ledger, number = entry.message_id.ledger, entry.message_id.entry
     published = meta.publish_time * 1000
     if not meta.batched:

@@ -20,6 +20,7 @@ from typing import Final
 import trio
 
 from mop.message import MessageId
+from mop.protocols.pulsar.client import ClientAuth
 from mop.protocols.pulsar.commands import InitialPosition, SubType
 from mop.protocols.pulsar.driver import (
     ClientConsumer,
@@ -56,8 +57,11 @@ class EntryFeed:
     entry included: a position may name a message inside a batch); `feed.get(seconds)` is
     the next entry, or None when none came in that time."""
 
-    def __init__(self, service_url: str, topic: str, start: MessageId, timeout_ms: int) -> None:
+    def __init__(
+        self, service_url: str, auth: ClientAuth, topic: str, start: MessageId, timeout_ms: int
+    ) -> None:
         self._url = service_url
+        self._auth = auth
         self._topic = topic
         self._start = start
         self._timeout = max(1.0, timeout_ms / 1000)
@@ -111,7 +115,9 @@ class EntryFeed:
         self._token = trio.lowlevel.current_trio_token()
         if self._closing:
             return
-        options = ClientOptions(f"mop-spark {VERSION}", operation_timeout=self._timeout)
+        options = ClientOptions(
+            f"mop-spark {VERSION}", operation_timeout=self._timeout, auth=self._auth
+        )
         client = PulsarClient(self._url, options)
         async with trio.open_nursery() as nursery:
             await nursery.start(client.serve)

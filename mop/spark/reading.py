@@ -24,6 +24,7 @@ from mop.spark.fetch import EntryFeed
 from mop.spark.options import ReadOptions
 from mop.spark.positions import WHOLE_ENTRY, format_position, order_key
 from mop.spark.rows import ROWS_PER_BATCH, RowBatch
+from mop.spark.security import link_auth
 from mop.spark.topics import topic_names
 
 __all__ = ["DataLossError", "TopicRange", "read_range", "split_range"]
@@ -82,7 +83,10 @@ def read_range(options: ReadOptions, part: TopicRange) -> Iterator[pa.RecordBatc
     after = order_key(part.start)
     through = order_key(part.end)
     unreadable = False
-    with EntryFeed(options.service_url, part.topic, part.start, options.timeout_ms) as feed:
+    feed = EntryFeed(
+        options.service_url, link_auth(options.security), part.topic, part.start, options.timeout_ms
+    )
+    with feed:
         for entry in _entries(feed, options, part, after):
             try:
                 last = add_entry(rows, entry, after, through)
@@ -120,7 +124,7 @@ def _entries(
             last = max(last, (entry.message_id.ledger, entry.message_id.entry, WHOLE_ENTRY))
             yield entry
             continue
-        client = open_client(options.service_url, options.timeout_ms)
+        client = open_client(options.service_url, options.timeout_ms, options.security)
         try:
             newest = last_message_id(client, part.topic, options.timeout_ms)
         finally:
@@ -135,7 +139,7 @@ def _entries(
 def _read_with_client(
     options: ReadOptions, part: TopicRange, rows: RowBatch
 ) -> Iterator[pa.RecordBatch]:
-    client = open_client(options.service_url, options.timeout_ms)
+    client = open_client(options.service_url, options.timeout_ms, options.security)
     try:
         reader = client.create_reader(
             part.topic, to_pulsar_id(part.start), receiver_queue_size=ROWS_PER_BATCH

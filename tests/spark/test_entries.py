@@ -11,6 +11,7 @@ from mop.protocols.pulsar.driver import ReceivedEntry
 from mop.protocols.pulsar.frames import ack_set_of, encode_batch
 from mop.protocols.pulsar.metadata import (
     BatchEntry,
+    EncryptionKeys,
     KeyValue,
     MessageMetadata,
     SingleMessageMetadata,
@@ -112,3 +113,14 @@ def test_what_only_a_full_client_can_read_is_refused() -> None:
     garbled.data = garbled.data[:-1]
     with pytest.raises(Unreadable):
         add_entry(_rows(), garbled, START, END)
+
+
+def test_an_encrypted_entry_is_left_to_a_full_client() -> None:
+    meta = MessageMetadata(
+        producer_name="p",
+        sequence_id=0,
+        publish_time=1,
+        encryption_keys=(EncryptionKeys(key="k", value=b"v"),),
+    )
+    with pytest.raises(Unreadable):
+        add_entry(_rows(), ReceivedEntry(MessageId(3, 1), meta, b"sealed", ()), START, END)

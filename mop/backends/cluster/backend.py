@@ -48,6 +48,7 @@ from mop.backends.cluster.options import ConsumerOptions, ProducerOptions
 from mop.backends.cluster.patterns import matching_selectors
 from mop.backends.cluster.producers import NO_ID, ProducerCache, Receipt
 from mop.backends.cluster.roles import ClusterRole, ClusterRoles
+from mop.backends.cluster.schemas import BrokerSchemas
 from mop.backends.cluster.tables import REGISTRY_TABLE, ClusterTable, SubscriptionRegistry
 from mop.backends.cluster.timing import Delays
 from mop.backends.cluster.topic_admin import BrokerAdmin, admin_urls
@@ -68,6 +69,7 @@ from mop.processor.backend import (
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
 from mop.protocols.pulsar.driver import ClientOptions, PulsarClient
 from mop.protocols.pulsar.driver.stats import LinkStats
+from mop.schemas.model import Compatibility, SchemaInfo, StoredSchema
 from mop.version import VERSION
 
 if TYPE_CHECKING:
@@ -511,6 +513,27 @@ class ClusterBackend:
         admin = self._topic_admin()
         await self.producers.release(topic)
         return await admin.delete(topic, force=force)
+
+    # -- schemas: kept by the brokers, as Apache Pulsar keeps them ------------------------
+
+    async def schema(self, topic: str, version: int | None = None) -> StoredSchema | None:
+        """GET_SCHEMA, asked of the broker that owns `topic`."""
+        return await self._schemas().get(topic, version)
+
+    async def get_or_create_schema(self, topic: str, schema: SchemaInfo) -> int:
+        """GET_OR_CREATE_SCHEMA, asked of the broker that owns `topic`: it checks the rule."""
+        return await self._schemas().get_or_create(topic, schema)
+
+    async def schema_compatibility(self, namespace: str) -> Compatibility:
+        """Asked of the brokers' HTTP admin (see `topic_admin`)."""
+        return await self._topic_admin().schema_compatibility(namespace)
+
+    async def set_schema_compatibility(self, namespace: str, rule: Compatibility | None) -> None:
+        await self._topic_admin().set_schema_compatibility(namespace, rule)
+
+    def _schemas(self) -> BrokerSchemas:
+        self._check_running()
+        return BrokerSchemas(self._current_client(), self.operation_timeout)
 
     def not_ready(self) -> list[str]:
         if self._closed:

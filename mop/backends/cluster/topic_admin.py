@@ -14,8 +14,10 @@ in turn until one answers for the topic:
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from typing import Final
+from urllib.parse import quote
 
 import httpx
 import trio
@@ -24,6 +26,7 @@ from mop.messaging import BackendError, TopicBusy
 from mop.processor.backend import TopicStats
 from mop.protocols.pulsar.admin_rest import StatsFormatError, stats_from_document, topic_path
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
+from mop.schemas.model import Compatibility
 from mop.topics import TopicError
 
 __all__ = ["BrokerAdmin", "admin_urls"]
@@ -124,14 +127,55 @@ class BrokerAdmin:
             path = topic_path(topic) + suffix
         except TopicError as exc:
             raise BackendError(str(exc), reason="invalid_topic") from None
+        return await self._ask_at(method, path, topic, params)
+
+    async def schema_compatibility(self, namespace: str) -> Compatibility:
+        """The schema compatibility rule of `namespace` ("tenant/namespace")."""
+        response = await self._ask_at("GET", _namespace_path(namespace), namespace)
+        if response is None:
+            raise BackendError(f"no namespace {namespace}", reason="not_found")
+        try:
+            value = response.json()
+            # A namespace without a rule of its own: Pulsar brokers then apply FULL.
+            return Compatibility.FULL if value == "UNDEFINED" else Compatibility(value)
+        except ValueError:
+            raise BackendError(
+                f"schema compatibility of {namespace} from {response.url}: {response.text[:80]}",
+                reason="bad_answer",
+            ) from None
+
+    async def set_schema_compatibility(self, namespace: str, rule: Compatibility | None) -> None:
+        """Set the rule of `namespace` (None: back to the brokers' default) at every URL: each
+        member of a mop broker cluster keeps the rules of its own topics (Apache Pulsar keeps
+        one, so setting it again changes nothing)."""
+        # "UNDEFINED": no rule of its own (Pulsar's name for it), so the brokers' default.
+        value = "UNDEFINED" if rule is None else rule.value
+        for url in self.urls:
+            response = await self._ask_at(
+                "PUT", _namespace_path(namespace), namespace, content=json.dumps(value), urls=(url,)
+            )
+            if response is None:
+                raise BackendError(f"{url}: no namespace {namespace}", reason="not_found")
+
+    async def _ask_at(
+        self,
+        method: str,
+        path: str,
+        topic: str,
+        params: dict[str, str] | None = None,
+        content: str | None = None,
+        urls: tuple[str, ...] | None = None,
+    ) -> httpx.Response | None:
+        """The answer of the first URL (of `urls`, else of all) that answers `method path`
+        (None: a 404)."""
         failures: list[str] = []
         # Why the brokers that answered 421 do not answer for the topic: another member owns
         # it, or (a broker's admin.allowed_hosts) they do not answer for the host asked.
         misdirected: list[str] = []
-        for base in self.urls:
+        for base in urls or self.urls:
             try:
                 with trio.fail_after(self.timeout):
-                    response = await self._follow(method, base + path, params)
+                    response = await self._follow(method, base + path, params, content)
             except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 failures.append(f"{base}: {exc or type(exc).__name__}")
                 continue
@@ -166,11 +210,17 @@ class BrokerAdmin:
             reason="unavailable",
         )
 
-    async def _follow(self, method: str, url: str, params: dict[str, str] | None) -> httpx.Response:
+    async def _follow(
+        self, method: str, url: str, params: dict[str, str] | None, content: str | None = None
+    ) -> httpx.Response:
         """The answer to `method url`, redirects followed with the proxy's credentials (httpx
         would drop them on the way to another broker); TooManyRedirects for a loop."""
         headers = _headers(self.auth)
-        response = await self._client.request(method, url, params=params, headers=headers)
+        if content is not None:
+            headers["content-type"] = "application/json"
+        response = await self._client.request(
+            method, url, params=params, headers=headers, content=content
+        )
         for _ in range(_MAX_REDIRECTS):
             location = response.headers.get("location")
             if response.status_code not in _REDIRECTS or not location:
@@ -186,6 +236,15 @@ class BrokerAdmin:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _namespace_path(namespace: str) -> str:
+    tenant, sep, name = namespace.partition("/")
+    if not (tenant and sep and name) or "/" in name:
+        raise BackendError(f"{namespace!r} is not tenant/namespace", reason="invalid_topic")
+    return f"/admin/v2/namespaces/{quote(tenant, safe='')}/{quote(name, safe='')}" + (
+        "/schemaCompatibilityStrategy"
+    )
 
 
 def _message(response: httpx.Response) -> str:

@@ -75,9 +75,11 @@ _CHECKSUM_MISMATCH: Final = 2
 
 
 class Received:
-    """One message as the broker delivered it."""
+    """One message as the broker delivered it. An end-to-end `encrypted` entry comes whole
+    (a batch too: its members cannot be told apart), its payload as the producer sent it."""
 
     __slots__ = (
+        "encrypted",
         "event_time",
         "key",
         "message_id",
@@ -98,7 +100,9 @@ class Received:
         event_time: int,
         producer_name: str,
         redelivery_count: int,
+        encrypted: bool = False,
     ) -> None:
+        self.encrypted = encrypted
         self.message_id = message_id
         self.payload = payload
         self.properties = properties
@@ -111,7 +115,8 @@ class Received:
 
 class ReceivedEntry:
     """One entry as the broker delivered it, whole (see `subscribe_entries`):
-    its metadata and its payload, decompressed; a batch still holds all its members."""
+    its metadata and its payload, decompressed (an encrypted one as sent); a batch still holds
+    all its members."""
 
     __slots__ = ("ack_set", "data", "message_id", "metadata")
 
@@ -266,7 +271,9 @@ class ClientConsumer:
             self._hand_entry(frame, MessageId(ledger, entry), limit)
             return
         try:
-            if not meta.batched:
+            if meta.encrypted:
+                received.append(_encrypted(payload, MessageId(ledger, entry), redeliveries))
+            elif not meta.batched:
                 message_id = MessageId(ledger, entry)
                 if last is None or (ledger, entry) > (last.ledger, last.entry):
                     key = meta.partition_key
@@ -341,7 +348,8 @@ class ClientConsumer:
         payload = frame.payload
         meta = payload.metadata
         try:
-            data = _plain(payload, limit)
+            # An encrypted entry comes as it was sent: it cannot be decompressed here.
+            data = payload.data if meta.encrypted else _plain(payload, limit)
         except (PulsarError, ValueError) as exc:
             _limited.warning(
                 "undecodable",
@@ -724,6 +732,22 @@ class ClientConsumer:
             connection.send_command(
                 Flow(consumer_id=consumer_id, message_permits=config.receiver_queue)
             )
+
+
+def _encrypted(payload: Payload, message_id: MessageId, redeliveries: int) -> Received:
+    """An encrypted entry as it came: neither decompressed nor split (it cannot be)."""
+    meta = payload.metadata
+    return Received(
+        message_id,
+        payload.data,
+        tuple((kv.key, kv.value) for kv in meta.properties),
+        meta.partition_key,
+        meta.publish_time,
+        meta.event_time or 0,
+        meta.producer_name,
+        redeliveries,
+        encrypted=True,
+    )
 
 
 def _plain(payload: Payload, limit: int) -> bytes:

@@ -40,9 +40,12 @@ from mop.protocols.pulsar.commands import (
     CloseProducer,
     Command,
     Connect,
+    ConsumerStats,
     Error,
     Flow,
     GetLastMessageId,
+    GetOrCreateSchema,
+    GetSchema,
     GetTopicsOfNamespace,
     GetTopicsOfNamespaceResponse,
     Lookup,
@@ -72,6 +75,7 @@ from mop.protocols.pulsar.frames import ChecksumMismatch, NeedData, UnknownComma
 from mop.protocols.pulsar.serving.consumers import ConnectionConsumers
 from mop.protocols.pulsar.serving.peers import is_peer
 from mop.protocols.pulsar.serving.producers import ConnectionProducers
+from mop.protocols.pulsar.serving.schemas import ConnectionSchemas
 from mop.protocols.pulsar.serving.server import PulsarServer, TopicRefused
 from mop.security.acl import Access
 from mop.security.authorization import ClientPermissions
@@ -130,6 +134,7 @@ class PulsarConnection:
         self._rates: ClientRates | None = None
         self.producers = ConnectionProducers(self)
         self.consumers = ConnectionConsumers(self)
+        self.schemas = ConnectionSchemas(self)
         self._nursery: trio.Nursery | None = None
         # What the admin API shows of the connection (`describe`).
         self.connected_at = 0.0
@@ -155,6 +160,9 @@ class PulsarConnection:
             Unsubscribe: self.consumers.on_unsubscribe,
             CloseConsumer: self.consumers.on_close,
             GetLastMessageId: self.consumers.on_get_last_message_id,
+            GetSchema: self.schemas.on_get_schema,
+            GetOrCreateSchema: self.schemas.on_get_or_create_schema,
+            ConsumerStats: self.consumers.on_stats,
             ChecksumMismatch: self._on_checksum_mismatch,
             UnknownCommand: self._on_unknown,
         }

@@ -48,6 +48,7 @@ _SERVER_ERRORS = {
     # A message larger than the brokers behind take: failed for good. Java clients fail the
     # send on NotAllowedError; on most other errors they reconnect and send it again, forever.
     "too_large": ServerError.NotAllowedError,
+    "incompatible_schema": ServerError.IncompatibleSchema,
 }
 
 
