@@ -6,6 +6,7 @@ them as arguments (there is no global configuration object).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final, Literal
@@ -117,6 +118,15 @@ class PulsarSettings:
     # The schema compatibility rule of namespaces that set none (Pulsar's
     # schemaCompatibilityStrategy): which new schema may follow a topic's schemas.
     schema_compatibility: SchemaCompatibility = "FULL"
+    # Partitioned topics this node declares at start: name (a Pulsar topic name, or a local
+    # name of the default namespace) -> number of partitions. Created when missing, grown when
+    # fewer; more are never taken away. Topics stay non-partitioned unless named here or
+    # created through the admin API (PUT /admin/v2/persistent/{tenant}/{ns}/{topic}/partitions).
+    partitioned_topics: Mapping[str, int] = field(default_factory=dict)
+    # Advertised listeners: name -> "pulsar://host:port" (or "pulsar+ssl://host:port", or one of
+    # each, comma-separated). A lookup naming a listener (pulsar-client's listener_name) gets
+    # its URLs; a lookup naming no listener gets the URL of the listener it came in on.
+    advertised_listeners: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

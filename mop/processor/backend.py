@@ -28,6 +28,7 @@ from mop.messaging import (
     SubscriptionSpec,
     TopicBusy,
 )
+from mop.partitioned import PartitionedTopics
 from mop.schemas.model import Compatibility, SchemaInfo, StoredSchema
 
 # The shared words of `mop.messaging` are part of this contract: importable from here too.
@@ -432,6 +433,11 @@ class Backend(Protocol):
         ...
 
     def table(self, name: str) -> Table: ...
+
+    @property
+    def partitioned(self) -> PartitionedTopics:
+        """The deployment's partitioned topics (see `mop.partitioned`)."""
+        ...
 
     async def lookup(self, topic: str) -> str:
         """The service URL of the broker that owns `topic`."""

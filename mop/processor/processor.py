@@ -14,6 +14,7 @@ from typing import Any, cast
 from mop.counters import Closing, Drop, LatencyHistogram, ProtocolStats, drop_reason
 from mop.message import Message
 from mop.overload.guard import OverloadGuard
+from mop.partitioned import PartitionedTopics
 from mop.processor.at_most_once import AtMostOnceConsumer
 from mop.processor.backend import (
     Backend,
@@ -309,6 +310,12 @@ class MessagingProcessor:
 
     async def lookup(self, topic: str) -> str:
         return await self.backend.lookup(topic)
+
+    @property
+    def partitioned(self) -> PartitionedTopics:
+        """The partitioned topics (Pulsar's metadata over ordinary topics; see
+        `mop.partitioned`), kept by the backend."""
+        return self.backend.partitioned
 
     async def hold_role(self, name: str) -> Role:
         """Enter this node for a role one node of the deployment holds at a time (see

@@ -18,6 +18,7 @@ import trio
 from mop.backends.local.consumer import LocalConsumer
 from mop.backends.local.errors import translate, translated
 from mop.backends.local.lease import LocalLease
+from mop.backends.local.partitioned import PARTITIONED_TABLE, LocalPartitionedTopics
 from mop.backends.local.producer import LocalProducer
 from mop.backends.local.role import LocalRole
 from mop.backends.local.stats import topic_stats
@@ -105,6 +106,11 @@ class LocalBackend:
         self._consumers: set[LocalConsumer] = set()
         self._tables: dict[str, LocalTable] = {}
         self._table_topics: dict[str, LocalTable] = {}
+        self.partitioned = LocalPartitionedTopics(
+            lambda: self.table(PARTITIONED_TABLE),
+            self.topics,
+            lambda topic, force: self.delete_topic(topic, force=force),
+        )
         self._delay_event = trio.Event()
         self._stop = trio.Event()
         self._schema_default = schema_compatibility

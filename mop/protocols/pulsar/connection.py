@@ -362,7 +362,7 @@ def _name(command: object) -> str:
 
 def lookup_connect(
     request_id: int,
-    broker_url: str,
+    broker_url: str | None,
     *,
     broker_url_tls: str | None = None,
     authoritative: bool = False,
