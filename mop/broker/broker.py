@@ -24,14 +24,13 @@ from mop.broker.positions import (
     id_before,
     last_message,
     mark_for_time,
-    read_backlog,
     trim_point,
 )
 from mop.broker.producers import ProducerRegistry, SequenceBook, Sequenced
 from mop.broker.quotas import QuotaGuard
 from mop.broker.storage.api import CursorKey, CursorState, Storage
-from mop.broker.storage.ranges import IdRanges
-from mop.broker.subscription import Bookkeeping, Subscription
+from mop.broker.storage.ranges import IdRanges, IdRangeSet
+from mop.broker.subscription import READ_AHEAD, Bookkeeping, Subscription
 from mop.broker.topic import NON_PERSISTENT, Topic, Topics, payload_size
 from mop.clock import now_ms
 from mop.message import RETAINED, Delivery, Message, MessageId
@@ -290,8 +289,8 @@ class Broker:
     def _offer(self, node: Topic, entries: list[Entry]) -> None:
         persistent = node.persistent
         for cursor in node.cursors:
-            if not (persistent or cursor.sub.attachments):
-                continue
+            if cursor.catching_up or not (persistent or cursor.sub.attachments):
+                continue  # one catching up reads these from storage in turn
             # A cursor made since the messages were held starts after them.
             start = cursor.ids[-1] if cursor.ids else cursor.mark_delete
             for entry in entries:
@@ -825,17 +824,40 @@ class Broker:
         self.retention.override(namespace, policy)
 
     async def _load(self, cursor: Cursor, state: CursorState | None) -> None:
-        """Read a cursor's backlog from storage: every stored message after its mark_delete
-        that it has not acknowledged, up to the topic's last id when the read started."""
+        """Read a cursor's backlog from storage: the stored messages after its mark_delete
+        that it has not acknowledged. A compacted topic's come at once; any other topic's a
+        chunk at a time (`read_ahead`), the first one now, so that a cursor holds a bounded
+        part of a long backlog in memory, however long it is."""
         topic = cursor.topic
-        upto = topic.last_id
         after = None if state is None else state.mark_delete
         acked = IdRanges() if state is None else state.acked
+        if topic.name in self.compacted:
+            await self._load_compacted(cursor, after, acked)
+            return
+        # What it acknowledged of the part not read yet is kept, and saved, all along.
+        cursor.acked = IdRangeSet(acked)
+        cursor.read_after = after
+        cursor.catching_up = True
         try:
-            if topic.name in self.compacted:
-                ids, entries = self.compacted.backlog(topic.name, after, cursor.ids, acked)
-            else:
-                ids, entries = await read_backlog(self.storage, topic.name, after, upto, acked)
+            await self._read_chunks(cursor)
+        except BaseException:
+            if cursor.attached and cursor.loading:
+                # Leave the cursor usable, as if it had started after the topic's last id.
+                upto = topic.last_id
+                if upto is not None and (cursor.mark_delete is None or cursor.mark_delete < upto):
+                    cursor.mark_delete = upto
+                cursor.acked = IdRangeSet()
+                cursor.sub.read_chunk(cursor, [], [], caught_up=True)
+                self._flush()
+            raise
+
+    async def _load_compacted(
+        self, cursor: Cursor, after: MessageId | None, acked: IdRanges
+    ) -> None:
+        topic = cursor.topic
+        upto = topic.last_id
+        try:
+            ids, entries = self.compacted.backlog(topic.name, after, cursor.ids, acked)
         except BaseException:
             if cursor.attached and cursor.loading:
                 # Leave the cursor usable, as if it had started after `upto`.
@@ -850,6 +872,70 @@ class Broker:
             cursor.sub.finish_load(cursor, ids, entries, acked)
             cursor.sub.pump()
             self._flush()
+
+    @property
+    def wants_reading(self) -> bool:
+        """Whether `read_ahead` has chunks to read."""
+        return bool(self._books.wanting)
+
+    async def read_ahead(self) -> None:
+        """Read the next chunk of each cursor that catches up with its stored backlog and has
+        less than half a chunk left (`Bookkeeping.wanting`); consumers call it before they
+        take messages. The error of a read is raised; the cursor reads again at the next call."""
+        wanting = self._books.wanting
+        while wanting:
+            cursor = wanting.pop()
+            if cursor.attached and cursor.catching_up and not cursor.reading:
+                await self._read_chunks(cursor)
+
+    async def _read_chunks(self, cursor: Cursor) -> None:
+        """Read chunks until the cursor holds half a chunk or more, or has caught up (a run
+        of acknowledged messages is read past at once)."""
+        while (
+            cursor.attached
+            and cursor.catching_up
+            and len(cursor.backlog) < READ_AHEAD // 2
+            and not cursor.reading
+        ):
+            await self._read_chunk(cursor)
+
+    async def _read_chunk(self, cursor: Cursor) -> None:
+        topic = cursor.topic
+        cursor.reading = True
+        before = topic.last_id
+        try:
+            page = await self.storage.read(topic.name, cursor.read_after, READ_AHEAD)
+        except BaseException:
+            cursor.reading = False
+            if cursor.attached and not cursor.loading:
+                self._books.wanting.add(cursor)  # to be read again
+            raise
+        cursor.reading = False
+        if not cursor.attached:
+            return
+        ids: list[MessageId] = []
+        entries: list[Entry] = []
+        acked = cursor.acked
+        for message_id, message in page:
+            ids.append(message_id)
+            if message_id not in acked:
+                entries.append(Entry(topic.name, message_id, message))
+        if ids:
+            cursor.read_after = ids[-1]
+        last = topic.last_id
+        # Caught up when it read through the topic's last id, or found nothing after what it
+        # read while nothing came in (what is left is trimmed); no await from here on, so what
+        # is published after this is routed to it.
+        caught_up = (
+            last is None
+            or (cursor.read_after is not None and cursor.read_after >= last)
+            or (not page and last == before)
+        )
+        if not topic.batched and any(entry.message.batch for entry in entries):
+            topic.batched = True
+        cursor.sub.read_chunk(cursor, ids, entries, caught_up)
+        cursor.sub.pump()
+        self._flush()
 
     async def recover(self) -> None:
         """Rebuild topics, durable subscriptions and their backlogs from storage. Call once,
