@@ -794,6 +794,8 @@ class Broker:
         check = self.quota.check(self._topics.values(), self.now())
         for topic, cut in check.evict:
             for cursor in list(topic.cursors):
+                if not cursor.sub.durable:
+                    continue  # readers are no backlog (`mop.broker.quotas`)
                 if cursor.mark_delete is None or cursor.mark_delete < cut:
                     cursor.sub.ack_through(topic.name, cut)
         if check.evict:
@@ -803,11 +805,12 @@ class Broker:
         self, namespace: str, kind: QuotaKind, quota: BacklogQuota | None
     ) -> None:
         """Override one backlog quota of `namespace` (None: back to the configured one),
-        durably: the override outlives restarts. It applies at the next trimming pass."""
+        durably: the override outlives restarts. It is saved first (as `set_retention` does),
+        and applies at the next trimming pass."""
         quotas = self.quota.quotas
-        quotas.override(namespace, kind, quota)
-        self.storage.table_put(BACKLOG_QUOTA_TABLE, namespace, quotas.saved(namespace))
+        self.storage.table_put(BACKLOG_QUOTA_TABLE, namespace, quotas.saved(namespace, kind, quota))
         await self.storage.sync()
+        quotas.override(namespace, kind, quota)
 
     def _retention_changed(self, namespace: str) -> None:
         self._trim_dirty.update(
