@@ -3,9 +3,11 @@ may hold (`destination_storage`: bytes from its slowest subscription's position 
 how old its oldest unacknowledged message may get (`message_age`: seconds), and what happens
 once a limit is exceeded. Pure: the broker enforces them, the admin API changes them.
 
-- `producer_request_hold`: producers wait until there is room (Pulsar clients' sends time out
-  on their send timeout; new Pulsar producers are refused with the retriable
-  ProducerBlockedQuotaExceededError; MQTT publishes wait, which holds back the publisher).
+- `producer_request_hold`: sends and new producers are refused with the retriable
+  ProducerBlockedQuotaExceededError, which Pulsar clients retry until their send timeout
+  fails them. MQTT has no "retry later": its publishes to the topic are refused as with
+  `producer_exception` (MQTT 5 PUBACK 0x97), in both modes. Nothing waits in the broker, so
+  a held topic never stops a client's other topics or packets (PUBACKs, PINGREQs).
 - `producer_exception`: producers are refused (ProducerBlockedQuotaExceededException at create
   and on send; MQTT 5 PUBACK 0x97 Quota exceeded; MQTT 3.1.1 QoS 1/2 publishers are
   disconnected, as for any refused message).

@@ -12,7 +12,7 @@ that one more message does not evict again at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mop.backlog_quota import BacklogQuotas, QuotaKind, QuotaPolicy
@@ -36,7 +36,9 @@ class BacklogQuotaExceeded(BrokerError):
 
 class BacklogQuotaHold(BrokerError):
     """A topic over its backlog quota holds its producers (`producer_request_hold`): the
-    publish may be tried again once the topic has room."""
+    publish is refused with a retriable error (Pulsar's ProducerBlockedQuotaExceededError,
+    which clients retry until their send timeout; MQTT's Quota exceeded), never waited for
+    in the broker, so a held topic blocks nothing else."""
 
     reason = "quota_exceeded"
 
@@ -84,8 +86,6 @@ class QuotaGuard:
         self.storage = storage
         self.quotas = quotas if quotas is not None else BacklogQuotas()
         self.blocked: dict[str, QuotaPolicy] = {}
-        # Told when a topic that blocked its producers has room again.
-        self.on_room: Callable[[], None] | None = None
 
     def refuse(self, topic: str) -> None:
         """Raise if producers may not publish to `topic` now."""
@@ -121,8 +121,5 @@ class QuotaGuard:
                     found.evict.append((topic, cut))
                 elif found.blocked.get(topic.name) is not QuotaPolicy.PRODUCER_EXCEPTION:
                     found.blocked[topic.name] = quota.policy
-        freed = self.blocked.keys() - found.blocked.keys()
         self.blocked = found.blocked
-        if freed and self.on_room is not None:
-            self.on_room()
         return found
