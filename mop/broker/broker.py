@@ -136,11 +136,16 @@ class Broker:
         # Without policies nothing acknowledged is kept (Pulsar's own default).
         self.retention = retention if retention is not None else RetentionPolicies()
         self.retention.on_change = self._retention_changed
-        # Topics that keep acknowledged history, looked at again every `retention_check`
-        # seconds (on the `now` of `trim_acknowledged`) for what has aged out since.
+        # Topics that keep acknowledged history: looked at again on each append (a size
+        # limit may now reach into it), and those under a time limit also when their oldest
+        # kept message ages out (`_aging`, a heap of (wall-clock due, order, topic); an
+        # entry is live while `_aging_due` holds its due), but no sooner than
+        # `retention_check` seconds after their last look. No pass visits every topic.
         self._history: set[Topic] = set()
         self._retention_check = retention_check
-        self._next_history_check = 0.0
+        self._aging: list[tuple[float, int, Topic]] = []
+        self._aging_due: dict[Topic, float] = {}
+        self._aging_order = itertools.count()
         # Backlog quotas: checked on each trimming pass; producers of a topic over one may
         # be refused (`quota.refuse`).
         self.quota = QuotaGuard(storage, backlog_quotas)
@@ -213,6 +218,8 @@ class Broker:
         count = len(node.cursors)
         if count:
             self._route(node, [Entry(topic, message_id, message)], hold=bool(message.qos))
+            if node in self._history:
+                self._trim_dirty.add(node)
         else:
             self._trim_dirty.add(node)
             # A table's record is no message, and a retained message is kept.
@@ -254,6 +261,8 @@ class Broker:
         if count:
             entries = [Entry(topic, i, m) for i, m in zip(ids, messages, strict=True)]
             self._route(node, entries, hold=any(m.qos for m in messages))
+            if node in self._history:
+                self._trim_dirty.add(node)
         else:
             self._trim_dirty.add(node)
             if topic not in self.compacted:
@@ -368,6 +377,7 @@ class Broker:
         self._topics.discard(topic)
         self._trim_dirty.discard(topic)
         self._history.discard(topic)
+        self._aging_due.pop(topic, None)
         self._grace.forget(topic)
         for key in self.sequences.forget(name):
             self.storage.table_put(PRODUCERS_TABLE, key, None)
@@ -756,13 +766,15 @@ class Broker:
         trimmed."""
         self._enforce_quotas()
         dirty, self._trim_dirty = self._trim_dirty, set()
-        if now >= self._next_history_check:
-            self._next_history_check = now + self._retention_check
-            dirty |= self._history
-            self._history = set()
         trimmed = 0
         grace = self._grace
         wall = self.now()
+        aging, aging_due = self._aging, self._aging_due
+        while aging and aging[0][0] <= wall:
+            due, _, topic = heapq.heappop(aging)
+            if aging_due.get(topic) == due:
+                del aging_due[topic]
+                dirty.add(topic)
         for topic in dirty:
             if self._topics.get(topic.name) is not topic or not topic.persistent:
                 grace.forget(topic)
@@ -782,11 +794,28 @@ class Broker:
             if acknowledged is not None and (kept_after is None or kept_after < acknowledged):
                 # Acknowledged history stays for now (or its grace runs).
                 self._history.add(topic)
+                if policy.time_seconds > 0:
+                    self._age_later(topic, policy.time_seconds, wall)
+            else:
+                self._history.discard(topic)
             if through is not None and (topic.trimmed is None or through > topic.trimmed):
                 self.storage.trim(topic.name, through)
                 topic.trimmed = through
                 trimmed += 1
         return trimmed
+
+    def _age_later(self, topic: Topic, seconds: int, wall: float) -> None:
+        """Look at `topic` again once its oldest kept message is `seconds` old."""
+        oldest = self.storage.oldest_append_time(topic.name)
+        if oldest is None:
+            return
+        # Retention lets go of what was appended before `now - seconds` (whole seconds).
+        due = max(float(oldest + seconds + 1), wall + self._retention_check)
+        known = self._aging_due.get(topic)
+        if known is not None and known <= due:
+            return  # an earlier look is due anyway, and plans the next one
+        self._aging_due[topic] = due
+        heapq.heappush(self._aging, (due, next(self._aging_order), topic))
 
     def _enforce_quotas(self) -> None:
         """Check the backlog quotas; skip the backlog that `consumer_backlog_eviction`

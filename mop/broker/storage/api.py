@@ -110,6 +110,11 @@ class Storage(Protocol):
         `keep_bytes` bytes of the topic (None: that limit does not apply). None when none."""
         ...
 
+    def oldest_append_time(self, topic: str) -> int | None:
+        """When (wall clock, s) the oldest kept message of `topic` was appended (None: none
+        is kept): when retention by time next has something to trim there."""
+        ...
+
     def delete_topic(self, topic: str) -> None:
         """Forget `topic`, its messages and its cursors."""
         ...

@@ -187,6 +187,10 @@ class MemoryStorage:
         messages = sum(len(log) for log in self._logs.values())
         return StorageStats(topics=len(self._logs), messages=messages, bytes=self._bytes)
 
+    def oldest_append_time(self, topic: str) -> int | None:
+        log = self._logs.get(topic)
+        return None if log is None or not len(log) else log.times[log.head]
+
     def topic_size(self, topic: str) -> int:
         log = self._logs.get(topic)
         return 0 if log is None else log.bytes

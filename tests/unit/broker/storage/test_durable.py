@@ -314,7 +314,11 @@ async def test_retention_cut_by_size_and_age(
     cut = store.retention_cut("t", appended_before=now - 60, keep_bytes=keep)
     assert cut is not None and old[-1] < cut < recent[-1]
     assert store.retention_cut("unknown", appended_before=now, keep_bytes=0) is None
+    oldest = store.oldest_append_time("t")
+    assert oldest is not None and now - 125 <= oldest <= now - 115
+    assert store.oldest_append_time("unknown") is None
     store.trim("t", cut)
+    assert store.oldest_append_time("t") in (now - 1, now, now + 1)
     await store.sync()
     assert store.topic_size("t") <= keep
     kept = await store.read("t", None, 100)
