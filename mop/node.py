@@ -117,6 +117,7 @@ async def start_backend(
         membership=membership,
         unsubscribed_grace=settings.storage.unsubscribed_grace,
         schema_compatibility=Compatibility(settings.pulsar.schema_compatibility),
+        schema_max_bytes=settings.pulsar.schema_max_bytes,
     )
     try:
         await nursery.start(storage.serve)

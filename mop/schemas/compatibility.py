@@ -35,22 +35,46 @@ _DIRECTIONS: Final[dict[Compatibility, tuple[bool, ...]]] = {
 }
 
 
+# What parsing a definition a client wrote can raise: besides the errors meant for it, the
+# `avro` package lets malformed input through as the built-in errors below, and a deeply
+# nested one (`[[[[...`) exhausts the recursion limit of `json` or of the parser.
+_PARSE_ERRORS: Final = (
+    UnicodeDecodeError,
+    ValueError,  # json.JSONDecodeError among them
+    TypeError,
+    KeyError,
+    AttributeError,
+    IndexError,
+    RecursionError,
+    avro.errors.AvroException,
+)
+
+
 def _parse(info: SchemaInfo) -> avro.schema.Schema:
     try:
         return avro.schema.parse(info.data.decode())
-    except (UnicodeDecodeError, json.JSONDecodeError, avro.errors.AvroException) as exc:
-        raise ValueError(f"not a valid Avro schema definition: {exc}") from None
+    except _PARSE_ERRORS as exc:
+        raise ValueError(f"not a valid Avro schema definition: {_short(exc)}") from None
+
+
+def _short(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "it is nested too deeply"
+    return str(exc)[:200]
 
 
 def check_definition(info: SchemaInfo) -> str | None:
-    """Why `info` is not a valid schema of its kind (None when it is). A JSON schema may also
-    be a JSON Schema document, as older Pulsar clients write them: such a one is only ever
-    followed by itself (no rule compares it), unless the rule is ALWAYS_COMPATIBLE."""
+    """Why `info` is not a valid schema of its kind (None when it is). A JSON schema is an
+    Avro record schema, or a JSON Schema document (a JSON object) as older Pulsar clients
+    write them: such a one is only ever followed by itself (no rule compares it), unless the
+    rule is ALWAYS_COMPATIBLE."""
     if info.kind is SchemaKind.JSON:
         try:
-            json.loads(info.data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return f"JSON schema: the definition is not JSON: {exc}"
+            document = json.loads(info.data)
+        except _PARSE_ERRORS as exc:
+            return f"JSON schema: the definition is not JSON: {_short(exc)}"
+        if not isinstance(document, dict):
+            return "JSON schema: the definition is neither an Avro record nor a JSON Schema object"
         return None
     if info.kind is not SchemaKind.AVRO:
         return None
@@ -61,14 +85,19 @@ def check_definition(info: SchemaInfo) -> str | None:
     return None
 
 
-def _avro_reason(new: SchemaInfo, old: SchemaInfo, version: int, new_reads: bool) -> str | None:
+def _avro_reason(
+    new_schema: avro.schema.Schema, old: SchemaInfo, version: int, new_reads: bool
+) -> str | None:
     try:
-        new_schema, old_schema = _parse(new), _parse(old)
+        old_schema = _parse(old)
     except ValueError as exc:
         return str(exc)
     reader, writer = (new_schema, old_schema) if new_reads else (old_schema, new_schema)
     checker = ReaderWriterCompatibilityChecker()  # type: ignore[no-untyped-call]  # avro ships no hints here
-    result = checker.get_compatibility(reader, writer)
+    try:
+        result = checker.get_compatibility(reader, writer)
+    except RecursionError:
+        return f"version {version} and the new schema are nested too deeply to compare"
     if result.compatibility is SchemaCompatibilityType.compatible:
         return None
     who = (
@@ -97,13 +126,18 @@ def incompatibility(
         )
     if new.kind not in _AVRO_KINDS:
         return None
+    try:
+        # Parsed once, compared with each version.
+        new_schema = _parse(new)
+    except ValueError as exc:
+        return str(exc)
     versions = range(latest + 1) if rule.transitive else (latest,)
     for version in reversed(versions):
         old = existing[version]
         if old.kind is not new.kind:
             return f"version {version} is {old.kind.value}, not {new.kind.value}"
         for new_reads in _DIRECTIONS[rule]:
-            reason = _avro_reason(new, old, version, new_reads)
+            reason = _avro_reason(new_schema, old, version, new_reads)
             if reason is not None:
                 return f"{reason} (compatibility {rule.value})"
     return None

@@ -43,6 +43,9 @@ from mop.processor.backend import (
     TopicStats,
 )
 from mop.schemas.model import Compatibility, SchemaInfo, StoredSchema
+from mop.schemas.registry import (
+    DEFAULT_MAX_BYTES as DEFAULT_SCHEMA_MAX_BYTES,
+)
 from mop.schemas.registry import SCHEMA_POLICIES_TABLE, SCHEMAS_TABLE, SchemaRegistry
 from mop.topic_names import mqtt_to_pulsar
 
@@ -88,6 +91,7 @@ class LocalBackend:
         trim_interval: float = 1.0,
         unsubscribed_grace: float = 0.0,
         schema_compatibility: Compatibility = Compatibility.FULL,
+        schema_max_bytes: int = DEFAULT_SCHEMA_MAX_BYTES,
     ) -> None:
         self.storage = storage
         self.broker = Broker(
@@ -117,6 +121,7 @@ class LocalBackend:
         self._delay_event = trio.Event()
         self._stop = trio.Event()
         self._schema_default = schema_compatibility
+        self._schema_max_bytes = schema_max_bytes
         self._schemas: SchemaRegistry | None = None
         self._running = False
         self._closed = False
@@ -390,7 +395,10 @@ class LocalBackend:
         """The registry of this broker's topics' schemas, in two of its tables."""
         if self._schemas is None:
             self._schemas = SchemaRegistry(
-                self.table(SCHEMAS_TABLE), self.table(SCHEMA_POLICIES_TABLE), self._schema_default
+                self.table(SCHEMAS_TABLE),
+                self.table(SCHEMA_POLICIES_TABLE),
+                self._schema_default,
+                max_bytes=self._schema_max_bytes,
             )
         return self._schemas
 

@@ -309,3 +309,32 @@ def test_mqtt_publishers_are_not_checked_against_the_topics_schema(
     # One that does not is stored as well: MQTT publishers are not checked.
     assert mqtt.publish("sensors/json", b"not json", qos=1) == 0
     assert consumer.receive(timeout_millis=TIMEOUT_MS).data() == b"not json"
+
+
+def test_malformed_and_oversized_definitions_are_refused_and_the_connection_goes_on(
+    raw: RawPulsar,
+) -> None:
+    topic = "persistent://public/default/schema-malformed"
+    nested = SchemaCommand(name="", schema_data=b"[" * 50_000, type=SchemaType.AVRO)
+    raw.send(GetOrCreateSchema(request_id=1, topic=topic, schema=nested))
+    answer = raw.recv()
+    assert isinstance(answer, GetOrCreateSchemaResponse)
+    assert answer.error_code is ServerError.IncompatibleSchema
+    assert "nested too deeply" in (answer.error_message or "")
+    fields = [{"name": f"field_{n:05}", "type": "string"} for n in range(3000)]
+    large = json.dumps({"type": "record", "name": "Wide", "fields": fields}).encode()
+    assert len(large) > 64 * 1024
+    wide = SchemaCommand(name="", schema_data=large, type=SchemaType.AVRO)
+    raw.send(GetOrCreateSchema(request_id=2, topic=topic, schema=wide))
+    answer = raw.recv()
+    assert isinstance(answer, GetOrCreateSchemaResponse)
+    assert answer.error_code is ServerError.IncompatibleSchema
+    assert "pulsar.schema_max_bytes" in (answer.error_message or "")
+    for request_id, data in ((3, b"null"), (4, b"[]")):
+        json_kind = SchemaCommand(name="", schema_data=data, type=SchemaType.JSON)
+        raw.send(GetOrCreateSchema(request_id=request_id, topic=topic, schema=json_kind))
+        answer = raw.recv()
+        assert isinstance(answer, GetOrCreateSchemaResponse)
+        assert answer.error_code is ServerError.IncompatibleSchema
+    raw.send(GetOrCreateSchema(request_id=5, topic=topic, schema=avro_command(Reading)))
+    assert raw.recv() == GetOrCreateSchemaResponse(request_id=5, schema_version=VERSION_0)

@@ -123,3 +123,19 @@ def test_a_reader_is_taken_when_it_is_a_known_version_or_could_follow() -> None:
     assert reader_incompatibility([V1], ADDS_OPTIONAL, C.FULL) is None
     assert reader_incompatibility([V1], ADDS_REQUIRED, C.FULL) is not None
     assert reader_incompatibility([V1], SchemaInfo(SchemaKind.AVRO, b"{"), C.ALWAYS_COMPATIBLE)
+
+
+@pytest.mark.parametrize("kind", [SchemaKind.AVRO, SchemaKind.JSON])
+def test_a_deeply_nested_definition_is_refused_not_raised(kind: SchemaKind) -> None:
+    nested = SchemaInfo(kind, b"[" * 100_000)
+    reason = check_definition(nested)
+    assert reason is not None and "nested too deeply" in reason
+    assert incompatibility([record(NAME, kind=kind)], nested, C.FULL) is not None
+    assert reader_incompatibility([record(NAME, kind=kind)], nested, C.ALWAYS_COMPATIBLE)
+
+
+@pytest.mark.parametrize("definition", [b"null", b"[]", b"42", b'"text"'])
+def test_a_json_definition_must_be_an_avro_schema_or_a_json_schema_object(
+    definition: bytes,
+) -> None:
+    assert check_definition(SchemaInfo(SchemaKind.JSON, definition)) is not None

@@ -4,7 +4,9 @@ schema a producer or consumer brings, registered or found through the processor.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
+
+import trio
 
 from mop.processor import Access, BackendError
 from mop.protocols.pulsar.commands import (
@@ -31,6 +33,10 @@ if TYPE_CHECKING:
 __all__ = ["ConnectionSchemas"]
 
 log = logging.getLogger("mop.pulsar")
+
+# Consumers' schemas compared at once, in worker threads (comparing large Avro definitions is
+# slow: it must not hold up the event loop).
+_READER_CHECKS: Final = trio.CapacityLimiter(2)
 
 
 class ConnectionSchemas:
@@ -62,6 +68,12 @@ class ConnectionSchemas:
         info = schema_info(schema)
         if not info.kind.registered:
             return
+        limit = self._link.server.settings.pulsar.schema_max_bytes
+        if len(info.data) > limit:
+            raise IncompatibleSchema(
+                f"the schema definition is {len(info.data)} bytes, more than the "
+                f"{limit} this broker accepts (pulsar.schema_max_bytes)"
+            )
         processor = self._link.server.processor
         latest = await processor.schema(topic)
         if latest is None:
@@ -73,7 +85,14 @@ class ConnectionSchemas:
             if stored is not None:
                 versions.insert(0, stored.info)
         rule = await processor.schema_compatibility(namespace_of(topic))
-        reason = reader_incompatibility(versions, info, rule)
+        reason = await trio.to_thread.run_sync(
+            reader_incompatibility,
+            versions,
+            info,
+            rule,
+            limiter=_READER_CHECKS,
+            abandon_on_cancel=True,
+        )
         if reason is not None:
             raise IncompatibleSchema(f"{schema_name(topic)}: {reason}")
 
