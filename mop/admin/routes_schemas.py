@@ -21,7 +21,7 @@ from mop.admin.http import Request, Response, Router, json_response
 from mop.admin.routes_pulsar import NOT_OWNER
 from mop.processor import BackendError
 from mop.protocols.pulsar.admin_rest import ADMIN_PREFIX
-from mop.schemas import Compatibility, StoredSchema
+from mop.schemas import Compatibility, StoredSchema, schema_name
 from mop.topic_names import PulsarTopicName
 from mop.topics import TopicError
 
@@ -30,6 +30,8 @@ __all__ = ["add_schema_routes", "schema_document"]
 # The value that puts a namespace back on the default rule (Pulsar's name for "not set").
 UNDEFINED: Final = "UNDEFINED"
 _VERSION: Final = re.compile(r"[0-9]+")
+# Versions are Pulsar's signed 64-bit longs: a larger number names none.
+_VERSION_LIMIT: Final = 2**63
 _STATUS_BY_REASON: Final = {
     "invalid_topic": 412,
     "not_found": 404,
@@ -77,16 +79,21 @@ def add_schema_routes(router: Router, context: AdminContext) -> None:
         except TopicError as exc:
             return _reason(412, str(exc))
         broker = context.broker
-        if broker is not None and not broker.owns(topic):
-            # A member of a mop broker cluster keeps the schemas of the topics it owns.
+        # The partitions of a topic share one schema, kept by the owner of the topic's name.
+        keeper = f"persistent://{schema_name(topic)}"
+        if broker is not None and not broker.owns(keeper):
+            # A member of a mop broker cluster keeps the schemas of the names it owns.
             return _reason(
-                NOT_OWNER, f"{topic} is owned by {broker.owner(topic)}, not by {broker.url}"
+                NOT_OWNER,
+                f"the schema of {topic} is kept by {broker.owner(keeper)}, not by {broker.url}",
             )
         version = None
         if "version" in params:
             if not _VERSION.fullmatch(params["version"]):
                 return _reason(400, "the schema version must be a number (0, 1, ...)")
             version = int(params["version"])
+            if version >= _VERSION_LIMIT:
+                return _reason(404, "Schema not found")
         try:
             stored = await processor.schema(topic, version)
         except BackendError as exc:

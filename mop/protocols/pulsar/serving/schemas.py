@@ -1,5 +1,11 @@
 """The schema commands of one Pulsar connection (GET_SCHEMA, GET_OR_CREATE_SCHEMA), and the
-schema a producer or consumer brings, registered or found through the processor."""
+schema a producer or consumer brings, registered or found through the processor.
+
+The partitions of a topic share one schema, kept by the cluster member that owns the topic's
+name (persistent, without a partition suffix): a member that serves a partition asks that
+owner over the peer links, with the same commands. A peer's request is answered from this
+broker's own registry, so a request never goes further.
+"""
 
 from __future__ import annotations
 
@@ -23,8 +29,9 @@ from mop.protocols.pulsar.schemas import (
     version_bytes,
     version_number,
 )
+from mop.protocols.pulsar.serving.peers import is_peer
 from mop.protocols.pulsar.serving.server import TopicRefused, server_error
-from mop.schemas import IncompatibleSchema, namespace_of, schema_name
+from mop.schemas import IncompatibleSchema, SchemaInfo, StoredSchema, namespace_of, schema_name
 from mop.schemas.compatibility import reader_incompatibility
 
 if TYPE_CHECKING:
@@ -55,8 +62,53 @@ class ConnectionSchemas:
         info = schema_info(schema)
         if not info.kind.registered:
             return None
-        version = await self._link.server.processor.get_or_create_schema(topic, info)
-        return version_bytes(version)
+        return version_bytes(await self._register(topic, info))
+
+    async def _keeper(self, topic: str) -> tuple[str, str | None]:
+        """The topic whose owner keeps `topic`'s schema, and that owner's URL (None: this
+        broker)."""
+        if is_peer(self._link.conn.client_version):
+            return topic, None
+        keeper = f"persistent://{schema_name(topic)}"
+        return keeper, await self._link.server.owner(keeper)
+
+    async def _stored(self, topic: str, version: int | None) -> StoredSchema | None:
+        """Version `version` (None: the latest) of `topic`'s schema, wherever it is kept."""
+        keeper, owner = await self._keeper(topic)
+        server = self._link.server
+        if owner is None:
+            return await server.processor.schema(topic, version)
+        wanted = None if version is None else version_bytes(version)
+        answer = await server.peers.ask(
+            owner, lambda rid: GetSchema(request_id=rid, topic=keeper, schema_version=wanted)
+        )
+        if not isinstance(answer, GetSchemaResponse):
+            raise _unreachable(keeper, owner)
+        if answer.error_code is ServerError.TopicNotFound:
+            return None
+        if answer.error_code is not None or answer.schema is None:
+            raise BackendError(f"{owner}: {answer.error_message}", reason="bad_answer")
+        return StoredSchema(
+            version_number(answer.schema_version or b""), schema_info(answer.schema)
+        )
+
+    async def _register(self, topic: str, info: SchemaInfo) -> int:
+        """The version of `info` among `topic`'s schemas (added when new), wherever it is kept."""
+        keeper, owner = await self._keeper(topic)
+        server = self._link.server
+        if owner is None:
+            return await server.processor.get_or_create_schema(topic, info)
+        schema = schema_message(StoredSchema(0, info))
+        answer = await server.peers.ask(
+            owner, lambda rid: GetOrCreateSchema(request_id=rid, topic=keeper, schema=schema)
+        )
+        if not isinstance(answer, GetOrCreateSchemaResponse):
+            raise _unreachable(keeper, owner)
+        if answer.error_code is ServerError.IncompatibleSchema:
+            raise IncompatibleSchema(answer.error_message or f"{keeper}: incompatible schema")
+        if answer.error_code is not None:
+            raise BackendError(f"{owner}: {answer.error_message}", reason="bad_answer")
+        return _version(owner, answer.schema_version)
 
     async def check_consumer(self, topic: str, schema: Schema | None) -> None:
         """Check the schema a consumer of `topic` brings, as Pulsar brokers do: on a topic
@@ -75,13 +127,13 @@ class ConnectionSchemas:
                 f"{limit} this broker accepts (pulsar.schema_max_bytes)"
             )
         processor = self._link.server.processor
-        latest = await processor.schema(topic)
+        latest = await self._stored(topic, None)
         if latest is None:
-            await processor.get_or_create_schema(topic, info)
+            await self._register(topic, info)
             return
         versions = [latest.info]
         for version in range(latest.version - 1, -1, -1):
-            stored = await processor.schema(topic, version)
+            stored = await self._stored(topic, version)
             if stored is not None:
                 versions.insert(0, stored.info)
         rule = await processor.schema_compatibility(namespace_of(topic))
@@ -104,7 +156,7 @@ class ConnectionSchemas:
             version = None if cmd.schema_version is None else version_number(cmd.schema_version)
             if (owner := await link.server.owner(topic)) is not None:
                 raise TopicRefused(ServerError.ServiceNotReady, f"{topic} is served by {owner}")
-            stored = await link.server.processor.schema(topic, version)
+            stored = await self._stored(topic, version)
         except TopicRefused as exc:
             link.send(
                 GetSchemaResponse(request_id=rid, error_code=exc.error, error_message=exc.message)
@@ -166,3 +218,17 @@ class ConnectionSchemas:
             )
             return
         link.send(GetOrCreateSchemaResponse(request_id=rid, schema_version=version))
+
+
+def _unreachable(keeper: str, owner: str) -> BackendError:
+    # "closed" answers ServiceNotReady: the client tries again.
+    return BackendError(
+        f"the owner of {keeper}'s schema ({owner}) cannot be asked now", reason="closed"
+    )
+
+
+def _version(owner: str, data: bytes | None) -> int:
+    try:
+        return version_number(data or b"")
+    except ValueError as exc:
+        raise BackendError(f"{owner}: {exc}", reason="bad_answer") from None
