@@ -143,12 +143,32 @@ def incompatibility(
     return None
 
 
+# The rules under which a consumer's schema is checked against every version (as the rule
+# itself says); under the others it need only read data written with the latest one.
+_READER_CHECKS_ALL: Final = frozenset(
+    {
+        Compatibility.BACKWARD_TRANSITIVE,
+        Compatibility.FULL_TRANSITIVE,
+        Compatibility.ALWAYS_INCOMPATIBLE,
+    }
+)
+
+
 def reader_incompatibility(
     existing: Sequence[SchemaInfo], new: SchemaInfo, rule: Compatibility
 ) -> str | None:
     """Why a consumer with schema `new` may not read a topic with schemas `existing` (oldest
-    first, not empty) under `rule`; None when it may: it is one of them, or it is valid and
-    could follow them."""
+    first, not empty) under `rule`; None when it may. As Pulsar's brokers check consumers: it
+    must read data written with the latest version (BACKWARD) under BACKWARD, FORWARD,
+    FORWARD_TRANSITIVE and FULL; follow every version under the rule itself under
+    BACKWARD_TRANSITIVE and FULL_TRANSITIVE; anything goes under ALWAYS_COMPATIBLE. One of the
+    topic's versions is always taken."""
     if any(known.same_as(new) for known in existing):
         return None
-    return check_definition(new) or incompatibility(existing, new, rule)
+    reason = check_definition(new)
+    if reason is not None or rule is Compatibility.ALWAYS_COMPATIBLE:
+        return reason
+    if rule in _READER_CHECKS_ALL:
+        return incompatibility(existing, new, rule)
+    reason = incompatibility(existing[-1:], new, Compatibility.BACKWARD)
+    return None if reason is None else f"a consumer's schema must read the latest one: {reason}"

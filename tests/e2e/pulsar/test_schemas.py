@@ -189,6 +189,15 @@ def test_a_consumers_schema_is_checked_and_not_added(
     assert (message.value().sensor, message.value().unit) == ("o", None)
 
 
+def test_a_consumers_schema_is_refused_on_a_busy_topic_without_one(client: pulsar.Client) -> None:
+    # Pulsar adds a consumer's schema only to an idle topic: one with data has none to check.
+    topic = "persistent://public/default/schema-busy"
+    client.create_producer(topic).send(b"raw")
+    with pytest.raises(pulsar.IncompatibleSchema):
+        client.subscribe(topic, "typed", schema=AvroSchema(Reading))
+    client.subscribe(topic, "untyped")
+
+
 def test_the_namespace_rule_is_set_through_the_admin_api(
     client: pulsar.Client, http: httpx.Client
 ) -> None:

@@ -139,3 +139,25 @@ def test_a_json_definition_must_be_an_avro_schema_or_a_json_schema_object(
     definition: bytes,
 ) -> None:
     assert check_definition(SchemaInfo(SchemaKind.JSON, definition)) is not None
+
+
+def test_a_reader_must_read_the_latest_version_under_the_non_transitive_rules() -> None:
+    # Pulsar checks a consumer BACKWARD against the latest version under BACKWARD, FORWARD,
+    # FORWARD_TRANSITIVE and FULL, whatever the rule says of producers.
+    for rule in (C.BACKWARD, C.FORWARD, C.FORWARD_TRANSITIVE, C.FULL):
+        # A reader that needs a field the data lacks: refused even under FORWARD.
+        assert reader_incompatibility([V1], ADDS_REQUIRED, rule) is not None, rule
+        # A reader that drops a required field reads the data: taken even under FULL.
+        assert reader_incompatibility([ADDS_REQUIRED], V1, rule) is None, rule
+
+
+def test_a_reader_must_follow_every_version_under_the_transitive_backward_and_full_rules() -> None:
+    v0 = record(NAME, {"name": "score", "type": "string"})
+    v1 = record(NAME)
+    v2 = record(NAME, {"name": "score", "type": "int", "default": 0})
+    assert reader_incompatibility([v0, v1], v2, C.BACKWARD) is None
+    assert reader_incompatibility([v0, v1], v2, C.FULL) is None
+    for rule in (C.BACKWARD_TRANSITIVE, C.FULL_TRANSITIVE):
+        reason = reader_incompatibility([v0, v1], v2, rule)
+        assert reason is not None and "version 0" in reason
+    assert reader_incompatibility([ADDS_REQUIRED], V1, C.FULL_TRANSITIVE) is not None

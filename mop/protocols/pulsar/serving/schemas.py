@@ -64,6 +64,20 @@ class ConnectionSchemas:
             return None
         return version_bytes(await self._register(topic, info))
 
+    async def _busy(self, topic: str) -> bool:
+        """Whether `topic` has data, producers or consumers (Pulsar adds a consumer's schema
+        only to a topic with none). A broker that cannot tell (a separated proxy without the
+        brokers' admin API) takes the topic as idle."""
+        try:
+            stats = await self._link.server.processor.topic_stats(topic)
+        except BackendError:
+            return False
+        if stats is None:
+            return False
+        return bool(
+            stats.producers or stats.consumers or stats.storage_size or stats.inbound.messages
+        )
+
     async def _keeper(self, topic: str) -> tuple[str, str | None]:
         """The topic whose owner keeps `topic`'s schema, and that owner's URL (None: this
         broker)."""
@@ -111,10 +125,11 @@ class ConnectionSchemas:
         return _version(owner, answer.schema_version)
 
     async def check_consumer(self, topic: str, schema: Schema | None) -> None:
-        """Check the schema a consumer of `topic` brings, as Pulsar brokers do: on a topic
-        without a schema it becomes the first version; otherwise it must be one of the topic's
-        versions or follow them under the namespace's rule, and is not added. Raises
-        BackendError (IncompatibleSchema) when it may not."""
+        """Check the schema a consumer of `topic` brings, as Pulsar brokers do: on an idle topic
+        without a schema (no data, producers or consumers) it becomes the first version, on a
+        busy one it is refused ("Topic does not have schema to check"); on a topic with a
+        schema it must be one of its versions or read them (`reader_incompatibility`), and is
+        not added. Raises BackendError (IncompatibleSchema) when it may not."""
         if schema is None:
             return
         info = schema_info(schema)
@@ -129,6 +144,11 @@ class ConnectionSchemas:
         processor = self._link.server.processor
         latest = await self._stored(topic, None)
         if latest is None:
+            if await self._busy(topic):
+                raise IncompatibleSchema(
+                    f"{schema_name(topic)}: Topic does not have schema to check"
+                    " (it has data, producers or consumers)"
+                )
             await self._register(topic, info)
             return
         versions = [latest.info]
