@@ -3,6 +3,8 @@ brokers): Pulsar's own tools and scripts can use them as they are.
 
 - `GET /admin/v2/schemas/{tenant}/{namespace}/{topic}/schema[/{version}]`: the latest (or that)
   version of the topic's schema, as Pulsar's GetSchemaResponse JSON; 404 when it has none;
+- `DELETE` of the same path: forget every version (as Pulsar's admin API does); Pulsar's
+  DeleteSchemaResponse `{"version": N}` (the latest version it had), 404 when it has none;
 - `GET /admin/v2/namespaces/{tenant}/{namespace}/schemaCompatibilityStrategy`: the namespace's
   rule, a JSON string such as `"FULL"`;
 - `PUT` of the same path with a JSON string sets it; `"UNDEFINED"` puts the namespace back on
@@ -71,7 +73,8 @@ def add_schema_routes(router: Router, context: AdminContext) -> None:
             return _reason(412, str(exc))
         return f"{tenant}/{namespace}"
 
-    async def get_schema(request: Request) -> Response:
+    def schema_topic(request: Request) -> str | Response:
+        """The topic the path names, or the answer when this node cannot serve its schema."""
         params = request.params
         name = f"persistent://{params['tenant']}/{params['namespace']}/{params['topic']}"
         try:
@@ -87,6 +90,13 @@ def add_schema_routes(router: Router, context: AdminContext) -> None:
                 NOT_OWNER,
                 f"the schema of {topic} is kept by {broker.owner(keeper)}, not by {broker.url}",
             )
+        return topic
+
+    async def get_schema(request: Request) -> Response:
+        topic = schema_topic(request)
+        if isinstance(topic, Response):
+            return topic
+        params = request.params
         version = None
         if "version" in params:
             if not _VERSION.fullmatch(params["version"]):
@@ -101,6 +111,18 @@ def add_schema_routes(router: Router, context: AdminContext) -> None:
         if stored is None:
             return _reason(404, "Schema not found")
         return json_response(schema_document(stored))
+
+    async def delete_schema(request: Request) -> Response:
+        topic = schema_topic(request)
+        if isinstance(topic, Response):
+            return topic
+        try:
+            version = await processor.delete_schema(topic)
+        except BackendError as exc:
+            return refused(exc)
+        if version is None:
+            return _reason(404, "Schema not found")
+        return json_response({"version": version})
 
     async def get_compatibility(request: Request) -> Response:
         namespace = namespace_of(request)
@@ -129,6 +151,7 @@ def add_schema_routes(router: Router, context: AdminContext) -> None:
 
     schema = f"{ADMIN_PREFIX}/schemas/{{tenant}}/{{namespace}}/{{topic}}/schema"
     router.add("GET", schema, get_schema)
+    router.add("DELETE", schema, delete_schema)
     router.add("GET", f"{schema}/{{version}}", get_schema)
     strategy = f"{ADMIN_PREFIX}/namespaces/{{tenant}}/{{namespace}}/schemaCompatibilityStrategy"
     router.add("GET", strategy, get_compatibility)

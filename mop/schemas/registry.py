@@ -184,3 +184,14 @@ class SchemaRegistry:
             added = StoredSchema(len(versions), info, now_ms())
             await self._schemas.put(name, _encode([*versions, added]))
             return added.version
+
+    async def delete(self, topic: str) -> int | None:
+        """Forget every version of `topic`'s schema (when the topic is deleted, or through the
+        admin API); the latest version it had, None when it had none."""
+        name = schema_name(topic)
+        async with self._locked(name):
+            versions = self.versions(topic)
+            if not versions:
+                return None
+            await self._schemas.put(name, None)
+            return versions[-1].version

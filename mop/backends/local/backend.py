@@ -34,6 +34,7 @@ from mop.broker.storage import Storage, StorageError
 from mop.clock import now_ms
 from mop.membership import Membership
 from mop.message import Message
+from mop.partitioned import partition_index
 from mop.processor.backend import (
     BackendCapabilities,
     BackendError,
@@ -117,6 +118,7 @@ class LocalBackend:
             lambda: self.table(PARTITIONED_TABLE),
             self.topics,
             lambda topic, force: self.delete_topic(topic, force=force),
+            lambda topic: self.schemas.delete(topic),
         )
         self._delay_event = trio.Event()
         self._stop = trio.Event()
@@ -307,7 +309,12 @@ class LocalBackend:
         self._check_running()
         await trio.lowlevel.checkpoint()
         with translated():
-            return await self.broker.delete_topic(topic, force=force)
+            deleted = await self.broker.delete_topic(topic, force=force)
+        if deleted and partition_index(topic) is None:
+            # As Pulsar does: a deleted topic's schema goes with it (a partition's is the
+            # partitioned topic's, deleted with that).
+            await self.schemas.delete(topic)
+        return deleted
 
     def not_ready(self) -> list[str]:
         if self._closed:
@@ -411,6 +418,11 @@ class LocalBackend:
         self._check_running()
         with translated():
             return await self.schemas.get_or_create(topic, schema)
+
+    async def delete_schema(self, topic: str) -> int | None:
+        self._check_running()
+        with translated():
+            return await self.schemas.delete(topic)
 
     async def schema_compatibility(self, namespace: str) -> Compatibility:
         self._check_running()

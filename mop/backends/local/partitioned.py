@@ -28,17 +28,19 @@ PARTITIONED_TABLE = "partitioned-topics"
 class LocalPartitionedTopics:
     """See `mop.partitioned.PartitionedTopics`. `table` opens the table (on first use: the
     broker must be running), `topics` lists a namespace's ordinary topics and `delete_topic`
-    deletes one, as the backend does."""
+    deletes one, as the backend does; `delete_schema` forgets a topic's schema."""
 
     def __init__(
         self,
         table: Callable[[], Table],
         topics: Callable[[str], Awaitable[list[str]]],
         delete_topic: Callable[[str, bool], Awaitable[bool]],
+        delete_schema: Callable[[str], Awaitable[object]],
     ) -> None:
         self._open_table = table
         self._topics = topics
         self._delete_topic = delete_topic
+        self._delete_schema = delete_schema
 
     def _table(self) -> Table:
         return self._open_table()
@@ -77,6 +79,8 @@ class LocalPartitionedTopics:
             if partition in existing:
                 await self._delete_topic(partition, force)
         await table.put(topic, None)
+        # The partitions' shared schema goes with them, as in Pulsar.
+        await self._delete_schema(topic)
         return True
 
     async def names(self, namespace: str) -> list[str]:

@@ -58,6 +58,12 @@ def test_the_proxy_shows_and_sets_what_the_brokers_keep(
             assert http.put(strategy, json="UNDEFINED").status_code == 204
             assert http.get(strategy).json() == "FULL"
 
+            # Deleted through the proxy, at the broker that keeps it.
+            deleted = http.delete(schema_url)
+            assert deleted.status_code == 200 and deleted.json() == {"version": 0}
+            assert http.get(schema_url).status_code == 404
+            assert http.delete(schema_url).status_code == 404
+
             # MQTT publishers through the proxy are stored as they come.
             mqtt = Client(node.mqtt_port, f"{namespace}-mqtt")
             assert mqtt.publish("plant/readings", b'{"sensor": "p", "value": 7}', qos=1) == 0

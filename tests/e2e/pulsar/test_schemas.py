@@ -236,6 +236,41 @@ def test_the_admin_api_shows_a_topics_schema(client: pulsar.Client, http: httpx.
     assert http.get(f"{base}/x").status_code == 400
 
 
+def test_a_schema_is_deleted_through_the_admin_api_and_with_its_topic(
+    client: pulsar.Client, http: httpx.Client
+) -> None:
+    base = "/admin/v2/schemas/public/default/schema-deleted/schema"
+    topic = "persistent://public/default/schema-deleted"
+    assert http.delete(base).status_code == 404
+    client.create_producer(topic, schema=AvroSchema(Reading)).close()
+    client.create_producer(topic, schema=AvroSchema(reading_v2())).close()
+    deleted = http.delete(base)
+    assert deleted.status_code == 200 and deleted.json() == {"version": 1}
+    assert http.get(base).status_code == 404
+    # A schema that could not have followed the deleted ones starts the topic afresh.
+    producer = client.create_producer(topic, schema=StringSchema())
+    producer.send("s")
+    producer.close()
+    assert http.get(base).json()["version"] == 0
+    # Deleting the topic deletes its schema, as in Pulsar.
+    assert http.delete("/admin/v2/persistent/public/default/schema-deleted").status_code == 204
+    assert http.get(base).status_code == 404
+
+
+def test_a_partitioned_topics_schema_is_deleted_with_it(
+    client: pulsar.Client, http: httpx.Client
+) -> None:
+    admin = "/admin/v2/persistent/public/default/schema-partitioned"
+    base = "/admin/v2/schemas/public/default/schema-partitioned/schema"
+    assert http.put(f"{admin}/partitions", json=2).status_code == 204
+    client.create_producer(
+        "persistent://public/default/schema-partitioned", schema=AvroSchema(Reading)
+    ).close()
+    assert http.get(base).json()["version"] == 0
+    assert http.delete(f"{admin}/partitions").status_code == 204
+    assert http.get(base).status_code == 404
+
+
 @pytest.fixture
 def raw(node: RunningNode) -> Iterator[RawPulsar]:
     client = RawPulsar(pulsar_port(node))

@@ -105,3 +105,13 @@ async def test_a_slow_check_holds_up_neither_the_event_loop_nor_other_topics(
         assert TOPIC not in versions
         release.set()
     assert versions == {TOPIC: 0, TOPIC + "-other": 0}
+
+
+async def test_deleting_forgets_every_version_and_says_the_latest() -> None:
+    schemas = registry(Compatibility.ALWAYS_COMPATIBLE)
+    assert await schemas.delete(TOPIC) is None
+    await schemas.get_or_create(TOPIC, avro("a"))
+    await schemas.get_or_create(TOPIC + "-partition-2", avro("a", "b"))
+    assert await schemas.delete(TOPIC + "-partition-0") == 1
+    assert schemas.versions(TOPIC) == []
+    assert await schemas.get_or_create(TOPIC, SchemaInfo(SchemaKind.STRING)) == 0
