@@ -19,10 +19,13 @@ from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibi
 
 from mop.schemas.model import Compatibility, SchemaInfo, SchemaKind
 
-__all__ = ["check_definition", "incompatibility", "reader_incompatibility"]
+__all__ = ["check_definition", "incompatibility", "known_version", "reader_incompatibility"]
 
 # The kinds whose definition is an Avro schema.
 _AVRO_KINDS: Final = frozenset({SchemaKind.AVRO, SchemaKind.JSON})
+# The kinds Pulsar tells apart by their parsed Avro definitions (a PROTOBUF schema's definition
+# is the Avro schema Pulsar's clients derive from the message type); others by their bytes.
+_PARSED_KINDS: Final = frozenset({SchemaKind.AVRO, SchemaKind.JSON, SchemaKind.PROTOBUF})
 
 # (reader is new, writer is new) for each rule that compares definitions.
 _DIRECTIONS: Final[dict[Compatibility, tuple[bool, ...]]] = {
@@ -82,6 +85,30 @@ def check_definition(info: SchemaInfo) -> str | None:
         _parse(info)
     except ValueError as exc:
         return f"AVRO schema: {exc}"
+    return None
+
+
+def known_version(existing: Sequence[SchemaInfo], new: SchemaInfo) -> int | None:
+    """The index of the schema of `existing` that `new` is again, as Pulsar tells them apart:
+    the same kind and, for AVRO, JSON and PROTOBUF, equal parsed definitions (so whitespace and
+    key order aside), else the same bytes; properties aside. None when it is none of them."""
+    for version, old in enumerate(existing):
+        if old.same_as(new):
+            return version
+    if new.kind not in _PARSED_KINDS:
+        return None
+    try:
+        parsed = _parse(new)
+    except ValueError:
+        return None
+    for version, old in enumerate(existing):
+        if old.kind is not new.kind:
+            continue
+        try:
+            if _parse(old) == parsed:
+                return version
+        except ValueError:
+            continue
     return None
 
 
@@ -163,7 +190,7 @@ def reader_incompatibility(
     FORWARD_TRANSITIVE and FULL; follow every version under the rule itself under
     BACKWARD_TRANSITIVE and FULL_TRANSITIVE; anything goes under ALWAYS_COMPATIBLE. One of the
     topic's versions is always taken."""
-    if any(known.same_as(new) for known in existing):
+    if known_version(existing, new) is not None:
         return None
     reason = check_definition(new)
     if reason is not None or rule is Compatibility.ALWAYS_COMPATIBLE:

@@ -21,7 +21,7 @@ import trio
 
 from mop.clock import now_ms
 from mop.processor.backend import BackendError, Table
-from mop.schemas.compatibility import check_definition, incompatibility
+from mop.schemas.compatibility import check_definition, incompatibility, known_version
 from mop.schemas.model import (
     Compatibility,
     IncompatibleSchema,
@@ -44,8 +44,14 @@ DEFAULT_MAX_BYTES: Final = 64 * 1024
 _CHECKERS: Final = 2
 
 
-def _judge(existing: Sequence[SchemaInfo], new: SchemaInfo, rule: Compatibility) -> str | None:
-    """Why `new` may not be added after `existing` (run in a worker thread)."""
+def _judge(
+    existing: Sequence[SchemaInfo], new: SchemaInfo, rule: Compatibility
+) -> int | str | None:
+    """Run in a worker thread: the version of `existing` that `new` is again (parsed the same),
+    else why it may not be added after them, else None."""
+    known = known_version(existing, new)
+    if known is not None:
+        return known
     reason = check_definition(new)
     if reason is None and existing:
         reason = incompatibility(existing, new, rule)
@@ -122,7 +128,7 @@ class SchemaRegistry:
 
     async def _judged(
         self, existing: Sequence[SchemaInfo], new: SchemaInfo, rule: Compatibility
-    ) -> str | None:
+    ) -> int | str | None:
         return await trio.to_thread.run_sync(
             _judge, existing, new, rule, limiter=self._checkers, abandon_on_cancel=True
         )
@@ -175,10 +181,12 @@ class SchemaRegistry:
         async with self._locked(name):
             versions = self.versions(topic)
             for stored in versions:
-                if stored.info.same_as(info):
+                if stored.info.same_as(info):  # the cheap look first: the very same bytes
                     return stored.version
             rule = self.compatibility(namespace_of(topic))
             reason = await self._judged([s.info for s in versions], info, rule)
+            if isinstance(reason, int):
+                return reason
             if reason is not None:
                 raise IncompatibleSchema(f"{name}: {reason}" if versions else reason)
             added = StoredSchema(len(versions), info, now_ms())

@@ -161,3 +161,8 @@ def test_a_reader_must_follow_every_version_under_the_transitive_backward_and_fu
         reason = reader_incompatibility([v0, v1], v2, rule)
         assert reason is not None and "version 0" in reason
     assert reader_incompatibility([ADDS_REQUIRED], V1, C.FULL_TRANSITIVE) is not None
+
+
+def test_a_reader_written_differently_is_a_known_version() -> None:
+    spaced = SchemaInfo(SchemaKind.AVRO, json.dumps(json.loads(V1.data), indent=2).encode())
+    assert reader_incompatibility([V1, ADDS_OPTIONAL], spaced, C.ALWAYS_INCOMPATIBLE) is None

@@ -115,3 +115,20 @@ async def test_deleting_forgets_every_version_and_says_the_latest() -> None:
     assert await schemas.delete(TOPIC + "-partition-0") == 1
     assert schemas.versions(TOPIC) == []
     assert await schemas.get_or_create(TOPIC, SchemaInfo(SchemaKind.STRING)) == 0
+
+
+async def test_a_schema_written_differently_or_with_other_properties_is_no_new_version() -> None:
+    # As Pulsar tells schemas apart: parsed Avro definitions, kind and bytes for the others,
+    # properties aside. Under ALWAYS_INCOMPATIBLE a new version would be refused.
+    schemas = registry(Compatibility.ALWAYS_INCOMPATIBLE)
+    first = avro("a")
+    assert await schemas.get_or_create(TOPIC, first) == 0
+    spaced = json.dumps(json.loads(first.data), indent=4, sort_keys=True).encode()
+    assert spaced != first.data
+    again = SchemaInfo(SchemaKind.AVRO, spaced, properties=(("origin", "other-client"),))
+    assert await schemas.get_or_create(TOPIC, again) == 0
+    other = "persistent://public/default/strings"
+    assert await schemas.get_or_create(other, SchemaInfo(SchemaKind.STRING)) == 0
+    tagged = SchemaInfo(SchemaKind.STRING, properties=(("k", "v"),))
+    assert await schemas.get_or_create(other, tagged) == 0
+    assert len(schemas.versions(TOPIC)) == 1 and len(schemas.versions(other)) == 1
