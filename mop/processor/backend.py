@@ -28,8 +28,8 @@ from mop.messaging import (
     SubscriptionSpec,
     TopicBusy,
 )
-from mop.schemas.model import Compatibility, SchemaInfo, StoredSchema
 from mop.partitioned import PartitionedTopics
+from mop.schemas.model import Compatibility, SchemaInfo, StoredSchema
 
 # The shared words of `mop.messaging` are part of this contract: importable from here too.
 __all__ = [

@@ -80,8 +80,8 @@ class ClusterPartitionedTopics:
                 await self._delete_topic(partition, force)
         return True
 
-    async def names(self, namespace: str) -> list[str]:
-        return await self._admin().partitioned(namespace)
+    async def names(self, namespace: str, domain: str = "persistent") -> list[str]:
+        return await self._admin().partitioned(namespace, domain)
 
 
 def _check(topic: str, response: httpx.Response | None) -> None:

@@ -143,11 +143,11 @@ class BrokerAdmin:
             method, topic, "/partitions", params, content=content, returned=_PARTITION_REFUSALS
         )
 
-    async def partitioned(self, namespace: str) -> list[str]:
-        """The partitioned topics of `namespace` ("tenant/namespace"): the union of every
-        admin URL's list (each mop broker lists those it owns; any Pulsar broker lists all).
-        BackendError when no URL answers."""
-        path = f"{ADMIN_PREFIX}/persistent/{namespace}/partitioned"
+    async def partitioned(self, namespace: str, domain: str = "persistent") -> list[str]:
+        """The partitioned topics of `namespace` ("tenant/namespace") in `domain`: the union
+        of every admin URL's list (each mop broker lists those it owns; any Pulsar broker
+        lists all). BackendError when no URL answers."""
+        path = f"{ADMIN_PREFIX}/{domain}/{namespace}/partitioned"
         found: set[str] = set()
         failures: list[str] = []
         for base in self.urls:
@@ -188,7 +188,7 @@ class BrokerAdmin:
             path = topic_path(topic) + suffix
         except TopicError as exc:
             raise BackendError(str(exc), reason="invalid_topic") from None
-        return await self._ask_at(method, path, topic, params)
+        return await self._ask_at(method, path, topic, params, content, returned=returned)
 
     async def schema_compatibility(self, namespace: str) -> Compatibility:
         """The schema compatibility rule of `namespace` ("tenant/namespace")."""
@@ -224,11 +224,13 @@ class BrokerAdmin:
         path: str,
         topic: str,
         params: dict[str, str] | None = None,
-        content: str | None = None,
+        content: str | bytes | None = None,
         urls: tuple[str, ...] | None = None,
+        *,
+        returned: frozenset[int] = frozenset(),
     ) -> httpx.Response | None:
         """The answer of the first URL (of `urls`, else of all) that answers `method path`
-        (None: a 404)."""
+        (None: a 404); a status of `returned` is the caller's to read."""
         failures: list[str] = []
         # Why the brokers that answered 421 do not answer for the topic: another member owns
         # it, or (a broker's admin.allowed_hosts) they do not answer for the host asked.

@@ -110,6 +110,8 @@ class LocalBackend:
             lambda: self.table(PARTITIONED_TABLE),
             self.topics,
             lambda topic, force: self.delete_topic(topic, force=force),
+            in_use=lambda topic: any(self.broker.topic_users(topic)),
+            declare=self._declare_topics,
         )
         self._delay_event = trio.Event()
         self._stop = trio.Event()
@@ -281,6 +283,20 @@ class LocalBackend:
     async def topics(self, namespace: str) -> list[str]:
         await trio.lowlevel.checkpoint()
         return self.broker.topics(namespace)
+
+    async def _declare_topics(self, topics: list[str]) -> None:
+        """Make `topics` exist, as a producer opening each would: those this broker owns (in
+        a cluster the others' owners make theirs when they are first used)."""
+        self._check_running()
+        recorded = False
+        with translated():
+            for topic in topics:
+                if self.membership.owns(topic):
+                    recorded = self.broker.open_topic(topic) or recorded
+                    self.broker.close_topic(topic)
+            if recorded:
+                await self.storage.sync()
+        await trio.lowlevel.checkpoint()
 
     async def topic_stats(self, topic: str) -> TopicStats | None:
         """The topic's stats from the broker's own state (see `mop.backends.local.stats`)."""
