@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -153,6 +154,10 @@ def local_topics_of(pair: Pair, index: int, topic: str) -> set[str]:
 
 def test_the_proxy_declares_and_answers_from_the_brokers(pair: Pair, proxy: RunningNode) -> None:
     topic = f"persistent://{NAMESPACE}/declared"
+    # A proxy declares in the background (it starts whether or not its brokers are up).
+    deadline = time.monotonic() + 10
+    while metadata(pair.port(0), topic) != 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert metadata(pair.port(0), topic) == 3
     assert metadata(pair.port(1), topic) == 3
     # The proxy asks its brokers (PARTITIONED_METADATA through its own Pulsar client).
