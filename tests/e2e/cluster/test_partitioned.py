@@ -190,6 +190,26 @@ def test_the_proxy_admin_api_creates_grows_lists_and_deletes_everywhere(
     finally:
         client.close()
     assert all(local_topics_of(pair, index, topic) for index in (0, 1))
+    # A consumer on a partition the other member holds: the delete is refused before the
+    # metadata or any partition goes.
+    membership = Membership(pair.urls, pair.urls[0])
+    elsewhere = next(
+        f"{topic}-partition-{i}"
+        for i in range(4)
+        if membership.owner(f"{topic}-partition-{i}") == pair.urls[0]
+    )
+    client = client_of(pair.urls[0])
+    try:
+        consumer = client.subscribe(elsewhere, "holds-one")
+        refused = http.delete(path)
+        assert refused.status_code == 412, refused.text
+        assert http.get(path).json() == {"partitions": 4}
+        assert local_topics_of(pair, 0, topic) | local_topics_of(pair, 1, topic) == {
+            f"{topic}-partition-{i}" for i in range(4)
+        }
+        consumer.close()
+    finally:
+        client.close()
     assert http.delete(path).status_code == 204
     assert http.get(path).json() == {"partitions": 0}
     assert not any(local_topics_of(pair, index, topic) for index in (0, 1))
