@@ -39,6 +39,7 @@ from mop.observability.processor_metrics import register_processor_metrics
 from mop.observability.telemetry import TelemetryError
 from mop.overload.guard import OverloadGuard
 from mop.overload.memory import open_guard, serve_memory_watch
+from mop.partitioned import OtherMembers
 from mop.partitioned_declare import declare_count, declare_until_done
 from mop.processor import Backend, BackendError, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
@@ -105,6 +106,7 @@ async def start_backend(
     except (StorageError, OSError) as exc:
         raise StartupError(f"storage in {directory}: {exc}") from None
     log.info("storage: %s", storage.recovery)
+    others = _other_members(settings, membership, auth)
     backend = LocalBackend(
         storage,
         tenant=settings.default_tenant,
@@ -112,6 +114,7 @@ async def start_backend(
         membership=membership,
         unsubscribed_grace=settings.storage.unsubscribed_grace,
         schema_compatibility=Compatibility(settings.pulsar.schema_compatibility),
+        other_members=others,
     )
     try:
         await nursery.start(storage.serve)
@@ -121,6 +124,26 @@ async def start_backend(
             await backend.aclose()
         raise
     return backend
+
+
+def _other_members(
+    settings: Settings, membership: Membership, auth: ClientAuth | None
+) -> OtherMembers | None:
+    """A member of a mop broker cluster with `cluster.admin_url` (every member's admin URL)
+    reaches the others' admin through it: the member that keeps a partitioned topic deletes
+    the partitions the others hold."""
+    url = settings.cluster.admin_url
+    if not membership.clustered or url is None:
+        return None
+    from mop.backends.cluster.partitioned import MemberAdmin
+    from mop.backends.cluster.topic_admin import BrokerAdmin, admin_urls
+
+    try:
+        urls = admin_urls(url)
+    except ValueError as exc:
+        raise StartupError(f"cluster.admin_url: {exc}") from None
+    auth = auth if auth is not None else broker_auth(settings)
+    return MemberAdmin(BrokerAdmin(urls, auth=auth, timeout=settings.cluster.operation_timeout))
 
 
 def cluster_membership(settings: Settings) -> Membership:

@@ -12,6 +12,7 @@ from mop.messaging import BackendError
 
 __all__ = [
     "MAX_PARTITIONS",
+    "OtherMembers",
     "PARTITION_SUFFIX",
     "PartitionedTopics",
     "PartitionsExist",
@@ -138,3 +139,19 @@ class PartitionedTopics(Protocol):
         """The partitioned topics of `namespace` ("tenant/namespace") in `domain`
         ("persistent" or "non-persistent"), sorted."""
         ...
+
+
+class OtherMembers(Protocol):
+    """The other members of a mop broker cluster, as the member that keeps a partitioned
+    topic's metadata reaches them (their HTTP admin) to delete the partitions they hold."""
+
+    async def in_use(self, topic: str) -> bool:
+        """Whether `topic` has consumers or producers connected at the member that owns it
+        (False when it has no such topic)."""
+        ...
+
+    async def delete(self, topic: str, *, force: bool) -> bool:
+        """Delete `topic` at the member that owns it; False when it has no such topic."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -259,6 +259,8 @@ class ClusterSettings:
     # Separated mode: the brokers' HTTP admin service, for the admin API's topic stats and
     # deletion: Apache Pulsar's webServiceUrl ("http://pulsar:8080"), or each mop broker's
     # admin URL, comma-separated ("http://broker-1:8080,http://broker-2:8080").
+    # On a member of a mop broker cluster: every member's admin URL, so that the member keeping a
+    # partitioned topic deletes the partitions the others hold.
     admin_url: str | None = None
     brokers: tuple[str, ...] = ()
     advertised_url: str | None = None

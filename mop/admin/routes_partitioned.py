@@ -14,7 +14,8 @@ broker node keeps the metadata; a separated proxy serves the same routes by aski
 
 In a cluster of several brokers the member that owns a partitioned topic's name keeps its
 metadata (the others answer 421, as for every topic); its partitions are spread over the
-members like any topics, and each member deletes those it holds.
+members like any topics. A delete at the owner deletes the other members' partitions too,
+through their admin (`cluster.admin_url` on the brokers), after checking they are idle.
 """
 
 from __future__ import annotations

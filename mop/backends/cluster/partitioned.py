@@ -20,7 +20,7 @@ from mop.partitioned import (
     partitions_of,
 )
 
-__all__ = ["ClusterPartitionedTopics"]
+__all__ = ["ClusterPartitionedTopics", "MemberAdmin"]
 
 _EXISTS: Final = 409
 _BUSY: Final = 412
@@ -90,6 +90,25 @@ class ClusterPartitionedTopics:
 
     async def names(self, namespace: str, domain: str = "persistent") -> list[str]:
         return await self._admin().partitioned(namespace, domain)
+
+
+class MemberAdmin:
+    """`mop.partitioned.OtherMembers` through the members' HTTP admin (`cluster.admin_url` of
+    a mop broker cluster's members): each question goes to the member that owns the topic
+    (the others answer 421, and the next URL is asked)."""
+
+    def __init__(self, admin: BrokerAdmin) -> None:
+        self._admin = admin
+
+    async def in_use(self, topic: str) -> bool:
+        stats = await self._admin.stats(topic)
+        return stats is not None and bool(stats.consumers or stats.producers)
+
+    async def delete(self, topic: str, *, force: bool) -> bool:
+        return await self._admin.delete(topic, force=force)
+
+    async def aclose(self) -> None:
+        await self._admin.aclose()
 
 
 def _check(topic: str, response: httpx.Response | None) -> None:

@@ -34,6 +34,7 @@ from mop.broker.storage import Storage, StorageError
 from mop.clock import now_ms
 from mop.membership import Membership
 from mop.message import Message
+from mop.partitioned import OtherMembers
 from mop.processor.backend import (
     BackendCapabilities,
     BackendError,
@@ -88,6 +89,7 @@ class LocalBackend:
         trim_interval: float = 1.0,
         unsubscribed_grace: float = 0.0,
         schema_compatibility: Compatibility = Compatibility.FULL,
+        other_members: OtherMembers | None = None,
     ) -> None:
         self.storage = storage
         self.broker = Broker(
@@ -112,6 +114,8 @@ class LocalBackend:
             lambda topic, force: self.delete_topic(topic, force=force),
             in_use=lambda topic: any(self.broker.topic_users(topic)),
             declare=self._declare_topics,
+            owns=self.membership.owns,
+            others=other_members,
         )
         self._delay_event = trio.Event()
         self._stop = trio.Event()
@@ -446,6 +450,8 @@ class LocalBackend:
             lease.set_fenced()
         self._stop.set()
         with trio.CancelScope(shield=True), translated():
+            if self.partitioned.others is not None:
+                await self.partitioned.others.aclose()
             await self.storage.aclose()
 
 

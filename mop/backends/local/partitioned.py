@@ -4,12 +4,14 @@ survive restarts; their partitions are the broker's ordinary topics."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 import trio
 
 from mop.messaging import BackendError, TopicBusy
 from mop.partitioned import (
+    OtherMembers,
     PartitionsExist,
     check_count,
     decode_count,
@@ -21,6 +23,8 @@ from mop.processor.backend import Table
 
 __all__ = ["PARTITIONED_TABLE", "LocalPartitionedTopics"]
 
+log = logging.getLogger(__name__)
+
 # The table that holds them: full topic name -> count.
 PARTITIONED_TABLE = "partitioned-topics"
 
@@ -30,7 +34,9 @@ class LocalPartitionedTopics:
     broker must be running), `topics` lists a namespace's ordinary topics, `in_use` tells
     whether a topic has consumers or producers connected, `declare` makes topics exist (those
     this broker owns: the others are made by their owners, when first used) and
-    `delete_topic` deletes one, as the backend does."""
+    `delete_topic` deletes one, as the backend does. In a cluster of several members `owns`
+    tells the partitions this broker holds, and `others` reaches the other members to delete
+    theirs (None: they are left to them, with a warning)."""
 
     def __init__(
         self,
@@ -40,12 +46,16 @@ class LocalPartitionedTopics:
         *,
         in_use: Callable[[str], bool] = lambda topic: False,
         declare: Callable[[list[str]], Awaitable[None]] | None = None,
+        owns: Callable[[str], bool] = lambda topic: True,
+        others: OtherMembers | None = None,
     ) -> None:
         self._open_table = table
         self._topics = topics
         self._delete_topic = delete_topic
         self._in_use = in_use
         self._declare = declare
+        self._owns = owns
+        self.others = others
         # Every change reads the count, awaits, then writes it: one change at a time, so that
         # two creates cannot both succeed and a count never shrinks under a racing change.
         self._changing = trio.Lock()
@@ -92,14 +102,30 @@ class LocalPartitionedTopics:
                 await trio.lowlevel.checkpoint()
                 return False
             existing = set(await self._topics(namespace_of(topic)))
-            partitions = [p for p in partitions_of(topic, count) if p in existing]
+            every = partitions_of(topic, count)
+            here = [p for p in every if self._owns(p) and p in existing]
+            elsewhere = [p for p in every if not self._owns(p)]
+            others = self.others
             # Every partition idle first (unless `force`): a busy one refuses the delete
             # before any partition or the metadata is gone, so it can be asked again.
-            busy = [partition for partition in partitions if self._in_use(partition)]
-            if busy and not force:
-                raise TopicBusy(f"{topic}: partition {busy[0]} has consumers or producers")
-            for partition in partitions:
+            if not force:
+                busy = [partition for partition in here if self._in_use(partition)]
+                if others is not None:
+                    busy += [p for p in elsewhere if await others.in_use(p)]
+                if busy:
+                    raise TopicBusy(f"{topic}: partition {busy[0]} has consumers or producers")
+            for partition in here:
                 await self._delete_topic(partition, force)
+            if others is not None:
+                for partition in elsewhere:
+                    await others.delete(partition, force=force)
+            elif elsewhere:
+                log.warning(
+                    "partitioned topic %s deleted: the other members' partitions (%s...) stay"
+                    " with them (set cluster.admin_url on the brokers to delete them too)",
+                    topic,
+                    elsewhere[0],
+                )
             await table.put(topic, None)
             return True
 
