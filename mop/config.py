@@ -21,8 +21,8 @@ from typing import Any, Final, Literal, TypeVar, get_args, get_origin, get_type_
 
 from dynaconf.utils.parse_conf import boolean_fix, parse_conf_data
 
+from mop.advertised_listeners import listener_urls
 from mop.partitioned import MAX_PARTITIONS
-from mop.protocols.pulsar.listeners import listener_urls
 from mop.settings import LimitsSettings, Settings, TelemetrySettings, TlsSettings
 
 ENV_PREFIX: Final = "MOP_"
