@@ -59,16 +59,20 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
 
 async def serve_admin(
     context: AdminContext,
+    sock: socket.socket | None = None,
     *,
     task_status: trio.TaskStatus[BoundListener] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the admin API on `admin.host`/`admin.port` until cancelled; `started` gets the
-    bound address (the real port when the setting is 0). OSError when it cannot bind."""
+    """Serve the admin API until cancelled on `sock` (from `bind_admin`, which it takes over),
+    else on `admin.host`/`admin.port`; `started` gets the bound address (the real port when
+    the setting is 0). OSError when it cannot bind."""
     settings = context.settings.admin
     config = Config()
-    # Bound here rather than by hypercorn, which leaks the socket of a failed bind; hypercorn
+    # Bound by us rather than by hypercorn, which leaks the socket of a failed bind; hypercorn
     # takes the file descriptor over.
-    config.bind = [f"fd://{_bind(settings.host, settings.port).detach()}"]
+    if sock is None:
+        sock = bind_admin(settings.host, settings.port)
+    config.bind = [f"fd://{sock.detach()}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("mop.admin.http")
     config.graceful_timeout = 1.0
@@ -85,7 +89,9 @@ async def serve_admin(
     await serve(app, config, task_status=_Status())  # type: ignore[arg-type]
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind_admin(host: str, port: int) -> socket.socket:
+    """A socket bound to the admin listener's address (OSError when it cannot be), for
+    `serve_admin`: a node binds it before it starts anything else."""
     family, kind, proto, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]

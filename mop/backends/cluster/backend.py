@@ -30,6 +30,7 @@ consumer whether it is active, reposition one topic of a pattern consumer.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -70,6 +71,7 @@ from mop.processor.backend import (
 )
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
 from mop.protocols.pulsar.driver import ClientOptions, DriverError, PulsarClient
+from mop.protocols.pulsar.driver.errors import NoBrokerAnswers
 from mop.protocols.pulsar.driver.stats import LinkStats
 from mop.schemas.model import Compatibility, SchemaInfo, StoredSchema
 from mop.version import VERSION
@@ -87,6 +89,9 @@ if TYPE_CHECKING:
 __all__ = ["ClusterBackend", "open_cluster_backend"]
 
 log = logging.getLogger("mop.cluster")
+
+# While the brokers cannot be reached at start-up, a line says so this often (seconds).
+CONNECT_PROGRESS_EVERY = 2.0
 
 
 class ClusterBackend:
@@ -290,6 +295,7 @@ class ClusterBackend:
                 await running.wait()
                 if client.closed:
                     raise BackendError("the Pulsar client did not start", reason="unavailable")
+                await self._reach_brokers(client)
                 context = self._context = ClusterContext(
                     tenant=self.tenant,
                     namespace=self.namespace,
@@ -334,6 +340,40 @@ class ClusterBackend:
             raise
         except trio.TooSlowError as exc:
             raise self._start_error(exc) from None
+
+    async def _reach_brokers(self, client: PulsarClient) -> None:
+        """Wait until some broker of the service URL answers, trying again for at most the
+        connect timeout and saying on the log why each try failed (every few seconds); then
+        BackendError saying what happened, to which address. (Reading the tables next would
+        otherwise wait for the operation timeout, in silence.)"""
+        deadline = trio.current_time() + self.connect_timeout
+        pause, logged_at = 0.25, -math.inf
+        failure = f"{self.service_url}: timed out after {self.connect_timeout:g} s"
+        with trio.move_on_at(deadline):
+            while True:
+                try:
+                    await client.reach()
+                    return
+                except NoBrokerAnswers as exc:
+                    failure = "; ".join(exc.attempts)
+                except DriverError as exc:
+                    failure = str(exc)
+                now = trio.current_time()
+                if now - logged_at >= CONNECT_PROGRESS_EVERY:
+                    logged_at = now
+                    log.warning(
+                        "cannot reach the brokers yet (%s); trying again for %.0f s more"
+                        " (cluster.connect_timeout)",
+                        failure,
+                        max(0.0, deadline - now),
+                    )
+                await trio.sleep(pause)
+                pause = min(1.0, pause * 2)
+        raise BackendError(
+            f"no broker answered within cluster.connect_timeout ({self.connect_timeout:g} s):"
+            f" {failure}",
+            reason="unavailable",
+        )
 
     async def _run_client(self, client: PulsarClient, running: trio.Event) -> None:
         try:

@@ -188,7 +188,7 @@ class BrokerAdmin:
             path = topic_path(topic) + suffix
         except TopicError as exc:
             raise BackendError(str(exc), reason="invalid_topic") from None
-        return await self._ask_at(method, path, topic, params, content, returned=returned)
+        return await self._ask_at(method, path, topic, params, content=content, returned=returned)
 
     async def schema_compatibility(self, namespace: str) -> Compatibility:
         """The schema compatibility rule of `namespace` ("tenant/namespace")."""
@@ -226,7 +226,6 @@ class BrokerAdmin:
         params: dict[str, str] | None = None,
         content: str | bytes | None = None,
         urls: tuple[str, ...] | None = None,
-        *,
         returned: frozenset[int] = frozenset(),
     ) -> httpx.Response | None:
         """The answer of the first URL (of `urls`, else of all) that answers `method path`

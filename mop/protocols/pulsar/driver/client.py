@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 import trio
 
+from mop.exception_groups import leaves
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, service_addresses
 from mop.protocols.pulsar.commands import (
     Lookup,
@@ -32,13 +36,14 @@ from mop.protocols.pulsar.driver.errors import (
     ClientClosed,
     ConnectionLost,
     DriverError,
+    NoBrokerAnswers,
     ServerRefused,
     Unavailable,
 )
 from mop.protocols.pulsar.driver.stats import LinkStats
 from mop.protocols.pulsar.errors import RemoteProtocolError, ServerError
 
-__all__ = ["ClientOptions", "PulsarClient", "retryable"]
+__all__ = ["ClientOptions", "PulsarClient", "connect_failure", "retryable"]
 
 log = logging.getLogger("mop.pulsar.driver")
 
@@ -55,6 +60,34 @@ def retryable(exc: BaseException) -> bool:
     if isinstance(exc, ConnectionLost | Unavailable):
         return True
     return isinstance(exc, ServerRefused) and exc.error in _RETRYABLE
+
+
+def connect_failure(exc: BaseException, connect_timeout: float) -> str:
+    """What went wrong with a connection to a broker, in a few words: "connection refused",
+    "timed out after 10 s", "host name not found", or the error itself."""
+    if isinstance(exc, trio.TooSlowError):
+        return f"timed out after {connect_timeout:g} s"
+    if isinstance(exc, socket.gaierror):
+        return f"host name not found ({exc.strerror or exc})"
+    # trio tries every address of the host: its error says "all attempts failed", and the
+    # attempts' own errors, which tell why, are its cause.
+    cause = exc.__cause__
+    if isinstance(exc, OSError) and isinstance(cause, BaseExceptionGroup):
+        reasons = dict.fromkeys(_os_reason(leaf) for leaf in leaves(cause))
+        return "; ".join(reasons)
+    if isinstance(exc, OSError):
+        return _os_reason(exc)
+    return str(exc) or type(exc).__name__
+
+
+def _os_reason(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLError):
+        # OpenSSL's reason ("WRONG_VERSION_NUMBER") where the error came from OpenSSL.
+        return f"TLS: {getattr(exc, 'reason', None) or exc}"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        # The system's words for it ("connection refused"), without the address trio adds.
+        return os.strerror(exc.errno).lower()
+    return str(exc) or type(exc).__name__
 
 
 class ClientOptions:
@@ -214,7 +247,7 @@ class PulsarClient:
                         await stream.aclose()
                     raise
         except (OSError, trio.TooSlowError, ConnectionLost, RemoteProtocolError) as exc:
-            raise Unavailable(f"{url}: {exc or type(exc).__name__}") from None
+            raise Unavailable(f"{url}: {connect_failure(exc, options.connect_timeout)}") from None
         try:
             await self.start(connection.serve)
         except BaseException:
@@ -248,7 +281,7 @@ class PulsarClient:
                 return await self.connection(url)
             except Unavailable as exc:
                 failures.append(str(exc))
-        raise Unavailable(f"no broker of {self.service_url} answers: {'; '.join(failures)}")
+        raise NoBrokerAnswers(self.service_url, failures)
 
     # -- lookups ---------------------------------------------------------------------------
 
