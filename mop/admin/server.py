@@ -18,6 +18,7 @@ from mop.admin.routes_clients import add_clients_routes
 from mop.admin.routes_docs import add_docs_routes
 from mop.admin.routes_health import add_health_routes
 from mop.admin.routes_logging import add_logging_routes
+from mop.admin.routes_namespace_policies import add_backlog_quota_routes, add_retention_routes
 from mop.admin.routes_page import add_page_routes
 from mop.admin.routes_partitioned import add_partitioned_routes
 from mop.admin.routes_publish import add_publish_routes
@@ -48,6 +49,11 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
     add_logging_routes(router, context)
     add_topic_routes(router, context)
     add_schema_routes(router, context)
+    if context.retention is not None:
+        # Before the topic routes of Pulsar's API, whose `{domain}/.../{topic}` also matches.
+        add_retention_routes(router, context.retention)
+    if context.backlog_quotas is not None:
+        add_backlog_quota_routes(router, context.backlog_quotas)
     if context.broker is not None:
         add_pulsar_admin_routes(router, context, context.broker)
     # A broker answers for the names it owns; a proxy passes every request on to its brokers.
