@@ -143,7 +143,7 @@ class LocalBackend:
             declare=self._declare_topics,
             owns=self.membership.owns,
             others=other_members,
-            delete_schema=self.schemas.delete,
+            delete_schema=lambda topic: self.schemas.delete(topic),
         )
         self._delay_event = trio.Event()
         self._stop = trio.Event()
