@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -18,7 +19,16 @@ import pulsar
 import pytest
 
 from mop.membership import Membership
-from mop.protocols.pulsar.commands import PartitionedMetadata, PartitionedMetadataResponse
+from mop.protocols.pulsar.commands import (
+    GetOrCreateSchema,
+    GetOrCreateSchemaResponse,
+    GetSchema,
+    GetSchemaResponse,
+    PartitionedMetadata,
+    PartitionedMetadataResponse,
+    Schema,
+    SchemaType,
+)
 from mop.settings import PulsarSettings
 from mop.testing.node import RunningNode, as_proxy, node_settings, running_node
 from tests.e2e.admin.topics_support import admin_url
@@ -63,6 +73,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     root = tmp_path_factory.mktemp("partitioned")
     ports = free_ports(4)
     urls = [f"pulsar://127.0.0.1:{port}" for port in ports[:2]]
+    admins = [f"http://127.0.0.1:{port}" for port in ports[2:]]
     brokers: list[NodeProcess] = []
     try:
         for index, url in enumerate(urls):
@@ -72,10 +83,13 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
                 MOP_ADMIN__PORT=str(ports[2 + index]),
                 MOP_CLUSTER__BROKERS=json.dumps(urls),
                 MOP_CLUSTER__ADVERTISED_URL=url,
+                # Every member's admin: the owner of a partitioned topic deletes the
+                # partitions the other member holds through it.
+                MOP_CLUSTER__ADMIN_URL=",".join(admins),
             )
             broker.start()
             brokers.append(broker)
-        yield Pair(urls, [f"http://127.0.0.1:{port}" for port in ports[2:]])
+        yield Pair(urls, admins)
     finally:
         for broker in brokers:
             broker.close()
@@ -145,6 +159,77 @@ def test_either_member_answers_and_the_partitions_spread(pair: Pair) -> None:
     assert held[0] | held[1] == {f"{topic}-partition-{i}" for i in range(4)}
 
 
+def avro_record(*fields: dict[str, object]) -> Schema:
+    definition = {"type": "record", "name": "Reading", "fields": list(fields)}
+    return Schema(name="", schema_data=json.dumps(definition).encode(), type=SchemaType.AVRO)
+
+
+def test_the_partitions_share_one_schema_kept_by_the_owner_of_the_name(pair: Pair) -> None:
+    topic = pair.spread("schema-spread")  # broker 1 owns the name
+    membership = Membership(pair.urls, pair.urls[0])
+    partitions = [f"{topic}-partition-{i}" for i in range(4)]
+    on_0 = next(p for p in partitions if membership.owner(p) == pair.urls[0])
+    on_1 = next(p for p in partitions if membership.owner(p) == pair.urls[1])
+    first = avro_record({"name": "sensor", "type": "string"})
+    second = avro_record(
+        {"name": "sensor", "type": "string"}, {"name": "unit", "type": "string", "default": ""}
+    )
+    refused = avro_record({"name": "sensor", "type": "int"})
+    raw_0, raw_1 = raw_connected(pair.port(0)), raw_connected(pair.port(1))
+    try:
+        answer = ask(raw_0, GetOrCreateSchema(request_id=1, topic=on_0, schema=first))
+        assert answer == GetOrCreateSchemaResponse(request_id=1, schema_version=bytes(8))
+        # Broker 1 serves another partition: the same registry, so the next version.
+        answer = ask(raw_1, GetOrCreateSchema(request_id=2, topic=on_1, schema=second))
+        assert answer == GetOrCreateSchemaResponse(
+            request_id=2, schema_version=(1).to_bytes(8, "big")
+        )
+        answer = ask(raw_0, GetOrCreateSchema(request_id=3, topic=on_0, schema=refused))
+        assert isinstance(answer, GetOrCreateSchemaResponse) and answer.error_code is not None
+        latest = ask(raw_0, GetSchema(request_id=4, topic=on_0))
+        assert isinstance(latest, GetSchemaResponse) and latest.schema is not None
+        assert latest.schema.schema_data == second.schema_data
+        assert latest.schema_version == (1).to_bytes(8, "big")
+    finally:
+        raw_0.close()
+        raw_1.close()
+
+
+def test_deleting_at_the_owner_deletes_every_members_partitions(pair: Pair) -> None:
+    topic = pair.spread("deleted-at-owner")
+    owner = f"{pair.admins[1]}{ADMIN}/{topic.rpartition('/')[2]}/partitions"
+    with httpx.Client(timeout=30) as http:
+        assert http.put(owner, json=4).status_code == 204
+        client = client_of(pair.urls[0])
+        try:
+            producer = client.create_producer(
+                topic,
+                message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
+                batching_enabled=False,
+            )
+            for n in range(4):
+                producer.send(f"o{n}".encode())
+            producer.close()
+            assert all(local_topics_of(pair, index, topic) for index in (0, 1))
+            # A partition the other member holds has a consumer: nothing goes.
+            membership = Membership(pair.urls, pair.urls[0])
+            elsewhere = next(
+                f"{topic}-partition-{i}"
+                for i in range(4)
+                if membership.owner(f"{topic}-partition-{i}") == pair.urls[0]
+            )
+            consumer = client.subscribe(elsewhere, "holds-one")
+            refused = http.delete(owner)
+            assert refused.status_code == 412, refused.text
+            assert http.get(owner).json() == {"partitions": 4}
+            consumer.close()
+        finally:
+            client.close()
+        assert http.delete(owner).status_code == 204
+        assert http.get(owner).json() == {"partitions": 0}
+    assert not any(local_topics_of(pair, index, topic) for index in (0, 1))
+
+
 def local_topics_of(pair: Pair, index: int, topic: str) -> set[str]:
     """The partitions of `topic` that broker `index` holds itself."""
     cluster = Cluster([], pair.urls)
@@ -153,6 +238,10 @@ def local_topics_of(pair: Pair, index: int, topic: str) -> set[str]:
 
 def test_the_proxy_declares_and_answers_from_the_brokers(pair: Pair, proxy: RunningNode) -> None:
     topic = f"persistent://{NAMESPACE}/declared"
+    # A proxy declares in the background (it starts whether or not its brokers are up).
+    deadline = time.monotonic() + 10
+    while metadata(pair.port(0), topic) != 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert metadata(pair.port(0), topic) == 3
     assert metadata(pair.port(1), topic) == 3
     # The proxy asks its brokers (PARTITIONED_METADATA through its own Pulsar client).
@@ -185,7 +274,50 @@ def test_the_proxy_admin_api_creates_grows_lists_and_deletes_everywhere(
     finally:
         client.close()
     assert all(local_topics_of(pair, index, topic) for index in (0, 1))
+    # A consumer on a partition the other member holds: the delete is refused before the
+    # metadata or any partition goes.
+    membership = Membership(pair.urls, pair.urls[0])
+    elsewhere = next(
+        f"{topic}-partition-{i}"
+        for i in range(4)
+        if membership.owner(f"{topic}-partition-{i}") == pair.urls[0]
+    )
+    client = client_of(pair.urls[0])
+    try:
+        consumer = client.subscribe(elsewhere, "holds-one")
+        refused = http.delete(path)
+        assert refused.status_code == 412, refused.text
+        assert http.get(path).json() == {"partitions": 4}
+        assert local_topics_of(pair, 0, topic) | local_topics_of(pair, 1, topic) == {
+            f"{topic}-partition-{i}" for i in range(4)
+        }
+        consumer.close()
+    finally:
+        client.close()
     assert http.delete(path).status_code == 204
     assert http.get(path).json() == {"partitions": 0}
     assert not any(local_topics_of(pair, index, topic) for index in (0, 1))
     assert http.delete(path).status_code == 404
+
+
+def test_a_partitions_schema_is_shown_by_the_admin_of_the_names_owner(pair: Pair) -> None:
+    topic = pair.spread("schema-admin")  # broker 1 owns the name
+    membership = Membership(pair.urls, pair.urls[0])
+    on_0 = next(
+        f"{topic}-partition-{i}"
+        for i in range(4)
+        if membership.owner(f"{topic}-partition-{i}") == pair.urls[0]
+    )
+    raw = raw_connected(pair.port(0))
+    try:
+        schema = avro_record({"name": "sensor", "type": "string"})
+        answer = ask(raw, GetOrCreateSchema(request_id=1, topic=on_0, schema=schema))
+        assert answer == GetOrCreateSchemaResponse(request_id=1, schema_version=bytes(8))
+    finally:
+        raw.close()
+    path = f"/admin/v2/schemas/{NAMESPACE}/{on_0.rpartition('/')[2]}/schema"
+    with httpx.Client(timeout=10) as http:
+        assert http.get(f"{pair.admins[0]}{path}").status_code == 421
+        shown = http.get(f"{pair.admins[1]}{path}")
+        assert shown.status_code == 200, shown.text
+        assert shown.json()["version"] == 0
