@@ -49,6 +49,9 @@ if TYPE_CHECKING:  # the handler module imports this one
 log = logging.getLogger("mop.mqtt")
 
 
+# First topic levels of `$` topics no client may publish to, whatever the settings.
+RESERVED_DOLLAR_LEVELS = frozenset({"$SYS", "$share"})
+
 # Bounds of the memory of encoded QoS 0 PUBLISHes: it only needs to outlive one fan-out.
 _ENCODED_COUNT = 4096
 _ENCODED_BYTES = 8 << 20
@@ -185,9 +188,16 @@ class MqttServer:
         return is_system_topic(acl_name, self._tenant)
 
     def reserved(self, acl_name: str) -> bool:
-        """Whether MQTT clients may not publish to a topic of this name: `$` topics are the
-        server's (`$SYS`), and the system namespace is the node's."""
-        return acl_name[:1] == "$" or self.is_system(acl_name)
+        """Whether MQTT clients may not publish to a topic of this name: `$SYS` is the
+        node's, a `$share/...` name could never be subscribed to (such a filter is a shared
+        subscription), and the system namespace holds the node's tables. Other `$` topics
+        (`$aws/...`-style conventions) are the clients' unless `mqtt.publish_dollar_topics`
+        is off; the spec only advises applications against them."""
+        if acl_name[:1] == "$":
+            if not self.settings.publish_dollar_topics:
+                return True
+            return acl_name.partition("/")[0] in RESERVED_DOLLAR_LEVELS
+        return self.is_system(acl_name)
 
     def encoded_qos0(self, topic: str, message: Message, retain: bool, level: int) -> bytes:
         """A QoS 0 PUBLISH of `message` without properties, as sent to every client at
