@@ -797,6 +797,43 @@ def test_maximum_packet_size_server_to_client(
     assert raw.recv() == Pingresp()  # still connected, nothing else was sent
 
 
+def test_a_connack_refusal_loses_its_reason_string_to_fit_the_client(
+    node: RunningNode, raws: Callable[..., RawClient]
+) -> None:
+    raw = raws(node.mqtt_port)
+    raw.send(
+        Connect(
+            "small-refused",
+            protocol_level=5,
+            properties=Properties(maximum_packet_size=12, authentication_method="unknown"),
+        )
+    )
+    packets = raw.recv_until_closed()
+    assert packets == [Connack(reason_code=0x8C)], packets  # no reason string
+
+
+def test_no_connack_when_the_client_allows_none_that_fits(
+    node: RunningNode, raws: Callable[..., RawClient]
+) -> None:
+    """[MQTT-3.1.2-24]: the CONNACK's properties (Receive Maximum, Maximum Packet Size, Topic
+    Alias Maximum) cannot be left out: the connection closes without one."""
+    raw = raws(node.mqtt_port)
+    raw.send(Connect("tiny", protocol_level=5, properties=Properties(maximum_packet_size=12)))
+    assert raw.recv_until_closed() == []
+
+
+def test_a_suback_larger_than_the_client_allows_closes_the_connection(
+    node: RunningNode, raws: Callable[..., RawClient]
+) -> None:
+    raw = raws(node.mqtt_port)
+    assert (
+        raw.connect("many-filters", properties=Properties(maximum_packet_size=24)).reason_code == 0
+    )
+    filters = tuple(SubscriptionRequest(f"mf/{i}", 0) for i in range(30))
+    raw.send(Subscribe(1, filters))  # a SUBACK of 35 bytes
+    closed_with(raw, 0x95)
+
+
 def test_maximum_packet_size_client_to_server(
     small_node: RunningNode, raws: Callable[..., RawClient]
 ) -> None:

@@ -35,7 +35,11 @@ from mop.processor import (
 from mop.protocols.introspection import ClientInfo
 from mop.protocols.mqtt.codec import NEED_DATA, NeedData
 from mop.protocols.mqtt.connection import ConnectionState, ServerConnection
-from mop.protocols.mqtt.errors import RemoteProtocolError, UnsupportedProtocolVersion
+from mop.protocols.mqtt.errors import (
+    PacketTooLarge,
+    RemoteProtocolError,
+    UnsupportedProtocolVersion,
+)
 from mop.protocols.mqtt.negotiation import ConnectDecision, ConnectRefusal, negotiate_connect
 from mop.protocols.mqtt.overload import refused_when_overloaded
 from mop.protocols.mqtt.packets import (
@@ -192,9 +196,9 @@ class ClientHandler:
                 else:
                     nursery.start_soon(self._watch_fence)
                 self.subs.start(nursery, flow.deliver)
-                flow.resend_inflight()
                 # The reads are served right here: a frame less for every idle connection.
                 try:
+                    flow.resend_inflight()
                     with self._read_scope:
                         await self._read_loop()
                     if self._close_reason is None:  # nothing arrived within the keep alive
@@ -313,10 +317,20 @@ class ClientHandler:
         else:
             packet = Connack(reason_code=v3_connack_code(reason))
         self.conn.protocol_level = 5 if level == 5 else 4
+        try:
+            data = self.conn.send(packet)
+        except PacketTooLarge:
+            data = b""  # not even without its reason string: closed without a CONNACK
         with trio.move_on_after(2):
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await self.stream.send_all(self.conn.send(packet))
+                await self.stream.send_all(data)
         log.info("%s: connection refused (0x%02X): %s", self.ctx.peer, reason, why)
+
+    def _turn_away(self, refusal: Refusal, why: str) -> None:
+        """Refuse a CONNECT without a CONNACK: where the spec says to close the connection
+        without one, or where none fits the client's Maximum Packet Size."""
+        self.server.stats.refuse(refusal)
+        log.info("%s: connection closed without CONNACK: %s", self.ctx.peer, why)
 
     async def _open_session(self, connect: Connect) -> bool:
         """Carry out what `negotiate_connect` decides: take the client id (the lease), take
@@ -324,6 +338,12 @@ class ClientHandler:
         decision = negotiate_connect(connect, self.server.connect_policy)
         if isinstance(decision, ConnectRefusal):
             await self._refuse_connect(decision.reason_code, decision.why)
+            return False
+        if not self.conn.fits(Connack(properties=decision.connack_properties)):
+            # Checked before the session is taken: the CONNACK that follows is as large.
+            self._turn_away(
+                Refusal.PROTOCOL_ERROR, "no CONNACK fits the client's Maximum Packet Size"
+            )
             return False
         client_id = decision.client_id
         credentials = Credentials(
