@@ -36,6 +36,7 @@ from mop.protocols.mqtt.packets import (
     Suback,
     Subscribe,
     SubscriptionRequest,
+    Will,
 )
 from mop.protocols.mqtt.properties import encode_varint
 from mop.testing.node import RunningNode, node_settings, running_node
@@ -446,8 +447,6 @@ def test_v31_connack_has_no_session_present_flag(
         (b"MQTT", 0),
         (b"MQIsdp", 4),  # 3.1's name with 3.1.1's level
         (b"MQTT", 3),  # 3.1.1's name with 3.1's level
-        (b"MQTX", 4),
-        (b"HTTP", 4),
     ],
 )
 def test_unsupported_protocol_gets_return_code_1(
@@ -458,15 +457,46 @@ def test_unsupported_protocol_gets_return_code_1(
     assert read_all(sock) == b"\x20\x02\x00\x01"
 
 
-@pytest.mark.parametrize("name", [b"MQIsdp", b"MQTX", b"mqtt"])
-def test_bad_protocol_name_at_level_5_gets_reason_0x84(
-    node: RunningNode, raws: Callable[..., RawClient], name: bytes
+def test_3_1_protocol_name_at_level_5_gets_reason_0x84(
+    node: RunningNode, raws: Callable[..., RawClient]
 ) -> None:
     raw = raws(node.mqtt_port, 5)
-    raw.send_bytes(connect_bytes(name, 5))
+    raw.send_bytes(connect_bytes(b"MQIsdp", 5))
     packets = raw.recv_until_closed()
     assert len(packets) == 1 and isinstance(packets[0], Connack), packets
     assert packets[0].reason_code == 0x84
+
+
+@pytest.mark.parametrize("name", [b"MQTX", b"mqtt", b"HTTP"])
+@pytest.mark.parametrize("level", [3, 4, 5])
+def test_a_wrong_protocol_name_is_closed_without_connack(
+    node: RunningNode, socks: Callable[[int], socket.socket], name: bytes, level: int
+) -> None:
+    """[MQTT-3.1.2-1]: no MQTT at all; 5.0 lets the server disconnect as well."""
+    sock = socks(node.mqtt_port)
+    sock.sendall(connect_bytes(name, level))
+    assert read_all(sock) == b""
+
+
+@pytest.mark.parametrize("topic", ["", "will/+", "will/#"])
+@pytest.mark.parametrize("level", [3, 4])
+def test_a_will_without_a_topic_name_is_closed_without_connack(
+    node: RunningNode, raws: Callable[..., RawClient], topic: str, level: int
+) -> None:
+    """[MQTT-3.1.4-1]: a CONNECT that does not conform gets no CONNACK in 3.1 and 3.1.1."""
+    raw = raws(node.mqtt_port, level)
+    raw.send(Connect(f"no-will-{level}", protocol_level=level, will=Will(topic, b"bye")))
+    assert raw.recv_until_closed() == []
+
+
+def test_a_v5_will_without_a_topic_name_gets_reason_0x90(
+    node: RunningNode, raws: Callable[..., RawClient]
+) -> None:
+    raw = raws(node.mqtt_port, 5)
+    raw.send(Connect("no-will-5", protocol_level=5, will=Will("", b"bye")))
+    packets = raw.recv_until_closed()
+    assert len(packets) == 1 and isinstance(packets[0], Connack), packets
+    assert packets[0].reason_code == 0x90
 
 
 def test_supported_versions_are_accepted(

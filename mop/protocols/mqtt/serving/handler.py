@@ -337,7 +337,10 @@ class ClientHandler:
         the session and attach it, then answer with CONNACK; or refuse the CONNECT."""
         decision = negotiate_connect(connect, self.server.connect_policy)
         if isinstance(decision, ConnectRefusal):
-            await self._refuse_connect(decision.reason_code, decision.why)
+            if decision.answered:
+                await self._refuse_connect(decision.reason_code, decision.why)
+            else:
+                self._turn_away(refusal_of_connack(decision.reason_code), decision.why)
             return False
         if not self.conn.fits(Connack(properties=decision.connack_properties)):
             # Checked before the session is taken: the CONNACK that follows is as large.
