@@ -899,6 +899,29 @@ def test_receive_maximum_exceeded_with_qos_2() -> None:
             raw.close()
 
 
+def test_the_disconnect_reason_reaches_a_client_still_sending() -> None:
+    """A client that goes on writing after the packet that ends its connection must still
+    read the DISCONNECT and its reason: the server ends its side (FIN) and reads what still
+    comes for a moment before it closes, instead of closing at once, which answers the
+    client's next write with a reset (a "broken pipe" for the client, which then never reads
+    the DISCONNECT waiting for it)."""
+    with running_node(node_settings(max_inflight=2)) as node:
+        raw = RawClient(node.mqtt_port)
+        try:
+            assert raw.connect("flood").properties.receive_maximum == 2
+            raw.send_bytes(
+                b"".join(encode(Publish("flood", b"x", 2, packet_id=pid), 5) for pid in (1, 2, 3))
+            )
+            for _ in range(10):  # a client busy writing, unaware of the DISCONNECT
+                time.sleep(0.05)
+                raw.send(Pingreq())
+            packets = raw.recv_until_closed()
+            assert [type(p) for p in packets] == [Pubrec, Pubrec, Disconnect], packets
+            assert packets[-1].reason_code == 0x93  # type: ignore[union-attr]
+        finally:
+            raw.close()
+
+
 def is_pubrec(packet: object, packet_id: int) -> bool:
     """A successful PUBREC (0x00, or 0x10 as nobody subscribes) for `packet_id`."""
     return (

@@ -80,6 +80,7 @@ from mop.security.authorization import ClientPermissions
 from mop.security.identity import AuthenticationError, Credentials, certificate_identity
 from mop.topic_names import FULL_NAME_SCHEMES
 from mop.transport import ConnectionInfo, OutboundBuffer, read_ready, receiver
+from mop.transport.linger import end_and_drain
 
 log = logging.getLogger("mop.mqtt")
 # Topic names that may be other spellings of a reserved topic, or of a topic the ACL names
@@ -105,6 +106,7 @@ class ClientHandler:
         "_close_reason",
         "_closed",
         "_disconnect_reason",
+        "_linger",
         "_rates",
         "_read_scope",
         "_reading_since",
@@ -162,6 +164,9 @@ class ClientHandler:
         # node stopping.
         self._disconnect_reason: str | None = None
         self._send_will = True
+        # Whether the connection ends with a DISCONNECT that says why: then the client is
+        # given time to read it before the socket closes (`end_and_drain`).
+        self._linger = False
         # PUBLISHes of the current read waiting for one publish of them all (`_commit`).
         self._staged: list[Publish] = []
         self._staged_qos2: set[int] = set()  # the packet ids of the QoS 2 ones
@@ -218,6 +223,7 @@ class ClientHandler:
                     self.server.timers.cancel(self._credential_key())
                 if self._close_reason is not None and self.conn.protocol_level == 5:
                     self.out.write(self.conn.send(Disconnect(reason_code=self._close_reason)))
+                    self._linger = True
                 await self._flush_quietly()
                 nursery.cancel_scope.cancel()
                 self.out.write_from(None)
@@ -243,6 +249,8 @@ class ClientHandler:
             finally:
                 if self._closed is not None:
                     self._closed.set()
+        if self._linger:  # once the client id and the session are let go of
+            await end_and_drain(self.stream)
 
     async def _say_goodbye(self, reason: int) -> None:
         if self.conn.protocol_level != 5 or self.conn.state is not ConnectionState.CONNECTED:
@@ -324,6 +332,8 @@ class ClientHandler:
         with trio.move_on_after(2):
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await self.stream.send_all(data)
+                if data:
+                    await end_and_drain(self.stream)  # so that the client reads why
         log.info("%s: connection refused (0x%02X): %s", self.ctx.peer, reason, why)
 
     def _turn_away(self, refusal: Refusal, why: str) -> None:
