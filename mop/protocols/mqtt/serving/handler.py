@@ -113,6 +113,7 @@ class ClientHandler:
         "_send_will",
         "_staged",
         "_staged_qos2",
+        "bridge",
         "clean_start",
         "conn",
         "connected_at",
@@ -147,6 +148,9 @@ class ClientHandler:
         self.lease: ClientLease | None = None
         self.will: Will | None = None
         self.keep_alive = 0
+        # A mosquitto bridge below MQTT 5 (the top bit of the CONNECT's level): see
+        # `SessionSubscriptions.subscribe` and `_publish`.
+        self.bridge = False
         # What the admin API shows of the connection (`describe`).
         self.clean_start = True
         self.connected_at = 0.0  # seconds since the epoch, once CONNACK is sent
@@ -387,9 +391,15 @@ class ClientHandler:
             principal=principal,
         )
         self.permissions = processor.permissions(self.ctx)
+        self.bridge = connect.bridge and connect.protocol_level < 5
         if decision.will is not None and not self._may_write(decision.will.topic):
-            await self._refuse_connect(ReasonCode.NOT_AUTHORIZED, "will topic not allowed")
-            return False
+            if not (self.bridge and self._reserved(decision.will.topic)):
+                await self._refuse_connect(ReasonCode.NOT_AUTHORIZED, "will topic not allowed")
+                return False
+            # A mosquitto bridge's notification will ($SYS/broker/connection/{id}/state by
+            # default): `$SYS` is the node's own, so it is not kept, and the bridge is let in
+            # as mosquitto lets it in (mosquitto publishes the state on its side).
+            decision = dataclasses.replace(decision, will=None)
         try:
             self.lease = await processor.open_client(self.ctx, admit=False)
         except ConnectionLimitReached as exc:
@@ -704,6 +714,10 @@ class ClientHandler:
             self.conn.send(Auth(ReasonCode.SUCCESS, Properties(authentication_method=method)))
         )
 
+    def _reserved(self, topic: str) -> bool:
+        """Whether no client may publish to `topic` (`MqttServer.reserved`), however spelt."""
+        return self.server.reserved(self.server.acl_name(topic))
+
     def _may_write(self, topic: str) -> bool:
         """Whether this client may publish to `topic` (also a will): not a `$` or system
         topic, and allowed by the ACL under its MQTT name, however the client spelt it."""
@@ -869,11 +883,16 @@ class ClientHandler:
     async def _publish(self, publish: Publish) -> int | None:
         """Publish; the reason code for the ack, or None when nothing is to be answered."""
         self.messages_in += 1
-        if self.server.reserved(self.server.acl_name(publish.topic)):
+        if self._reserved(publish.topic):
             if publish.qos == 0:
                 return None
             if self.conn.protocol_level == 5:
                 return ReasonCode.NOT_AUTHORIZED
+            if self.bridge:
+                # A mosquitto bridge's connection notifications ($SYS/broker/connection/...):
+                # acknowledged and dropped, as its will is, rather than cutting the bridge off.
+                self.server.processor.record_dropped(Drop.DENIED)
+                return 0
             raise _Close(None, f"publishing to {publish.topic!r} is not allowed")
         if not self._may_write(publish.topic):
             self.server.processor.record_dropped(Drop.DENIED)
@@ -939,7 +958,9 @@ class ClientHandler:
 
     async def _on_subscribe(self, packet: Subscribe) -> None:
         assert self.subs is not None
-        codes, retained = await self.subs.subscribe(packet, v5=self.conn.protocol_level == 5)
+        codes, retained = await self.subs.subscribe(
+            packet, v5=self.conn.protocol_level == 5, bridge=self.bridge
+        )
         self.out.write(self.conn.send(Suback(packet.packet_id, tuple(codes))))
         now = now_ms()
         traces = self._outflow().delivering(retained)
