@@ -34,11 +34,17 @@ def free_port() -> int:
         return port
 
 
-@pytest.fixture(params=[True, False], ids=["notifications", "no-notifications"])
+@pytest.fixture(
+    params=[("mqttv311", True), ("mqttv311", False), ("mqttv50", True)],
+    ids=["3.1.1", "3.1.1-no-notifications", "5.0"],
+)
 def mosquitto(node: RunningNode, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[int]:
-    """A mosquitto broker bridged to the node (topics `br/#` both ways, MQTT 3.1.1, with the
-    bridge bit); its port. With mosquitto's default `notifications true` the bridge also has a
-    will on, and publishes its state to, `$SYS/broker/connection/{id}/state`."""
+    """A mosquitto broker bridged to the node (topics `br/#` both ways); its port. An MQTT
+    3.1.1 bridge sets the bridge bit and leaves No Local and Retain As Published to the
+    node; an MQTT 5 one asks for them itself. With mosquitto's default `notifications true`
+    the bridge also has a will on, and publishes its state to,
+    `$SYS/broker/connection/{id}/state`."""
+    version, notifications = request.param
     if not Path(MOSQUITTO).exists():
         pytest.skip("mosquitto is not installed")
     port = free_port()
@@ -51,11 +57,11 @@ def mosquitto(node: RunningNode, tmp_path: Path, request: pytest.FixtureRequest)
         "connection to-mop\n"
         f"address 127.0.0.1:{node.mqtt_port}\n"
         "topic br/# both 1\n"
-        "bridge_protocol_version mqttv311\n"
+        f"bridge_protocol_version {version}\n"
         "try_private true\n"
         "cleansession true\n"
         "restart_timeout 1\n"
-        f"notifications {'true' if request.param else 'false'}\n"
+        f"notifications {'true' if notifications else 'false'}\n"
     )
     log = tmp_path / "mosquitto.log"
     with log.open("wb") as output:

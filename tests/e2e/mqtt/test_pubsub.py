@@ -103,6 +103,25 @@ def test_sys_and_share_topic_names_stay_refused(node: RunningNode, topic: str) -
     assert Client(node.mqtt_port, "dr").publish(topic, b"x", 1) == NOT_AUTHORIZED
 
 
+@pytest.mark.parametrize("version", [4, 5])
+def test_bridge_state_messages_are_taken_and_dropped(node: RunningNode, version: int) -> None:
+    """mosquitto lets any client write `$SYS/broker/connection/+/state`, where bridges report
+    their state (and put their will): mop takes them, and keeps `$SYS` its own."""
+    watcher = Client(node.mqtt_port, f"bs-watch-{version}")
+    watcher.subscribe("$SYS/broker/connection/#", 1)
+    bridge = Client(
+        node.mqtt_port,
+        f"bs-{version}",
+        version=version,
+        will=(f"$SYS/broker/connection/bs-{version}/state", b"0", 1, True),
+    )
+    assert bridge.connack is not None and bridge.connack.reason_code == 0
+    state = f"$SYS/broker/connection/bs-{version}/state"
+    assert bridge.publish(state, b"1", 1, retain=True) == 0
+    assert bridge.client.is_connected()
+    watcher.expect_none(0.3)
+
+
 def test_dollar_topics_are_refused_when_publish_dollar_topics_is_off() -> None:
     with running_node(node_settings(publish_dollar_topics=False)) as node:
         assert Client(node.mqtt_port, "doff").publish("$aws/x", b"x", 1) == NOT_AUTHORIZED

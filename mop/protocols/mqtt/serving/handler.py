@@ -149,7 +149,7 @@ class ClientHandler:
         self.will: Will | None = None
         self.keep_alive = 0
         # A mosquitto bridge below MQTT 5 (the top bit of the CONNECT's level): see
-        # `SessionSubscriptions.subscribe` and `_publish`.
+        # `SessionSubscriptions.subscribe`.
         self.bridge = False
         # What the admin API shows of the connection (`describe`).
         self.clean_start = True
@@ -393,12 +393,11 @@ class ClientHandler:
         self.permissions = processor.permissions(self.ctx)
         self.bridge = connect.bridge and connect.protocol_level < 5
         if decision.will is not None and not self._may_write(decision.will.topic):
-            if not (self.bridge and self._reserved(decision.will.topic)):
+            if not self._bridge_state(decision.will.topic):
                 await self._refuse_connect(ReasonCode.NOT_AUTHORIZED, "will topic not allowed")
                 return False
-            # A mosquitto bridge's notification will ($SYS/broker/connection/{id}/state by
-            # default): `$SYS` is the node's own, so it is not kept, and the bridge is let in
-            # as mosquitto lets it in (mosquitto publishes the state on its side).
+            # A mosquitto bridge's notification will: `$SYS` is the node's own, so it is not
+            # kept, and the bridge is let in as mosquitto lets it in.
             decision = dataclasses.replace(decision, will=None)
         try:
             self.lease = await processor.open_client(self.ctx, admit=False)
@@ -718,6 +717,11 @@ class ClientHandler:
         """Whether no client may publish to `topic` (`MqttServer.reserved`), however spelt."""
         return self.server.reserved(self.server.acl_name(topic))
 
+    def _bridge_state(self, topic: str) -> bool:
+        """Whether `topic` is where mosquitto bridges report their state
+        (`MqttServer.is_bridge_state`), however spelt."""
+        return self.server.is_bridge_state(self.server.acl_name(topic))
+
     def _may_write(self, topic: str) -> bool:
         """Whether this client may publish to `topic` (also a will): not a `$` or system
         topic, and allowed by the ACL under its MQTT name, however the client spelt it."""
@@ -884,15 +888,14 @@ class ClientHandler:
         """Publish; the reason code for the ack, or None when nothing is to be answered."""
         self.messages_in += 1
         if self._reserved(publish.topic):
+            if self._bridge_state(publish.topic):
+                # A mosquitto bridge's state: taken and dropped, as its will is.
+                self.server.processor.record_dropped(Drop.DENIED)
+                return None if publish.qos == 0 else ReasonCode.SUCCESS
             if publish.qos == 0:
                 return None
             if self.conn.protocol_level == 5:
                 return ReasonCode.NOT_AUTHORIZED
-            if self.bridge:
-                # A mosquitto bridge's connection notifications ($SYS/broker/connection/...):
-                # acknowledged and dropped, as its will is, rather than cutting the bridge off.
-                self.server.processor.record_dropped(Drop.DENIED)
-                return 0
             raise _Close(None, f"publishing to {publish.topic!r} is not allowed")
         if not self._may_write(publish.topic):
             self.server.processor.record_dropped(Drop.DENIED)

@@ -41,6 +41,7 @@ from mop.protocols.mqtt.serving.sys_topics import SysPublisher
 from mop.protocols.mqtt.serving.timers import Timers
 from mop.settings import MqttSettings, Settings
 from mop.topic_names import FULL_NAME_SCHEMES, is_system_topic, mqtt_to_pulsar, pulsar_to_mqtt
+from mop.topics import matches
 from mop.version import SERVER_NAME
 
 if TYPE_CHECKING:  # the handler module imports this one
@@ -51,6 +52,9 @@ log = logging.getLogger("mop.mqtt")
 
 # First topic levels of `$` topics no client may publish to, whatever the settings.
 RESERVED_DOLLAR_LEVELS = frozenset({"$SYS", "$share"})
+# Where mosquitto bridges report their state (`notifications`, on by default), their will
+# included: mosquitto lets any client write there. mop takes such messages and drops them.
+BRIDGE_STATE_FILTER = "$SYS/broker/connection/+/state"
 
 # Bounds of the memory of encoded QoS 0 PUBLISHes: it only needs to outlive one fan-out.
 _ENCODED_COUNT = 4096
@@ -198,6 +202,12 @@ class MqttServer:
                 return True
             return acl_name.partition("/")[0] in RESERVED_DOLLAR_LEVELS
         return self.is_system(acl_name)
+
+    def is_bridge_state(self, acl_name: str) -> bool:
+        """Whether a topic of this name is where a mosquitto bridge reports its state: a
+        reserved topic, whose messages (and wills) are taken and dropped rather than
+        refused, so that bridges with mosquitto's default settings can connect."""
+        return matches(BRIDGE_STATE_FILTER, acl_name)
 
     def encoded_qos0(self, topic: str, message: Message, retain: bool, level: int) -> bytes:
         """A QoS 0 PUBLISH of `message` without properties, as sent to every client at
