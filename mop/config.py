@@ -21,6 +21,8 @@ from typing import Any, Final, Literal, TypeVar, get_args, get_origin, get_type_
 
 from dynaconf.utils.parse_conf import boolean_fix, parse_conf_data
 
+from mop.partitioned import MAX_PARTITIONS
+from mop.protocols.pulsar.listeners import listener_urls
 from mop.settings import LimitsSettings, Settings, TelemetrySettings, TlsSettings
 
 ENV_PREFIX: Final = "MOP_"
@@ -250,6 +252,7 @@ _INT_BOUNDS: Final[Mapping[str, _Bounds]] = {
     "limits.client_byte_burst": _Bounds(0),
     "telemetry.backlog_top": _Bounds(0, 1000),
     "telemetry.latency_sampling": _Bounds(1, 1_000_000),
+    "pulsar.partitioned_topics": _Bounds(1, MAX_PARTITIONS),
 }
 
 _LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -266,6 +269,14 @@ def _http_urls(value: str) -> bool:
         and len(first) > len("https://")
         and all(part and ("://" not in part or part.startswith(_HTTP_SCHEMES)) for part in rest)
     )
+
+
+def _listener_urls(value: str) -> bool:
+    try:
+        listener_urls(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _host_name(value: str) -> bool:
@@ -303,6 +314,11 @@ _STRING_RULES: Final[Mapping[str, tuple[Callable[[str], bool], str]]] = {
         "must be an http:// or https:// URL",
     ),
     "roles": (bool, "must be user names"),
+    "advertised_listeners": (
+        _listener_urls,
+        "must map listener names to a pulsar:// URL, a pulsar+ssl:// URL or one of each"
+        " (comma-separated)",
+    ),
     "allowed_hosts": (_host_name, 'must be host names or addresses without a port, or "*"'),
     "sys_node_name": (
         lambda value: bool(value) and not any(c in value for c in "/+#"),
@@ -378,6 +394,14 @@ def _convert(key: str, hint: Any, value: Any) -> Any:
             return None
         (present,) = (arg for arg in get_args(hint) if arg is not type(None))
         return _convert(key, present, value)
+    if origin in (dict, Mapping):
+        # A table of names: each value is checked by the field's rules (the key names it).
+        value_hint = get_args(hint)[1]
+        if not isinstance(value, Mapping):
+            raise _invalid(key, "must be a table", value)
+        if not all(isinstance(name, str) and name.strip() for name in value):
+            raise _invalid(key, "must have names that are not empty", value)
+        return {name: _convert(key, value_hint, item) for name, item in value.items()}
     if origin is tuple:
         (item,) = get_args(hint)[:1]
         if not isinstance(value, list | tuple):
@@ -489,6 +513,9 @@ def _dump_table(table: object, name: str, lines: list[str]) -> None:
 def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, Mapping):
+        entries = (f"{json.dumps(str(key))} = {_toml_value(item)}" for key, item in value.items())
+        return "{ " + ", ".join(entries) + " }" if value else "{}"
     if isinstance(value, tuple):
         return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     if isinstance(value, str):

@@ -64,6 +64,7 @@ class Drop(StrEnum):
     DENIED = "denied"  # the ACL does not let the client publish there
     REFUSED = "refused"  # the backend refused it (disk full, quota)
     OVERLOADED = "overloaded"  # refused while the node is over its memory high-water mark
+    ENCRYPTED = "encrypted"  # end-to-end encrypted by a Pulsar producer: not for MQTT clients
 
 
 # A backend's reason for a drop (`DropNotifier`) -> the name counted.

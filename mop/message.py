@@ -7,6 +7,7 @@ from typing import Final, TypeVar, dataclass_transform
 
 __all__ = [
     "CATCH_UP_KEY",
+    "ENCRYPTED",
     "QOS_PROPERTY",
     "RETAINED",
     "TOMBSTONE_PROPERTY",
@@ -35,6 +36,11 @@ QOS_PROPERTY: Final = "mop.qos"
 # published where no subscription takes it is not counted as dropped (it has no subscribers,
 # and is kept all the same).
 RETAINED: Final = ("mqtt.retain", "1")
+# The property of a message whose payload a Pulsar producer encrypted end to end: only a
+# Pulsar consumer holding a key can read it, so other protocols' subscribers skip it (it is
+# acknowledged for them and counted as dropped, reason "encrypted"). mop sets it where it
+# reads a Pulsar message's metadata, and takes it off any message that claims it otherwise.
+ENCRYPTED: Final = ("mop.encrypted", "1")
 
 
 def qos_of(properties: tuple[tuple[str, str], ...]) -> int:

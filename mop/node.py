@@ -22,7 +22,7 @@ from typing import NoReturn
 
 import trio
 
-from mop.admin import AdminContext, serve_admin
+from mop.admin import AdminContext, bind_admin, serve_admin
 from mop.backends.local import LocalBackend
 from mop.broker.storage import DurableStorage, StorageError, open_durable_storage
 from mop.counters import Drop, ProtocolStats, Refusal
@@ -42,13 +42,23 @@ from mop.overload.memory import open_guard, serve_memory_watch
 from mop.processor import Backend, BackendError, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, cluster_client_auth
+from mop.schemas import Compatibility
 from mop.security.abuse import BANS_TABLE, Ban
 from mop.security.ban_store import BanStore
 from mop.security.gatekeeper import Gatekeeper
 from mop.security.policy import PolicyError, load_policy
 from mop.security.reloading import PolicyReloader
 from mop.settings import LimitsSettings, Settings
-from mop.transport import BoundListener, Handler, ListenerSpec, serve_listeners
+from mop.topic_names import PulsarTopicName, mqtt_to_pulsar
+from mop.topics import TopicError
+from mop.transport import (
+    BoundListener,
+    Handler,
+    ListenerSpec,
+    OpenListeners,
+    open_listeners,
+    serve_open_listeners,
+)
 
 log = logging.getLogger("mop.node")
 
@@ -100,13 +110,13 @@ async def start_backend(
         storage = await open_durable_storage(directory, settings.storage)
     except (StorageError, OSError) as exc:
         raise StartupError(f"storage in {directory}: {exc}") from None
-    log.info("storage: %s", storage.recovery)
     backend = LocalBackend(
         storage,
         tenant=settings.default_tenant,
         namespace=settings.default_namespace,
         membership=membership,
         unsubscribed_grace=settings.storage.unsubscribed_grace,
+        schema_compatibility=Compatibility(settings.pulsar.schema_compatibility),
     )
     try:
         await nursery.start(storage.serve)
@@ -308,11 +318,24 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
     handlers = _load_handlers(settings)
     backend: Backend | None = None
     telemetry = _open_telemetry(settings)
+    # Bound before anything starts: a port in use stops the node before it writes anything
+    # (storage files, tables), and clients that connect meanwhile wait in the backlog.
+    opened: list[_OpenedListeners] = []
+    admin_socket: socket.socket | None = None
     try:
         async with trio.open_nursery() as nursery:
             gatekeeper = _open_gatekeeper(settings)
             auth = broker_auth(settings)
             membership = cluster_membership(settings)
+            for handler in handlers.values():
+                handler.initialize(settings)
+                log.debug("%s advertises %s", handler.name, handler.advertised_data())
+            await _open_listeners(opened, handlers, settings.limits)
+            if settings.admin.enabled:
+                admin_socket = _bind_admin(settings)
+            _advertise_bound_port(
+                membership, settings, [b for entry in opened for b in entry.listeners.bound]
+            )
             tables = (*(name for h in handlers.values() for name in h.tables), BANS_TABLE)
             overload = _open_overload(settings.limits)
             backend = await start_backend(settings, nursery, membership, tables=tables, auth=auth)
@@ -329,6 +352,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                 await nursery.start(
                     serve_memory_watch, overload, settings.limits.memory_check_interval
                 )
+            await _declare_partitioned(settings, processor, membership)
             await nursery.start(PolicyReloader(gatekeeper, settings.auth).serve)
             bans = BanStore(processor.table(BANS_TABLE))
             await nursery.start(_serve_bans, gatekeeper, bans)
@@ -336,16 +360,12 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                 processor=processor, nursery=nursery, membership=membership, broker_auth=auth
             )
             for handler in handlers.values():
-                handler.initialize(settings)
-                log.debug("%s advertises %s", handler.name, handler.advertised_data())
-            for handler in handlers.values():
                 await handler.start(services)
             bound: list[BoundListener] = []
-            for handler in handlers.values():
-                counted = processor.stats.protocol(handler.name)
-                bound.extend(await _serve(nursery, handler, settings.limits, overload, counted))
-            _advertise_bound_port(membership, settings, bound)
-            if settings.admin.enabled:
+            for entry in opened:
+                counted = processor.stats.protocol(entry.handler.name)
+                bound.extend(await _serve(nursery, entry, overload, counted))
+            if admin_socket is not None:
                 context = AdminContext(
                     settings=settings,
                     processor=processor,
@@ -356,14 +376,14 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                     broker=_broker_membership(settings, membership),
                     bans=bans,
                 )
-                bound.append(await _serve_admin(nursery, context))
-            for entry in bound:
+                bound.append(await _serve_admin(nursery, context, admin_socket))
+            for listening in bound:
                 log.info(
                     "%s listening on %s %s:%d",
-                    entry.spec.name,
-                    entry.spec.kind,
-                    entry.host,
-                    entry.port,
+                    listening.spec.name,
+                    listening.spec.kind,
+                    listening.host,
+                    listening.port,
                 )
             try:
                 yield Node(settings, processor, handlers, tuple(bound), telemetry)
@@ -375,10 +395,54 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
         _raise_startup_error(group)
         raise
     finally:
-        if backend is not None:
-            with trio.CancelScope(shield=True):
+        with trio.CancelScope(shield=True):
+            # Those never served (the start failed); served ones are closed already.
+            for entry in opened:
+                await entry.listeners.aclose()
+            if admin_socket is not None:
+                admin_socket.close()
+            if backend is not None:
                 await backend.aclose()
         telemetry.shutdown()
+
+
+async def _declare_partitioned(
+    settings: Settings, processor: MessagingProcessor, membership: Membership
+) -> None:
+    """Create the partitioned topics of `pulsar.partitioned_topics`, or grow those with fewer
+    partitions (never shrink them). A member of a broker cluster declares the names it owns;
+    a separated proxy asks its brokers."""
+    for name, count in settings.pulsar.partitioned_topics.items():
+        topic = mqtt_to_pulsar(
+            name, tenant=settings.default_tenant, namespace=settings.default_namespace
+        )
+        try:
+            parsed = PulsarTopicName.parse(topic)
+        except TopicError as exc:
+            raise StartupError(f"pulsar.partitioned_topics: {exc}") from None
+        if parsed.tenant != settings.default_tenant:
+            raise StartupError(
+                f"pulsar.partitioned_topics: {topic} is not of tenant {settings.default_tenant!r}"
+            )
+        topic = str(parsed)
+        if not membership.owns(topic):
+            continue
+        partitioned = processor.partitioned
+        try:
+            current = await partitioned.partitions(topic)
+            if not current:
+                await partitioned.create(topic, count)
+            elif current < count:
+                await partitioned.grow(topic, count)
+            elif current > count:
+                log.warning(
+                    "pulsar.partitioned_topics: %s has %d partitions, more than %d: kept",
+                    topic,
+                    current,
+                    count,
+                )
+        except BackendError as exc:
+            raise StartupError(f"pulsar.partitioned_topics: {topic}: {exc}") from None
 
 
 def _register_metrics(
@@ -442,14 +506,24 @@ def _open_telemetry(settings: Settings) -> Telemetry:
         raise StartupError(str(exc)) from None
 
 
-async def _serve_admin(nursery: trio.Nursery, context: AdminContext) -> BoundListener:
+def _bind_admin(settings: Settings) -> socket.socket:
+    admin = settings.admin
+    try:
+        return bind_admin(admin.host, admin.port)
+    except OSError as exc:
+        raise StartupError(f"admin {admin.host}:{admin.port}: {exc}") from None
+
+
+async def _serve_admin(
+    nursery: trio.Nursery, context: AdminContext, sock: socket.socket
+) -> BoundListener:
     admin = context.settings.admin
     try:
-        bound: BoundListener = await nursery.start(serve_admin, context)
+        bound: BoundListener = await nursery.start(serve_admin, context, sock)
     except OSError as exc:
         raise StartupError(f"admin {admin.host}:{admin.port}: {exc}") from None
     except BaseExceptionGroup as group:
-        # hypercorn binds inside its own nurseries.
+        # hypercorn listens inside its own nurseries.
         errors = leaves(group)
         if len(errors) == 1 and isinstance(errors[0], OSError):
             raise StartupError(f"admin {admin.host}:{admin.port}: {errors[0]}") from None
@@ -483,34 +557,59 @@ def _open_overload(limits: LimitsSettings) -> OverloadGuard:
         raise StartupError(f"limits.memory_low_watermark: {exc}") from None
 
 
+@dataclass(frozen=True, slots=True)
+class _OpenedListeners:
+    """Listeners of one protocol handler that share a connection handler, bound but not
+    served yet."""
+
+    handler: ProtocolHandler
+    connection_handler: Handler
+    listeners: OpenListeners
+
+
+async def _open_listeners(
+    opened: list[_OpenedListeners],
+    handlers: dict[str, ProtocolHandler],
+    limits: LimitsSettings,
+) -> None:
+    """Bind the listeners of every handler, each held to `limits.connection_rate`, adding them
+    to `opened` (which the caller closes if the node does not start); StartupError when one
+    cannot be bound."""
+    for handler in handlers.values():
+        by_handler: dict[Handler, list[ListenerSpec]] = {}
+        try:
+            for spec, connection_handler in handler.listeners():
+                spec = dataclasses.replace(
+                    spec,
+                    connection_rate=limits.connection_rate,
+                    connection_burst=limits.connection_burst,
+                )
+                by_handler.setdefault(connection_handler, []).append(spec)
+            for connection_handler, specs in by_handler.items():
+                listeners = await open_listeners(specs)
+                opened.append(_OpenedListeners(handler, connection_handler, listeners))
+        except OSError as exc:
+            raise StartupError(f"{handler.name}: {exc}") from None
+
+
 async def _serve(
     nursery: trio.Nursery,
-    handler: ProtocolHandler,
-    limits: LimitsSettings,
+    opened: _OpenedListeners,
     overload: OverloadGuard,
     stats: ProtocolStats,
 ) -> list[BoundListener]:
-    """Serve the listeners of `handler`, each held to `limits.connection_rate` (a connection
-    refused over it is counted in `stats` and by overload protection)."""
-    bound: list[BoundListener] = []
-    by_handler: dict[Handler, list[ListenerSpec]] = {}
-    for spec, connection_handler in handler.listeners():
-        spec = dataclasses.replace(
-            spec, connection_rate=limits.connection_rate, connection_burst=limits.connection_burst
-        )
-        by_handler.setdefault(connection_handler, []).append(spec)
+    """Accept connections on `opened` (one refused over its connection rate is counted in
+    `stats` and by overload protection)."""
 
     def refused(spec: ListenerSpec) -> None:
         overload.refused_connection(f"{spec.name} ({spec.kind})")
         stats.refuse(Refusal.RATE_LIMITED)
 
-    for connection_handler, specs in by_handler.items():
-        try:
-            bound += await nursery.start(
-                partial(serve_listeners, specs, connection_handler, on_refused=refused)
-            )
-        except OSError as exc:
-            raise StartupError(f"{handler.name}: {exc}") from None
+    bound: list[BoundListener] = await nursery.start(
+        partial(
+            serve_open_listeners, opened.listeners, opened.connection_handler, on_refused=refused
+        )
+    )
     return bound
 
 

@@ -6,6 +6,7 @@ them as arguments (there is no global configuration object).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final, Literal
@@ -15,6 +16,17 @@ Mode = Literal["merged", "separated"]
 SECRET: Final = MappingProxyType({"secret": True})
 FsyncPolicy = Literal["always", "interval", "never"]
 LogFormat = Literal["text", "json"]
+# Pulsar's schema compatibility strategies (see `mop.schemas.Compatibility`).
+SchemaCompatibility = Literal[
+    "ALWAYS_INCOMPATIBLE",
+    "ALWAYS_COMPATIBLE",
+    "BACKWARD",
+    "FORWARD",
+    "FULL",
+    "BACKWARD_TRANSITIVE",
+    "FORWARD_TRANSITIVE",
+    "FULL_TRANSITIVE",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +117,18 @@ class PulsarSettings:
     # Seconds between checks of each connection's credentials: an expired token is asked to
     # refresh (AuthChallenge), and a connection that cannot is closed.
     auth_refresh_interval: float = 60.0
+    # The schema compatibility rule of namespaces that set none (Pulsar's
+    # schemaCompatibilityStrategy): which new schema may follow a topic's schemas.
+    schema_compatibility: SchemaCompatibility = "FULL"
+    # Partitioned topics this node declares at start: name (a Pulsar topic name, or a local
+    # name of the default namespace) -> number of partitions. Created when missing, grown when
+    # fewer; more are never taken away. Topics stay non-partitioned unless named here or
+    # created through the admin API (PUT /admin/v2/persistent/{tenant}/{ns}/{topic}/partitions).
+    partitioned_topics: Mapping[str, int] = field(default_factory=dict)
+    # Advertised listeners: name -> "pulsar://host:port" (or "pulsar+ssl://host:port", or one of
+    # each, comma-separated). A lookup naming a listener (pulsar-client's listener_name) gets
+    # its URLs; a lookup naming no listener gets the URL of the listener it came in on.
+    advertised_listeners: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

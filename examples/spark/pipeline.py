@@ -16,7 +16,7 @@ sensor topic, so a later run goes on where this one stopped. A mop node drops me
 subscription holds after a few seconds: a sensor topic is held from the trigger after its first
 message (every 2 s), so readings that come sooner than that are the only ones at risk. With
 `--no-sensors` the pipeline processes real sensors' readings until Ctrl-C. Needs
-`pip install -e '.[spark]' paho-mqtt` and Java 17 or 21.
+`pip install -e '.[spark-example]'` (the Spark data source and paho-mqtt) and Java 17 or 21.
 """
 
 from __future__ import annotations

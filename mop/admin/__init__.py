@@ -6,6 +6,6 @@ and each `routes_*` module adds the routes of one subject, given an `AdminContex
 """
 
 from mop.admin.context import AdminContext
-from mop.admin.server import build_admin_app, serve_admin
+from mop.admin.server import bind_admin, build_admin_app, serve_admin
 
-__all__ = ["AdminContext", "build_admin_app", "serve_admin"]
+__all__ = ["AdminContext", "bind_admin", "build_admin_app", "serve_admin"]

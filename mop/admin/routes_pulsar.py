@@ -26,7 +26,7 @@ from mop.protocols.pulsar.admin_rest import ADMIN_PREFIX, DOMAINS, stats_documen
 from mop.topic_names import PulsarTopicName
 from mop.topics import TopicError
 
-__all__ = ["add_pulsar_admin_routes"]
+__all__ = ["NOT_OWNER", "add_pulsar_admin_routes", "owned_topic", "reason_response"]
 
 NOT_OWNER: Final = 421
 # Pulsar's answer to a delete of a topic that has connected clients.
@@ -34,44 +34,50 @@ _BUSY: Final = 412
 _STATUS_BY_REASON: Final = {"topic_busy": _BUSY, "invalid_topic": 400, "closed": 503}
 
 
-def _reason(status: int, reason: str) -> Response:
+def reason_response(status: int, reason: str) -> Response:
+    """An error as Pulsar's admin answers it: {"reason": ...}."""
     return json_response({"reason": reason}, status)
+
+
+def owned_topic(request: Request, broker: Membership) -> str | Response:
+    """The full name the path names, or the answer refusing it (421 when another member of
+    the cluster owns it)."""
+    params = request.params
+    domain = params["domain"]
+    if domain not in DOMAINS:
+        return reason_response(404, f"no such domain: {domain}")
+    name = f"{domain}://{params['tenant']}/{params['namespace']}/{params['topic']}"
+    try:
+        topic = str(PulsarTopicName.parse(name))
+    except TopicError as exc:
+        return reason_response(412, str(exc))
+    if not broker.owns(topic):
+        return reason_response(
+            NOT_OWNER, f"{topic} is owned by {broker.owner(topic)}, not by {broker.url}"
+        )
+    return topic
 
 
 def add_pulsar_admin_routes(router: Router, context: AdminContext, broker: Membership) -> None:
     processor = context.processor
 
     def topic_of(request: Request) -> str | Response:
-        """The full name the path names, or the answer refusing it."""
-        params = request.params
-        domain = params["domain"]
-        if domain not in DOMAINS:
-            return _reason(404, f"no such domain: {domain}")
-        name = f"{domain}://{params['tenant']}/{params['namespace']}/{params['topic']}"
-        try:
-            topic = str(PulsarTopicName.parse(name))
-        except TopicError as exc:
-            return _reason(412, str(exc))
-        if not broker.owns(topic):
-            return _reason(
-                NOT_OWNER, f"{topic} is owned by {broker.owner(topic)}, not by {broker.url}"
-            )
-        return topic
+        return owned_topic(request, broker)
 
     def refused(exc: BackendError) -> Response:
-        return _reason(_STATUS_BY_REASON.get(exc.reason, 500), str(exc))
+        return reason_response(_STATUS_BY_REASON.get(exc.reason, 500), str(exc))
 
     async def namespace_topics(request: Request) -> Response:
         params = request.params
         domain = params["domain"]
         if domain not in DOMAINS:
-            return _reason(404, f"no such domain: {domain}")
+            return reason_response(404, f"no such domain: {domain}")
         namespace = f"{params['tenant']}/{params['namespace']}"
         try:
             # The names are checked as those of a topic's are (any local name will do).
             PulsarTopicName(domain, params["tenant"], params["namespace"], "-")
         except TopicError as exc:
-            return _reason(412, str(exc))
+            return reason_response(412, str(exc))
         try:
             names = await processor.topics(ADMIN_CONTEXT, namespace)
         except BackendError as exc:
@@ -87,7 +93,7 @@ def add_pulsar_admin_routes(router: Router, context: AdminContext, broker: Membe
         except BackendError as exc:
             return refused(exc)
         if stats is None:
-            return _reason(404, "Topic not found")
+            return reason_response(404, "Topic not found")
         document: dict[str, Any] = stats_document(stats)
         return json_response(document)
 
@@ -98,13 +104,13 @@ def add_pulsar_admin_routes(router: Router, context: AdminContext, broker: Membe
         raw = request.arg("force")
         force = "false" if raw is None else raw.lower()
         if force not in ("true", "false"):
-            return _reason(400, "force must be true or false")
+            return reason_response(400, "force must be true or false")
         try:
             deleted = await processor.delete_topic(topic, force=force == "true")
         except BackendError as exc:
             return refused(exc)
         if not deleted:
-            return _reason(404, "Topic not found")
+            return reason_response(404, "Topic not found")
         return Response(204, content_type="text/plain")
 
     base = f"{ADMIN_PREFIX}/{{domain}}/{{tenant}}/{{namespace}}"

@@ -19,12 +19,15 @@ from mop.admin.routes_docs import add_docs_routes
 from mop.admin.routes_health import add_health_routes
 from mop.admin.routes_logging import add_logging_routes
 from mop.admin.routes_page import add_page_routes
+from mop.admin.routes_partitioned import add_partitioned_routes
 from mop.admin.routes_publish import add_publish_routes
 from mop.admin.routes_pulsar import add_pulsar_admin_routes
 from mop.admin.routes_retained import add_retained_routes
+from mop.admin.routes_schemas import add_schema_routes
 from mop.admin.routes_sessions import add_sessions_routes
 from mop.admin.routes_stats import add_stats_routes
 from mop.admin.routes_topics import add_topic_routes
+from mop.membership import Membership
 from mop.transport import BoundListener, ListenerSpec
 
 log = logging.getLogger("mop.admin")
@@ -44,8 +47,11 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
     add_docs_routes(router, context)
     add_logging_routes(router, context)
     add_topic_routes(router, context)
+    add_schema_routes(router, context)
     if context.broker is not None:
         add_pulsar_admin_routes(router, context, context.broker)
+    # A broker answers for the names it owns; a proxy passes every request on to its brokers.
+    add_partitioned_routes(router, context, context.broker or Membership((), ""))
     add_page_routes(router, context)
     guard = AdminGuard(context.settings, context.processor)
     return AsgiApp(router, guard, hosts=HostGuard.of(context.settings.admin))
@@ -53,16 +59,20 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
 
 async def serve_admin(
     context: AdminContext,
+    sock: socket.socket | None = None,
     *,
     task_status: trio.TaskStatus[BoundListener] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the admin API on `admin.host`/`admin.port` until cancelled; `started` gets the
-    bound address (the real port when the setting is 0). OSError when it cannot bind."""
+    """Serve the admin API until cancelled on `sock` (from `bind_admin`, which it takes over),
+    else on `admin.host`/`admin.port`; `started` gets the bound address (the real port when
+    the setting is 0). OSError when it cannot bind."""
     settings = context.settings.admin
     config = Config()
-    # Bound here rather than by hypercorn, which leaks the socket of a failed bind; hypercorn
+    # Bound by us rather than by hypercorn, which leaks the socket of a failed bind; hypercorn
     # takes the file descriptor over.
-    config.bind = [f"fd://{_bind(settings.host, settings.port).detach()}"]
+    if sock is None:
+        sock = bind_admin(settings.host, settings.port)
+    config.bind = [f"fd://{sock.detach()}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("mop.admin.http")
     config.graceful_timeout = 1.0
@@ -79,7 +89,9 @@ async def serve_admin(
     await serve(app, config, task_status=_Status())  # type: ignore[arg-type]
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind_admin(host: str, port: int) -> socket.socket:
+    """A socket bound to the admin listener's address (OSError when it cannot be), for
+    `serve_admin`: a node binds it before it starts anything else."""
     family, kind, proto, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]

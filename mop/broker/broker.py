@@ -40,6 +40,7 @@ __all__ = [
     "BROKER_TABLE_PREFIX",
     "PRODUCERS_TABLE",
     "SUBSCRIPTIONS_TABLE",
+    "TOPICS_TABLE",
     "Broker",
     "BrokerStats",
     "Published",
@@ -51,6 +52,10 @@ BROKER_TABLE_PREFIX = "$broker/"
 SUBSCRIPTIONS_TABLE = "$broker/subscriptions"
 # The last sequence id of each application-named producer: "{topic}\n{name}" -> decimal.
 PRODUCERS_TABLE = "$broker/producers"
+# Persistent topics opened by a producer before they held a message: name -> b"". As in
+# Pulsar, a topic exists from its first producer on (listed, found by pattern consumers and
+# wildcard subscriptions), across restarts, until it is deleted.
+TOPICS_TABLE = "$broker/topics"
 
 
 class _Start(Enum):
@@ -273,6 +278,26 @@ class Broker:
         """Every topic of `namespace` ("tenant/namespace"), persistent or not."""
         return self._topics.in_namespace(namespace)
 
+    def open_topic(self, name: str) -> bool:
+        """Make topic `name` exist from now on (a producer opened it); True when that was
+        recorded in storage (the caller syncs it). A persistent topic that holds no message
+        yet is recorded in TOPICS_TABLE, so that it stays until deleted; a non-persistent one
+        lives while it has producers or subscriptions."""
+        topic = self._topics.get(name)
+        if topic is None:
+            topic = self._create_topic(name)
+        if not topic.persistent or topic.declared or topic.last_id is not None:
+            return False
+        topic.declared = True
+        self.storage.table_put(TOPICS_TABLE, name, b"")
+        return True
+
+    def close_topic(self, name: str) -> None:
+        """A producer of topic `name` is gone: an unused topic without messages goes."""
+        topic = self._topics.get(name)
+        if topic is not None:
+            self._forget_if_unused(topic)
+
     def _create_topic(self, name: str) -> Topic:
         topic = self._topics.add(name, self.storage.last_id(name))
         topic.loaded_at = self.now()
@@ -322,14 +347,23 @@ class Broker:
         self._grace.forget(topic)
         for key in self.sequences.forget(name):
             self.storage.table_put(PRODUCERS_TABLE, key, None)
+        if topic.declared:
+            self.storage.table_put(TOPICS_TABLE, name, None)
         if topic.persistent:
             self.storage.delete_topic(name)
             await self.storage.sync()
         return True
 
     def _forget_if_unused(self, topic: Topic) -> None:
-        # Topics made by an exact subscribe that never saw a message need not outlive it.
-        if not topic.cursors and topic.last_id is None and self._topics.get(topic.name) is topic:
+        # Topics made by an exact subscribe that never saw a message need not outlive it
+        # (so idle MQTT subscriptions leave nothing behind); a producer's topic stays.
+        if (
+            not topic.cursors
+            and topic.last_id is None
+            and not topic.declared
+            and not self.producers.producers(topic.name)
+            and self._topics.get(topic.name) is topic
+        ):
             self._topics.discard(topic)
             self._trim_dirty.discard(topic)
 
@@ -736,6 +770,8 @@ class Broker:
         for name in self.storage.topics():
             if name not in self._topics:
                 self._create_topic(name)
+        for name, _ in self.storage.table_items(TOPICS_TABLE):
+            (self._topics.get(name) or self._create_topic(name)).declared = True
         loads: list[tuple[Cursor, CursorState | None]] = []
         for name, raw in self.storage.table_items(SUBSCRIPTIONS_TABLE):
             sub, selectors = Subscription.from_record(name, raw, self._books)

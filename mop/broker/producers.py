@@ -95,6 +95,10 @@ class ProducerRegistry:
     ) -> ProducerHandle:
         """Register a producer, or raise ProducerBusy / ProducerFenced.
 
+        As in Pulsar, an `Exclusive` producer that finds the topic taken (by any producer, or
+        with exclusive producers queued) is refused with ProducerFenced, and a shared producer
+        that finds an exclusive one (holding or queued) with ProducerBusy.
+
         A wait-for-exclusive producer that cannot have the topic yet comes back with `ready`
         False and is granted it (`on_change`) when the producers before it are gone. A name
         that is taken is refused, unless the new producer is the same one reconnecting with a
@@ -112,11 +116,11 @@ class ProducerRegistry:
             raise ProducerFenced(f"producer {name!r} was fenced on {topic!r}")
         others = state.producers.values()
         if access is ProducerAccess.SHARED:
-            if state.has_exclusive():
+            if state.has_exclusive() or state.waiting:
                 raise ProducerBusy(f"{topic!r} has an exclusive producer")
         elif access is ProducerAccess.EXCLUSIVE:
-            if others:
-                raise ProducerBusy(f"{topic!r} already has producers")
+            if others or state.waiting:
+                raise ProducerFenced(f"{topic!r} already has producers")
             self._grant(state, handle, topic_epoch)
         elif access is ProducerAccess.WAIT_FOR_EXCLUSIVE:
             if others or state.waiting:

@@ -37,12 +37,15 @@ class Topic:
     ids come from a counter of this process, and only attached consumers see its messages.
 
     `messages_in` and `bytes_in` count what was published since the broker loaded the topic
-    (at `loaded_at`, wall-clock seconds), for its stats; `meter` measures their rates."""
+    (at `loaded_at`, wall-clock seconds), for its stats; `meter` measures their rates.
+    `declared` marks a persistent topic recorded as existing before it held a message (a
+    producer opened it), so that it outlives a restart and its subscriptions."""
 
     __slots__ = (
         "batched",
         "bytes_in",
         "cursors",
+        "declared",
         "last_id",
         "loaded_at",
         "messages_in",
@@ -69,6 +72,7 @@ class Topic:
         # do the stats count a backlog's messages one by one rather than by its entries.
         self.batched = False
         self.meter: RateMeter | None = None  # made when the stats are first read
+        self.declared = False
 
     def __repr__(self) -> str:
         return f"Topic({self.name!r})"

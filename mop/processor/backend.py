@@ -28,6 +28,8 @@ from mop.messaging import (
     SubscriptionSpec,
     TopicBusy,
 )
+from mop.partitioned import PartitionedTopics
+from mop.schemas.model import Compatibility, SchemaInfo, StoredSchema
 
 # The shared words of `mop.messaging` are part of this contract: importable from here too.
 __all__ = [
@@ -433,12 +435,36 @@ class Backend(Protocol):
 
     def table(self, name: str) -> Table: ...
 
+    @property
+    def partitioned(self) -> PartitionedTopics:
+        """The deployment's partitioned topics (see `mop.partitioned`)."""
+        ...
+
     async def lookup(self, topic: str) -> str:
         """The service URL of the broker that owns `topic`."""
         ...
 
     async def hold_role(self, name: str) -> Role:
         """Enter this node for the cluster-wide role `name` (see `Role`); returns at once."""
+        ...
+
+    # -- schemas (kept by the broker that owns the topic, as Pulsar brokers keep them) -------
+
+    async def schema(self, topic: str, version: int | None = None) -> StoredSchema | None:
+        """Version `version` of `topic`'s schema (None: the latest); None when it has none."""
+        ...
+
+    async def get_or_create_schema(self, topic: str, schema: SchemaInfo) -> int:
+        """The version of `schema` among `topic`'s schemas, added when it is new and its
+        namespace's compatibility rule lets it follow them; raises IncompatibleSchema."""
+        ...
+
+    async def schema_compatibility(self, namespace: str) -> Compatibility:
+        """The compatibility rule of `namespace` ("tenant/namespace")."""
+        ...
+
+    async def set_schema_compatibility(self, namespace: str, rule: Compatibility | None) -> None:
+        """Set the rule of `namespace` (None: back to the brokers' default)."""
         ...
 
     async def aclose(self) -> None: ...

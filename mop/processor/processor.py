@@ -14,6 +14,7 @@ from typing import Any, cast
 from mop.counters import Closing, Drop, LatencyHistogram, ProtocolStats, drop_reason
 from mop.message import Message
 from mop.overload.guard import OverloadGuard
+from mop.partitioned import PartitionedTopics
 from mop.processor.at_most_once import AtMostOnceConsumer
 from mop.processor.backend import (
     Backend,
@@ -34,6 +35,7 @@ from mop.processor.backend import (
 from mop.processor.drops import DropLog
 from mop.processor.stats import ProcessorStats
 from mop.processor.tracing import MessageTracing
+from mop.schemas.model import Compatibility, SchemaInfo, StoredSchema
 from mop.security.authorization import ClientPermissions
 from mop.security.gatekeeper import Gatekeeper
 from mop.security.identity import ANONYMOUS, Credentials, Principal
@@ -287,12 +289,33 @@ class MessagingProcessor:
         """Delete `topic` (a full name; see `Backend.delete_topic`), for the admin API."""
         return await self.backend.delete_topic(topic, force=force)
 
+    async def schema(self, topic: str, version: int | None = None) -> StoredSchema | None:
+        """Version `version` of `topic`'s schema (None: the latest); None when it has none."""
+        return await self.backend.schema(topic, version)
+
+    async def get_or_create_schema(self, topic: str, schema: SchemaInfo) -> int:
+        """The version of `schema` for `topic`, registered when new (see
+        `Backend.get_or_create_schema`); raises IncompatibleSchema."""
+        return await self.backend.get_or_create_schema(topic, schema)
+
+    async def schema_compatibility(self, namespace: str) -> Compatibility:
+        return await self.backend.schema_compatibility(namespace)
+
+    async def set_schema_compatibility(self, namespace: str, rule: Compatibility | None) -> None:
+        await self.backend.set_schema_compatibility(namespace, rule)
+
     def not_ready(self) -> list[str]:
         """Why the backend cannot serve clients now (empty: it can), for `/readyz`."""
         return self.backend.not_ready()
 
     async def lookup(self, topic: str) -> str:
         return await self.backend.lookup(topic)
+
+    @property
+    def partitioned(self) -> PartitionedTopics:
+        """The partitioned topics (Pulsar's metadata over ordinary topics; see
+        `mop.partitioned`), kept by the backend."""
+        return self.backend.partitioned
 
     async def hold_role(self, name: str) -> Role:
         """Enter this node for a role one node of the deployment holds at a time (see

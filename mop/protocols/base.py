@@ -1,7 +1,8 @@
 """The protocol handler lifecycle (Pulsar PIP-41's, in trio terms) and handler discovery.
 
-A node calls, in this order: `initialize(settings)` -> `advertised_data()` ->
-`await start(services)` -> `listeners()` (the node serves them) -> `await close()`; once started,
+A node calls, in this order: `initialize(settings)` -> `advertised_data()` -> `listeners()` (the
+node binds them, so that a port in use stops it before it writes anything) ->
+`await start(services)` (then the node accepts connections) -> `await close()`; once started,
 `admin_view()` shows the admin API the handler's clients (`mop.protocols.introspection`).
 Handlers are found through the `mop.protocols` entry-point group, so a package can add one.
 """
@@ -56,7 +57,8 @@ class ProtocolHandler(Protocol):
         ...
 
     def listeners(self) -> list[tuple[ListenerSpec, Handler]]:
-        """The listeners to serve and the connection handler for each."""
+        """The listeners to serve and the connection handler for each (asked before `start`;
+        a handler is called only once `start` has returned)."""
         ...
 
     def admin_view(self) -> AdminView:

@@ -32,7 +32,7 @@ class MopBatchReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         options = self.options
-        client = open_client(options.service_url, options.timeout_ms)
+        client = open_client(options.service_url, options.timeout_ms, options.security)
         try:
             topics = find_topics(client, options)
             ranges: list[InputPartition] = []

@@ -14,8 +14,9 @@ import pulsar
 
 from mop.message import MessageId
 from mop.spark.namespace import list_topics
-from mop.spark.options import ReadOptions
+from mop.spark.options import NO_SECURITY, ClientSecurity, ReadOptions
 from mop.spark.positions import EARLIEST, order_key
+from mop.spark.security import client_options
 from mop.spark.topics import listing_namespaces, matching, named_topics
 
 __all__ = [
@@ -35,13 +36,17 @@ _CONCURRENT_LOOKUPS: Final = 16
 _PEEK_MS: Final = 5000
 
 
-def open_client(service_url: str, timeout_ms: int) -> pulsar.Client:
+def open_client(
+    service_url: str, timeout_ms: int, security: ClientSecurity = NO_SECURITY
+) -> pulsar.Client:
+    """A client authenticated and checking the brokers as `security` says."""
     return pulsar.Client(
         service_url,
         operation_timeout_seconds=max(1, timeout_ms // 1000),
         io_threads=1,
         message_listener_threads=1,
         logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
+        **client_options(security),
     )
 
 
@@ -62,7 +67,12 @@ def find_topics(client: pulsar.Client, options: ReadOptions) -> list[str]:
     for topic in named_topics(options.selection, **where):
         found.update(partitions_of(client, topic))
     for namespace in listing_namespaces(options.selection, **where):
-        listed = list_topics(options.service_url, namespace, timeout=options.timeout_ms / 1000)
+        listed = list_topics(
+            options.service_url,
+            namespace,
+            timeout=options.timeout_ms / 1000,
+            security=options.security,
+        )
         found.update(matching(options.selection, listed, **where))
     return sorted(found)
 

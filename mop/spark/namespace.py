@@ -2,8 +2,8 @@
 
 pulsar-client sends this command only for its own regex subscriptions and has no call that
 returns the list, so the data source asks for it on a short link of its own
-(`mop.protocols.pulsar.client`). Any Pulsar-protocol broker answers it (a mop node or Apache
-Pulsar); it needs no authentication, which is what such a broker allows by default.
+(`mop.protocols.pulsar.client`), with the data source's credentials and broker trust. Any
+Pulsar-protocol broker answers it (a mop node or Apache Pulsar).
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from __future__ import annotations
 import trio
 
 from mop.protocols.pulsar import client
-from mop.protocols.pulsar.client import LinkFailed, PulsarLink, service_addresses
+from mop.protocols.pulsar.client import ClientAuth, LinkFailed, PulsarLink, service_addresses
 from mop.protocols.pulsar.commands import TopicsMode
+from mop.spark.options import NO_SECURITY, ClientSecurity
+from mop.spark.security import link_auth
 
 __all__ = ["NamespaceListingError", "list_topics"]
 
@@ -21,18 +23,25 @@ class NamespaceListingError(RuntimeError):
     """No broker of the service URL answered the listing (or it refused it)."""
 
 
-def list_topics(service_url: str, namespace: str, *, timeout: float = 30.0) -> list[str]:
+def list_topics(
+    service_url: str,
+    namespace: str,
+    *,
+    timeout: float = 30.0,
+    security: ClientSecurity = NO_SECURITY,
+) -> list[str]:
     """Every topic of `namespace` ("tenant/namespace"), persistent and not, partitions named
     one by one. Tries each host of the service URL in turn, each within `timeout` seconds."""
     try:
         addresses, tls = service_addresses(service_url)
     except ValueError as exc:
         raise NamespaceListingError(str(exc)) from None
+    auth = link_auth(security)
     failures: list[str] = []
     for host, port in addresses:
         # Spark calls this from plain threads: a short trio run of its own for each try.
         try:
-            return trio.run(_ask_within, host, port, tls, namespace, timeout)
+            return trio.run(_ask_within, host, port, tls, auth, namespace, timeout)
         except LinkFailed as exc:
             failures.append(f"{host}:{port}: {exc}")
         except trio.TooSlowError:
@@ -42,9 +51,11 @@ def list_topics(service_url: str, namespace: str, *, timeout: float = 30.0) -> l
     )
 
 
-async def _ask_within(host: str, port: int, tls: bool, namespace: str, seconds: float) -> list[str]:
+async def _ask_within(
+    host: str, port: int, tls: bool, auth: ClientAuth, namespace: str, seconds: float
+) -> list[str]:
     with trio.fail_after(seconds):
-        link = await PulsarLink.connect(host, port, "mop-spark", tls=tls)
+        link = await PulsarLink.connect(host, port, "mop-spark", tls=tls, auth=auth)
         try:
             return await client.list_topics(link, namespace, TopicsMode.ALL)
         finally:

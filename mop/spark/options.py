@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Final
 
 from mop.message import MessageId
@@ -20,6 +21,7 @@ from mop.topics import TopicError, validate_topic_filter
 
 __all__ = [
     "DEFAULT_SERVICE_URL",
+    "ClientSecurity",
     "EARLIEST_NAME",
     "LATEST_NAME",
     "OptionError",
@@ -84,6 +86,31 @@ class StartSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientSecurity:
+    """How the data source's connections prove who they are and check the brokers: one of a
+    token (`token`, or `token_file`, read again whenever a connection is made) or a user name
+    and password, and for pulsar+ssl:// the CA file to trust (None: the system's) and whether
+    the broker's host name must match its certificate. Secrets stay out of `repr`."""
+
+    token: str | None = field(default=None, repr=False)
+    token_file: str | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls_trust_certs_file_path: str | None = None
+    tls_validate_hostname: bool = True
+
+    @property
+    def method(self) -> str | None:
+        """The authentication method: "token", "basic" or None."""
+        if self.token is not None or self.token_file is not None:
+            return "token"
+        return "basic" if self.username is not None else None
+
+
+NO_SECURITY: Final = ClientSecurity()
+
+
+@dataclass(frozen=True, slots=True)
 class ReadOptions:
     service_url: str
     selection: Selection
@@ -95,6 +122,7 @@ class ReadOptions:
     max_records_per_partition: int | None = None
     subscription: str | None = None
     timeout_ms: int = 30_000
+    security: ClientSecurity = NO_SECURITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +135,22 @@ class WriteOptions:
     batching_max_messages: int = 1000
     batching_max_publish_delay_ms: int = 10
     timeout_ms: int = 30_000
+    security: ClientSecurity = NO_SECURITY
 
 
-_COMMON: Final = frozenset({"service_url", "tenant", "namespace", "timeout_ms"})
+# Spark hides the values of options whose names match spark.redaction.regex (by default
+# "secret", "password", "token"...) in plans and its UI: both secrets' names do.
+_SECURITY: Final = frozenset(
+    {
+        "auth_token",
+        "auth_token_file",
+        "auth_username",
+        "auth_password",
+        "tls_trust_certs_file_path",
+        "tls_validate_hostname",
+    }
+)
+_COMMON: Final = frozenset({"service_url", "tenant", "namespace", "timeout_ms"}) | _SECURITY
 _READ: Final = _COMMON | {
     "topics",
     "topics_pattern",
@@ -172,6 +213,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         ),
         subscription=opts.get("subscription") or None,
         timeout_ms=_positive(opts.get("timeout_ms", "30000"), "timeout_ms"),
+        security=_security(opts),
     )
 
 
@@ -197,6 +239,7 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
             opts.get("batching_max_publish_delay_ms", "10"), "batching_max_publish_delay_ms"
         ),
         timeout_ms=_positive(opts.get("timeout_ms", "30000"), "timeout_ms"),
+        security=_security(opts),
     )
 
 
@@ -221,6 +264,49 @@ def _service_url(opts: Mapping[str, str]) -> str:
     if not url.startswith(("pulsar://", "pulsar+ssl://")):
         raise OptionError(f"service_url must start with pulsar:// or pulsar+ssl://, not {url!r}")
     return url
+
+
+def _security(opts: Mapping[str, str]) -> ClientSecurity:
+    """The credentials and TLS trust the options give. Errors name options, never values."""
+    token = opts.get("auth_token") or None
+    token_file = opts.get("auth_token_file") or None
+    username = opts.get("auth_username") or None
+    password = opts.get("auth_password")
+    if token is not None and token_file is not None:
+        raise OptionError("give auth_token or auth_token_file, not both")
+    if (token or token_file) and (username or password is not None):
+        raise OptionError("give a token (auth_token*) or a user (auth_username), not both")
+    if (username is None) != (password is None):
+        raise OptionError("auth_username and auth_password go together")
+    if username is not None and ":" in username:
+        raise OptionError("auth_username must not contain ':'")
+    if token_file is not None:
+        _readable(token_file, "auth_token_file")
+    trust = opts.get("tls_trust_certs_file_path") or None
+    if trust is not None:
+        _readable(trust, "tls_trust_certs_file_path")
+    return ClientSecurity(
+        token=token,
+        token_file=token_file,
+        username=username,
+        password=password,
+        tls_trust_certs_file_path=trust,
+        tls_validate_hostname=_boolean(
+            opts.get("tls_validate_hostname", "true"), "tls_validate_hostname"
+        ),
+    )
+
+
+def _readable(path: str, name: str) -> None:
+    if not Path(path).is_file():
+        raise OptionError(f"{name}: no file at {path}")
+
+
+def _boolean(text: str, name: str) -> bool:
+    word = text.strip().lower()
+    if word not in ("true", "false"):
+        raise OptionError(f"{name} must be true or false, not {text!r}")
+    return word == "true"
 
 
 def _positive(text: str, name: str) -> int:

@@ -69,7 +69,7 @@ def split_range(
 def read_range(options: ReadOptions, part: TopicRange) -> Iterator[pa.RecordBatch]:
     names = topic_names(part.topic, tenant=options.tenant, namespace=options.namespace)
     rows = RowBatch(names)
-    client = open_client(options.service_url, options.timeout_ms)
+    client = open_client(options.service_url, options.timeout_ms, options.security)
     try:
         reader = client.create_reader(
             part.topic, to_pulsar_id(part.start), receiver_queue_size=ROWS_PER_BATCH

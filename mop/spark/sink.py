@@ -181,7 +181,7 @@ def publish(
     that every earlier send of that producer succeeded. The exception is a message too large
     for the broker, refused alone when it is sent: large messages get a callback.
     """
-    client = open_client(options.service_url, options.timeout_ms)
+    client = open_client(options.service_url, options.timeout_ms, options.security)
     producers = _Producers(client, options, identity)
     large = _LargeSends()
     sent = duplicates = row = 0

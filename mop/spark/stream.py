@@ -178,7 +178,9 @@ class MopStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _connection(self) -> pulsar.Client:
         if self._client is None:
-            self._client = open_client(self.options.service_url, self.options.timeout_ms)
+            self._client = open_client(
+                self.options.service_url, self.options.timeout_ms, self.options.security
+            )
         return self._client
 
     def _holder(self, topic: str) -> Any:

@@ -13,7 +13,7 @@ import dataclasses
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
@@ -82,6 +82,10 @@ class RunningNode:
     def call(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the node's trio thread and return its result (to inspect state)."""
         return trio.from_thread.run_sync(fn, trio_token=self._token)
+
+    def run(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """Await `fn()` on the node's trio thread and return its result."""
+        return trio.from_thread.run(fn, trio_token=self._token)
 
 
 @contextmanager

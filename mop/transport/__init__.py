@@ -8,8 +8,11 @@ from mop.transport.listeners import (
     ConnectionInfo,
     Handler,
     ListenerSpec,
+    OpenListeners,
+    open_listeners,
     serve_listener,
     serve_listeners,
+    serve_open_listeners,
 )
 from mop.transport.outbound import OutboundBuffer
 from mop.transport.tls import (
@@ -24,6 +27,7 @@ __all__ = [
     "ConnectionInfo",
     "Handler",
     "ListenerSpec",
+    "OpenListeners",
     "OutboundBuffer",
     "Receive",
     "Send",
@@ -37,5 +41,7 @@ __all__ = [
     "serve_listener",
     "serve_listeners",
     "listener_ssl_context",
+    "open_listeners",
+    "serve_open_listeners",
     "server_ssl_context",
 ]

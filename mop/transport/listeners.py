@@ -24,8 +24,11 @@ __all__ = [
     "ConnectionInfo",
     "Handler",
     "ListenerSpec",
+    "OpenListeners",
+    "open_listeners",
     "serve_listener",
     "serve_listeners",
+    "serve_open_listeners",
 ]
 
 logger = logging.getLogger("mop.transport")
@@ -124,6 +127,50 @@ class BoundListener:
     port: int
 
 
+class OpenListeners:
+    """Sockets bound and listening for some specs, not accepting yet (`open_listeners`).
+
+    A node opens its listeners before it starts anything else, so that a port in use stops it
+    before it writes anything; connections that come meanwhile wait in the sockets' backlog
+    until `serve_open_listeners` accepts them. `aclose` closes what was never served.
+    """
+
+    def __init__(self, opened: list[tuple[ListenerSpec, list[trio.SocketListener]]]) -> None:
+        self._opened = opened
+
+    @property
+    def sockets(self) -> list[tuple[ListenerSpec, list[trio.SocketListener]]]:
+        """Each spec with its sockets (one per address its host resolves to)."""
+        return self._opened
+
+    @property
+    def bound(self) -> list[BoundListener]:
+        """Where each socket listens (the real port, also when the spec said 0)."""
+        return [
+            BoundListener(spec, *_address(listener.socket.getsockname()))
+            for spec, sockets in self._opened
+            for listener in sockets
+        ]
+
+    async def aclose(self) -> None:
+        for _, sockets in self._opened:
+            for listener in sockets:
+                await trio.aclose_forcefully(listener)
+
+
+async def open_listeners(specs: Sequence[ListenerSpec]) -> OpenListeners:
+    """Bind and listen on every spec; a failure (e.g. a port in use) raises ``OSError`` naming
+    the listener and address, and leaves nothing open."""
+    opened: list[tuple[ListenerSpec, list[trio.SocketListener]]] = []
+    try:
+        for spec in specs:
+            opened.append((spec, await _open_sockets(spec)))
+    except BaseException:
+        await OpenListeners(opened).aclose()
+        raise
+    return OpenListeners(opened)
+
+
 async def serve_listeners(
     specs: Sequence[ListenerSpec],
     handler: Handler,
@@ -136,29 +183,33 @@ async def serve_listeners(
     All sockets are bound before anything is reported: a failure (e.g. a port in use) raises
     ``OSError`` naming the listener and address, and nothing is left open. Then
     ``task_status.started(bound)`` reports the bound addresses and connections are served until
-    cancelled. Each connection has its own task, in which the TLS handshake and WebSocket
-    upgrade run under ``handshake_timeout``, so slow or hostile clients never delay others.
-    The transport closes the stream once the handler returns. Errors of one connection
-    (failed handshakes, broken connections, exceptions from the handler) are logged to
-    ``mop.transport`` and never reach the listener or other connections. A connection
-    refused for its listener's ``connection_rate`` is reported to ``on_refused``.
+    cancelled (see ``serve_open_listeners``).
     """
-    opened: list[tuple[ListenerSpec, list[trio.SocketListener]]] = []
-    try:
-        for spec in specs:
-            opened.append((spec, await _open_sockets(spec)))
-    except BaseException:
-        for _, sockets in opened:
-            for listener in sockets:
-                await trio.aclose_forcefully(listener)
-        raise
-    bound = [
-        BoundListener(spec, *_address(listener.socket.getsockname()))
-        for spec, sockets in opened
-        for listener in sockets
-    ]
+    listeners = await open_listeners(specs)
+    await serve_open_listeners(listeners, handler, on_refused=on_refused, task_status=task_status)
+
+
+async def serve_open_listeners(
+    listeners: OpenListeners,
+    handler: Handler,
+    *,
+    on_refused: Callable[[ListenerSpec], None] | None = None,
+    task_status: trio.TaskStatus[list[BoundListener]] = trio.TASK_STATUS_IGNORED,
+) -> NoReturn:
+    """Accept connections on `listeners` (which this closes when it ends) and run
+    ``await handler(stream, info)`` for each; ``task_status.started(bound)`` reports the bound
+    addresses at once.
+
+    Each connection has its own task, in which the TLS handshake and WebSocket upgrade run
+    under ``handshake_timeout``, so slow or hostile clients never delay others. The transport
+    closes the stream once the handler returns. Errors of one connection (failed handshakes,
+    broken connections, exceptions from the handler) are logged to ``mop.transport`` and never
+    reach the listener or other connections. A connection refused for its listener's
+    ``connection_rate`` is reported to ``on_refused``.
+    """
+    bound = listeners.bound
     async with trio.open_nursery() as nursery:
-        for spec, sockets in opened:
+        for spec, sockets in listeners.sockets:
             gate = _Gate(spec, on_refused) if spec.connection_rate > 0 else None
             # trio.serve_listeners keeps accepting through EMFILE and similar overload errors.
             nursery.start_soon(

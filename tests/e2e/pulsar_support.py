@@ -60,6 +60,15 @@ def pulsar_client(node: RunningNode, **options: Any) -> Iterator[pulsar.Client]:
         client.close()
 
 
+@dataclasses.dataclass(frozen=True)
+class Deployment:
+    """Where a test's clients connect (see the `deployment` fixture of tests/e2e/pulsar)."""
+
+    pulsar: RunningNode  # Pulsar clients
+    mqtt: RunningNode  # MQTT clients
+    separated: bool
+
+
 def topic_for(name: str, domain: str = "persistent") -> str:
     """A topic of its own for each test (test names are unique)."""
     local = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name)

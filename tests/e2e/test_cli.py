@@ -197,3 +197,30 @@ def test_config_prints_effective_settings(tmp_path: Path) -> None:
     assert result.returncode == 0
     assert "[default.mqtt]" in result.stdout
     assert "\nport = 1884\n" in result.stdout
+
+
+def test_run_logs_the_storage_recovery_once(start_node: Callable[..., Node]) -> None:
+    node = start_node()
+    node.wait_for(LISTENING, STARTUP_TIMEOUT)
+    node.process.send_signal(signal.SIGTERM)
+    assert node.process.wait(timeout=STOP_TIMEOUT) == 0
+    recovery = [line for line in node.rest() if "recovered 0 topics" in line]
+    assert len(recovery) == 1, recovery
+    assert " mop.storage: " in recovery[0]
+
+
+@pytest.mark.parametrize("setting", ["MOP_MQTT__PORT", "MOP_PULSAR__PORT", "MOP_ADMIN__PORT"])
+def test_a_port_in_use_stops_the_start_before_anything_is_written(
+    tmp_path: Path, setting: str
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_mop(tmp_path, "run", **{setting: str(port)})
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mop: error:")]
+    assert len(errors) == 1 and f"127.0.0.1:{port}" in errors[0], result.stderr
+    assert "Address already in use" in errors[0]
+    # No storage files: the next start must not find a data directory of a node never served.
+    assert not (tmp_path / "data").exists(), sorted((tmp_path / "data").rglob("*"))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
 from mop.message import MessageId
 from mop.spark.options import (
     DEFAULT_SERVICE_URL,
+    ClientSecurity,
     OptionError,
     Selection,
     StartSpec,
@@ -115,3 +117,55 @@ def test_start_spec_positions() -> None:
     # A topic with no message yet starts before its first one, whatever the default.
     assert spec.position(b, b, None) == EARLIEST
     assert StartSpec("earliest").position(b, b, last) == EARLIEST
+
+
+# --- credentials and TLS ------------------------------------------------------------------------
+
+
+def test_security_options(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not parsed here")
+    token_file = tmp_path / "token"
+    token_file.write_text("t")
+    read = parse_read_options(
+        {
+            "topics": "a",
+            "auth_token_file": str(token_file),
+            "tls_trust_certs_file_path": str(ca),
+            "tls_validate_hostname": "False",
+        },
+        streaming=False,
+    )
+    assert read.security == ClientSecurity(
+        token_file=str(token_file), tls_trust_certs_file_path=str(ca), tls_validate_hostname=False
+    )
+    assert read.security.method == "token"
+    write = parse_write_options({"topic": "a", "auth_username": "u", "auth_password": "p w"})
+    assert (write.security.method, write.security.username) == ("basic", "u")
+    assert write.security.tls_validate_hostname  # checked unless turned off
+    assert parse_read_options({"topics": "a"}, streaming=False).security.method is None
+
+
+def test_secrets_stay_out_of_reprs() -> None:
+    token = parse_read_options({"topics": "a", "auth_token": "tok-123"}, streaming=False)
+    basic = parse_write_options({"topic": "a", "auth_username": "u", "auth_password": "pw-456"})
+    assert "tok-123" not in repr(token) and "pw-456" not in repr(basic)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"auth_token": "t", "auth_token_file": "/x"}, "auth_token or auth_token_file"),
+        ({"auth_token": "t", "auth_username": "u", "auth_password": "p"}, "not both"),
+        ({"auth_username": "u"}, "go together"),
+        ({"auth_password": "secret-789"}, "go together"),
+        ({"auth_username": "a:b", "auth_password": "p"}, "must not contain ':'"),
+        ({"auth_token_file": "/no/such/token"}, "auth_token_file: no file"),
+        ({"tls_trust_certs_file_path": "/no/such/ca"}, "tls_trust_certs_file_path: no file"),
+        ({"tls_validate_hostname": "maybe"}, "true or false"),
+    ],
+)
+def test_bad_security_options(options: dict[str, str], message: str) -> None:
+    with pytest.raises(OptionError, match=re.escape(message)) as refused:
+        parse_read_options({"topics": "a", **options}, streaming=False)
+    assert "secret-789" not in str(refused.value)

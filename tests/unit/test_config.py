@@ -149,8 +149,12 @@ def test_dump_loads_back(tmp_path: Path) -> None:
             "MOP_MQTT__TLS__CERTFILE": 'C:\\certs\\a "b".crt',
             "MOP_MQTT__TLS__KEYFILE": "/k",
             "MOP_CLUSTER__BROKERS": '["pulsar://a:1"]',
+            "MOP_PULSAR__PARTITIONED_TOPICS": '{ orders = 4, "persistent://public/x/a b" = 2 }',
+            "MOP_PULSAR__ADVERTISED_LISTENERS": '{ ext = "pulsar://h:1,pulsar+ssl://h:2" }',
         }
     )
+    assert settings.pulsar.partitioned_topics == {"orders": 4, "persistent://public/x/a b": 2}
+    assert settings.pulsar.advertised_listeners == {"ext": "pulsar://h:1,pulsar+ssl://h:2"}
     config = write(tmp_path / "dumped.toml", dump_settings(settings))
     assert load_settings(config, environ={}) == settings
 
@@ -182,6 +186,15 @@ def test_dump_loads_back(tmp_path: Path) -> None:
         ({"MOP_CLUSTER__ADMIN_URL": "b1:8080"}, "cluster.admin_url", "http:// or https:// URLs"),
         ({"MOP_CLUSTER__ADMIN_URL": "http://b1:1,pulsar://b2:2"}, "cluster.admin_url", "http://"),
         ({"MOP_MQTT": "5"}, "mqtt", "must be a table (got 5)"),
+        ({"MOP_PULSAR__PARTITIONED_TOPICS": "[1]"}, "pulsar.partitioned_topics", "a table"),
+        ({"MOP_PULSAR__PARTITIONED_TOPICS": "{ a = 0 }"}, "pulsar.partitioned_topics", "1 and"),
+        ({"MOP_PULSAR__PARTITIONED_TOPICS": '{ a = "2" }'}, "pulsar.partitioned_topics", "integer"),
+        ({"MOP_PULSAR__PARTITIONED_TOPICS": '{ " " = 2 }'}, "pulsar.partitioned_topics", "names"),
+        (
+            {"MOP_PULSAR__ADVERTISED_LISTENERS": '{ ext = "http://h:1" }'},
+            "pulsar.advertised_listeners",
+            "pulsar:// URL, a pulsar+ssl:// URL or one of each",
+        ),
         ({"MOP_MQTT__TLS__CERTFILE": "/c"}, "mqtt.tls", "certfile and keyfile must be set"),
         ({"MOP_MQTT__TLS__KEYFILE": "/k"}, "mqtt.tls", "certfile and keyfile must be set"),
         ({"MOP_LIMITS__CONNECTION_RATE": "-1"}, "limits.connection_rate", "positive number"),

@@ -30,6 +30,7 @@ consumer whether it is active, reposition one topic of a pattern consumer.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -40,14 +41,17 @@ from mop.backends.cluster import admin
 from mop.backends.cluster.consumers import ClusterConsumer
 from mop.backends.cluster.context import ClusterContext
 from mop.backends.cluster.discovery import NamespaceDiscovery
+from mop.backends.cluster.errors import error_for
 from mop.backends.cluster.fanout import FanOut, fans_out
 from mop.backends.cluster.fanout_consumer import FanOutConsumer
 from mop.backends.cluster.health import BrokerHealth
 from mop.backends.cluster.leases import PRESENCE_TABLE, ClusterLease, Frontier, Presence
 from mop.backends.cluster.options import ConsumerOptions, ProducerOptions
+from mop.backends.cluster.partitioned import ClusterPartitionedTopics
 from mop.backends.cluster.patterns import matching_selectors
 from mop.backends.cluster.producers import NO_ID, ProducerCache, Receipt
 from mop.backends.cluster.roles import ClusterRole, ClusterRoles
+from mop.backends.cluster.schemas import BrokerSchemas
 from mop.backends.cluster.tables import REGISTRY_TABLE, ClusterTable, SubscriptionRegistry
 from mop.backends.cluster.timing import Delays
 from mop.backends.cluster.topic_admin import BrokerAdmin, admin_urls
@@ -66,8 +70,10 @@ from mop.processor.backend import (
     TopicStats,
 )
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
-from mop.protocols.pulsar.driver import ClientOptions, PulsarClient
+from mop.protocols.pulsar.driver import ClientOptions, DriverError, PulsarClient
+from mop.protocols.pulsar.driver.errors import NoBrokerAnswers
 from mop.protocols.pulsar.driver.stats import LinkStats
+from mop.schemas.model import Compatibility, SchemaInfo, StoredSchema
 from mop.version import VERSION
 
 if TYPE_CHECKING:
@@ -83,6 +89,9 @@ if TYPE_CHECKING:
 __all__ = ["ClusterBackend", "open_cluster_backend"]
 
 log = logging.getLogger("mop.cluster")
+
+# While the brokers cannot be reached at start-up, a line says so this often (seconds).
+CONNECT_PROGRESS_EVERY = 2.0
 
 
 class ClusterBackend:
@@ -131,6 +140,12 @@ class ClusterBackend:
         self.consumer_options = consumers or ConsumerOptions()
         self._preload = [REGISTRY_TABLE, PRESENCE_TABLE, *dict.fromkeys(tables)]
         self._client: PulsarClient | None = None
+        self.partitioned = ClusterPartitionedTopics(
+            self._partition_count,
+            self._topic_admin,
+            self.topics,
+            lambda topic, force: self.delete_topic(topic, force=force),
+        )
         self._producers: ProducerCache | None = None
         self._nursery: trio.Nursery | None = None
         self.delays = Delays()
@@ -280,6 +295,7 @@ class ClusterBackend:
                 await running.wait()
                 if client.closed:
                     raise BackendError("the Pulsar client did not start", reason="unavailable")
+                await self._reach_brokers(client)
                 context = self._context = ClusterContext(
                     tenant=self.tenant,
                     namespace=self.namespace,
@@ -324,6 +340,40 @@ class ClusterBackend:
             raise
         except trio.TooSlowError as exc:
             raise self._start_error(exc) from None
+
+    async def _reach_brokers(self, client: PulsarClient) -> None:
+        """Wait until some broker of the service URL answers, trying again for at most the
+        connect timeout and saying on the log why each try failed (every few seconds); then
+        BackendError saying what happened, to which address. (Reading the tables next would
+        otherwise wait for the operation timeout, in silence.)"""
+        deadline = trio.current_time() + self.connect_timeout
+        pause, logged_at = 0.25, -math.inf
+        failure = f"{self.service_url}: timed out after {self.connect_timeout:g} s"
+        with trio.move_on_at(deadline):
+            while True:
+                try:
+                    await client.reach()
+                    return
+                except NoBrokerAnswers as exc:
+                    failure = "; ".join(exc.attempts)
+                except DriverError as exc:
+                    failure = str(exc)
+                now = trio.current_time()
+                if now - logged_at >= CONNECT_PROGRESS_EVERY:
+                    logged_at = now
+                    log.warning(
+                        "cannot reach the brokers yet (%s); trying again for %.0f s more"
+                        " (cluster.connect_timeout)",
+                        failure,
+                        max(0.0, deadline - now),
+                    )
+                await trio.sleep(pause)
+                pause = min(1.0, pause * 2)
+        raise BackendError(
+            f"no broker answered within cluster.connect_timeout ({self.connect_timeout:g} s):"
+            f" {failure}",
+            reason="unavailable",
+        )
 
     async def _run_client(self, client: PulsarClient, running: trio.Event) -> None:
         try:
@@ -512,6 +562,27 @@ class ClusterBackend:
         await self.producers.release(topic)
         return await admin.delete(topic, force=force)
 
+    # -- schemas: kept by the brokers, as Apache Pulsar keeps them ------------------------
+
+    async def schema(self, topic: str, version: int | None = None) -> StoredSchema | None:
+        """GET_SCHEMA, asked of the broker that owns `topic`."""
+        return await self._schemas().get(topic, version)
+
+    async def get_or_create_schema(self, topic: str, schema: SchemaInfo) -> int:
+        """GET_OR_CREATE_SCHEMA, asked of the broker that owns `topic`: it checks the rule."""
+        return await self._schemas().get_or_create(topic, schema)
+
+    async def schema_compatibility(self, namespace: str) -> Compatibility:
+        """Asked of the brokers' HTTP admin (see `topic_admin`)."""
+        return await self._topic_admin().schema_compatibility(namespace)
+
+    async def set_schema_compatibility(self, namespace: str, rule: Compatibility | None) -> None:
+        await self._topic_admin().set_schema_compatibility(namespace, rule)
+
+    def _schemas(self) -> BrokerSchemas:
+        self._check_running()
+        return BrokerSchemas(self._current_client(), self.operation_timeout)
+
     def not_ready(self) -> list[str]:
         if self._closed:
             return ["the connection to the brokers is closed"]
@@ -604,6 +675,14 @@ class ClusterBackend:
             await table.serve(self.context)
         except BackendError as exc:
             log.error("table %r: %s", table.name, exc)
+
+    async def _partition_count(self, topic: str) -> int:
+        """The brokers' partitioned metadata of `topic` (see `ClusterPartitionedTopics`)."""
+        self._check_running()
+        try:
+            return await self._current_client().partitions(topic)
+        except DriverError as exc:
+            raise error_for(exc, f"partitioned metadata of {topic}") from None
 
     async def lookup(self, topic: str) -> str:
         self._check_running()

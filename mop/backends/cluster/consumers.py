@@ -344,6 +344,7 @@ class ClusterConsumer:
             publish_time=item.publish_time,
             event_time=item.event_time,
             producer_name=item.producer_name,
+            encrypted=item.encrypted,
         )
         threshold = self._threshold(topic)
         expired = decoded.expires_at and decoded.expires_at <= now_ms()

@@ -449,6 +449,7 @@ class FanOut:
                 publish_time=item.publish_time,
                 event_time=item.event_time,
                 producer_name=item.producer_name,
+                encrypted=item.encrypted,
             )
             if decoded.expires_at and decoded.expires_at <= now:
                 continue

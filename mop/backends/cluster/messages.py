@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from mop.message import QOS_PROPERTY, Message, qos_of
+from mop.message import ENCRYPTED, QOS_PROPERTY, Message, qos_of
 
 __all__ = [
     "EXPIRES_AT",
@@ -160,15 +160,18 @@ def incoming(
     publish_time: int,
     event_time: int,
     producer_name: str,
+    encrypted: bool = False,
 ) -> Message:
     """The message a Pulsar message carries (also one a plain Pulsar client sent), from its
-    properties in the order they came."""
+    properties in the order they came; an `encrypted` one is marked `ENCRYPTED`."""
     fields = _incoming_cache.get(properties)
     if fields is None:
         fields = _fields(properties)
         if not fields[2]:  # with an expiry time, one of a kind: not worth keeping
             _remember(_incoming_cache, properties, fields)
     pairs, qos, expires_at, producer = fields
+    if encrypted:
+        pairs = (*pairs, ENCRYPTED)
     return Message(
         payload=payload,
         properties=pairs,

@@ -14,19 +14,27 @@ in turn until one answers for the topic:
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from typing import Final
+from urllib.parse import quote
 
 import httpx
 import trio
 
 from mop.messaging import BackendError, TopicBusy
 from mop.processor.backend import TopicStats
-from mop.protocols.pulsar.admin_rest import StatsFormatError, stats_from_document, topic_path
+from mop.protocols.pulsar.admin_rest import (
+    ADMIN_PREFIX,
+    StatsFormatError,
+    stats_from_document,
+    topic_path,
+)
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
+from mop.schemas.model import Compatibility
 from mop.topics import TopicError
 
-__all__ = ["BrokerAdmin", "admin_urls"]
+__all__ = ["BrokerAdmin", "admin_urls", "answer_reason"]
 
 log = logging.getLogger("mop.cluster")
 
@@ -34,6 +42,9 @@ log = logging.getLogger("mop.cluster")
 NOT_OWNER: Final = 421
 _BUSY: Final = frozenset({409, 412})  # Pulsar answers 412 to a delete of a topic in use
 _REFUSED: Final = frozenset({401, 403})
+# The refusals of a partitioned topic's metadata (a count refused, one there already, a
+# partition in use), read by `mop.backends.cluster.partitioned`.
+_PARTITION_REFUSALS: Final = frozenset({400, 406, 409, 412, 422})
 _SCHEMES: Final = ("http://", "https://")
 # Redirects that keep the method (Pulsar's are 307), followed up to _MAX_REDIRECTS times.
 _REDIRECTS: Final = frozenset({301, 302, 307, 308})
@@ -116,22 +127,117 @@ class BrokerAdmin:
         params = {"force": "true"} if force else {}
         return await self._ask("DELETE", topic, "", params) is not None
 
-    async def _ask(
-        self, method: str, topic: str, suffix: str, params: dict[str, str] | None = None
+    async def partitions(
+        self,
+        method: str,
+        topic: str,
+        *,
+        count: int | None = None,
+        params: dict[str, str] | None = None,
     ) -> httpx.Response | None:
-        """The answer of the first URL that answers for `topic` (None: it has no such topic)."""
+        """`method` on `/partitions` of `topic` (the count as the body, for PUT and POST):
+        the answer of the broker that answers for it, its refusals (4xx) included; None for
+        404."""
+        content = None if count is None else str(count).encode()
+        return await self._ask(
+            method, topic, "/partitions", params, content=content, returned=_PARTITION_REFUSALS
+        )
+
+    async def partitioned(self, namespace: str) -> list[str]:
+        """The partitioned topics of `namespace` ("tenant/namespace"): the union of every
+        admin URL's list (each mop broker lists those it owns; any Pulsar broker lists all).
+        BackendError when no URL answers."""
+        path = f"{ADMIN_PREFIX}/persistent/{namespace}/partitioned"
+        found: set[str] = set()
+        failures: list[str] = []
+        for base in self.urls:
+            try:
+                with trio.fail_after(self.timeout):
+                    response = await self._follow("GET", base + path, None)
+                document = response.json() if response.status_code == 200 else None
+            except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:
+                failures.append(f"{base}: {exc or type(exc).__name__}")
+                continue
+            except trio.TooSlowError:
+                failures.append(f"{base}: no answer within {self.timeout:g} s")
+                continue
+            if not isinstance(document, list):
+                failures.append(f"{base}: HTTP {response.status_code} {answer_reason(response)}")
+                continue
+            found.update(name for name in document if isinstance(name, str))
+        if failures and len(failures) == len(self.urls):
+            raise BackendError(
+                f"the brokers' admin did not list {namespace}: {'; '.join(failures)}",
+                reason="unavailable",
+            )
+        return sorted(found)
+
+    async def _ask(
+        self,
+        method: str,
+        topic: str,
+        suffix: str,
+        params: dict[str, str] | None = None,
+        *,
+        content: bytes | None = None,
+        returned: frozenset[int] = frozenset(),
+    ) -> httpx.Response | None:
+        """The answer of the first URL that answers for `topic` (None: it has no such topic);
+        a status of `returned` is the caller's to read."""
         try:
             path = topic_path(topic) + suffix
         except TopicError as exc:
             raise BackendError(str(exc), reason="invalid_topic") from None
+        return await self._ask_at(method, path, topic, params, content=content, returned=returned)
+
+    async def schema_compatibility(self, namespace: str) -> Compatibility:
+        """The schema compatibility rule of `namespace` ("tenant/namespace")."""
+        response = await self._ask_at("GET", _namespace_path(namespace), namespace)
+        if response is None:
+            raise BackendError(f"no namespace {namespace}", reason="not_found")
+        try:
+            value = response.json()
+            # A namespace without a rule of its own: Pulsar brokers then apply FULL.
+            return Compatibility.FULL if value == "UNDEFINED" else Compatibility(value)
+        except ValueError:
+            raise BackendError(
+                f"schema compatibility of {namespace} from {response.url}: {response.text[:80]}",
+                reason="bad_answer",
+            ) from None
+
+    async def set_schema_compatibility(self, namespace: str, rule: Compatibility | None) -> None:
+        """Set the rule of `namespace` (None: back to the brokers' default) at every URL: each
+        member of a mop broker cluster keeps the rules of its own topics (Apache Pulsar keeps
+        one, so setting it again changes nothing)."""
+        # "UNDEFINED": no rule of its own (Pulsar's name for it), so the brokers' default.
+        value = "UNDEFINED" if rule is None else rule.value
+        for url in self.urls:
+            response = await self._ask_at(
+                "PUT", _namespace_path(namespace), namespace, content=json.dumps(value), urls=(url,)
+            )
+            if response is None:
+                raise BackendError(f"{url}: no namespace {namespace}", reason="not_found")
+
+    async def _ask_at(
+        self,
+        method: str,
+        path: str,
+        topic: str,
+        params: dict[str, str] | None = None,
+        content: str | bytes | None = None,
+        urls: tuple[str, ...] | None = None,
+        returned: frozenset[int] = frozenset(),
+    ) -> httpx.Response | None:
+        """The answer of the first URL (of `urls`, else of all) that answers `method path`
+        (None: a 404); a status of `returned` is the caller's to read."""
         failures: list[str] = []
         # Why the brokers that answered 421 do not answer for the topic: another member owns
         # it, or (a broker's admin.allowed_hosts) they do not answer for the host asked.
         misdirected: list[str] = []
-        for base in self.urls:
+        for base in urls or self.urls:
             try:
                 with trio.fail_after(self.timeout):
-                    response = await self._follow(method, base + path, params)
+                    response = await self._follow(method, base + path, params, content)
             except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 failures.append(f"{base}: {exc or type(exc).__name__}")
                 continue
@@ -140,20 +246,21 @@ class BrokerAdmin:
                 continue
             status = response.status_code
             if status == NOT_OWNER:
-                misdirected.append(f"{base}: {_message(response)}")
+                misdirected.append(f"{base}: {answer_reason(response)}")
                 continue
-            if status in (200, 204):
+            if status in (200, 204) or status in returned:
                 return response
             if status == 404:
                 return None
             if status in _BUSY:
-                raise TopicBusy(f"{topic}: {_message(response)}")
+                raise TopicBusy(f"{topic}: {answer_reason(response)}")
             if status in _REFUSED:
                 raise BackendError(
-                    f"{base} refused the proxy's credentials (cluster.auth): {_message(response)}",
+                    f"{base} refused the proxy's credentials (cluster.auth):"
+                    f" {answer_reason(response)}",
                     reason="not_authorized",
                 )
-            failures.append(f"{base}: HTTP {status} {_message(response)}")
+            failures.append(f"{base}: HTTP {status} {answer_reason(response)}")
         if failures:
             log.debug("%s %s: %s", method, topic, "; ".join(failures))
             raise BackendError(
@@ -166,11 +273,21 @@ class BrokerAdmin:
             reason="unavailable",
         )
 
-    async def _follow(self, method: str, url: str, params: dict[str, str] | None) -> httpx.Response:
+    async def _follow(
+        self,
+        method: str,
+        url: str,
+        params: dict[str, str] | None,
+        content: str | bytes | None = None,
+    ) -> httpx.Response:
         """The answer to `method url`, redirects followed with the proxy's credentials (httpx
         would drop them on the way to another broker); TooManyRedirects for a loop."""
         headers = _headers(self.auth)
-        response = await self._client.request(method, url, params=params, headers=headers)
+        if content is not None:
+            headers["content-type"] = "application/json"
+        response = await self._client.request(
+            method, url, params=params, headers=headers, content=content
+        )
         for _ in range(_MAX_REDIRECTS):
             location = response.headers.get("location")
             if response.status_code not in _REDIRECTS or not location:
@@ -179,7 +296,7 @@ class BrokerAdmin:
             if response.url.scheme == "https" and target.scheme != "https":
                 headers = {}  # never sent in the clear
             await response.aclose()
-            response = await self._client.request(method, target, headers=headers)
+            response = await self._client.request(method, target, headers=headers, content=content)
         raise httpx.TooManyRedirects(
             f"more than {_MAX_REDIRECTS} redirects", request=response.request
         )
@@ -188,7 +305,16 @@ class BrokerAdmin:
         await self._client.aclose()
 
 
-def _message(response: httpx.Response) -> str:
+def _namespace_path(namespace: str) -> str:
+    tenant, sep, name = namespace.partition("/")
+    if not (tenant and sep and name) or "/" in name:
+        raise BackendError(f"{namespace!r} is not tenant/namespace", reason="invalid_topic")
+    return f"/admin/v2/namespaces/{quote(tenant, safe='')}/{quote(name, safe='')}" + (
+        "/schemaCompatibilityStrategy"
+    )
+
+
+def answer_reason(response: httpx.Response) -> str:
     """The reason a broker gave: Pulsar's {"reason": ...}, mop's {"error": ...}, or the text."""
     try:
         document = response.json()

@@ -18,6 +18,7 @@ import trio
 from mop.backends.local.consumer import LocalConsumer
 from mop.backends.local.errors import translate, translated
 from mop.backends.local.lease import LocalLease
+from mop.backends.local.partitioned import PARTITIONED_TABLE, LocalPartitionedTopics
 from mop.backends.local.producer import LocalProducer
 from mop.backends.local.role import LocalRole
 from mop.backends.local.stats import topic_stats
@@ -41,6 +42,8 @@ from mop.processor.backend import (
     SubscriptionSpec,
     TopicStats,
 )
+from mop.schemas.model import Compatibility, SchemaInfo, StoredSchema
+from mop.schemas.registry import SCHEMA_POLICIES_TABLE, SCHEMAS_TABLE, SchemaRegistry
 from mop.topic_names import mqtt_to_pulsar
 
 if TYPE_CHECKING:
@@ -84,6 +87,7 @@ class LocalBackend:
         fence_timeout: float = 10.0,
         trim_interval: float = 1.0,
         unsubscribed_grace: float = 0.0,
+        schema_compatibility: Compatibility = Compatibility.FULL,
     ) -> None:
         self.storage = storage
         self.broker = Broker(
@@ -102,8 +106,15 @@ class LocalBackend:
         self._consumers: set[LocalConsumer] = set()
         self._tables: dict[str, LocalTable] = {}
         self._table_topics: dict[str, LocalTable] = {}
+        self.partitioned = LocalPartitionedTopics(
+            lambda: self.table(PARTITIONED_TABLE),
+            self.topics,
+            lambda topic, force: self.delete_topic(topic, force=force),
+        )
         self._delay_event = trio.Event()
         self._stop = trio.Event()
+        self._schema_default = schema_compatibility
+        self._schemas: SchemaRegistry | None = None
         self._running = False
         self._closed = False
 
@@ -255,6 +266,15 @@ class LocalBackend:
     async def open_producer(self, spec: ProducerSpec) -> LocalProducer:
         self._check_running()
         producer = LocalProducer(self, spec)
+        # As in Pulsar, the topic exists from its first producer on, sent to or not.
+        try:
+            with translated():
+                recorded = self.broker.open_topic(spec.topic)
+                if recorded:
+                    await self.storage.sync()
+        except BaseException:
+            await producer.close()
+            raise
         await trio.lowlevel.checkpoint()
         return producer
 
@@ -353,6 +373,37 @@ class LocalBackend:
         self._check_running()
         await trio.lowlevel.checkpoint()
         return LocalRole(name)
+
+    # -- schemas ---------------------------------------------------------------------------
+
+    @property
+    def schemas(self) -> SchemaRegistry:
+        """The registry of this broker's topics' schemas, in two of its tables."""
+        if self._schemas is None:
+            self._schemas = SchemaRegistry(
+                self.table(SCHEMAS_TABLE), self.table(SCHEMA_POLICIES_TABLE), self._schema_default
+            )
+        return self._schemas
+
+    async def schema(self, topic: str, version: int | None = None) -> StoredSchema | None:
+        self._check_running()
+        await trio.lowlevel.checkpoint()
+        return self.schemas.get(topic, version)
+
+    async def get_or_create_schema(self, topic: str, schema: SchemaInfo) -> int:
+        self._check_running()
+        with translated():
+            return await self.schemas.get_or_create(topic, schema)
+
+    async def schema_compatibility(self, namespace: str) -> Compatibility:
+        self._check_running()
+        await trio.lowlevel.checkpoint()
+        return self.schemas.compatibility(namespace)
+
+    async def set_schema_compatibility(self, namespace: str, rule: Compatibility | None) -> None:
+        self._check_running()
+        with translated():
+            await self.schemas.set_compatibility(namespace, rule)
 
     def on_dropped(self, callback: Callable[[str, str, int], None]) -> None:
         """See `DropNotifier`: the broker's `max_backlog` drops, as they happen."""

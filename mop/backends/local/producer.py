@@ -125,6 +125,8 @@ class LocalProducer:
         return _Stored(backend, published, sync)
 
     async def close(self) -> None:
-        self._backend.broker.producers.remove(self._handle)
+        broker = self._backend.broker
+        broker.producers.remove(self._handle)
+        broker.close_topic(self._spec.topic)
         self._changed.set()
         await trio.lowlevel.checkpoint()

@@ -10,7 +10,7 @@ import base64
 import dataclasses
 import math
 
-from mop.message import RETAINED, Message
+from mop.message import ENCRYPTED, RETAINED, Message
 from mop.protocols.mqtt.packets import NO_PROPERTIES, Properties, Publish
 
 CONTENT_TYPE = "mqtt.content_type"
@@ -40,6 +40,8 @@ def publish_to_message(publish: Publish, *, client_id: str, now_ms: int) -> Mess
     if publish.retain:
         pairs.append(RETAINED)
     pairs.extend(props.user_properties)
+    if ENCRYPTED in props.user_properties:  # mop's own mark: no client may claim it
+        pairs = [pair for pair in pairs if pair != ENCRYPTED]
     expiry = props.message_expiry_interval
     return Message(
         payload=publish.payload,

@@ -7,6 +7,7 @@ and registers the tables that `encode_message` and `decode_message` walk.
 from __future__ import annotations
 
 import dataclasses
+import struct
 from collections.abc import Callable
 from enum import Enum, IntEnum
 from typing import Any, Final, TypeVar, dataclass_transform
@@ -34,6 +35,7 @@ class Scalar(Enum):
     BOOL = "bool"
     STRING = "string"
     BYTES = "bytes"
+    DOUBLE = "double"
 
 
 UINT64: Final = Scalar.UINT64
@@ -43,6 +45,7 @@ INT32: Final = Scalar.INT32
 BOOL: Final = Scalar.BOOL
 STRING: Final = Scalar.STRING
 BYTES: Final = Scalar.BYTES
+DOUBLE: Final = Scalar.DOUBLE
 
 Kind = Scalar | type
 
@@ -168,6 +171,20 @@ def _read_bytes(buf: Buffer, pos: int, end: int) -> tuple[Any, int]:
     return bytes(buf[start:stop]), stop
 
 
+_DOUBLE: Final = struct.Struct("<d")
+
+
+def _read_double(buf: Buffer, pos: int, end: int) -> tuple[Any, int]:
+    stop = pos + 8
+    if stop > end:
+        raise MalformedFrame("double field overruns its message")
+    return _DOUBLE.unpack_from(buf, pos)[0], stop
+
+
+def _write_double(out: bytearray, value: float) -> None:
+    out += _DOUBLE.pack(value)
+
+
 def _checked_writer(low: int, high: int, name: str) -> _Writer:
     def write(out: bytearray, value: int) -> None:
         if not low <= value <= high:
@@ -200,6 +217,7 @@ _SCALARS: Final[dict[Scalar, tuple[int, _Reader, _Writer]]] = {
     BOOL: (_WIRE_VARINT, _read_bool, _write_bool),
     STRING: (_WIRE_LEN, _read_string, _write_string),
     BYTES: (_WIRE_LEN, _read_bytes, _write_bytes),
+    DOUBLE: (_WIRE_FIXED64, _read_double, _write_double),
 }
 
 
@@ -447,6 +465,7 @@ def _skip_field(buf: Buffer, pos: int, end: int, tag: int) -> int:
 __all__ = [
     "BOOL",
     "BYTES",
+    "DOUBLE",
     "INT32",
     "INT64",
     "STRING",

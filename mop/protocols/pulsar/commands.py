@@ -12,6 +12,7 @@ from typing import ClassVar, Final
 from mop.protocols.pulsar.codec import (
     BOOL,
     BYTES,
+    DOUBLE,
     INT32,
     INT64,
     STRING,
@@ -50,6 +51,8 @@ class CommandType(IntEnum):
     PARTITIONED_METADATA_RESPONSE = 22
     LOOKUP = 23
     LOOKUP_RESPONSE = 24
+    CONSUMER_STATS = 25
+    CONSUMER_STATS_RESPONSE = 26
     REACHED_END_OF_TOPIC = 27
     SEEK = 28
     GET_LAST_MESSAGE_ID = 29
@@ -57,9 +60,13 @@ class CommandType(IntEnum):
     ACTIVE_CONSUMER_CHANGE = 31
     GET_TOPICS_OF_NAMESPACE = 32
     GET_TOPICS_OF_NAMESPACE_RESPONSE = 33
+    GET_SCHEMA = 34
+    GET_SCHEMA_RESPONSE = 35
     AUTH_CHALLENGE = 36
     AUTH_RESPONSE = 37
     ACK_RESPONSE = 38
+    GET_OR_CREATE_SCHEMA = 39
+    GET_OR_CREATE_SCHEMA_RESPONSE = 40
 
 
 # The newest protocol version mop speaks (ProtocolVersion v20); CONNECTED answers min(client, this).
@@ -88,6 +95,8 @@ class SchemaType(IntEnum):
     LOCAL_TIME = 18
     LOCAL_DATE_TIME = 19
     PROTOBUF_NATIVE = 20
+    AUTO_CONSUME = 21
+    EXTERNAL = 22
 
 
 class SubType(IntEnum):
@@ -513,6 +522,36 @@ class ReachedEndOfTopic:
 
 
 @message
+class ConsumerStats:
+    TYPE: ClassVar = CommandType.CONSUMER_STATS
+    request_id: int = pb(1, UINT64)
+    consumer_id: int = pb(4, UINT64)
+
+
+@message
+class ConsumerStatsResponse:
+    """One consumer as its broker sees it; an unknown consumer is told with `error_code`.
+    Rates are per second, throughput in bytes per second."""
+
+    TYPE: ClassVar = CommandType.CONSUMER_STATS_RESPONSE
+    request_id: int = pb(1, UINT64)
+    error_code: ServerError | None = pb(2, ServerError, default=None)
+    error_message: str | None = pb(3, STRING, default=None)
+    msg_rate_out: float | None = pb(4, DOUBLE, default=None)
+    msg_throughput_out: float | None = pb(5, DOUBLE, default=None)
+    msg_rate_redeliver: float | None = pb(6, DOUBLE, default=None)
+    consumer_name: str | None = pb(7, STRING, default=None)
+    available_permits: int | None = pb(8, UINT64, default=None)
+    unacked_messages: int | None = pb(9, UINT64, default=None)
+    blocked_consumer_on_unacked_msgs: bool | None = pb(10, BOOL, default=None)
+    address: str | None = pb(11, STRING, default=None)
+    connected_since: str | None = pb(12, STRING, default=None)
+    type: str | None = pb(13, STRING, default=None)
+    msg_rate_expired: float | None = pb(14, DOUBLE, default=None)
+    msg_backlog: int | None = pb(15, UINT64, default=None)
+
+
+@message
 class GetLastMessageId:
     TYPE: ClassVar = CommandType.GET_LAST_MESSAGE_ID
     consumer_id: int = pb(1, UINT64)
@@ -532,6 +571,48 @@ class ActiveConsumerChange:
     TYPE: ClassVar = CommandType.ACTIVE_CONSUMER_CHANGE
     consumer_id: int = pb(1, UINT64)
     is_active: bool = pb(2, BOOL, default=False)
+
+
+# --- schemas -------------------------------------------------------------------------------------
+
+
+@message
+class GetSchema:
+    """The schema of a topic: version `schema_version` (8 bytes, big-endian), else the latest."""
+
+    TYPE: ClassVar = CommandType.GET_SCHEMA
+    request_id: int = pb(1, UINT64)
+    topic: str = pb(2, STRING)
+    schema_version: bytes | None = pb(3, BYTES, default=None)
+
+
+@message
+class GetSchemaResponse:
+    TYPE: ClassVar = CommandType.GET_SCHEMA_RESPONSE
+    request_id: int = pb(1, UINT64)
+    error_code: ServerError | None = pb(2, ServerError, default=None)
+    error_message: str | None = pb(3, STRING, default=None)
+    schema: Schema | None = pb(4, Schema, default=None)
+    schema_version: bytes | None = pb(5, BYTES, default=None)
+
+
+@message
+class GetOrCreateSchema:
+    """The version of `schema` for a topic, registered when it is new (and compatible)."""
+
+    TYPE: ClassVar = CommandType.GET_OR_CREATE_SCHEMA
+    request_id: int = pb(1, UINT64)
+    topic: str = pb(2, STRING)
+    schema: Schema = pb(3, Schema)
+
+
+@message
+class GetOrCreateSchemaResponse:
+    TYPE: ClassVar = CommandType.GET_OR_CREATE_SCHEMA_RESPONSE
+    request_id: int = pb(1, UINT64)
+    error_code: ServerError | None = pb(2, ServerError, default=None)
+    error_message: str | None = pb(3, STRING, default=None)
+    schema_version: bytes | None = pb(4, BYTES, default=None)
 
 
 Command = (
@@ -568,6 +649,12 @@ Command = (
     | GetLastMessageId
     | GetLastMessageIdResponse
     | ActiveConsumerChange
+    | GetSchema
+    | GetSchemaResponse
+    | GetOrCreateSchema
+    | GetOrCreateSchemaResponse
+    | ConsumerStats
+    | ConsumerStatsResponse
 )
 
 # CommandType -> class, for every type this module knows.
@@ -607,6 +694,12 @@ COMMAND_CLASSES: Final[dict[int, type[Command]]] = {
         GetLastMessageId,
         GetLastMessageIdResponse,
         ActiveConsumerChange,
+        GetSchema,
+        GetSchemaResponse,
+        GetOrCreateSchema,
+        GetOrCreateSchemaResponse,
+        ConsumerStats,
+        ConsumerStatsResponse,
     )
 }
 
@@ -626,11 +719,17 @@ __all__ = [
     "CommandType",
     "Connect",
     "Connected",
+    "ConsumerStats",
+    "ConsumerStatsResponse",
     "Error",
     "FeatureFlags",
     "Flow",
     "GetLastMessageId",
     "GetLastMessageIdResponse",
+    "GetOrCreateSchema",
+    "GetOrCreateSchemaResponse",
+    "GetSchema",
+    "GetSchemaResponse",
     "GetTopicsOfNamespace",
     "GetTopicsOfNamespaceResponse",
     "InitialPosition",

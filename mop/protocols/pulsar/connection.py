@@ -26,10 +26,16 @@ from mop.protocols.pulsar.commands import (
     Command,
     Connect,
     Connected,
+    ConsumerStats,
+    ConsumerStatsResponse,
     Error,
     Flow,
     GetLastMessageId,
     GetLastMessageIdResponse,
+    GetOrCreateSchema,
+    GetOrCreateSchemaResponse,
+    GetSchema,
+    GetSchemaResponse,
     GetTopicsOfNamespace,
     GetTopicsOfNamespaceResponse,
     Lookup,
@@ -126,6 +132,9 @@ ClientEvent = (
     | Seek
     | CloseConsumer
     | GetLastMessageId
+    | GetSchema
+    | GetOrCreateSchema
+    | ConsumerStats
     | ChecksumMismatch
     | UnknownCommand
 )
@@ -147,6 +156,9 @@ _CLIENT_EVENTS: Final[tuple[type, ...]] = (
     Seek,
     CloseConsumer,
     GetLastMessageId,
+    GetSchema,
+    GetOrCreateSchema,
+    ConsumerStats,
     ChecksumMismatch,
     UnknownCommand,
 )
@@ -168,6 +180,9 @@ _SERVER_COMMANDS: Final[tuple[type, ...]] = (
     GetLastMessageIdResponse,
     ActiveConsumerChange,
     AckResponse,
+    GetSchemaResponse,
+    GetOrCreateSchemaResponse,
+    ConsumerStatsResponse,
 )
 
 _S = ConnectionState
@@ -347,7 +362,7 @@ def _name(command: object) -> str:
 
 def lookup_connect(
     request_id: int,
-    broker_url: str,
+    broker_url: str | None,
     *,
     broker_url_tls: str | None = None,
     authoritative: bool = False,

@@ -5,9 +5,11 @@ A SEND becomes a Message whose neutral fields serve every protocol and whose `wi
 metadata block as sent, so Pulsar consumers get the very bytes the producer wrote (and its
 checksum holds). A batch becomes one entry whose `batch` lists its messages. A compressed
 payload is stored decompressed (its metadata saying so), so that other protocols read it
-and batches split; one that cannot be (encrypted, with metadata mop does not know, or larger
+and batches split; one that cannot be (with metadata mop does not know, or larger
 decompressed than the broker's message size limit) is kept as sent, whole and opaque to
-other protocols.
+other protocols. An end-to-end encrypted message is kept as sent, metadata block and payload
+(its encryption keys, algorithm, parameters, compression and sizes are what a consumer
+decrypts with), and marked `ENCRYPTED` for other protocols, which skip it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import dataclasses
 import struct
 from typing import Final, TypeVar
 
-from mop.message import Message, MessageId, qos_of
+from mop.message import ENCRYPTED, Message, MessageId, qos_of
 from mop.protocols.pulsar.batching import read_members
 from mop.protocols.pulsar.codec import decode_message, message_bytes
 from mop.protocols.pulsar.compression import UndecodablePayload, decompress
@@ -90,14 +92,23 @@ def message_from_payload(payload: Payload, *, limit: int = DEFAULT_MAX_MESSAGE_S
     (meta_size,) = _U32.unpack_from(raw, 0)
     wire = raw[4 : 4 + meta_size]
     data = payload.data
-    if meta.compression is not CompressionType.NONE:
+    encrypted = meta.encrypted
+    if meta.compression is not CompressionType.NONE and not encrypted:
         data, meta, wire = _decompressed(data, meta, wire, limit)
     producer = meta.producer_name
     publish_time = meta.publish_time
     batch: tuple[Message, ...] = ()
-    if meta.num_messages_in_batch is not None and meta.compression is CompressionType.NONE:
+    if (
+        meta.num_messages_in_batch is not None
+        and meta.compression is CompressionType.NONE
+        and not encrypted
+    ):
         batch = split_batch(data, meta.num_messages_in_batch, producer, publish_time)
     properties = _pairs(meta.properties)
+    if encrypted:
+        properties = (*_without_marker(properties), ENCRYPTED)
+    elif properties and ENCRYPTED in properties:
+        properties = _without_marker(properties)
     # An entry is held until written if any message in it must be (see QOS_PROPERTY).
     qos = max(member.qos for member in batch) if batch else qos_of(properties)
     return Message(
@@ -113,6 +124,10 @@ def message_from_payload(payload: Payload, *, limit: int = DEFAULT_MAX_MESSAGE_S
         wire_format=WIRE_FORMAT,
         wire=wire,
     )
+
+
+def _without_marker(properties: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    return tuple(pair for pair in properties if pair != ENCRYPTED)
 
 
 def _decompressed(
@@ -172,7 +187,7 @@ def with_properties(message: Message, extra: Properties) -> Message:
     if message.wire_format != WIRE_FORMAT or not message.wire:
         return dataclasses.replace(message, properties=message.properties + extra)
     meta = _metadata(message.wire, MessageMetadata)
-    if meta is None or meta.chunk_id is not None:
+    if meta is None or meta.chunk_id is not None or meta.encrypted:
         return message
     added = tuple(KeyValue(key=k, value=v) for k, v in extra)
     wire = message_bytes(dataclasses.replace(meta, properties=meta.properties + added))

@@ -48,6 +48,16 @@ class KeyLongValue:
 
 
 @message
+class EncryptionKeys:
+    """A data key of an end-to-end encrypted message, encrypted with the consumer's key
+    `key` names (read to know a message is encrypted; passed on as sent)."""
+
+    key: str = pb(1, STRING)
+    value: bytes = pb(2, BYTES)
+    metadata: tuple[KeyValue, ...] = pb(3, KeyValue, repeated=True, default=())
+
+
+@message
 class MessageIdData:
     """A message position: (ledger, entry) names the stored entry, batch_index a message in it."""
 
@@ -74,6 +84,11 @@ class MessageMetadata:
     # Present (even as 1) means the payload is a batch of SingleMessageMetadata entries.
     num_messages_in_batch: int | None = pb(11, INT32, default=None)
     event_time: int | None = pb(12, UINT64, default=None)
+    # End-to-end encryption: the payload (compressed first, then encrypted) is for consumers
+    # that hold a key; a broker neither decompresses, splits nor re-encodes it.
+    encryption_keys: tuple[EncryptionKeys, ...] = pb(13, EncryptionKeys, repeated=True, default=())
+    encryption_algo: str | None = pb(14, STRING, default=None)
+    encryption_param: bytes | None = pb(15, BYTES, default=None)
     schema_version: bytes | None = pb(16, BYTES, default=None)
     ordering_key: bytes | None = pb(18, BYTES, default=None)
     deliver_at_time: int | None = pb(19, INT64, default=None)
@@ -88,6 +103,10 @@ class MessageMetadata:
     @property
     def batched(self) -> bool:
         return self.num_messages_in_batch is not None
+
+    @property
+    def encrypted(self) -> bool:
+        return bool(self.encryption_keys)
 
     @property
     def message_count(self) -> int:
@@ -140,6 +159,7 @@ __all__ = [
     "LATEST_ID",
     "BatchEntry",
     "CompressionType",
+    "EncryptionKeys",
     "KeyLongValue",
     "KeyValue",
     "MessageIdData",

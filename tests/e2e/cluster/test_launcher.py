@@ -7,6 +7,8 @@ Ctrl-C must stop all four processes cleanly.
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
 import queue
 import random
@@ -19,10 +21,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from mop.membership import Membership
+from mop.settings import Settings
 from mop.topic_names import mqtt_to_pulsar
 from tests.e2e.clients import Client
 
@@ -164,3 +168,81 @@ def test_run_local_serves_mqtt_across_proxies_and_brokers_and_stops_cleanly(
     text = "".join(launcher.output)
     assert "run-local: stopped" in text
     assert "stopped with status" not in text
+
+
+def launcher_module() -> ModuleType:
+    """run-local as a module (it is a script without the .py suffix), for its pure parts."""
+    loader = importlib.machinery.SourceFileLoader("run_local", str(LAUNCHER))
+    spec = importlib.util.spec_from_loader("run_local", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["run_local"] = module  # its dataclasses look their module up
+    loader.exec_module(module)
+    return module
+
+
+def test_the_default_ports_are_not_those_of_mop_run(tmp_path: Path) -> None:
+    run_local = launcher_module()
+    members = run_local.plan(run_local.parser().parse_args([]), tmp_path)
+    ports = set(run_local.planned_ports(members))
+    assert len(ports) == 8  # 2 brokers and 2 proxies, each with its admin port
+    defaults = Settings()
+    taken_by_mop_run = {
+        defaults.mqtt.port,
+        defaults.mqtt.ws_port,
+        defaults.mqtt.tls_port,
+        defaults.pulsar.port,
+        defaults.admin.port,
+    }
+    assert not ports & taken_by_mop_run
+
+
+def test_a_port_in_use_stops_it_before_anything_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [
+                sys.executable,
+                str(LAUNCHER),
+                f"--broker-port={consecutive_free_ports(2)}",
+                f"--mqtt-port={port}",
+                f"--admin-port={consecutive_free_ports(4)}",
+                f"--python={sys.executable}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 2, done
+    assert f"{port} (proxy-1 MQTT)" in done.stderr and "in use" in done.stderr, done.stderr
+    assert "[broker-1]" not in done.stdout
+
+
+def test_without_a_python_that_can_run_mop_it_says_what_to_do_in_one_line(tmp_path: Path) -> None:
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho 'ModuleNotFoundError: trio' >&2\nexit 1\n")
+    python.chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, str(LAUNCHER), f"--python={python}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"run-local: no Python here can import mop (tried {python})"), line
+    assert "pip install -e ." in line
+    assert done.stdout == ""
+
+
+def test_it_runs_mop_with_the_first_python_that_can_import_it(tmp_path: Path) -> None:
+    run_local = launcher_module()
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nexit 1\n")
+    python.chmod(0o755)
+    assert run_local.find_python([str(python), sys.executable]) == sys.executable
+    assert run_local.find_python([str(python)]) is None

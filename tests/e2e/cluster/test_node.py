@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import socket
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,44 @@ async def test_unreachable_brokers_stop_the_start_with_a_clear_error() -> None:
             pass
 
 
+async def test_refused_connections_stop_the_start_within_the_connect_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    port = free_port()
+    # The operation timeout is far longer: the start must not wait for it.
+    settings = separated(
+        service_url=f"pulsar://127.0.0.1:{port}", operation_timeout=60.0, connect_timeout=1.5
+    )
+    started = trio.current_time()
+    with pytest.raises(StartupError) as failed:
+        async with open_node(settings):
+            pass
+    assert trio.current_time() - started < 4.0
+    assert str(failed.value) == (
+        f"cluster.service_url pulsar://127.0.0.1:{port}: no broker answered within"
+        f" cluster.connect_timeout (1.5 s): pulsar://127.0.0.1:{port}: connection refused"
+    )
+    progress = [r.getMessage() for r in caplog.records if "cannot reach the brokers" in r.message]
+    assert progress, caplog.text
+    assert f"127.0.0.1:{port}: connection refused" in progress[0]
+    assert "(cluster.connect_timeout)" in progress[0]
+
+
+async def test_brokers_that_accept_but_never_answer_time_out_within_the_connect_timeout() -> None:
+    with socket.socket() as silent:  # connections wait in its backlog, never answered
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        settings = separated(
+            service_url=f"pulsar://127.0.0.1:{port}", operation_timeout=60.0, connect_timeout=1.0
+        )
+        started = trio.current_time()
+        with pytest.raises(StartupError, match=r"127\.0\.0\.1:\d+: timed out after 1 s"):
+            async with open_node(settings):
+                pass
+        assert trio.current_time() - started < 3.0
+
+
 async def test_a_backend_that_fails_to_start_leaves_nothing_running() -> None:
     backend = ClusterBackend(
         f"pulsar://127.0.0.1:{free_port()}", operation_timeout=1.0, connect_timeout=0.5
@@ -64,7 +103,7 @@ async def test_a_backend_that_fails_to_start_leaves_nothing_running() -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(backend.serve)
     [cause] = leaves(failed.value)
-    assert isinstance(cause, BackendError) and "no answer" in str(cause), cause
+    assert isinstance(cause, BackendError) and "no broker answered" in str(cause), cause
     # Its Pulsar client is a system task (it outlives a cancelled `serve` until `aclose`), but
     # a backend that never started has no owner to call `aclose`.
     assert running_tasks() == before

@@ -201,6 +201,13 @@ async def test_lookup_names_the_broker(backend: ClusterBackend, lite: LiteBroker
     assert await backend.lookup(mqtt_to_pulsar("any/topic")) == lite.service_url
 
 
+async def test_partitioned_metadata_is_the_brokers_answer(
+    backend: ClusterBackend, prefix: str
+) -> None:
+    # Forwarded as PARTITIONED_METADATA: a topic nobody partitioned has none.
+    assert await backend.partitioned.partitions(mqtt_to_pulsar(f"{prefix}/plain")) == 0
+
+
 async def test_topic_listing_fails_clearly(backend: ClusterBackend) -> None:
     started = time.monotonic()
     with pytest.raises(BackendError, match="GetTopicsOfNamespace") as caught:

@@ -156,8 +156,11 @@ async def test_refusals_come_with_their_server_error(node: RunningNode, topic: s
         assert refused.value.error is ServerError.ConsumerBusy
         config = ProducerConfig(access_mode=ProducerAccessMode.Exclusive)
         await create_producer(native, topic, config)
-        with pytest.raises(ServerRefused) as busy:
+        with pytest.raises(ServerRefused) as fenced:
             await create_producer(native, topic, config)
+        assert fenced.value.error is ServerError.ProducerFenced
+        with pytest.raises(ServerRefused) as busy:
+            await create_producer(native, topic)
         assert busy.value.error is ServerError.ProducerBusy
 
 

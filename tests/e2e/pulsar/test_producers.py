@@ -113,18 +113,46 @@ def test_exclusive_access_refuses_other_producers(client: pulsar.Client, topic: 
     exclusive = client.create_producer(topic, access_mode=pulsar.ProducerAccessMode.Exclusive)
     with pytest.raises(pulsar.ProducerBusy):
         client.create_producer(topic)
-    with pytest.raises(pulsar.ProducerBusy):
+    # Pulsar fences a second Exclusive producer out (ProducerFencedException), it is not "busy".
+    with pytest.raises(pulsar.ProducerFenced):
         client.create_producer(topic, access_mode=pulsar.ProducerAccessMode.Exclusive)
     exclusive.send(b"still mine")
     exclusive.close()
     client.create_producer(topic).send(b"free again")
 
 
+def test_the_asyncio_client_is_fenced_out_of_an_exclusive_topic(
+    node: RunningNode, topic: str
+) -> None:
+    import asyncio
+
+    from pulsar.asyncio import Client as AsyncClient
+    from pulsar.asyncio import PulsarException
+
+    from tests.e2e.pulsar_support import service_url
+
+    async def scenario() -> pulsar.Result | None:
+        client = AsyncClient(service_url(node))
+        try:
+            mode = pulsar.ProducerAccessMode.Exclusive
+            holder = await client.create_producer(topic, access_mode=mode)
+            try:
+                await client.create_producer(topic, access_mode=mode)
+            except PulsarException as exc:
+                await holder.close()
+                return exc.error()
+            return None
+        finally:
+            await client.close()
+
+    assert asyncio.run(scenario()) == pulsar.Result.ProducerFenced
+
+
 def test_exclusive_is_refused_while_shared_producers_exist(
     client: pulsar.Client, topic: str
 ) -> None:
     client.create_producer(topic)
-    with pytest.raises(pulsar.ProducerBusy):
+    with pytest.raises(pulsar.ProducerFenced):
         client.create_producer(topic, access_mode=pulsar.ProducerAccessMode.Exclusive)
 
 

@@ -31,6 +31,10 @@ from mop.protocols.pulsar.commands import (
     Connected,
     Error,
     FeatureFlags,
+    GetOrCreateSchema,
+    GetOrCreateSchemaResponse,
+    GetSchema,
+    GetSchemaResponse,
     GetTopicsOfNamespace,
     GetTopicsOfNamespaceResponse,
     Lookup,
@@ -38,6 +42,8 @@ from mop.protocols.pulsar.commands import (
     LookupType,
     Producer,
     ProducerSuccess,
+    Schema,
+    SchemaType,
     Subscribe,
     SubType,
 )
@@ -382,6 +388,29 @@ def test_lookups_on_the_wire(secured: RunningNode) -> None:
             10,
             ServerError.AuthorizationError,
         )
+    finally:
+        raw.close()
+
+
+def test_schemas_need_the_rights_on_their_topic(secured: RunningNode) -> None:
+    raw = accepted(connect_raw(pulsar_port(secured), **as_token("alice")))
+    schema = Schema(name="", schema_data=b"", type=SchemaType.STRING)
+    try:
+        # alice may only read shared/..., only write inbox: asking is reading or writing,
+        # registering is writing.
+        readable = ask(raw, GetSchema(topic=topic("shared/news"), request_id=1))
+        assert isinstance(readable, GetSchemaResponse)
+        assert readable.error_code is ServerError.TopicNotFound  # no schema yet, but allowed
+        refused = ask(
+            raw, GetOrCreateSchema(topic=topic("shared/news"), request_id=2, schema=schema)
+        )
+        assert isinstance(refused, GetOrCreateSchemaResponse)
+        assert refused.error_code is ServerError.AuthorizationError
+        taken = ask(raw, GetOrCreateSchema(topic=topic("inbox"), request_id=3, schema=schema))
+        assert taken == GetOrCreateSchemaResponse(request_id=3, schema_version=bytes(8))
+        denied = ask(raw, GetSchema(topic=topic("bob/x"), request_id=4))
+        assert isinstance(denied, GetSchemaResponse)
+        assert denied.error_code is ServerError.AuthorizationError
     finally:
         raw.close()
 

@@ -122,6 +122,17 @@ async def test_order_is_kept_across_topics_and_between_them_in_turn() -> None:
     assert [p for p in seen if p[0] == "y"] == ["y0", "y1", "y2"]
 
 
+async def test_a_queued_backlog_comes_one_topic_at_a_time_in_turn_not_in_publish_order() -> None:
+    # What the README's "Order" paragraph tells users: a1, a2, b1 queued -> a1, b1, a2.
+    broker = new_broker()
+    att = await subscribe(broker, "away", ["#"], durable=True, capacity=0)
+    for name, payload in (("a", "a1"), ("a", "a2"), ("b", "b1")):
+        await broker.publish(topic(name), msg(payload))
+    broker.close(att)
+    back = await subscribe(broker, "away", ["#"], durable=True)
+    assert payloads(take_all(broker, back)) == ["a1", "b1", "a2"]
+
+
 async def test_shared_round_robin_and_leaving_member_hands_back_unacked() -> None:
     broker = new_broker()
     one = await subscribe(broker, "g", ["s/#"], kind=SHARED, member="m1")

@@ -27,13 +27,30 @@ def test_shared_producers_coexist_but_names_are_unique() -> None:
 
 
 def test_exclusive_producers() -> None:
+    # Pulsar's answers: an Exclusive producer finding the topic taken is fenced out, a shared
+    # producer finding an exclusive one is told the topic is busy.
     registry = ProducerRegistry()
     shared = registry.add(T, "s", ProducerAccess.SHARED)
-    with pytest.raises(ProducerBusy):
+    with pytest.raises(ProducerFenced):
         registry.add(T, "x", ProducerAccess.EXCLUSIVE)
     registry.remove(shared)
     exclusive = registry.add(T, "x", ProducerAccess.EXCLUSIVE)
     assert exclusive.topic_epoch == 1
+    with pytest.raises(ProducerBusy):
+        registry.add(T, "s", ProducerAccess.SHARED)
+    with pytest.raises(ProducerFenced):
+        registry.add(T, "y", ProducerAccess.EXCLUSIVE)
+
+
+def test_queued_exclusive_producers_keep_others_out() -> None:
+    registry = ProducerRegistry()
+    holder = registry.add(T, "holder", ProducerAccess.EXCLUSIVE)
+    waiter = registry.add(T, "waiter", ProducerAccess.WAIT_FOR_EXCLUSIVE)
+    registry.remove(holder)
+    assert waiter.ready
+    registry.add(T, "queued", ProducerAccess.WAIT_FOR_EXCLUSIVE)
+    with pytest.raises(ProducerFenced):
+        registry.add(T, "x", ProducerAccess.EXCLUSIVE)
     with pytest.raises(ProducerBusy):
         registry.add(T, "s", ProducerAccess.SHARED)
 

@@ -9,7 +9,13 @@ from functools import partial
 import pytest
 import trio
 
-from mop.transport import ConnectionInfo, ListenerSpec, serve_listeners
+from mop.transport import (
+    ConnectionInfo,
+    ListenerSpec,
+    open_listeners,
+    serve_listeners,
+    serve_open_listeners,
+)
 
 from .servers import Recorder, exchange, running
 
@@ -134,6 +140,29 @@ async def test_port_conflict_fails_before_started() -> None:
         for listener in occupied:
             await listener.aclose()
     assert started == []
+
+
+async def test_opened_listeners_hold_connections_until_they_are_served() -> None:
+    opened = await open_listeners([tcp_spec("early")])
+    [bound] = opened.bound
+    assert bound.port > 0
+    # Connected while the node is still starting: it waits in the backlog, then is served.
+    async with (
+        await trio.open_tcp_stream("127.0.0.1", bound.port) as client,
+        trio.open_nursery() as nursery,
+    ):
+        served = await nursery.start(serve_open_listeners, opened, Recorder())
+        assert served == [bound]
+        assert await exchange(client, b"waited") == b"waited"
+        nursery.cancel_scope.cancel()
+
+
+async def test_opened_listeners_that_are_never_served_close() -> None:
+    opened = await open_listeners([tcp_spec("unused")])
+    port = opened.bound[0].port
+    await opened.aclose()
+    with pytest.raises(OSError):
+        await trio.open_tcp_stream("127.0.0.1", port)
 
 
 async def test_stops_accepting_when_cancelled() -> None:

@@ -17,7 +17,7 @@ import trio
 
 from mop.clock import now_ms
 from mop.counters import Drop, LatencyHistogram
-from mop.message import Delivery, Message
+from mop.message import ENCRYPTED, Delivery, Message
 from mop.processor import ClientContext, Consumer, ConsumerClosed
 from mop.processor.tracing import DeliveryTrace, MessageTracing
 from mop.protocols.mqtt.connection import ServerConnection
@@ -164,6 +164,10 @@ class Outflow:
                 message = delivery.message
                 topic = mqtt_name(delivery.topic)
                 how = plan(topic, message, shared)
+                if how is not None and message.properties and ENCRYPTED in message.properties:
+                    # Only a Pulsar consumer with the key can read it (mop.message.ENCRYPTED).
+                    context.record_dropped(Drop.ENCRYPTED)
+                    how = None
                 if how is None or (message.expires_at and message.expires_at <= now):
                     if how is not None:
                         context.record_dropped(Drop.EXPIRED)

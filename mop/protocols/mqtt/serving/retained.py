@@ -35,7 +35,7 @@ class RetainedStore:
         self._tree = TopicTree()
         self._messages: dict[str, Message] = {}
         self._local: set[str] = set()  # topics this node retains for itself alone
-        self.payload_bytes = 0  # of every message kept (`$SYS/broker/store/messages/bytes`)
+        self.payload_bytes = 0  # of every message kept, the node's own too
         for key, value in table.items():
             self._keep(key, decode_message(value))
         # Other nodes (proxies of a separated deployment) retain and clear messages too.
@@ -71,6 +71,12 @@ class RetainedStore:
     def shared(self) -> int:
         """The retained messages of the deployment: the node's own (`keep_local`) apart."""
         return len(self._messages) - sum(1 for topic in self._local if topic in self._messages)
+
+    @property
+    def shared_payload_bytes(self) -> int:
+        """The payload bytes of the deployment's retained messages (`shared`)."""
+        own = (self._messages.get(topic) for topic in self._local)
+        return self.payload_bytes - sum(len(message.payload) for message in own if message)
 
     async def set(self, topic: str, message: Message | None) -> None:
         """Retain `message` for `topic`; None (an empty retained payload) clears it."""

@@ -85,9 +85,11 @@ class SysPublisher:
             bytes_sent=stats.bytes_sent,
             payload_bytes_received=stats.payload_bytes_received,
             payload_bytes_sent=stats.payload_bytes_sent,
-            retained_count=len(retained),
-            stored_count=len(retained) + in_flight,
-            stored_bytes=retained.payload_bytes + in_flight_bytes,
+            # The deployment's retained messages: the node's own `$SYS` values are not counted
+            # (an empty broker says 0, as its start-up log does).
+            retained_count=retained.shared,
+            stored_count=retained.shared + in_flight,
+            stored_bytes=retained.shared_payload_bytes + in_flight_bytes,
             subscriptions=subscriptions,
             heap_current=memory,
             heap_maximum=self._memory_peak,

@@ -13,25 +13,37 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 import trio
 
+from mop.exception_groups import leaves
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, service_addresses
-from mop.protocols.pulsar.commands import Lookup, LookupResponse, LookupType
+from mop.protocols.pulsar.commands import (
+    Lookup,
+    LookupResponse,
+    LookupType,
+    MetadataResult,
+    PartitionedMetadata,
+    PartitionedMetadataResponse,
+)
 from mop.protocols.pulsar.driver.connection import BrokerConnection
 from mop.protocols.pulsar.driver.errors import (
     ClientClosed,
     ConnectionLost,
     DriverError,
+    NoBrokerAnswers,
     ServerRefused,
     Unavailable,
 )
 from mop.protocols.pulsar.driver.stats import LinkStats
 from mop.protocols.pulsar.errors import RemoteProtocolError, ServerError
 
-__all__ = ["ClientOptions", "PulsarClient", "retryable"]
+__all__ = ["ClientOptions", "PulsarClient", "connect_failure", "retryable"]
 
 log = logging.getLogger("mop.pulsar.driver")
 
@@ -48,6 +60,34 @@ def retryable(exc: BaseException) -> bool:
     if isinstance(exc, ConnectionLost | Unavailable):
         return True
     return isinstance(exc, ServerRefused) and exc.error in _RETRYABLE
+
+
+def connect_failure(exc: BaseException, connect_timeout: float) -> str:
+    """What went wrong with a connection to a broker, in a few words: "connection refused",
+    "timed out after 10 s", "host name not found", or the error itself."""
+    if isinstance(exc, trio.TooSlowError):
+        return f"timed out after {connect_timeout:g} s"
+    if isinstance(exc, socket.gaierror):
+        return f"host name not found ({exc.strerror or exc})"
+    # trio tries every address of the host: its error says "all attempts failed", and the
+    # attempts' own errors, which tell why, are its cause.
+    cause = exc.__cause__
+    if isinstance(exc, OSError) and isinstance(cause, BaseExceptionGroup):
+        reasons = dict.fromkeys(_os_reason(leaf) for leaf in leaves(cause))
+        return "; ".join(reasons)
+    if isinstance(exc, OSError):
+        return _os_reason(exc)
+    return str(exc) or type(exc).__name__
+
+
+def _os_reason(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLError):
+        # OpenSSL's reason ("WRONG_VERSION_NUMBER") where the error came from OpenSSL.
+        return f"TLS: {getattr(exc, 'reason', None) or exc}"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        # The system's words for it ("connection refused"), without the address trio adds.
+        return os.strerror(exc.errno).lower()
+    return str(exc) or type(exc).__name__
 
 
 class ClientOptions:
@@ -207,7 +247,7 @@ class PulsarClient:
                         await stream.aclose()
                     raise
         except (OSError, trio.TooSlowError, ConnectionLost, RemoteProtocolError) as exc:
-            raise Unavailable(f"{url}: {exc or type(exc).__name__}") from None
+            raise Unavailable(f"{url}: {connect_failure(exc, options.connect_timeout)}") from None
         try:
             await self.start(connection.serve)
         except BaseException:
@@ -241,7 +281,7 @@ class PulsarClient:
                 return await self.connection(url)
             except Unavailable as exc:
                 failures.append(str(exc))
-        raise Unavailable(f"no broker of {self.service_url} answers: {'; '.join(failures)}")
+        raise NoBrokerAnswers(self.service_url, failures)
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -280,6 +320,29 @@ class PulsarClient:
                 return connection
             authoritative = answer.authoritative
         raise Unavailable(f"lookup of {topic}: more than {MAX_REDIRECTS} redirects")
+
+    async def partitions(self, topic: str) -> int:
+        """How many partitions `topic` has (0: not partitioned), as the brokers' metadata
+        says (PARTITIONED_METADATA, asked of any broker of the service URL), retried until
+        the operation timeout while brokers cannot be reached or are not ready."""
+        return await self.retrying(
+            f"partitioned metadata of {topic}", lambda: self._partitions_once(topic)
+        )
+
+    async def _partitions_once(self, topic: str) -> int:
+        connection = await self._service_connection()
+        answer = await connection.request(
+            PartitionedMetadata(topic=topic, request_id=connection.next_id()),
+            self.options.operation_timeout,
+        )
+        if not isinstance(answer, PartitionedMetadataResponse):
+            raise Unavailable(f"partitioned metadata of {topic}: unexpected answer {answer!r:.200}")
+        if answer.response is MetadataResult.Failed:
+            raise ServerRefused(
+                answer.error or ServerError.ServiceNotReady,
+                f"partitioned metadata of {topic}: {answer.message or 'failed'}",
+            )
+        return answer.partitions or 0
 
     async def retrying(self, what: str, attempt: Callable[[], Awaitable[_T]]) -> _T:
         """`attempt()` until it succeeds, fails for good, or the operation timeout passes

@@ -67,9 +67,11 @@ _CHECKSUM_MISMATCH: Final = 2
 
 
 class Received:
-    """One message as the broker delivered it."""
+    """One message as the broker delivered it. An end-to-end `encrypted` entry comes whole
+    (a batch too: its members cannot be told apart), its payload as the producer sent it."""
 
     __slots__ = (
+        "encrypted",
         "event_time",
         "key",
         "message_id",
@@ -90,7 +92,9 @@ class Received:
         event_time: int,
         producer_name: str,
         redelivery_count: int,
+        encrypted: bool = False,
     ) -> None:
+        self.encrypted = encrypted
         self.message_id = message_id
         self.payload = payload
         self.properties = properties
@@ -233,7 +237,9 @@ class ClientConsumer:
         if connection is not None and connection.link.receive_latency.due(count):
             connection.link.receive_latency.record_age(now_ms(), meta.publish_time)
         try:
-            if not meta.batched:
+            if meta.encrypted:
+                received.append(_encrypted(payload, MessageId(ledger, entry), redeliveries))
+            elif not meta.batched:
                 message_id = MessageId(ledger, entry)
                 if last is None or (ledger, entry) > (last.ledger, last.entry):
                     key = meta.partition_key
@@ -663,6 +669,22 @@ class ClientConsumer:
             connection.send_command(
                 Flow(consumer_id=consumer_id, message_permits=config.receiver_queue)
             )
+
+
+def _encrypted(payload: Payload, message_id: MessageId, redeliveries: int) -> Received:
+    """An encrypted entry as it came: neither decompressed nor split (it cannot be)."""
+    meta = payload.metadata
+    return Received(
+        message_id,
+        payload.data,
+        tuple((kv.key, kv.value) for kv in meta.properties),
+        meta.partition_key,
+        meta.publish_time,
+        meta.event_time or 0,
+        meta.producer_name,
+        redeliveries,
+        encrypted=True,
+    )
 
 
 def _plain(payload: Payload, limit: int) -> bytes:

@@ -11,6 +11,7 @@ __all__ = [
     "ConnectionLost",
     "DriverError",
     "MessageTooLarge",
+    "NoBrokerAnswers",
     "ServerRefused",
     "Unavailable",
 ]
@@ -27,6 +28,15 @@ class ConnectionLost(DriverError):
 class Unavailable(DriverError):
     """No broker could be reached, or none owns the topic now (after retrying until the
     operation timeout)."""
+
+
+class NoBrokerAnswers(Unavailable):
+    """None of the service URL's brokers could be connected to; `attempts` says why, one
+    "url: reason" per broker tried."""
+
+    def __init__(self, service_url: str, attempts: list[str]) -> None:
+        super().__init__(f"no broker of {service_url} answers: {'; '.join(attempts)}")
+        self.attempts = attempts
 
 
 class ClientClosed(DriverError):

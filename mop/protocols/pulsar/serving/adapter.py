@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
+import trio
+
 from mop.protocols.base import NodeServices
 from mop.protocols.introspection import AdminView
 from mop.protocols.pulsar.overload import rate_refusal
 from mop.protocols.pulsar.serving.admin_view import PulsarAdminView
 from mop.protocols.pulsar.serving.server import PulsarServer, Timers
 from mop.settings import PulsarSettings, Settings
-from mop.transport import Handler, ListenerSpec, listener_ssl_context
+from mop.transport import ConnectionInfo, Handler, ListenerSpec, listener_ssl_context
 
 
 class PulsarProtocol:
@@ -53,6 +57,10 @@ class PulsarProtocol:
         assert self._server is not None, "start() first"
         return self._server
 
+    def handle_connection(self, stream: trio.abc.Stream, info: ConnectionInfo) -> Awaitable[None]:
+        """Serve one client, once started (the node binds the listeners before that)."""
+        return self.server.handle_connection(stream, info)
+
     def listeners(self) -> list[tuple[ListenerSpec, Handler]]:
         pulsar = self.pulsar
         specs = [
@@ -75,7 +83,7 @@ class PulsarProtocol:
                     ssl_context=context,
                 )
             )
-        return [(spec, self.server.handle_connection) for spec in specs]
+        return [(spec, self.handle_connection) for spec in specs]
 
     def admin_view(self) -> AdminView:
         return PulsarAdminView(self.server)

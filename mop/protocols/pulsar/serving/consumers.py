@@ -1,5 +1,6 @@
 """The consumers of one Pulsar connection: SUBSCRIBE, FLOW, ACK, REDELIVER, SEEK, UNSUBSCRIBE,
-CLOSE_CONSUMER and GET_LAST_MESSAGE_ID, and one task per consumer that sends MESSAGE frames.
+CLOSE_CONSUMER, GET_LAST_MESSAGE_ID and CONSUMER_STATS, and one task per consumer that sends
+MESSAGE frames.
 
 Each consumer is a processor consumer with permit-based flow control (FLOW grants permits, a
 batch uses one per message) that takes batches whole. Its subscription is named after the topic
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -32,6 +34,8 @@ from mop.protocols.pulsar.commands import (
     AckType,
     ActiveConsumerChange,
     CloseConsumer,
+    ConsumerStats,
+    ConsumerStatsResponse,
     Error,
     Flow,
     GetLastMessageId,
@@ -55,6 +59,7 @@ from mop.protocols.pulsar.mapping import (
     to_id_data,
 )
 from mop.protocols.pulsar.metadata import MessageIdData
+from mop.protocols.pulsar.serving.consumer_stats import ConsumerMeter, stats_response
 from mop.protocols.pulsar.serving.server import TopicRefused, server_error
 from mop.security.acl import Access
 
@@ -83,6 +88,9 @@ class _ConsumerState:
     subscription: str
     kind: SubscriptionKind
     consumer: Consumer
+    sub_type: SubType
+    name: str
+    meter: ConsumerMeter
     # Entries sent and not yet acknowledged, by entry id (for nacks and batch-index acks).
     outstanding: dict[MessageId, Delivery] = field(default_factory=dict)
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
@@ -145,6 +153,11 @@ class ConnectionConsumers:
                 )
             )
             return
+        try:
+            await link.schemas.check_consumer(topic, cmd.schema)
+        except BackendError as exc:
+            link.send(Error(request_id=rid, error=server_error(exc), message=str(exc)))
+            return
         kind = _KINDS[cmd.sub_type]
         durable = cmd.durable and topic.startswith("persistent://")
         start, start_at = _start(cmd)
@@ -168,7 +181,16 @@ class ConnectionConsumers:
         except BackendError as exc:
             link.send(Error(request_id=rid, error=server_error(exc), message=str(exc)))
             return
-        state = _ConsumerState(cmd.consumer_id, topic, cmd.subscription, kind, consumer)
+        state = _ConsumerState(
+            cmd.consumer_id,
+            topic,
+            cmd.subscription,
+            kind,
+            consumer,
+            cmd.sub_type,
+            cmd.consumer_name or "",
+            ConsumerMeter(time.time()),
+        )
         self._states[cmd.consumer_id] = state
         link.send(Success(request_id=rid))
         if kind is SubscriptionKind.FAILOVER:
@@ -222,6 +244,7 @@ class ConnectionConsumers:
                 )
             data = b"".join(frames)
             link.write(data)
+            state.meter.sent(count, len(data))
             stats = link.server.stats
             link.messages_out += count
             stats.record_sent(count, len(data), payload)
@@ -264,6 +287,7 @@ class ConnectionConsumers:
         state = self._states.get(cmd.consumer_id)
         if state is not None:
             state.consumer.grant(cmd.message_permits)
+            state.meter.granted(cmd.message_permits)
 
     def on_ack(self, cmd: Ack) -> None:
         state = self._states.get(cmd.consumer_id)
@@ -341,6 +365,7 @@ class ConnectionConsumers:
             back = list(outstanding.values())
             outstanding.clear()
         if back:
+            state.meter.redelivering(sum(_unacked_in(delivery) for delivery in back))
             state.consumer.nack(back)
 
     # -- SEEK, UNSUBSCRIBE, CLOSE_CONSUMER, GET_LAST_MESSAGE_ID ----------------------------
@@ -425,6 +450,41 @@ class ConnectionConsumers:
             )
         )
 
+    async def on_stats(self, cmd: ConsumerStats) -> None:
+        """CONSUMER_STATS; an unknown consumer is told in the response, as Pulsar does."""
+        link = self._link
+        state = self._states.get(cmd.consumer_id)
+        if state is None:
+            link.send(
+                ConsumerStatsResponse(
+                    request_id=cmd.request_id,
+                    error_code=ServerError.ConsumerNotFound,
+                    error_message=f"no consumer {cmd.consumer_id} on this connection",
+                )
+            )
+            return
+        backlog = 0
+        try:
+            stats = await link.server.processor.topic_stats(state.topic)
+        except BackendError:
+            stats = None
+        name = subscription_name(state.topic, state.subscription)
+        for sub in () if stats is None else stats.subscriptions:
+            if sub.name == name:
+                backlog = sub.backlog
+        link.send(
+            stats_response(
+                cmd.request_id,
+                state.meter,
+                time.time(),
+                name=state.name,
+                sub_type=state.sub_type,
+                address=f"/{link.ctx.peer}",
+                unacked=sum(_unacked_in(d) for d in state.outstanding.values()),
+                backlog=backlog,
+            )
+        )
+
     # -- the end ---------------------------------------------------------------------------
 
     async def _drop(self, state: _ConsumerState) -> None:
@@ -438,6 +498,12 @@ class ConnectionConsumers:
         """The connection ends: unacknowledged messages go back to their subscriptions."""
         for state in list(self._states.values()):
             await self._drop(state)
+
+
+def _unacked_in(delivery: Delivery) -> int:
+    """Messages of a delivered entry not acknowledged yet (a batch's members count)."""
+    batch = delivery.message.batch
+    return len(batch) - len(delivery.acked) if batch else 1
 
 
 def _resume_at(mark: MessageId) -> tuple[StartPosition, MessageId | None]:

@@ -40,9 +40,12 @@ from mop.protocols.pulsar.commands import (
     CloseProducer,
     Command,
     Connect,
+    ConsumerStats,
     Error,
     Flow,
     GetLastMessageId,
+    GetOrCreateSchema,
+    GetSchema,
     GetTopicsOfNamespace,
     GetTopicsOfNamespaceResponse,
     Lookup,
@@ -61,17 +64,14 @@ from mop.protocols.pulsar.connection import (
     NO_REQUEST_ID,
     ClientEvent,
     ServerConnection,
-    lookup_connect,
-    lookup_failed,
-    lookup_redirect,
-    partitioned_metadata,
-    partitioned_metadata_failed,
 )
 from mop.protocols.pulsar.errors import RemoteProtocolError, ServerError
 from mop.protocols.pulsar.frames import ChecksumMismatch, NeedData, UnknownCommand
 from mop.protocols.pulsar.serving.consumers import ConnectionConsumers
+from mop.protocols.pulsar.serving.lookups import ConnectionLookups
 from mop.protocols.pulsar.serving.peers import is_peer
 from mop.protocols.pulsar.serving.producers import ConnectionProducers
+from mop.protocols.pulsar.serving.schemas import ConnectionSchemas
 from mop.protocols.pulsar.serving.server import PulsarServer, TopicRefused
 from mop.security.acl import Access
 from mop.security.authorization import ClientPermissions
@@ -130,6 +130,8 @@ class PulsarConnection:
         self._rates: ClientRates | None = None
         self.producers = ConnectionProducers(self)
         self.consumers = ConnectionConsumers(self)
+        self.schemas = ConnectionSchemas(self)
+        self.lookups = ConnectionLookups(self)
         self._nursery: trio.Nursery | None = None
         # What the admin API shows of the connection (`describe`).
         self.connected_at = 0.0
@@ -141,8 +143,8 @@ class PulsarConnection:
             AuthResponse: self._on_auth_response,
             Ping: self._on_ping,
             Pong: _ignore,
-            PartitionedMetadata: self._on_partitioned_metadata,
-            Lookup: self._on_lookup,
+            PartitionedMetadata: self.lookups.on_partitioned_metadata,
+            Lookup: self.lookups.on_lookup,
             GetTopicsOfNamespace: self._on_topics,
             Producer: self.producers.on_producer,
             Send: self.producers.on_send,
@@ -155,6 +157,9 @@ class PulsarConnection:
             Unsubscribe: self.consumers.on_unsubscribe,
             CloseConsumer: self.consumers.on_close,
             GetLastMessageId: self.consumers.on_get_last_message_id,
+            GetSchema: self.schemas.on_get_schema,
+            GetOrCreateSchema: self.schemas.on_get_or_create_schema,
+            ConsumerStats: self.consumers.on_stats,
             ChecksumMismatch: self._on_checksum_mismatch,
             UnknownCommand: self._on_unknown,
         }
@@ -520,34 +525,6 @@ class PulsarConnection:
 
     def _on_ping(self, _: Ping) -> None:
         self.send(Pong())
-
-    def _on_partitioned_metadata(self, cmd: PartitionedMetadata) -> None:
-        try:
-            self.authorized_topic(cmd.topic, Access.READ, Access.WRITE)
-        except TopicRefused as exc:
-            self.send(partitioned_metadata_failed(cmd.request_id, exc.error, exc.message))
-            return
-        self.send(partitioned_metadata(cmd.request_id))
-
-    async def _on_lookup(self, cmd: Lookup) -> None:
-        try:
-            topic = self.authorized_topic(cmd.topic, Access.READ, Access.WRITE)
-        except TopicRefused as exc:
-            self.send(lookup_failed(cmd.request_id, exc.error, exc.message))
-            return
-        # An authoritative lookup comes from a redirect: answering Connect ends the chain even
-        # if this broker's member list disagrees with the one that redirected.
-        owner = None if cmd.authoritative else await self.server.owner(topic)
-        if owner is not None:
-            self.send(lookup_redirect(cmd.request_id, owner))
-        else:
-            self.send(
-                lookup_connect(
-                    cmd.request_id,
-                    self.server.service_url(self.info),
-                    broker_url_tls=self.server.service_url_tls(self.info),
-                )
-            )
 
     def _on_topics(self, cmd: GetTopicsOfNamespace) -> None:
         try:

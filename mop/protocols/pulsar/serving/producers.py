@@ -77,6 +77,8 @@ class _ProducerState:
     producer: Producer
     send: trio.MemorySendChannel[_Pending]
     receive: trio.MemoryReceiveChannel[_Pending]
+    # The version of the producer's schema (None: it brought none), told in PRODUCER_SUCCESS.
+    schema_version: bytes | None = None
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     ready: bool = False
     # A SEND was refused for memory: the client sends it and every later one again on a new
@@ -100,7 +102,7 @@ class ConnectionProducers:
         if existing is not None:
             # A repeated request (the client timed out and retried): answer like the first.
             if existing.ready:
-                link.write(self._success(rid, existing.producer, ready=True))
+                link.write(self._success(rid, existing, ready=True))
             else:
                 link.send(
                     Error(
@@ -125,6 +127,12 @@ class ConnectionProducers:
                 )
             )
             return
+        try:
+            schema_version = await link.schemas.version_for(topic, cmd.schema)
+        except BackendError as exc:
+            log.info("%s: producer schema for %s refused: %s", link.ctx.peer, topic, exc)
+            link.send(Error(request_id=rid, error=server_error(exc), message=str(exc)))
+            return
         named = bool(cmd.producer_name) and cmd.user_provided_producer_name
         spec = ProducerSpec(
             topic=topic,
@@ -140,16 +148,17 @@ class ConnectionProducers:
             link.send(Error(request_id=rid, error=server_error(exc), message=str(exc)))
             return
         send, receive = trio.open_memory_channel[_Pending](_MAX_PENDING)
-        state = _ProducerState(cmd.producer_id, producer, send, receive)
+        state = _ProducerState(cmd.producer_id, producer, send, receive, schema_version)
         self._states[cmd.producer_id] = state
         if producer.ready:
             state.ready = True
-            link.write(self._success(rid, producer, ready=True))
+            link.write(self._success(rid, state, ready=True))
         else:
-            link.write(self._success(rid, producer, ready=False))
+            link.write(self._success(rid, state, ready=False))
         link.nursery.start_soon(self._serve, state, rid)
 
-    def _success(self, rid: int, producer: Producer, *, ready: bool) -> bytes:
+    def _success(self, rid: int, state: _ProducerState, *, ready: bool) -> bytes:
+        producer = state.producer
         exclusive = producer.spec.access is not ProducerAccess.SHARED
         return self._link.conn.send(
             ProducerSuccess(
@@ -158,6 +167,7 @@ class ConnectionProducers:
                 last_sequence_id=producer.last_sequence_id,
                 topic_epoch=producer.topic_epoch if exclusive and ready else None,
                 producer_ready=ready,
+                schema_version=state.schema_version,
             )
         )
 
@@ -173,7 +183,7 @@ class ConnectionProducers:
                     await self._forget(state)
                     return
                 state.ready = True
-                self._link.write(self._success(rid, state.producer, ready=True))
+                self._link.write(self._success(rid, state, ready=True))
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_fence, state)
                 await self._answer_sends(state)

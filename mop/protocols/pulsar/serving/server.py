@@ -21,6 +21,7 @@ from mop.processor import BackendError, MessagingProcessor
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
 from mop.protocols.pulsar.connection import ConnectionLimits
 from mop.protocols.pulsar.errors import ServerError
+from mop.protocols.pulsar.listeners import listeners_of
 from mop.protocols.pulsar.serving.peers import PeerLinks
 from mop.settings import Settings
 from mop.topic_names import PulsarTopicName, is_system_topic, pulsar_to_mqtt
@@ -48,6 +49,7 @@ _SERVER_ERRORS = {
     # A message larger than the brokers behind take: failed for good. Java clients fail the
     # send on NotAllowedError; on most other errors they reconnect and send it again, forever.
     "too_large": ServerError.NotAllowedError,
+    "incompatible_schema": ServerError.IncompatibleSchema,
 }
 
 
@@ -104,6 +106,8 @@ class PulsarServer:
         self.membership = membership or Membership((), "")
         # The peers are asked with this broker's own credentials (`cluster.auth`).
         self.peers = PeerLinks(self.membership.peers(), auth=broker_auth)
+        # The advertised listeners, by name (see `mop.protocols.pulsar.listeners`).
+        self.listeners = listeners_of(settings.pulsar.advertised_listeners)
         # The connections past their handshake (the admin API lists them).
         self.connections: set[PulsarConnection] = set()
 

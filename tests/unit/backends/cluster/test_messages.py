@@ -14,7 +14,7 @@ from mop.backends.cluster.messages import (
     incoming,
     outgoing,
 )
-from mop.message import Message
+from mop.message import ENCRYPTED, Message
 
 NAMES = st.sampled_from(["a", "b", "user", "mqtt.content_type", "mop.qos", "mop.x", "é"])
 PAIRS = st.lists(st.tuples(NAMES, st.text(max_size=5)), max_size=5).map(tuple)
@@ -98,6 +98,15 @@ def test_a_plain_pulsar_message() -> None:
     assert message == Message(
         b"data", properties=(("a", "1"), ("b", "2")), producer="their-producer", publish_time=10
     )
+
+
+def test_an_encrypted_pulsar_message_is_marked_and_no_one_else_can_claim_it() -> None:
+    fields = {"partition_key": "", "publish_time": 0, "event_time": 0, "producer_name": "p"}
+    encrypted = incoming(b"cipher", (("a", "1"),), encrypted=True, **fields)  # type: ignore[arg-type]
+    assert encrypted.properties == (("a", "1"), ENCRYPTED)
+    # The mark is in mop's reserved names: a producer's own property of that name is not it.
+    claimed = incoming(b"plain", (ENCRYPTED, ("a", "1")), **fields)  # type: ignore[arg-type]
+    assert claimed.properties == (("a", "1"),)
 
 
 def test_malformed_reserved_values_fall_back() -> None:

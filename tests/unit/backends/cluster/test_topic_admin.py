@@ -15,6 +15,7 @@ import trio
 from mop.backends.cluster.topic_admin import BrokerAdmin, admin_urls
 from mop.messaging import BackendError, TopicBusy
 from mop.protocols.pulsar.client import ClientAuth
+from mop.schemas import Compatibility
 
 TOPIC = "persistent://public/default/a%2Fb"
 STATS_PATH = "/admin/v2/persistent/public/default/a%252Fb/stats"
@@ -220,4 +221,44 @@ async def test_a_refusal_of_the_host_comes_out_when_no_broker_owns_the_topic() -
     brokers = admin({"b1": misdirected}, "http://b1:1")
     with pytest.raises(BackendError, match="does not answer for b1"):
         await brokers.stats(TOPIC)
+    await brokers.aclose()
+
+
+STRATEGY_PATH = "/admin/v2/namespaces/public/default/schemaCompatibilityStrategy"
+
+
+async def test_a_namespace_rule_is_read_from_one_broker_and_set_on_every_one() -> None:
+    kept: dict[str, str] = {}
+
+    def broker(name: str, request: httpx.Request) -> httpx.Response:
+        assert request.url.raw_path.decode() == STRATEGY_PATH
+        if request.method == "PUT":
+            assert request.headers["content-type"] == "application/json"
+            kept[name] = request.content.decode()
+            return httpx.Response(204)
+        return httpx.Response(200, json=kept.get(name, "UNDEFINED").strip('"'))
+
+    brokers = admin(
+        {"b1": partial(broker, "b1"), "b2": partial(broker, "b2")}, "http://b1:1,http://b2:2"
+    )
+    # A namespace without a rule of its own: the brokers apply FULL (Pulsar's default).
+    assert await brokers.schema_compatibility("public/default") is Compatibility.FULL
+    await brokers.set_schema_compatibility("public/default", Compatibility.BACKWARD)
+    assert kept == {"b1": '"BACKWARD"', "b2": '"BACKWARD"'}
+    assert await brokers.schema_compatibility("public/default") is Compatibility.BACKWARD
+    await brokers.set_schema_compatibility("public/default", None)
+    assert kept == {"b1": '"UNDEFINED"', "b2": '"UNDEFINED"'}
+    with pytest.raises(BackendError, match="tenant/namespace"):
+        await brokers.schema_compatibility("no-namespace")
+    await brokers.aclose()
+
+
+async def test_a_rule_that_is_not_one_is_a_bad_answer() -> None:
+    def odd(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json="SOMETIMES")
+
+    brokers = admin({"b1": odd}, "http://b1:1")
+    with pytest.raises(BackendError) as refused:
+        await brokers.schema_compatibility("public/default")
+    assert refused.value.reason == "bad_answer"
     await brokers.aclose()

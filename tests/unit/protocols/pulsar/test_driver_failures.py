@@ -3,7 +3,10 @@ or refuses, so that callers get a `DriverError` and never a bare timeout."""
 
 from __future__ import annotations
 
+import errno
 import itertools
+import socket
+import ssl
 import zlib
 from collections.abc import Sequence
 
@@ -42,6 +45,8 @@ from mop.protocols.pulsar.driver import (
     create_producer,
     subscribe,
 )
+from mop.protocols.pulsar.driver.client import ClientOptions, PulsarClient, connect_failure
+from mop.protocols.pulsar.driver.errors import NoBrokerAnswers
 from mop.protocols.pulsar.errors import ServerError
 from mop.protocols.pulsar.frames import encode_message_frame, make_payload
 from mop.protocols.pulsar.metadata import CompressionType, MessageIdData, MessageMetadata
@@ -441,3 +446,29 @@ async def test_brokers_behind_a_proxy_are_reached_through_the_service_url() -> N
         "pulsar://broker-a:6650",
         "pulsar://b:1",
     ]
+
+
+async def test_a_connection_that_fails_says_why_in_a_few_words() -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, not listening: connections are refused
+        client = PulsarClient(f"pulsar://127.0.0.1:{port}", ClientOptions("test"))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client.serve)
+            with pytest.raises(NoBrokerAnswers) as failed:
+                await client.reach()
+            await client.aclose()
+    assert failed.value.attempts == [f"pulsar://127.0.0.1:{port}: connection refused"]
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (trio.TooSlowError(), "timed out after 2.5 s"),
+        (socket.gaierror(socket.EAI_NONAME, "Name or service not known"), "host name not found"),
+        (ConnectionResetError(errno.ECONNRESET, "reset"), "connection reset by peer"),
+        (ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number"), "TLS: "),
+    ],
+)
+def test_connect_failures_are_named(error: BaseException, said: str) -> None:
+    assert connect_failure(error, 2.5).startswith(said)

@@ -39,6 +39,7 @@ _SCALARS: dict[Scalar, st.SearchStrategy[Any]] = {
     Scalar.BOOL: st.booleans(),
     Scalar.STRING: st.text(max_size=8),
     Scalar.BYTES: st.binary(max_size=8),
+    Scalar.DOUBLE: st.floats(allow_nan=False),  # NaN is not equal to itself
 }
 
 

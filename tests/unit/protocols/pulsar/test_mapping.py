@@ -5,11 +5,12 @@ protocols get Pulsar metadata, special ids; the batch splitter is fuzzed."""
 from __future__ import annotations
 
 import struct
+import zlib
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mop.message import Message, MessageId
+from mop.message import ENCRYPTED, Message, MessageId
 from mop.protocols.pulsar.batching import single_header
 from mop.protocols.pulsar.codec import decode_message
 from mop.protocols.pulsar.frames import decode_batch, encode_batch, make_payload
@@ -29,6 +30,7 @@ from mop.protocols.pulsar.metadata import (
     LATEST_ID,
     BatchEntry,
     CompressionType,
+    EncryptionKeys,
     KeyValue,
     MessageIdData,
     MessageMetadata,
@@ -219,3 +221,45 @@ def test_properties_added_to_a_message_of_another_protocol() -> None:
     message = with_properties(Message(b"hi", (("a", "1"),)), (("traceparent", "00-z"),))
     meta = _raw_metadata(entry_bytes(message, MessageId(0, 0)))
     assert meta.properties[-1] == KeyValue(key="traceparent", value="00-z")
+
+
+# --- end-to-end encryption -----------------------------------------------------------------------
+
+_KEYS = (EncryptionKeys(key="k1", value=b"\x01" * 32, metadata=(KeyValue(key="v", value="1"),)),)
+
+
+def _encrypted(data: bytes, **fields: object) -> Message:
+    meta = _metadata(
+        encryption_keys=_KEYS, encryption_algo="RSA", encryption_param=b"iv" * 6, **fields
+    )
+    payload = make_payload(meta, data)
+    message = message_from_payload(payload)
+    assert entry_bytes(message, MessageId(1, 2)) == payload.raw  # byte for byte
+    assert _raw_metadata(payload.raw).encryption_keys == _KEYS
+    return message
+
+
+def test_an_encrypted_message_is_kept_as_sent_and_marked() -> None:
+    message = _encrypted(b"ciphertext", properties=(KeyValue(key="a", value="1"),))
+    assert message.payload == b"ciphertext"
+    assert message.properties == (("a", "1"), ENCRYPTED)
+
+
+def test_an_encrypted_payload_is_neither_decompressed_nor_split() -> None:
+    # Even when it would decompress (here: really zlib data), it is the producer's to undo.
+    data = zlib.compress(b"looks compressed")
+    message = _encrypted(data, compression=CompressionType.ZLIB, uncompressed_size=16)
+    assert message.payload == data and message.batch == ()
+    batch = _encrypted(b"\x00\x00\x00\x02\x18\x01x", num_messages_in_batch=1)
+    assert batch.batch == () and ENCRYPTED in batch.properties
+
+
+def test_properties_are_not_added_to_an_encrypted_message() -> None:
+    message = _encrypted(b"ciphertext")
+    assert with_properties(message, (("traceparent", "00-x"),)) is message
+
+
+def test_a_plain_message_cannot_claim_the_encrypted_mark() -> None:
+    claimed = (KeyValue(key=ENCRYPTED[0], value=ENCRYPTED[1]), KeyValue(key="b", value="2"))
+    message = message_from_payload(make_payload(_metadata(properties=claimed), b"plain"))
+    assert message.properties == (("b", "2"),)

@@ -64,6 +64,21 @@ async def test_counters_follow_clients_subscriptions_and_messages() -> None:
         assert counters.heap_maximum >= counters.heap_current
 
 
+async def test_the_nodes_own_sys_values_are_not_counted_as_retained_messages() -> None:
+    async with mqtt_server() as (server, nursery):
+        await server.sys.publish_changed()  # what each `$SYS` interval does
+        assert server.retained.get("$SYS/broker/version") is not None
+        counters = server.sys.counters()
+        assert (counters.retained_count, counters.stored_count, counters.stored_bytes) == (0, 0, 0)
+        assert server.sys.values()["$SYS/broker/retained messages/count"] == "0"
+        peer, _ = await connect(server, nursery, "keeper")
+        await peer.send(Publish("r", b"kept", 0, retain=True))
+        await trio.testing.wait_all_tasks_blocked()
+        counters = server.sys.counters()
+        assert (counters.retained_count, counters.stored_count) == (1, 1)
+        assert counters.stored_bytes == len(b"kept")
+
+
 async def test_offline_persistent_sessions_count_as_disconnected_clients() -> None:
     async with mqtt_server() as (server, nursery):
         props = Properties(session_expiry_interval=60)

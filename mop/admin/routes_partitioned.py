@@ -1,0 +1,140 @@
+"""Apache Pulsar's admin REST API v2 for partitioned topics, which Pulsar's own tools use. A
+broker node keeps the metadata; a separated proxy serves the same routes by asking its brokers
+(`mop.backends.cluster.partitioned`, through `cluster.admin_url`).
+
+- `PUT .../{topic}/partitions` (body: the count): 204; 409 when it exists (or an ordinary topic
+  of that name does), 406 for a count out of 1..4096 (`mop.partitioned.MAX_PARTITIONS`);
+- `POST .../{topic}/partitions` (body: the new count): 204; 404 when not partitioned, 422 for a
+  count that is not more than there are (partitions are never taken away);
+- `GET .../{topic}/partitions`: `{"partitions": N}`, 0 for a topic that is not partitioned;
+- `DELETE .../{topic}/partitions?force=true`: deletes the partitions, then the metadata: 204,
+  404 when not partitioned, 412 while a partition has clients and `force` is not set;
+- `GET /admin/v2/persistent/{tenant}/{namespace}/partitioned`: the partitioned topics.
+
+In a cluster of several brokers the member that owns a partitioned topic's name keeps its
+metadata (the others answer 421, as for every topic); its partitions are spread over the
+members like any topics, and each member deletes those it holds.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from mop.admin.context import AdminContext
+from mop.admin.http import HttpError, Request, Response, Router, json_response
+from mop.admin.routes_pulsar import owned_topic, reason_response
+from mop.membership import Membership
+from mop.partitioned import PartitionedTopics
+from mop.processor import BackendError
+from mop.protocols.pulsar.admin_rest import ADMIN_PREFIX
+from mop.topic_names import PulsarTopicName
+from mop.topics import TopicError
+
+__all__ = ["add_partitioned_routes"]
+
+_STATUS_BY_REASON: Final = {
+    "already_exists": 409,
+    "invalid_partitions": 406,
+    "fewer_partitions": 422,
+    "not_found": 404,
+    "topic_busy": 412,
+    "invalid_topic": 412,
+    "closed": 503,
+}
+
+
+def _refused(exc: BackendError) -> Response:
+    return reason_response(_STATUS_BY_REASON.get(exc.reason, 500), str(exc))
+
+
+def _count(request: Request) -> int | Response:
+    """The body: a JSON integer (Pulsar's admin client sends the count alone), or the answer
+    refusing it."""
+    try:
+        value = request.json()
+    except HttpError as exc:
+        return reason_response(400, exc.message)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 3.0 is the integer 3 in JSON
+    if isinstance(value, bool) or not isinstance(value, int):
+        return reason_response(400, "the body must be the number of partitions (a JSON integer)")
+    return value
+
+
+def add_partitioned_routes(router: Router, context: AdminContext, broker: Membership) -> None:
+    processor = context.processor
+
+    def partitioned() -> PartitionedTopics:
+        return processor.partitioned
+
+    async def create(request: Request) -> Response:
+        topic = owned_topic(request, broker)
+        if isinstance(topic, Response):
+            return topic
+        count = _count(request)
+        if isinstance(count, Response):
+            return count
+        try:
+            await partitioned().create(topic, count)
+        except BackendError as exc:
+            return _refused(exc)
+        return Response(204, content_type="text/plain")
+
+    async def grow(request: Request) -> Response:
+        topic = owned_topic(request, broker)
+        if isinstance(topic, Response):
+            return topic
+        count = _count(request)
+        if isinstance(count, Response):
+            return count
+        try:
+            await partitioned().grow(topic, count)
+        except BackendError as exc:
+            return _refused(exc)
+        return Response(204, content_type="text/plain")
+
+    async def metadata(request: Request) -> Response:
+        topic = owned_topic(request, broker)
+        if isinstance(topic, Response):
+            return topic
+        try:
+            count = await partitioned().partitions(topic)
+        except BackendError as exc:
+            return _refused(exc)
+        return json_response({"partitions": count})
+
+    async def delete(request: Request) -> Response:
+        topic = owned_topic(request, broker)
+        if isinstance(topic, Response):
+            return topic
+        raw = request.arg("force")
+        force = "false" if raw is None else raw.lower()
+        if force not in ("true", "false"):
+            return reason_response(400, "force must be true or false")
+        try:
+            deleted = await partitioned().delete(topic, force=force == "true")
+        except BackendError as exc:
+            return _refused(exc)
+        if not deleted:
+            return reason_response(404, "Partitioned topic does not exist")
+        return Response(204, content_type="text/plain")
+
+    async def listing(request: Request) -> Response:
+        params = request.params
+        try:
+            # The names are checked as those of a topic's are (any local name will do).
+            PulsarTopicName("persistent", params["tenant"], params["namespace"], "-")
+        except TopicError as exc:
+            return reason_response(412, str(exc))
+        try:
+            names = await partitioned().names(f"{params['tenant']}/{params['namespace']}")
+        except BackendError as exc:
+            return _refused(exc)
+        return json_response(names)
+
+    topic_path = f"{ADMIN_PREFIX}/{{domain}}/{{tenant}}/{{namespace}}/{{topic}}/partitions"
+    router.add("PUT", topic_path, create)
+    router.add("POST", topic_path, grow)
+    router.add("GET", topic_path, metadata)
+    router.add("DELETE", topic_path, delete)
+    router.add("GET", f"{ADMIN_PREFIX}/persistent/{{tenant}}/{{namespace}}/partitioned", listing)

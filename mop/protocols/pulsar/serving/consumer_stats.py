@@ -1,0 +1,95 @@
+"""CONSUMER_STATS: what one Pulsar consumer of a connection has been sent, and the
+CommandConsumerStatsResponse made of it with its subscription's backlog (`ConsumerMeter`,
+`stats_response`). Plain objects: the caller supplies the time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from mop.protocols.pulsar.commands import ConsumerStatsResponse, SubType
+
+__all__ = ["ConsumerMeter", "stats_response", "wall_clock_text"]
+
+
+def wall_clock_text(seconds: float) -> str:
+    """A wall-clock time as Pulsar's stats write it: ISO 8601, milliseconds, UTC."""
+    moment = datetime.fromtimestamp(seconds, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(slots=True)
+class ConsumerMeter:
+    """Counts of one consumer since it subscribed (at `since`, wall-clock seconds), and the
+    permits its FLOW commands granted that no message used yet.
+
+    Rates are measured between two reports: each `rates` call gives the rates since the
+    previous one (since subscribing, the first time), as Pulsar's stats give them for the last
+    stats period."""
+
+    since: float
+    messages_out: int = 0
+    bytes_out: int = 0
+    redelivered: int = 0
+    permits: int = 0
+    _mark: tuple[float, int, int, int] = field(default=(0.0, 0, 0, 0))
+
+    def __post_init__(self) -> None:
+        self._mark = (self.since, 0, 0, 0)
+
+    def granted(self, permits: int) -> None:
+        self.permits += permits
+
+    def sent(self, messages: int, nbytes: int) -> None:
+        self.messages_out += messages
+        self.bytes_out += nbytes
+        self.permits = max(0, self.permits - messages)
+
+    def redelivering(self, messages: int) -> None:
+        self.redelivered += messages
+
+    def rates(self, now: float) -> tuple[float, float, float]:
+        """Messages out, bytes out and messages redelivered per second since the last call."""
+        then, messages, nbytes, redelivered = self._mark
+        self._mark = (now, self.messages_out, self.bytes_out, self.redelivered)
+        elapsed = now - then
+        if elapsed <= 0:
+            return 0.0, 0.0, 0.0
+        return (
+            (self.messages_out - messages) / elapsed,
+            (self.bytes_out - nbytes) / elapsed,
+            (self.redelivered - redelivered) / elapsed,
+        )
+
+
+def stats_response(
+    request_id: int,
+    meter: ConsumerMeter,
+    now: float,
+    *,
+    name: str,
+    sub_type: SubType,
+    address: str,
+    unacked: int,
+    backlog: int,
+) -> ConsumerStatsResponse:
+    """The answer for one consumer: `unacked` messages sent to it and not acknowledged,
+    `backlog` its subscription's messages not acknowledged (Pulsar's msgBacklog)."""
+    rate_out, throughput_out, rate_redeliver = meter.rates(now)
+    return ConsumerStatsResponse(
+        request_id=request_id,
+        msg_rate_out=rate_out,
+        msg_throughput_out=throughput_out,
+        msg_rate_redeliver=rate_redeliver,
+        consumer_name=name,
+        available_permits=meter.permits,
+        unacked_messages=unacked,
+        # mop sets no limit of unacknowledged messages per consumer: it is never blocked.
+        blocked_consumer_on_unacked_msgs=False,
+        address=address,
+        connected_since=wall_clock_text(meter.since),
+        type=sub_type.name,
+        # Expired messages are dropped as dispatch reaches them, not counted per consumer.
+        msg_rate_expired=0.0,
+        msg_backlog=backlog,
+    )

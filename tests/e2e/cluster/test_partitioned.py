@@ -1,0 +1,191 @@
+"""Partitioned topics across a mop broker cluster of two and a separated proxy in front of it:
+the member that owns a name keeps its metadata and the other asks it, so pulsar-client may ask
+either; the partitions spread over both members; the proxy declares its settings' topics on
+the brokers, asks them for a topic's metadata (PARTITIONED_METADATA, through its own Pulsar
+client) and serves the admin routes by asking the brokers' admin, deleting every partition
+wherever it is."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pulsar
+import pytest
+
+from mop.membership import Membership
+from mop.protocols.pulsar.commands import PartitionedMetadata, PartitionedMetadataResponse
+from mop.settings import PulsarSettings
+from mop.testing.node import RunningNode, as_proxy, node_settings, running_node
+from tests.e2e.admin.topics_support import admin_url
+from tests.e2e.nodeproc import NodeProcess, broker_process
+from tests.e2e.pulsar.test_broker_cluster import (
+    Cluster,
+    ask,
+    free_ports,
+    local_topics,
+    raw_connected,
+)
+from tests.e2e.pulsar_support import TIMEOUT_MS
+
+pytestmark = pytest.mark.e2e
+
+NAMESPACE = "public/default"
+ADMIN = f"/admin/v2/persistent/{NAMESPACE}"
+ADMIN_LISTENING = re.compile(r"admin listening on tcp (?P<host>\S+):(?P<port>\d+)")
+
+
+@dataclass
+class Pair:
+    urls: list[str]
+    admins: list[str]
+
+    def port(self, index: int) -> int:
+        return int(self.urls[index].rsplit(":", 1)[1])
+
+    def spread(self, prefix: str, count: int = 4) -> str:
+        """A name of which each member owns some partitions, and broker 1 the name itself."""
+        membership = Membership(self.urls, self.urls[0])
+        for n in range(1000):
+            topic = f"persistent://{NAMESPACE}/{prefix}-{n}"
+            owners = {membership.owner(f"{topic}-partition-{i}") for i in range(count)}
+            if len(owners) == 2 and membership.owner(topic) == self.urls[1]:
+                return topic
+        raise AssertionError("no spread name found")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    root = tmp_path_factory.mktemp("partitioned")
+    ports = free_ports(4)
+    urls = [f"pulsar://127.0.0.1:{port}" for port in ports[:2]]
+    brokers: list[NodeProcess] = []
+    try:
+        for index, url in enumerate(urls):
+            broker = broker_process(
+                root / f"broker-{index}",
+                MOP_PULSAR__PORT=str(ports[index]),
+                MOP_ADMIN__PORT=str(ports[2 + index]),
+                MOP_CLUSTER__BROKERS=json.dumps(urls),
+                MOP_CLUSTER__ADVERTISED_URL=url,
+            )
+            broker.start()
+            brokers.append(broker)
+        yield Pair(urls, [f"http://127.0.0.1:{port}" for port in ports[2:]])
+    finally:
+        for broker in brokers:
+            broker.close()
+
+
+@pytest.fixture(scope="module")
+def proxy(pair: Pair) -> Iterator[RunningNode]:
+    """A proxy declaring `declared` of 3 partitions."""
+    settings = as_proxy(node_settings(), ",".join(pair.urls), namespace="default")
+    settings = dataclasses.replace(
+        settings,
+        pulsar=PulsarSettings(port=0, partitioned_topics={"declared": 3}),
+        cluster=dataclasses.replace(settings.cluster, admin_url=",".join(pair.admins)),
+    )
+    with running_node(settings) as node:
+        yield node
+
+
+@pytest.fixture
+def http(proxy: RunningNode) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=admin_url(proxy), timeout=30) as client:
+        yield client
+
+
+def metadata(port: int, topic: str) -> int | None:
+    raw = raw_connected(port)
+    try:
+        answer = ask(raw, PartitionedMetadata(topic=topic, request_id=7))
+    finally:
+        raw.close()
+    assert isinstance(answer, PartitionedMetadataResponse), answer
+    return answer.partitions
+
+
+def client_of(url: str) -> pulsar.Client:
+    return pulsar.Client(
+        url, operation_timeout_seconds=10, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    )
+
+
+def test_either_member_answers_and_the_partitions_spread(pair: Pair) -> None:
+    topic = pair.spread("spread")
+    with httpx.Client(timeout=10) as http:
+        local = topic.rpartition("/")[2]
+        refused = http.put(f"{pair.admins[0]}{ADMIN}/{local}/partitions", json=4)
+        assert refused.status_code == 421, refused.text  # broker 1 owns the name
+        assert http.put(f"{pair.admins[1]}{ADMIN}/{local}/partitions", json=4).status_code == 204
+    assert metadata(pair.port(0), topic) == 4  # asked of the owner
+    assert metadata(pair.port(1), topic) == 4
+    producing, consuming = client_of(pair.urls[0]), client_of(pair.urls[1])
+    try:
+        consumer = consuming.subscribe(topic, "spread", consumer_type=pulsar.ConsumerType.Shared)
+        producer = producing.create_producer(
+            topic,
+            message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
+            batching_enabled=False,
+        )
+        for n in range(8):
+            producer.send(f"s{n}".encode())
+        got = sorted(consumer.receive(timeout_millis=TIMEOUT_MS).data() for _ in range(8))
+        assert got == [f"s{n}".encode() for n in range(8)]
+    finally:
+        producing.close()
+        consuming.close()
+    held = [local_topics_of(pair, index, topic) for index in (0, 1)]
+    assert all(held) and not held[0] & held[1]
+    assert held[0] | held[1] == {f"{topic}-partition-{i}" for i in range(4)}
+
+
+def local_topics_of(pair: Pair, index: int, topic: str) -> set[str]:
+    """The partitions of `topic` that broker `index` holds itself."""
+    cluster = Cluster([], pair.urls)
+    return {name for name in local_topics(cluster, index) if name.startswith(f"{topic}-")}
+
+
+def test_the_proxy_declares_and_answers_from_the_brokers(pair: Pair, proxy: RunningNode) -> None:
+    topic = f"persistent://{NAMESPACE}/declared"
+    assert metadata(pair.port(0), topic) == 3
+    assert metadata(pair.port(1), topic) == 3
+    # The proxy asks its brokers (PARTITIONED_METADATA through its own Pulsar client).
+    assert proxy.run(lambda: proxy.node.processor.partitioned.partitions(topic)) == 3
+    with httpx.Client(base_url=admin_url(proxy), timeout=30) as http:
+        assert http.get(f"{ADMIN}/declared/partitions").json() == {"partitions": 3}
+
+
+def test_the_proxy_admin_api_creates_grows_lists_and_deletes_everywhere(
+    pair: Pair, http: httpx.Client
+) -> None:
+    topic = pair.spread("through-proxy")
+    path = f"{ADMIN}/{topic.rpartition('/')[2]}/partitions"
+    assert http.put(path, json=2).status_code == 204
+    assert http.put(path, json=2).status_code == 409
+    assert http.post(path, json=1).status_code == 422
+    assert http.post(path, json=4).status_code == 204
+    assert http.get(path).json() == {"partitions": 4}
+    assert topic in http.get(f"{ADMIN}/partitioned").json()
+    client = client_of(pair.urls[0])
+    try:
+        producer = client.create_producer(
+            topic,
+            message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
+            batching_enabled=False,
+        )
+        for n in range(4):
+            producer.send(f"d{n}".encode())
+        producer.close()
+    finally:
+        client.close()
+    assert all(local_topics_of(pair, index, topic) for index in (0, 1))
+    assert http.delete(path).status_code == 204
+    assert http.get(path).json() == {"partitions": 0}
+    assert not any(local_topics_of(pair, index, topic) for index in (0, 1))
+    assert http.delete(path).status_code == 404
