@@ -10,7 +10,10 @@ Scenarios (`--scenarios`):
 - unbatched: producers with batching off, `send_async` with a bounded number in flight each;
 - batched: the same with batching on (the client packs up to 1000 messages per entry);
 - paced: one unbatched producer at a fixed rate the brokers can all sustain, for latency
-  without queueing.
+  without queueing;
+- backlog: a subscription is made and left (it holds the messages), the producers store the
+  batched load, then a reader reads it from the earliest: the broker's read path from storage
+  (msgs/s from the reader's creation; no latency, the messages waited by design).
 
 Every message carries the send time (CLOCK_MONOTONIC, shared by the processes of one machine)
 in its first 8 bytes; the consumer turns receive times into publish -> receive latencies. The
@@ -84,6 +87,7 @@ class Scenario:
     title: str
     batched: bool
     paced: bool = False
+    backlog: bool = False  # the consumer drains what the producers stored before it came back
 
     def count(self, sizes: Sizes) -> int:
         return sizes.paced if self.paced else sizes.batched if self.batched else sizes.unbatched
@@ -95,6 +99,7 @@ SCENARIOS = {
         Scenario("unbatched", "unbatched, send_async", batched=False),
         Scenario("batched", "batched, send_async", batched=True),
         Scenario("paced", "unbatched at a fixed rate", batched=False, paced=True),
+        Scenario("backlog", "batched, drained from storage", batched=True, backlog=True),
     )
 }
 # (key, label, higher is better, unit format)
@@ -295,16 +300,36 @@ def produce(
     return {"start": start, "end": end, "errors": errors}
 
 
-def consume(url: str, count: int, deadline: float, ready: Callable[[], None]) -> dict[str, Any]:
+def consume(
+    url: str, count: int, deadline: float, ready: Callable[[], None], backlog: bool = False
+) -> dict[str, Any]:
     """Receive `count` distinct messages (or until `deadline`), acknowledging them; latencies in
-    us. A message received again (a broker may redeliver) is counted apart, not measured."""
+    us. A message received again (a broker may redeliver) is counted apart, not measured.
+    With `backlog` the consumer leaves its (durable) subscription once made, and when a line
+    arrives on stdin (the producers are done) a reader reads what was stored meanwhile."""
     import pulsar
 
     client = _client(url)
-    consumer = client.subscribe(
-        TOPIC, "bench", receiver_queue_size=5000, consumer_type=pulsar.ConsumerType.Exclusive
-    )
-    ready()
+
+    def subscribe() -> Any:
+        return client.subscribe(
+            TOPIC, "bench", receiver_queue_size=5000, consumer_type=pulsar.ConsumerType.Exclusive
+        )
+
+    consumer = subscribe()
+    back = 0.0
+    if backlog:
+        # The subscription holds the messages; a reader from the earliest reads them, which
+        # makes the broker read them from storage.
+        consumer.close()
+        ready()
+        sys.stdin.readline()
+        back = time.monotonic()
+        consumer = _Reader(
+            client.create_reader(TOPIC, pulsar.MessageId.earliest, receiver_queue_size=5000)
+        )
+    else:
+        ready()
     latencies: list[float] = []
     seen: set[bytes] = set()
     duplicates = 0
@@ -333,11 +358,25 @@ def consume(url: str, count: int, deadline: float, ready: Callable[[], None]) ->
     return {
         "received": len(latencies),
         "duplicates": duplicates,
+        "back": back,
         "first": first,
         "last": last,
         "p50_us": _percentile(latencies, 0.50),
         "p99_us": _percentile(latencies, 0.99),
     }
+
+
+class _Reader:
+    """A reader with the consumer calls `consume` makes (it acknowledges nothing)."""
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
+
+    def receive(self, timeout_millis: int) -> Any:
+        return self.reader.read_next(timeout_millis)
+
+    def acknowledge(self, message: Any) -> None:
+        pass
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -352,7 +391,11 @@ def worker(argv: list[str]) -> int:
     job = json.loads(raw)
     if role == "consume":
         result = consume(
-            job["url"], job["count"], job["deadline"], lambda: print("ready", flush=True)
+            job["url"],
+            job["count"],
+            job["deadline"],
+            lambda: print("ready", flush=True),
+            job.get("backlog", False),
         )
     else:
         result = produce(
@@ -372,6 +415,7 @@ def worker(argv: list[str]) -> int:
 def _spawn(role: str, job: dict[str, Any]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, __file__, "--worker", role, json.dumps(job)],
+        stdin=subprocess.PIPE if job.get("backlog") else None,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -409,7 +453,10 @@ class RunRecord:
 def run_load(broker: Broker, sc: Scenario, sizes: Sizes, producers: int) -> dict[str, Any]:
     count = sc.count(sizes)
     deadline = time.monotonic() + sizes.timeout
-    consumer = _spawn("consume", {"url": broker.url, "count": count, "deadline": deadline})
+    consumer = _spawn(
+        "consume",
+        {"url": broker.url, "count": count, "deadline": deadline, "backlog": sc.backlog},
+    )
     try:
         assert consumer.stdout is not None
         line = consumer.stdout.readline()  # "ready" once subscribed (or EOF on failure)
@@ -435,18 +482,23 @@ def run_load(broker: Broker, sc: Scenario, sizes: Sizes, producers: int) -> dict
             for index, share in enumerate(shares)
         ]
         sent = [_result(proc, deadline - time.monotonic() + 5) for proc in procs]
+        if sc.backlog:
+            assert consumer.stdin is not None
+            consumer.stdin.write("go\n")
+            consumer.stdin.flush()
         received = _result(consumer, deadline - time.monotonic() + 5)
     finally:
         if consumer.poll() is None:
             consumer.kill()
             consumer.wait()
-    start = min(s["start"] for s in sent)
+    start = received["back"] if sc.backlog else min(s["start"] for s in sent)
     errors = [e for s in sent for e in s["errors"]]
     elapsed = received["last"] - start if received["received"] else 0.0
     return {
         "msgs_per_s": received["received"] / elapsed if elapsed > 0 else None,
-        "p50_us": received["p50_us"],
-        "p99_us": received["p99_us"],
+        # Drained messages waited in storage by design: their age says nothing.
+        "p50_us": None if sc.backlog else received["p50_us"],
+        "p99_us": None if sc.backlog else received["p99_us"],
         "received": received["received"],
         "duplicates": received["duplicates"],
         "expected": count,

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import re
 import tomllib
 import types
 from collections.abc import Callable, Iterator, Mapping
@@ -23,7 +24,14 @@ from dynaconf.utils.parse_conf import boolean_fix, parse_conf_data
 
 from mop.partitioned import MAX_PARTITIONS
 from mop.protocols.pulsar.listeners import listener_urls
-from mop.settings import LimitsSettings, Settings, TelemetrySettings, TlsSettings
+from mop.settings import (
+    LimitsSettings,
+    NamespaceRetentionSettings,
+    RetentionSettings,
+    Settings,
+    TelemetrySettings,
+    TlsSettings,
+)
 
 ENV_PREFIX: Final = "MOP_"
 # Names of the fields that hold secrets, never echoed in an error.
@@ -36,6 +44,17 @@ LOCAL_FILE: Final = "settings.toml"
 
 # Keys that moved, by old dotted name: the old name still works, with a warning in the log.
 MOVED_KEYS: Final = {"mqtt.max_connections": "limits.max_connections"}
+# Keys that are gone, by old dotted name, with what to use instead: setting one is an error.
+REMOVED_KEYS: Final = {
+    "storage.retention_seconds": (
+        "retention.time_seconds (it now keeps acknowledged history only: unacknowledged"
+        " messages stay until their subscriptions acknowledge them)"
+    ),
+    "storage.retention_bytes": (
+        "retention.size_bytes (it now keeps acknowledged history only: unacknowledged"
+        " messages stay until their subscriptions acknowledge them)"
+    ),
+}
 
 _T = TypeVar("_T")
 Tree = dict[str, Any]
@@ -187,6 +206,8 @@ def _merge(tree: Tree, layer: Mapping[str, Any], source: str, cls: type, prefix:
         name = str(raw_key).lower()
         key = prefix + name
         if name not in names:
+            if key in REMOVED_KEYS:
+                raise ConfigError(key, f"was removed (from {source}); use {REMOVED_KEYS[key]}")
             raise ConfigError(key, f"unknown key (from {source})")
         section = sections.get(name)
         if section is not None and isinstance(value, Mapping):
@@ -244,8 +265,12 @@ _INT_BOUNDS: Final[Mapping[str, _Bounds]] = {
     "mqtt.topic_alias_maximum": _Bounds(0, 65535),
     "mqtt.default_session_expiry": _UINT32,
     "mqtt.max_session_expiry": _UINT32,
-    "storage.retention_bytes": _Bounds(0),
-    "storage.retention_seconds": _Bounds(0),
+    # Retention limits: -1 is "no limit", 0 "keep nothing".
+    "time_seconds": _Bounds(-1),
+    "size_bytes": _Bounds(-1),
+    # Backlog quota limits: -1 is "no limit".
+    "backlog_quota.limit_bytes": _Bounds(-1),
+    "backlog_quota.limit_seconds": _Bounds(-1),
     "auth.max_failures": _Bounds(0),
     "limits.connection_burst": _Bounds(0),
     "limits.client_message_burst": _Bounds(0),
@@ -255,6 +280,7 @@ _INT_BOUNDS: Final[Mapping[str, _Bounds]] = {
     "pulsar.partitioned_topics": _Bounds(1, MAX_PARTITIONS),
 }
 
+_NAMESPACE: Final = re.compile(r"[-=:.\w]+/[-=:.\w]+", re.ASCII)
 _LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _PULSAR_SCHEMES: Final = ("pulsar://", "pulsar+ssl://")
 _HTTP_SCHEMES: Final = ("http://", "https://")
@@ -324,6 +350,10 @@ _STRING_RULES: Final[Mapping[str, tuple[Callable[[str], bool], str]]] = {
         lambda value: bool(value) and not any(c in value for c in "/+#"),
         'must be one topic level (not empty, no "/", "+" or "#")',
     ),
+    "namespace": (
+        lambda value: bool(_NAMESPACE.fullmatch(value)),
+        'must be "tenant/namespace"',
+    ),
     "providers": (
         lambda value: value in ("password_file", "jwt", "certificate"),
         'must be "password_file", "jwt" or "certificate"',
@@ -342,6 +372,17 @@ _TABLE_RULES: Final[Mapping[type, tuple[tuple[Callable[[Any], bool], str], ...]]
         (
             lambda telemetry: telemetry.trace_sample_ratio <= 1.0,
             "trace_sample_ratio must be between 0 and 1",
+        ),
+    ),
+    NamespaceRetentionSettings: (
+        (lambda entry: bool(entry.namespace), 'needs namespace = "tenant/namespace"'),
+    ),
+    RetentionSettings: (
+        (
+            lambda retention: (
+                len({e.namespace for e in retention.namespaces}) == len(retention.namespaces)
+            ),
+            "namespaces names a namespace more than once",
         ),
     ),
     LimitsSettings: (
@@ -383,6 +424,10 @@ def _convert(key: str, hint: Any, value: Any) -> Any:
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, Mapping):
             raise _invalid(key, "must be a table", value)
+        # Tables inside lists are not merged by `_merge`, which checks the keys of the others.
+        unknown = sorted(set(map(str, value)) - _field_names(hint))  # type: ignore[arg-type]
+        if unknown:
+            raise ConfigError(f"{key}.{unknown[0]}", "unknown key")
         return _build(hint, value, key + ".")  # type: ignore[arg-type]
     if origin is Literal:
         choices = get_args(hint)
@@ -498,16 +543,27 @@ def _dump_table(table: object, name: str, lines: list[str]) -> None:
         lines.append("")
     lines.append(f"[{name}]")
     subtables: list[tuple[str, object]] = []
+    arrays: list[tuple[str, tuple[object, ...]]] = []
     for field in dataclasses.fields(table):  # type: ignore[arg-type]
         value = getattr(table, field.name)
         if dataclasses.is_dataclass(value):
             subtables.append((field.name, value))
+        elif isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
+            arrays.append((field.name, value))
         elif value is None:
             lines.append(f"# {field.name} is not set")
         else:
             lines.append(f"{field.name} = {_toml_value(value)}")
     for key, subtable in subtables:
         _dump_table(subtable, f"{name}.{key}", lines)
+    for key, items in arrays:
+        for item in items:
+            lines.append("")
+            lines.append(f"[[{name}.{key}]]")
+            lines.extend(
+                f"{field.name} = {_toml_value(getattr(item, field.name))}"
+                for field in dataclasses.fields(item)  # type: ignore[arg-type]
+            )
 
 
 def _toml_value(value: object) -> str:

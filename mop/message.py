@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final, TypeVar, dataclass_transform
+from typing import Final, TypeVar, dataclass_transform, overload
 
 __all__ = [
     "CATCH_UP_KEY",
@@ -14,6 +15,7 @@ __all__ = [
     "Delivery",
     "Message",
     "MessageId",
+    "PackedBatch",
     "ordered_value",
     "qos_of",
     "value",
@@ -111,9 +113,15 @@ class Message:
 
     An entry may hold several messages (a Pulsar batch): `batch` lists them, each with its own
     payload and properties, and they share the entry's id, told apart by `MessageId.batch_index`.
+    It is a tuple, or a `PackedBatch` that also keeps the bytes the producing protocol packed
+    them in (and may unpack them only when they are first asked for).
     `wire` is what the producing protocol (`wire_format`, e.g. "pulsar") encoded beyond these
     fields (for Pulsar, the metadata block), kept so that consumers of that protocol receive the
     message exactly as it was sent; other protocols ignore it.
+
+    `opaque_count` is how many messages an entry holds when they are packed in a form mop cannot
+    read (an end-to-end encrypted Pulsar batch): it is delivered whole, but permits and
+    acknowledgements still count its messages one by one. 0 for every other entry.
     """
 
     payload: bytes
@@ -125,14 +133,15 @@ class Message:
     qos: int = 1
     expires_at: int = 0
     deliver_at: int = 0
-    batch: tuple[Message, ...] = ()
+    batch: Sequence[Message] = ()
     wire_format: str = ""
     wire: bytes = b""
+    opaque_count: int = 0
 
     @property
     def count(self) -> int:
-        """How many messages this entry holds: the batch size, or 1."""
-        return len(self.batch) or 1
+        """How many messages this entry holds: the batch size (readable or not), or 1."""
+        return len(self.batch) or self.opaque_count or 1
 
 
 @value
@@ -149,3 +158,85 @@ class Delivery:
     message: Message
     redelivery_count: int = 0
     acked: frozenset[int] = frozenset()
+
+
+class PackedBatch(Sequence["Message"]):
+    """The messages of a batch entry together with `packed`, the bytes in which the protocol
+    `packed_format` carried them (for Pulsar, the batch payload: each member's metadata and
+    payload), so that consumers of that protocol get the entry as it was sent, with no work
+    per message. `payload_bytes` is the size of the members' payloads.
+
+    The members are `unpack()`ed the first time they are asked for (a stored batch read back
+    for consumers of its own protocol never is); `len` needs only the count. Equal to any
+    batch of the same members, tuples included.
+    """
+
+    __slots__ = ("_count", "_members", "_unpack", "packed", "packed_format", "payload_bytes")
+
+    def __init__(
+        self,
+        count: int,
+        packed_format: str,
+        packed: bytes,
+        payload_bytes: int,
+        unpack: Callable[[], tuple[Message, ...]],
+    ) -> None:
+        self._count = count
+        self.packed_format = packed_format
+        self.packed = packed
+        self.payload_bytes = payload_bytes
+        self._unpack: Callable[[], tuple[Message, ...]] | None = unpack
+        self._members: tuple[Message, ...] | None = None
+
+    @classmethod
+    def of(cls, members: tuple[Message, ...], packed_format: str, packed: bytes) -> PackedBatch:
+        """A batch whose members are known already."""
+        batch = cls(
+            len(members), packed_format, packed, sum(len(m.payload) for m in members), tuple
+        )
+        batch._members = members
+        batch._unpack = None
+        return batch
+
+    @property
+    def members(self) -> tuple[Message, ...]:
+        members = self._members
+        if members is None:
+            assert self._unpack is not None
+            members = self._unpack()
+            if len(members) != self._count:
+                raise ValueError(f"a batch of {self._count} unpacked into {len(members)}")
+            self._members, self._unpack = members, None
+        return members
+
+    def packed_as(self, packed_format: str) -> bytes | None:
+        """`packed` when it is in `packed_format`."""
+        return self.packed if packed_format == self.packed_format else None
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Message]: ...
+
+    def __getitem__(self, index: int | slice) -> Message | Sequence[Message]:
+        return self.members[index]
+
+    def __iter__(self) -> Iterator[Message]:
+        return iter(self.members)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PackedBatch):
+            return self.members == other.members
+        if isinstance(other, tuple):
+            return self.members == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.members)
+
+    def __repr__(self) -> str:
+        return f"PackedBatch({self._count} in {self.packed_format!r})"

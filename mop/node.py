@@ -18,12 +18,19 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 import trio
 
 from mop.admin import AdminContext, bind_admin, serve_admin
 from mop.backends.local import LocalBackend
+from mop.backlog_quota import (
+    BacklogQuota,
+    BacklogQuotaControl,
+    BacklogQuotas,
+    QuotaKind,
+    QuotaPolicy,
+)
 from mop.broker.storage import DurableStorage, StorageError, open_durable_storage
 from mop.counters import Drop, ProtocolStats, Refusal
 from mop.exception_groups import leaves
@@ -42,13 +49,14 @@ from mop.overload.memory import open_guard, serve_memory_watch
 from mop.processor import Backend, BackendError, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, cluster_client_auth
+from mop.retention import RetentionControl, RetentionPolicies, RetentionPolicy
 from mop.schemas import Compatibility
 from mop.security.abuse import BANS_TABLE, Ban
 from mop.security.ban_store import BanStore
 from mop.security.gatekeeper import Gatekeeper
 from mop.security.policy import PolicyError, load_policy
 from mop.security.reloading import PolicyReloader
-from mop.settings import LimitsSettings, Settings
+from mop.settings import BacklogQuotaSettings, LimitsSettings, RetentionSettings, Settings
 from mop.topic_names import PulsarTopicName, mqtt_to_pulsar
 from mop.topics import TopicError
 from mop.transport import (
@@ -116,6 +124,9 @@ async def start_backend(
         namespace=settings.default_namespace,
         membership=membership,
         unsubscribed_grace=settings.storage.unsubscribed_grace,
+        retention=retention_policies(settings.retention),
+        retention_check=settings.retention.check_interval,
+        backlog_quotas=backlog_quotas(settings.backlog_quota),
         schema_compatibility=Compatibility(settings.pulsar.schema_compatibility),
     )
     try:
@@ -126,6 +137,28 @@ async def start_backend(
             await backend.aclose()
         raise
     return backend
+
+
+def retention_policies(settings: RetentionSettings) -> RetentionPolicies:
+    """The retention policies `settings` give (the admin API may override them later)."""
+    return RetentionPolicies(
+        RetentionPolicy(settings.time_seconds, settings.size_bytes),
+        {
+            entry.namespace: RetentionPolicy(entry.time_seconds, entry.size_bytes)
+            for entry in settings.namespaces
+        },
+    )
+
+
+def backlog_quotas(settings: BacklogQuotaSettings) -> BacklogQuotas:
+    """The backlog quotas `settings` give (the admin API may override them later)."""
+    policy = QuotaPolicy(settings.policy)
+    return BacklogQuotas(
+        {
+            QuotaKind.SIZE: BacklogQuota(settings.limit_bytes, policy),
+            QuotaKind.AGE: BacklogQuota(settings.limit_seconds, policy),
+        }
+    )
 
 
 def cluster_membership(settings: Settings) -> Membership:
@@ -287,6 +320,24 @@ def broker_auth(settings: Settings) -> ClientAuth:
         raise StartupError(str(exc)) from None
 
 
+def _retention_control(backend: Backend) -> LocalBackend | RetentionAndQuotas | None:
+    """What the admin API may change of the retention policies and backlog quotas
+    (`RetentionControl`, `BacklogQuotaControl`): a node with its own broker (merged, or a
+    broker node) has them; a separated proxy asks its brokers' HTTP admin
+    (`cluster.admin_url`), and without it has none."""
+    if isinstance(backend, LocalBackend):
+        return backend
+    from mop.backends.cluster import ClusterBackend
+
+    if isinstance(backend, ClusterBackend):
+        return backend.namespace_admin()
+    return None
+
+
+class RetentionAndQuotas(RetentionControl, BacklogQuotaControl, Protocol):
+    """Both controls in one object (`_retention_control`)."""
+
+
 def _broker_membership(settings: Settings, membership: Membership) -> Membership | None:
     """The membership of a broker node (merged, serving the Pulsar protocol), whose admin
     listener answers Pulsar's admin REST API for its topics; None for other nodes."""
@@ -375,6 +426,8 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                     not_ready=lambda: [*processor.not_ready(), *overload.not_ready()],
                     broker=_broker_membership(settings, membership),
                     bans=bans,
+                    retention=_retention_control(backend),
+                    backlog_quotas=_retention_control(backend),
                 )
                 bound.append(await _serve_admin(nursery, context, admin_socket))
             for listening in bound:

@@ -16,6 +16,9 @@ Mode = Literal["merged", "separated"]
 SECRET: Final = MappingProxyType({"secret": True})
 FsyncPolicy = Literal["always", "interval", "never"]
 LogFormat = Literal["text", "json"]
+QuotaPolicyName = Literal[
+    "producer_request_hold", "producer_exception", "consumer_backlog_eviction"
+]
 # Pulsar's schema compatibility strategies (see `mop.schemas.Compatibility`).
 SchemaCompatibility = Literal[
     "ALWAYS_INCOMPATIBLE",
@@ -282,11 +285,41 @@ class StorageSettings:
     fsync: FsyncPolicy = "always"
     fsync_interval: float = 0.05
     segment_bytes: int = 64 * 1024 * 1024
-    retention_bytes: int = 0  # per topic; 0 = unlimited
-    retention_seconds: int = 0  # 0 = unlimited
-    # Seconds a topic that no subscription holds keeps what is written to it, so that consumers
-    # which discover topics by polling (pattern consumers, proxies) still find it.
+    # The least time a new topic, or one that no subscription holds, keeps what is written to
+    # it whatever its retention policy, so that consumers which discover topics by polling
+    # (pattern consumers, proxies) still find it.
     unsubscribed_grace: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceRetentionSettings:
+    """One namespace's retention policy, overriding `retention.time_seconds`/`size_bytes`."""
+
+    namespace: str = ""
+    time_seconds: int = -1
+    size_bytes: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionSettings:
+    """Pulsar's retention policy (`mop.retention`): what a topic keeps once every subscription
+    acknowledged it, or while it has none. -1: no limit, 0: nothing."""
+
+    time_seconds: int = 24 * 3600
+    size_bytes: int = 256 * 1024 * 1024  # per topic
+    # Seconds between two checks of idle topics' history against the time limit.
+    check_interval: float = 10.0
+    namespaces: tuple[NamespaceRetentionSettings, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BacklogQuotaSettings:
+    """Pulsar's backlog quotas (`mop.backlog_quota`), the default of every namespace: limits
+    on each topic's unacknowledged backlog. -1: no limit."""
+
+    limit_bytes: int = -1
+    limit_seconds: int = -1
+    policy: QuotaPolicyName = "producer_request_hold"
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,5 +338,7 @@ class Settings:
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
+    backlog_quota: BacklogQuotaSettings = field(default_factory=BacklogQuotaSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)

@@ -12,9 +12,8 @@ publishes an alert to `alerts/<device>` for each closed window whose maximum is 
 the script's MQTT subscriber of `alerts/#` prints as it arrives.
 
 Each query keeps its progress in a checkpoint under `--work` and a durable subscription on each
-sensor topic, so a later run goes on where this one stopped. A mop node drops messages that no
-subscription holds after a few seconds: a sensor topic is held from the trigger after its first
-message (every 2 s), so readings that come sooner than that are the only ones at risk. With
+sensor topic, so a later run goes on where this one stopped, also after a stop longer than the
+node's retention policy (24 hours on a fresh node), which keeps the readings meanwhile. With
 `--no-sensors` the pipeline processes real sensors' readings until Ctrl-C. Needs
 `pip install -e '.[spark-example]'` (the Spark data source and paho-mqtt) and Java 17 or 21.
 """

@@ -6,11 +6,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from mop.backlog_quota import BacklogQuotaControl
 from mop.membership import Membership
 from mop.observability import Telemetry
 from mop.processor import MessagingProcessor
 from mop.protocols.base import ProtocolHandler
 from mop.protocols.introspection import AdminView
+from mop.retention import RetentionControl
 from mop.security.ban_store import BanStore
 from mop.settings import Settings
 from mop.transport import BoundListener
@@ -32,6 +34,10 @@ class AdminContext:
     # On a broker (a merged node serving the Pulsar protocol): its cluster, for the routes of
     # Pulsar's admin REST API, which answer for the topics it owns. None on other nodes.
     broker: Membership | None = None
+    # On a node with its own broker: its namespaces' retention policies. None on proxies.
+    retention: RetentionControl | None = None
+    # On a node with its own broker: its namespaces' backlog quotas. None on proxies.
+    backlog_quotas: BacklogQuotaControl | None = None
 
     def views(self) -> dict[str, AdminView]:
         """Each protocol's clients and state, by protocol name."""

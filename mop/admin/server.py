@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import logging
 import socket
+from functools import partial
 
 import trio
+from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.config import Config
-from hypercorn.trio import serve
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import LifespanState
 
 from mop.admin.auth import AdminGuard
 from mop.admin.context import AdminContext
@@ -18,6 +22,7 @@ from mop.admin.routes_clients import add_clients_routes
 from mop.admin.routes_docs import add_docs_routes
 from mop.admin.routes_health import add_health_routes
 from mop.admin.routes_logging import add_logging_routes
+from mop.admin.routes_namespace_policies import add_backlog_quota_routes, add_retention_routes
 from mop.admin.routes_page import add_page_routes
 from mop.admin.routes_partitioned import add_partitioned_routes
 from mop.admin.routes_publish import add_publish_routes
@@ -48,6 +53,11 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
     add_logging_routes(router, context)
     add_topic_routes(router, context)
     add_schema_routes(router, context)
+    if context.retention is not None:
+        # Before the topic routes of Pulsar's API, whose `{domain}/.../{topic}` also matches.
+        add_retention_routes(router, context.retention)
+    if context.backlog_quotas is not None:
+        add_backlog_quota_routes(router, context.backlog_quotas)
     if context.broker is not None:
         add_pulsar_admin_routes(router, context, context.broker)
     # A broker answers for the names it owns; a proxy passes every request on to its brokers.
@@ -65,28 +75,42 @@ async def serve_admin(
 ) -> None:
     """Serve the admin API until cancelled on `sock` (from `bind_admin`, which it takes over),
     else on `admin.host`/`admin.port`; `started` gets the bound address (the real port when
-    the setting is 0). OSError when it cannot bind."""
+    the setting is 0). OSError when it cannot bind.
+
+    Each connection is hypercorn's (HTTP/1.1 with keep-alive, its timeouts), accepted here
+    rather than by `hypercorn.trio.serve` so that it is `_AdminConnection`; the application's
+    lifespan is a no-op (`AsgiApp`), so nothing runs it."""
     settings = context.settings.admin
     config = Config()
-    # Bound by us rather than by hypercorn, which leaks the socket of a failed bind; hypercorn
-    # takes the file descriptor over.
-    if sock is None:
-        sock = bind_admin(settings.host, settings.port)
-    config.bind = [f"fd://{sock.detach()}"]
     config.accesslog = None
     config.errorlog = logging.getLogger("mop.admin.http")
-    config.graceful_timeout = 1.0
     config.keep_alive_timeout = 30.0
-    app = build_admin_app(context)
+    # AsgiApp takes ASGI's events as plain dicts, hypercorn names them as TypedDicts.
+    app = ASGIWrapper(build_admin_app(context))  # type: ignore[arg-type]
+    # Bound by us rather than by hypercorn, which leaks the socket of a failed bind.
+    if sock is None:
+        sock = bind_admin(settings.host, settings.port)
+    with trio.socket.from_stdlib_socket(sock) as listening:
+        listening.listen(config.backlog)
+        bound_host, port = listening.getsockname()[:2]
+        connection = partial(_AdminConnection, app, config, WorkerContext(None), LifespanState({}))
+        spec = ListenerSpec(ADMIN_LISTENER, "tcp", settings.host, settings.port)
+        task_status.started(BoundListener(spec, bound_host, port))
+        await trio.serve_listeners(connection, [trio.SocketListener(listening)])
 
-    class _Status:
-        def started(self, binds: list[str]) -> None:
-            address = binds[0].rpartition("://")[2]
-            bound_host, _, port = address.rpartition(":")
-            spec = ListenerSpec(ADMIN_LISTENER, "tcp", settings.host, settings.port)
-            task_status.started(BoundListener(spec, bound_host.strip("[]"), int(port)))
 
-    await serve(app, config, task_status=_Status())  # type: ignore[arg-type]
+class _AdminConnection(TCPServer):
+    """One HTTP connection, closed as soon as its client has closed its side. hypercorn's own
+    keeps waiting for the next request of an idle connection whose client has gone, until the
+    keep-alive timeout: a client that opens a connection per request (most tools do) would
+    leave the node that many file descriptors for that long, which the MQTT and Pulsar
+    listeners of the process need too."""
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        # Nothing more can be read: a request on its way has been told of the disconnection,
+        # and an idle connection has nothing left to wait for.
+        await self.idle_task.stop()
 
 
 def bind_admin(host: str, port: int) -> socket.socket:

@@ -12,33 +12,38 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from mop.backlog_quota import BacklogQuota, BacklogQuotas, QuotaKind
 from mop.broker.compaction import CompactedTopics
 from mop.broker.cursor import Cursor, Entry
 from mop.broker.delays import DelayQueue
 from mop.broker.dispatch import Attachment
 from mop.broker.errors import ConsumerBusy
 from mop.broker.grace import UnsubscribedGrace
+from mop.broker.history import history_cut
 from mop.broker.positions import (
     id_before,
     last_message,
     mark_for_time,
-    read_backlog,
     trim_point,
 )
 from mop.broker.producers import ProducerRegistry, SequenceBook, Sequenced
+from mop.broker.quotas import QuotaGuard
 from mop.broker.storage.api import CursorKey, CursorState, Storage
-from mop.broker.storage.ranges import IdRanges
-from mop.broker.subscription import Bookkeeping, Subscription
+from mop.broker.storage.ranges import IdRanges, IdRangeSet
+from mop.broker.subscription import READ_AHEAD, Bookkeeping, Subscription
 from mop.broker.topic import NON_PERSISTENT, Topic, Topics, payload_size
 from mop.clock import now_ms
 from mop.message import RETAINED, Delivery, Message, MessageId
 from mop.messaging import StartPosition, SubscriptionSpec, TopicBusy
+from mop.retention import RetentionPolicies, RetentionPolicy, namespace_of
 from mop.topic_names import is_exact_selector
 from mop.topics import SubscriptionTrie, matches
 
 __all__ = [
     "BROKER_TABLE_PREFIX",
+    "BACKLOG_QUOTA_TABLE",
     "PRODUCERS_TABLE",
+    "RETENTION_TABLE",
     "SUBSCRIPTIONS_TABLE",
     "TOPICS_TABLE",
     "Broker",
@@ -52,6 +57,10 @@ BROKER_TABLE_PREFIX = "$broker/"
 SUBSCRIPTIONS_TABLE = "$broker/subscriptions"
 # The last sequence id of each application-named producer: "{topic}\n{name}" -> decimal.
 PRODUCERS_TABLE = "$broker/producers"
+# Retention policies set at run time: "tenant/namespace" -> `RetentionPolicy.to_json()`.
+RETENTION_TABLE = "$broker/retention"
+# Backlog quotas set at run time: "tenant/namespace" -> `BacklogQuotas.saved()`.
+BACKLOG_QUOTA_TABLE = "$broker/backlog_quotas"
 # Persistent topics opened by a producer before they held a message: name -> b"". As in
 # Pulsar, a topic exists from its first producer on (listed, found by pattern consumers and
 # wildcard subscriptions), across restarts, until it is deleted.
@@ -101,6 +110,9 @@ class Broker:
         namespace: str = "default",
         clock: Callable[[], float] = now_ms,
         unsubscribed_grace: float = 0.0,
+        retention: RetentionPolicies | None = None,
+        retention_check: float = 10.0,
+        backlog_quotas: BacklogQuotas | None = None,
     ) -> None:
         self.storage = storage
         self.tenant = tenant
@@ -121,6 +133,17 @@ class Broker:
         # they were offered).
         self.on_scheduled: Callable[[], None] | None = None
         self._grace = UnsubscribedGrace(unsubscribed_grace)
+        # Without policies nothing acknowledged is kept (Pulsar's own default).
+        self.retention = retention if retention is not None else RetentionPolicies()
+        self.retention.on_change = self._retention_changed
+        # Topics that keep acknowledged history, looked at again every `retention_check`
+        # seconds (on the `now` of `trim_acknowledged`) for what has aged out since.
+        self._history: set[Topic] = set()
+        self._retention_check = retention_check
+        self._next_history_check = 0.0
+        # Backlog quotas: checked on each trimming pass; producers of a topic over one may
+        # be refused (`quota.refuse`).
+        self.quota = QuotaGuard(storage, backlog_quotas)
         self.compacted = CompactedTopics(storage, tenant=tenant)
         self._seq = itertools.count()
         self.producers = ProducerRegistry()
@@ -158,6 +181,8 @@ class Broker:
         sequence id its producer sent before is dropped (`duplicate`)."""
         if sequence is not None and self.sequences.is_duplicate(topic, sequence):
             return Published(MessageId(-1, -1), 0, duplicate=True)
+        if self.quota.blocked:
+            self.quota.refuse(topic)
         node = self._topics.get(topic)
         created = node is None
         if node is None:
@@ -201,6 +226,8 @@ class Broker:
         subscriptions each was routed to. All or nothing: an error stores none of them."""
         if not messages:
             return [], 0
+        if self.quota.blocked:
+            self.quota.refuse(topic)
         node = self._topics.get(topic)
         created = node is None
         if node is None:
@@ -262,8 +289,8 @@ class Broker:
     def _offer(self, node: Topic, entries: list[Entry]) -> None:
         persistent = node.persistent
         for cursor in node.cursors:
-            if not (persistent or cursor.sub.attachments):
-                continue
+            if cursor.catching_up or not (persistent or cursor.sub.attachments):
+                continue  # one catching up reads these from storage in turn
             # A cursor made since the messages were held starts after them.
             start = cursor.ids[-1] if cursor.ids else cursor.mark_delete
             for entry in entries:
@@ -344,6 +371,7 @@ class Broker:
                 self.storage.save_cursors({(name, sub.name): None})
         self._topics.discard(topic)
         self._trim_dirty.discard(topic)
+        self._history.discard(topic)
         self._grace.forget(topic)
         for key in self.sequences.forget(name):
             self.storage.table_put(PRODUCERS_TABLE, key, None)
@@ -356,16 +384,21 @@ class Broker:
 
     def _forget_if_unused(self, topic: Topic) -> None:
         # Topics made by an exact subscribe that never saw a message need not outlive it
-        # (so idle MQTT subscriptions leave nothing behind); a producer's topic stays.
-        if (
-            not topic.cursors
-            and topic.last_id is None
-            and not topic.declared
-            and not self.producers.producers(topic.name)
-            and self._topics.get(topic.name) is topic
-        ):
-            self._topics.discard(topic)
-            self._trim_dirty.discard(topic)
+        # (so idle MQTT subscriptions leave nothing behind); a persistent producer's topic
+        # stays. A non-persistent topic lives while it has producers or attached consumers:
+        # it keeps nothing for the others, and comes back with its next producer or message,
+        # joining the subscriptions that match it then.
+        if self._topics.get(topic.name) is not topic or self.producers.producers(topic.name):
+            return
+        if topic.persistent:
+            if topic.cursors or topic.last_id is not None or topic.declared:
+                return
+        elif any(cursor.sub.attachments for cursor in topic.cursors):
+            return
+        for cursor in list(topic.cursors):
+            cursor.sub.drop_cursor(cursor)  # never saved: the topic is not persistent
+        self._topics.discard(topic)
+        self._trim_dirty.discard(topic)
 
     # -- subscriptions ---------------------------------------------------------------------
 
@@ -610,6 +643,7 @@ class Broker:
                 sub.members.discard(att.member)
             if not sub.attachments:
                 self._drop_subscription(sub)
+        self._forget_transient_of(sub)
         self._flush()
 
     async def unsubscribe(self, att: Attachment) -> None:
@@ -621,7 +655,15 @@ class Broker:
             return
         if not any(other.member == att.member for other in sub.attachments):
             sub.members.discard(att.member)
+        self._forget_transient_of(sub)
         await self._after_member_change(sub)
+
+    def _forget_transient_of(self, sub: Subscription) -> None:
+        """Forget the non-persistent topics of `sub` that its last consumer leaves unused."""
+        if not sub.attachments:
+            for cursor in list(sub.cursors.values()):
+                if not cursor.topic.persistent:
+                    self._forget_if_unused(cursor.topic)
 
     async def delete_subscription(self, name: str, member: str = "") -> None:
         """Remove an offline member; the subscription goes with its last member."""
@@ -711,42 +753,115 @@ class Broker:
 
     def trim_acknowledged(self, now: float = 0.0) -> int:
         """Drop stored messages that every subscription of their topic has acknowledged (all
-        of them, on a topic without subscriptions), once their `unsubscribed_grace` has passed
+        of them, on a topic without subscriptions) once their namespace's retention policy
+        lets them go (`mop.retention`), and not before their `unsubscribed_grace` has passed
         at `now` (monotonic seconds) where it applies: on a topic without subscriptions and
         on a topic trimming first saw less than the grace ago. Returns how many topics were
         trimmed."""
+        self._enforce_quotas()
         dirty, self._trim_dirty = self._trim_dirty, set()
+        if now >= self._next_history_check:
+            self._next_history_check = now + self._retention_check
+            dirty |= self._history
+            self._history = set()
         trimmed = 0
         grace = self._grace
+        wall = self.now()
         for topic in dirty:
             if self._topics.get(topic.name) is not topic or not topic.persistent:
                 grace.forget(topic)
                 continue
-            through = trim_point(topic)
+            acknowledged = trim_point(topic)
             if topic.cursors:
-                through = grace.limit_held(topic, through, now)
+                through = grace.limit_held(topic, acknowledged, now)
             else:
-                through = grace.limit(topic, through, now)
+                through = grace.limit(topic, acknowledged, now)
             if grace.waiting(topic):
                 self._trim_dirty.add(topic)
+            policy = self.retention.for_topic(topic.name)
+            through = history_cut(self.storage, topic.name, through, policy, wall)
+            kept_after = topic.trimmed if through is None else through
+            if topic.trimmed is not None and kept_after is not None:
+                kept_after = max(kept_after, topic.trimmed)
+            if acknowledged is not None and (kept_after is None or kept_after < acknowledged):
+                # Acknowledged history stays for now (or its grace runs).
+                self._history.add(topic)
             if through is not None and (topic.trimmed is None or through > topic.trimmed):
                 self.storage.trim(topic.name, through)
                 topic.trimmed = through
                 trimmed += 1
         return trimmed
 
+    def _enforce_quotas(self) -> None:
+        """Check the backlog quotas; skip the backlog that `consumer_backlog_eviction`
+        quotas let go, for every subscription behind it."""
+        check = self.quota.check(self._topics.values(), self.now())
+        for topic, cut in check.evict:
+            for cursor in list(topic.cursors):
+                if cursor.mark_delete is None or cursor.mark_delete < cut:
+                    cursor.sub.ack_through(topic.name, cut)
+        if check.evict:
+            self._flush()
+
+    async def set_backlog_quota(
+        self, namespace: str, kind: QuotaKind, quota: BacklogQuota | None
+    ) -> None:
+        """Override one backlog quota of `namespace` (None: back to the configured one),
+        durably: the override outlives restarts. It applies at the next trimming pass."""
+        quotas = self.quota.quotas
+        quotas.override(namespace, kind, quota)
+        self.storage.table_put(BACKLOG_QUOTA_TABLE, namespace, quotas.saved(namespace))
+        await self.storage.sync()
+
+    def _retention_changed(self, namespace: str) -> None:
+        self._trim_dirty.update(
+            t for t in self._topics.values() if namespace_of(t.name) == namespace
+        )
+
+    async def set_retention(self, namespace: str, policy: RetentionPolicy | None) -> None:
+        """Override the retention policy of `namespace` ("tenant/namespace"; None: back to the
+        configured one), durably: the override outlives restarts."""
+        self.storage.table_put(
+            RETENTION_TABLE, namespace, None if policy is None else policy.to_json()
+        )
+        await self.storage.sync()
+        self.retention.override(namespace, policy)
+
     async def _load(self, cursor: Cursor, state: CursorState | None) -> None:
-        """Read a cursor's backlog from storage: every stored message after its mark_delete
-        that it has not acknowledged, up to the topic's last id when the read started."""
+        """Read a cursor's backlog from storage: the stored messages after its mark_delete
+        that it has not acknowledged. A compacted topic's come at once; any other topic's a
+        chunk at a time (`read_ahead`), the first one now, so that a cursor holds a bounded
+        part of a long backlog in memory, however long it is."""
         topic = cursor.topic
-        upto = topic.last_id
         after = None if state is None else state.mark_delete
         acked = IdRanges() if state is None else state.acked
+        if topic.name in self.compacted:
+            await self._load_compacted(cursor, after, acked)
+            return
+        # What it acknowledged of the part not read yet is kept, and saved, all along.
+        cursor.acked = IdRangeSet(acked)
+        cursor.read_after = after
+        cursor.catching_up = True
         try:
-            if topic.name in self.compacted:
-                ids, entries = self.compacted.backlog(topic.name, after, cursor.ids, acked)
-            else:
-                ids, entries = await read_backlog(self.storage, topic.name, after, upto, acked)
+            await self._read_chunks(cursor)
+        except BaseException:
+            if cursor.attached and cursor.loading:
+                # Leave the cursor usable, as if it had started after the topic's last id.
+                upto = topic.last_id
+                if upto is not None and (cursor.mark_delete is None or cursor.mark_delete < upto):
+                    cursor.mark_delete = upto
+                cursor.acked = IdRangeSet()
+                cursor.sub.read_chunk(cursor, [], [], caught_up=True)
+                self._flush()
+            raise
+
+    async def _load_compacted(
+        self, cursor: Cursor, after: MessageId | None, acked: IdRanges
+    ) -> None:
+        topic = cursor.topic
+        upto = topic.last_id
+        try:
+            ids, entries = self.compacted.backlog(topic.name, after, cursor.ids, acked)
         except BaseException:
             if cursor.attached and cursor.loading:
                 # Leave the cursor usable, as if it had started after `upto`.
@@ -762,10 +877,76 @@ class Broker:
             cursor.sub.pump()
             self._flush()
 
+    @property
+    def wants_reading(self) -> bool:
+        """Whether `read_ahead` has chunks to read."""
+        return bool(self._books.wanting)
+
+    async def read_ahead(self) -> None:
+        """Read the next chunk of each cursor that catches up with its stored backlog and has
+        less than half a chunk left (`Bookkeeping.wanting`); consumers call it before they
+        take messages. The error of a read is raised; the cursor reads again at the next call."""
+        wanting = self._books.wanting
+        while wanting:
+            cursor = wanting.pop()
+            if cursor.attached and cursor.catching_up and not cursor.reading:
+                await self._read_chunks(cursor)
+
+    async def _read_chunks(self, cursor: Cursor) -> None:
+        """Read chunks until the cursor holds half a chunk or more, or has caught up (a run
+        of acknowledged messages is read past at once)."""
+        while (
+            cursor.attached
+            and cursor.catching_up
+            and len(cursor.backlog) < READ_AHEAD // 2
+            and not cursor.reading
+        ):
+            await self._read_chunk(cursor)
+
+    async def _read_chunk(self, cursor: Cursor) -> None:
+        topic = cursor.topic
+        cursor.reading = True
+        before = topic.last_id
+        try:
+            page = await self.storage.read(topic.name, cursor.read_after, READ_AHEAD)
+        except BaseException:
+            cursor.reading = False
+            if cursor.attached and not cursor.loading:
+                self._books.wanting.add(cursor)  # to be read again
+            raise
+        cursor.reading = False
+        if not cursor.attached:
+            return
+        ids: list[MessageId] = []
+        entries: list[Entry] = []
+        acked = cursor.acked
+        for message_id, message in page:
+            ids.append(message_id)
+            if message_id not in acked:
+                entries.append(Entry(topic.name, message_id, message))
+        if ids:
+            cursor.read_after = ids[-1]
+        last = topic.last_id
+        # Caught up when it read through the topic's last id, or found nothing after what it
+        # read while nothing came in (what is left is trimmed); no await from here on, so what
+        # is published after this is routed to it.
+        caught_up = (
+            last is None
+            or (cursor.read_after is not None and cursor.read_after >= last)
+            or (not page and last == before)
+        )
+        if not topic.batched and any(entry.message.batch for entry in entries):
+            topic.batched = True
+        cursor.sub.read_chunk(cursor, ids, entries, caught_up)
+        cursor.sub.pump()
+        self._flush()
+
     async def recover(self) -> None:
         """Rebuild topics, durable subscriptions and their backlogs from storage. Call once,
         on a new broker, before anything else. Redelivery counts start again from 0."""
         saved = self.storage.load_cursors()
+        self.retention.restore(self.storage.table_items(RETENTION_TABLE))
+        self.quota.quotas.restore(self.storage.table_items(BACKLOG_QUOTA_TABLE))
         self.compacted.restore()
         for name in self.storage.topics():
             if name not in self._topics:

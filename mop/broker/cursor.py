@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from mop.broker.rates import RateMeter
 from mop.broker.storage.api import CursorState
 from mop.broker.storage.ranges import IdRangeSet
 from mop.message import Delivery, Message, MessageId
+from mop.rates import RateMeter
 
 if TYPE_CHECKING:
     from mop.broker.subscription import Subscription
@@ -55,6 +55,7 @@ class Cursor:
         "attached",
         "backlog",
         "bytes_out",
+        "catching_up",
         "ids",
         "ids_limit",
         "in_ready",
@@ -64,6 +65,8 @@ class Cursor:
         "meter",
         "partial",
         "qos0",
+        "read_after",
+        "reading",
         "redeliveries",
         "returned",
         "since",
@@ -95,6 +98,12 @@ class Cursor:
         self.in_ready = False
         # While the backlog is being read from storage, new messages queue up behind it.
         self.loading = False
+        # While the cursor reads its stored backlog a chunk at a time (`catching_up`), new
+        # messages are not routed to it: it reads them from storage in turn, after
+        # `read_after`, the last stored id read; `reading` while a chunk is being read.
+        self.catching_up = False
+        self.read_after: MessageId | None = None
+        self.reading = False
         self.attached = True
         self.messages_out = 0
         self.bytes_out = 0
@@ -124,7 +133,8 @@ class Cursor:
     def owed(self) -> int:
         """How many messages routed here the subscription has not acknowledged (Pulsar's
         msgBacklog): waiting for dispatch, with a consumer, or delayed. O(len(ids)), walked
-        by runs of `acked` as `compact` does."""
+        by runs of `acked` as `compact` does. While the cursor catches up with its stored
+        backlog, only the part read so far counts."""
         acked = self.acked
         if not acked:
             return len(self.ids)

@@ -1,16 +1,14 @@
-"""Positions in a topic, read from storage: a cursor's backlog, the message at a publish time,
+"""Positions in a topic, read from storage: the message at a publish time,
 the last message still readable, and how far acknowledged data can be trimmed.
 """
 
 from __future__ import annotations
 
-from mop.broker.cursor import Entry
 from mop.broker.storage.api import Storage
-from mop.broker.storage.ranges import IdRanges
 from mop.broker.topic import Topic
 from mop.message import MessageId
 
-__all__ = ["id_before", "last_message", "mark_for_time", "read_backlog", "trim_point"]
+__all__ = ["id_before", "last_message", "mark_for_time", "trim_point"]
 
 READ_BATCH = 1000
 # An entry number above any a store hands out, for "just before the first entry of a ledger".
@@ -27,31 +25,6 @@ def id_before(message_id: MessageId) -> MessageId | None:
     if message_id.ledger > 0:
         return MessageId(message_id.ledger - 1, _LAST_ENTRY)
     return None
-
-
-async def read_backlog(
-    storage: Storage,
-    topic: str,
-    after: MessageId | None,
-    upto: MessageId | None,
-    acked: IdRanges,
-) -> tuple[list[MessageId], list[Entry]]:
-    """Every stored id of `topic` after `after` up to `upto`, and the entries among them that
-    are not in `acked`."""
-    ids: list[MessageId] = []
-    entries: list[Entry] = []
-    while upto is not None and (after is None or after < upto):
-        page = await storage.read(topic, after, READ_BATCH)
-        if not page:
-            break
-        for message_id, message in page:
-            if message_id > upto:
-                break
-            ids.append(message_id)
-            if message_id not in acked:
-                entries.append(Entry(topic, message_id, message))
-        after = page[-1][0]
-    return ids, entries
 
 
 async def mark_for_time(

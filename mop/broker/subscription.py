@@ -18,7 +18,13 @@ from mop.broker.topic import Topic, payload_size
 from mop.message import Delivery, MessageId
 from mop.messaging import QUEUE_FULL, SubscriptionKind
 
-__all__ = ["Bookkeeping", "Subscription"]
+__all__ = ["READ_AHEAD", "Bookkeeping", "Subscription"]
+
+# A cursor catching up with its stored backlog reads it in chunks of this many entries, the
+# next one once its backlog holds less than half a chunk: what it holds stays under 1.5 chunks.
+READ_AHEAD = 1000
+# What a batch delivery acknowledged already, when nothing was (the usual case).
+_NONE_ACKED: frozenset[int] = frozenset()
 
 
 class Bookkeeping:
@@ -27,11 +33,13 @@ class Bookkeeping:
     counters. `clock` gives the wall clock in milliseconds, for message expiry.
     `on_dropped(subscription, reason, count)`, when set, hears of each drop as it happens."""
 
-    __slots__ = ("changed", "clock", "dropped", "expired", "held", "on_dropped")
+    __slots__ = ("changed", "clock", "dropped", "expired", "held", "on_dropped", "wanting")
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
         self.changed: set[Cursor] = set()
+        # Cursors catching up with their stored backlog whose next chunk is due (see `pump`).
+        self.wanting: set[Cursor] = set()
         self.dropped = 0
         self.on_dropped: Callable[[str, str, int], None] | None = None
         self.expired = 0
@@ -235,6 +243,8 @@ class Subscription:
             backlog.popleft()
             if entry.message.qos == 0:
                 cursor.qos0 -= 1
+            if cursor.catching_up and len(backlog) < READ_AHEAD // 2:
+                self.books.wanting.add(cursor)
             att.push(entry)
             if lane is retry:
                 cursor.returned -= 1
@@ -292,6 +302,27 @@ class Subscription:
                 self.enqueue(cursor, entry)
         for entry in arrived:
             self.enqueue(cursor, entry)
+        self.books.changed.add(cursor)
+
+    def read_chunk(
+        self,
+        cursor: Cursor,
+        ids: list[MessageId],
+        entries: list[Entry],
+        caught_up: bool,
+    ) -> None:
+        """Add a chunk of the cursor's stored backlog: `ids` are the next stored ids after the
+        ones read before, `entries` those not acknowledged (the cursor's `acked` holds what
+        was). With `caught_up` it was the last: new messages are routed to it from now on."""
+        cursor.loading = False
+        cursor.ids.extend(ids)
+        cursor.settle()
+        cursor.compact()
+        for entry in entries:
+            if not (self.holds and self._held(cursor, entry)):
+                self.enqueue(cursor, entry)
+        if caught_up:
+            cursor.catching_up = False
         self.books.changed.add(cursor)
 
     # -- consumers -------------------------------------------------------------------------
@@ -379,7 +410,7 @@ class Subscription:
             entries += 1
             count = cursor.redeliveries.get(entry.message_id, 0) if cursor.redeliveries else 0
             if not message.batch:
-                out += 1
+                out += message.count  # 1, or the messages of an entry kept packed
                 out_bytes += len(message.payload)
                 if message.qos == 0 and att.ack_qos0:
                     # At most once: acknowledged as it is taken, never tracked as unacked.
@@ -400,7 +431,9 @@ class Subscription:
             out_bytes += payload_size(message)
             bits = cursor.partial.get(entry.message_id, 0) if cursor.partial else 0
             if att.whole_batches:
-                acked = frozenset(i for i in range(len(message.batch)) if bits >> i & 1)
+                acked = _NONE_ACKED
+                if bits:
+                    acked = frozenset(i for i in range(len(message.batch)) if bits >> i & 1)
                 taken.append(Delivery(entry.topic, entry.message_id, message, count, acked))
             else:
                 mid = entry.message_id
@@ -458,6 +491,10 @@ class Subscription:
         ids = cursor.ids
         while ids and ids[0] <= through:
             cursor.ack(ids[0])
+        if cursor.catching_up and (cursor.read_after is None or cursor.read_after < through):
+            # Past what it read of its stored backlog: the rest of the way is acknowledged
+            # too, and reading goes on after it.
+            cursor.read_after = cursor.mark_delete = through
         cursor.acked.discard_through(through)
         if len(cursor.backlog) and cursor.backlog[0].message_id <= through:
             kept = [entry for entry in cursor.backlog if entry.message_id > through]

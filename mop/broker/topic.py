@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
-from mop.broker.rates import RateMeter
-from mop.message import Message, MessageId
+from mop.message import Message, MessageId, PackedBatch
+from mop.rates import RateMeter
 from mop.topic_names import is_exact_selector, is_system_topic, mqtt_to_pulsar, pulsar_to_mqtt
 from mop.topics import TopicTree
 
@@ -27,8 +27,11 @@ _batch = attrgetter("batch")
 
 def payload_size(message: Message) -> int:
     """The bytes of a message's payload, or of its batch's payloads, as the stats count them."""
-    if message.batch:
-        return sum(len(member.payload) for member in message.batch)
+    batch = message.batch
+    if isinstance(batch, PackedBatch):
+        return batch.payload_bytes  # without unpacking a stored batch
+    if batch:
+        return sum(len(member.payload) for member in batch)
     return len(message.payload)
 
 

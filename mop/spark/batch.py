@@ -3,9 +3,8 @@
 Planning finds the topics and pins where each one ends (the last message now, or the given
 `ending_offsets`), so every task of the query reads an exact, known range and the result does
 not depend on when tasks run. Each topic is one Spark partition, or, with
-`max_records_per_partition`, several ranges of it. (On a mop node every reader loads the topic
-from its start position to the topic's end, so several readers of one topic cost more than they
-gain there; a broker that reads lazily, such as Apache Pulsar, gains from them.)
+`max_records_per_partition`, several ranges of it, read in parallel (brokers read a reader's
+backlog lazily, mop a chunk at a time, so a range costs what it holds).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ per batch is several times faster than yielding one tuple per message.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final
 
 import pyarrow as pa
@@ -46,7 +47,7 @@ class RowBatch:
         self._names = names
         self._keys: list[str | None] = []
         self._payloads: list[bytes] = []
-        self._properties: list[list[tuple[str, str]]] = []
+        self._properties: list[Sequence[tuple[str, str]]] = []
         self._published: list[int] = []
         self._event: list[int | None] = []
         self._ids: list[str] = []
@@ -72,6 +73,24 @@ class RowBatch:
         event = message.event_timestamp()
         self._event.append(event * 1000 if event else None)
         self._ids.append(message_id)
+
+    def extend(
+        self,
+        keys: Sequence[str | None],
+        payloads: Sequence[bytes],
+        properties: Sequence[Sequence[tuple[str, str]]],
+        published: int,
+        event: Sequence[int | None],
+        ids: Sequence[str],
+    ) -> None:
+        """Add the rows of one entry, column by column (times in microseconds since the
+        epoch; `published` is the entry's, shared by its rows)."""
+        self._keys += keys
+        self._payloads += payloads
+        self._properties += properties
+        self._published += [published] * len(ids)
+        self._event += event
+        self._ids += ids
 
     def take(self) -> pa.RecordBatch:
         """The rows added so far as one record batch; the buffer starts empty again."""

@@ -64,7 +64,10 @@ def link_auth(security: ClientSecurity) -> ClientAuth:
     if not security.tls_validate_hostname:
         context.check_hostname = False
     if security.method == "token":
-        return ClientAuth("token", _token(security).encode(), context)
+        # With a token file, an AUTH_CHALLENGE is answered with the file's current token.
+        return ClientAuth(
+            "token", _token(security).encode(), context, token_file=security.token_file
+        )
     if security.method == "basic":
         credentials = f"{security.username}:{security.password}".encode()
         return ClientAuth("basic", credentials, context)

@@ -8,8 +8,9 @@ lazily here and never pickled, and a task gets everything it needs in its `Topic
 Topics that match the selection later (a new MQTT topic under a filter) join at the next
 trigger, from their first message. With the `subscription` option the runner also keeps a
 durable subscription on every topic it reads and acknowledges it up to each committed offset:
-a broker that keeps only what some subscription holds (a mop node; Apache Pulsar without
-retention) then keeps everything the query has not processed yet, also while it is stopped.
+the broker then keeps everything the query has not processed yet, also while it is stopped and
+beyond the retention policy (24 hours on a fresh mop node; nothing in Apache Pulsar without
+retention) that otherwise bounds how far back a query reads.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ again on the same data directory. Crashes (SIGKILL) are in test_crash.py.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import queue
@@ -39,7 +40,7 @@ from mop.protocols.mqtt.packets import (
     SubscriptionRequest,
 )
 from mop.protocols.mqtt.serving.server import MqttServer
-from mop.settings import StorageSettings
+from mop.settings import RetentionSettings, StorageSettings
 from mop.testing.node import RunningNode, node_settings, running_node
 from tests.e2e.clients import Client, Received, props, session_present
 from tests.e2e.nodeproc import disk_usage
@@ -57,14 +58,22 @@ SERVER_SHUTTING_DOWN = 0x8B
 class Restartable:
     """A thread node that can be stopped and started again on one data directory."""
 
-    def __init__(self, data_dir: Path, storage: StorageSettings | None = None, **mqtt: Any):
+    def __init__(
+        self,
+        data_dir: Path,
+        storage: StorageSettings | None = None,
+        retention: RetentionSettings | None = None,
+        **mqtt: Any,
+    ):
         self.data_dir = data_dir
         self.storage = storage or StorageSettings(fsync="always")
+        self.retention = retention or RetentionSettings()
         self.mqtt = mqtt
 
     @contextmanager
     def run(self) -> Iterator[RunningNode]:
         settings = node_settings(data_dir=str(self.data_dir), storage=self.storage, **self.mqtt)
+        settings = dataclasses.replace(settings, retention=self.retention)
         with running_node(settings) as node:
             yield node
 
@@ -582,10 +591,11 @@ class Sampler:
 
 def test_disk_usage_stays_bounded_while_data_flows(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    # No grace: a new topic keeps its first seconds on purpose (tests/unit/broker/test_grace.py);
-    # this test is about reclaiming acknowledged data as it flows.
+    # No grace (a new topic keeps its first seconds on purpose, tests/unit/broker/test_grace.py)
+    # and no retention (tests/e2e/test_retention.py bounds the disk by a policy): this test is
+    # about reclaiming acknowledged data as it flows.
     settings = StorageSettings(fsync="always", segment_bytes=SEGMENT, unsubscribed_grace=0)
-    node_dir = Restartable(data, settings)
+    node_dir = Restartable(data, settings, RetentionSettings(time_seconds=0, size_bytes=0))
     count = TOTAL // PAYLOAD
     batch = 16
     with node_dir.run() as node, Sampler(data) as sampler:

@@ -1,5 +1,5 @@
 """The data source against a secured node: rows written with a user name and password and read
-back with a token (from a file), over pulsar+ssl:// with the test CA trusted and host names
+back with a token, over pulsar+ssl:// with the test CA trusted and host names
 checked, topics found by an MQTT filter (the namespace listing authenticates too)."""
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import pytest
 
 from mop.security.passwords import update_password_file
 from mop.settings import AuthSettings, JwtSettings, PulsarSettings, TlsSettings
+from mop.spark.options import ClientSecurity
+from mop.spark.security import link_auth
 from mop.testing.certs import make_test_certificates
 from mop.testing.node import RunningNode
 from tests.e2e.pulsar_support import pulsar_node, pulsar_settings
@@ -114,7 +116,7 @@ def written_and_read(
         spark.read.format("mop")
         .option("service_url", secured.url)
         .option("topics", "secure/+")
-        .option("auth_token_file", secured.token_file)
+        .option("auth_token", token)
         .options(**trust)
         .load()
     )
@@ -124,9 +126,23 @@ def written_and_read(
     ]
     # mop's own logs (py4j's debug log echoes every call made to the JVM, options included).
     logged = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("mop"))
+    plans = executed_plans(spark) + read._jdf.queryExecution().toString()
+    # The plans of this write and read (the password's and the token's), as the SQL tab and
+    # explain() show them.
+    assert "AppendData mop" in plans and "BatchScan mop" in plans
     for secret in (PASSWORD, token):
         assert secret not in logged
-        assert secret not in read._jdf.queryExecution().toString()
+        assert secret not in plans
+
+
+def executed_plans(spark: Any) -> str:
+    """The descriptions and plans of every query the session ran (the write and the read), as
+    its SQL tab shows them."""
+    executions = spark._jsparkSession.sharedState().statusStore().executionsList()
+    return "\n".join(
+        f"{e.description()}\n{e.details()}\n{e.physicalPlanDescription()}"
+        for e in (executions.apply(i) for i in range(executions.size()))
+    )
 
 
 def test_without_credentials_the_read_is_refused(spark: Any, secured: Secured) -> None:
@@ -140,3 +156,14 @@ def test_without_credentials_the_read_is_refused(spark: Any, secured: Secured) -
     )
     with pytest.raises(Exception, match=r"AuthenticationError|handshake refused"):
         read.collect()
+
+
+def test_the_namespace_listing_answers_a_challenge_with_the_token_files_current_token(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "token"
+    path.write_text("first\n")
+    auth = link_auth(ClientSecurity(token_file=str(path)))
+    assert auth.current_data() == b"first"
+    path.write_text("replaced\n")
+    assert auth.current_data() == b"replaced"

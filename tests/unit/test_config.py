@@ -170,7 +170,24 @@ def test_dump_loads_back(tmp_path: Path) -> None:
         ({"MOP_STORAGE__FSYNC": "sometimes"}, "storage.fsync", "'always', 'interval', 'never'"),
         ({"MOP_LIMITS__MAX_CONNECTIONS": "0"}, "limits.max_connections", "positive integer"),
         ({"MOP_MQTT__MAX_INFLIGHT": "70000"}, "mqtt.max_inflight", "between 1 and 65535"),
-        ({"MOP_STORAGE__RETENTION_BYTES": "-5"}, "storage.retention_bytes", ">= 0"),
+        ({"MOP_STORAGE__RETENTION_BYTES": "5"}, "storage.retention_bytes", "retention.size_bytes"),
+        ({"MOP_STORAGE__RETENTION_SECONDS": "5"}, "storage.retention_seconds", "time_seconds"),
+        ({"MOP_RETENTION__SIZE_BYTES": "-2"}, "retention.size_bytes", ">= -1"),
+        (
+            {"MOP_RETENTION__NAMESPACES": '[{namespace="public"}]'},
+            "retention.namespaces.namespace",
+            "tenant/namespace",
+        ),
+        (
+            {"MOP_RETENTION__NAMESPACES": "[{time_seconds=5}]"},
+            "retention.namespaces",
+            "needs namespace",
+        ),
+        (
+            {"MOP_RETENTION__NAMESPACES": '[{namespace="a/b", time=5}]'},
+            "retention.namespaces.time",
+            "unknown key",
+        ),
         ({"MOP_MQTT__CONNECT_TIMEOUT": "0"}, "mqtt.connect_timeout", "positive number"),
         ({"MOP_MQTT__WS_ENABLED": "yes"}, "mqtt.ws_enabled", "must be true or false"),
         ({"MOP_DATA_DIR": "1"}, "data_dir", "must be a string (got 1)"),
@@ -357,3 +374,23 @@ def test_overload_limits_are_off_by_default_and_take_rates_and_marks() -> None:
     assert limits.connection_rate == 50.0 and limits.connection_burst == 0
     assert limits.client_message_rate == 1000.5 and limits.client_byte_rate == 1048576.0
     assert (limits.memory_high_watermark, limits.memory_low_watermark) == (2**31, 2**30)
+
+
+def test_retention_of_single_namespaces(tmp_path: Path) -> None:
+    config = write(
+        tmp_path / "mop.toml",
+        "[default.retention]\ntime_seconds = -1\n"
+        '[[default.retention.namespaces]]\nnamespace = "public/telemetry"\n'
+        "time_seconds = 604800\nsize_bytes = 0\n",
+    )
+    settings = load_settings(config, environ={})
+    assert settings.retention.time_seconds == -1
+    (entry,) = settings.retention.namespaces
+    assert (entry.namespace, entry.time_seconds, entry.size_bytes) == (
+        "public/telemetry",
+        604800,
+        0,
+    )
+    # What dump_settings writes loads back to the same settings.
+    again = write(tmp_path / "dumped.toml", dump_settings(settings))
+    assert load_settings(again, environ={}) == settings

@@ -46,6 +46,7 @@ from mop.backends.cluster.fanout import FanOut, fans_out
 from mop.backends.cluster.fanout_consumer import FanOutConsumer
 from mop.backends.cluster.health import BrokerHealth
 from mop.backends.cluster.leases import PRESENCE_TABLE, ClusterLease, Frontier, Presence
+from mop.backends.cluster.namespace_admin import NamespaceAdmin
 from mop.backends.cluster.options import ConsumerOptions, ProducerOptions
 from mop.backends.cluster.partitioned import ClusterPartitionedTopics
 from mop.backends.cluster.patterns import matching_selectors
@@ -550,6 +551,11 @@ class ClusterBackend:
                 reason="not_configured",
             )
         return self._admin
+
+    def namespace_admin(self) -> NamespaceAdmin | None:
+        """The brokers' namespace policies (retention, backlog quotas), for the admin API;
+        None without `cluster.admin_url`."""
+        return None if self._admin is None else NamespaceAdmin(self._admin)
 
     async def topic_stats(self, topic: str) -> TopicStats | None:
         """Asked of the brokers' HTTP admin (see `topic_admin`)."""

@@ -144,8 +144,11 @@ _Fields = tuple[tuple[tuple[str, str], ...], int, int, str | None]
 def _fields(pairs: tuple[tuple[str, str], ...]) -> _Fields:
     # As a map, the way a Pulsar message's properties are read: the last value of a name wins.
     properties = dict(pairs)
+    # Only the metadata says whether a message is encrypted (`incoming` marks it): the JSON of
+    # all properties that proxies send can be written by any Pulsar producer.
+    user = tuple(pair for pair in _pairs(properties) if pair[0] != ENCRYPTED[0])
     return (
-        _pairs(properties),
+        user,
         qos_of(pairs),
         max(0, _int(properties.get(EXPIRES_AT), 0)),
         properties.get(PRODUCER),

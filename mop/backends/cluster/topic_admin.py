@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from typing import Final
+from typing import Any, Final
 from urllib.parse import quote
 
 import httpx
@@ -271,6 +271,72 @@ class BrokerAdmin:
             f"no broker of cluster.admin_url owns {topic} (list every broker's admin URL): "
             + "; ".join(misdirected),
             reason="unavailable",
+        )
+
+    async def namespace_read(self, path: str) -> Any:
+        """The JSON answer to `GET path` (a namespace's policy) of the first URL that gives
+        one: every broker of Apache Pulsar and of a mop cluster answers for any namespace."""
+        failures: list[str] = []
+        for base in self.urls:
+            response = await self._namespace_call("GET", base, path, None, None, failures)
+            if response is not None:
+                try:
+                    return response.json()
+                except ValueError:
+                    failures.append(f"{base}: the answer is not JSON")
+        raise self._unanswered(path, failures)
+
+    async def namespace_change(
+        self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None
+    ) -> None:
+        """`method path` (setting or removing a namespace's policy) on every URL: each mop
+        broker keeps its own policies; Apache Pulsar's brokers share theirs, and setting the
+        same one again is harmless. BackendError naming the URLs that did not take it."""
+        failures: list[str] = []
+        for base in self.urls:
+            await self._namespace_call(method, base, path, body, params, failures)
+        if failures:
+            raise self._unanswered(path, failures)
+
+    async def _namespace_call(
+        self,
+        method: str,
+        base: str,
+        path: str,
+        body: Any,
+        params: dict[str, str] | None,
+        failures: list[str],
+    ) -> httpx.Response | None:
+        """The answer of `base` when it took the request; None (with why, in `failures`)
+        when it did not. Bad input is the caller's: a 400 or 412 raises at once."""
+        try:
+            with trio.fail_after(self.timeout):
+                content = None if body is None else json.dumps(body)
+                response = await self._follow(method, base + path, params, content)
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            failures.append(f"{base}: {exc or type(exc).__name__}")
+            return None
+        except trio.TooSlowError:
+            failures.append(f"{base}: no answer within {self.timeout:g} s")
+            return None
+        status = response.status_code
+        if status in (200, 204):
+            return response
+        if status in (400, 412):
+            raise BackendError(answer_reason(response), reason="invalid_request")
+        if status in _REFUSED:
+            raise BackendError(
+                f"{base} refused the proxy's credentials (cluster.auth): {answer_reason(response)}",
+                reason="not_authorized",
+            )
+        failures.append(f"{base}: HTTP {status} {answer_reason(response)}")
+        return None
+
+    @staticmethod
+    def _unanswered(path: str, failures: list[str]) -> BackendError:
+        log.debug("%s: %s", path, "; ".join(failures))
+        return BackendError(
+            f"the brokers' admin did not take {path}: {'; '.join(failures)}", reason="unavailable"
         )
 
     async def _follow(

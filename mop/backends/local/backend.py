@@ -9,7 +9,7 @@ is stored or kept per topic (client events name a topic per client id).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,13 @@ from mop.backends.local.role import LocalRole
 from mop.backends.local.stats import topic_stats
 from mop.backends.local.table import LocalTable
 from mop.backends.node_local import LocalTopics, is_local_selector
+from mop.backlog_quota import (
+    BacklogQuota,
+    BacklogQuotaControl,
+    BacklogQuotas,
+    QuotaKind,
+    QuotaPolicy,
+)
 from mop.broker import (
     NON_PERSISTENT,
     Broker,
@@ -42,6 +49,7 @@ from mop.processor.backend import (
     SubscriptionSpec,
     TopicStats,
 )
+from mop.retention import RetentionControl, RetentionPolicies, RetentionPolicy
 from mop.schemas.model import Compatibility, SchemaInfo, StoredSchema
 from mop.schemas.registry import SCHEMA_POLICIES_TABLE, SCHEMAS_TABLE, SchemaRegistry
 from mop.topic_names import mqtt_to_pulsar
@@ -87,12 +95,24 @@ class LocalBackend:
         fence_timeout: float = 10.0,
         trim_interval: float = 1.0,
         unsubscribed_grace: float = 0.0,
+        retention: RetentionPolicies | None = None,
+        retention_check: float = 10.0,
+        backlog_quotas: BacklogQuotas | None = None,
         schema_compatibility: Compatibility = Compatibility.FULL,
     ) -> None:
         self.storage = storage
         self.broker = Broker(
-            storage, tenant=tenant, namespace=namespace, unsubscribed_grace=unsubscribed_grace
+            storage,
+            tenant=tenant,
+            namespace=namespace,
+            unsubscribed_grace=unsubscribed_grace,
+            retention=retention,
+            retention_check=retention_check,
+            backlog_quotas=backlog_quotas,
         )
+        self.broker.quota.on_room = self._quota_room
+        # Set when a topic that held its producers (producer_request_hold) has room again.
+        self._room = trio.Event()
         self.broker.on_scheduled = self._delays_changed
         self.broker.compacted.on_change = self._table_changed
         # This broker's URL, and the members of its cluster (none or one: it owns every topic).
@@ -105,6 +125,9 @@ class LocalBackend:
         self._leases: dict[str, LocalLease] = {}
         self._consumers: set[LocalConsumer] = set()
         self._tables: dict[str, LocalTable] = {}
+        # Topics whose record a producer's open is writing: another producer opening one of
+        # them syncs too, not to be told the topic exists before its record is durable.
+        self._recording: set[str] = set()
         self._table_topics: dict[str, LocalTable] = {}
         self.partitioned = LocalPartitionedTopics(
             lambda: self.table(PARTITIONED_TABLE),
@@ -158,6 +181,43 @@ class LocalBackend:
             with translated():
                 self.broker.trim_acknowledged(trio.current_time())
 
+    # -- backlog quotas (`mop.backlog_quota.BacklogQuotaControl`, for the admin API) -------
+
+    def _quota_room(self) -> None:
+        self._room.set()
+        self._room = trio.Event()
+
+    async def _wait_for_room(self, topics: Iterable[str]) -> None:
+        """Hold a publish while one of its topics is over a producer_request_hold quota."""
+        names = set(topics)
+        while any(
+            self.broker.quota.blocked.get(name) is QuotaPolicy.PRODUCER_REQUEST_HOLD
+            for name in names
+        ):
+            await self._room.wait()
+
+    async def backlog_quotas(self, namespace: str) -> Mapping[QuotaKind, BacklogQuota]:
+        await trio.lowlevel.checkpoint()
+        return self.broker.quota.quotas.for_namespace(namespace)
+
+    async def set_backlog_quota(
+        self, namespace: str, kind: QuotaKind, quota: BacklogQuota | None
+    ) -> None:
+        self._check_running()
+        with translated():
+            await self.broker.set_backlog_quota(namespace, kind, quota)
+
+    # -- retention (`mop.retention.RetentionControl`, for the admin API) -------------------
+
+    async def retention(self, namespace: str) -> RetentionPolicy:
+        await trio.lowlevel.checkpoint()
+        return self.broker.retention.for_namespace(namespace)
+
+    async def set_retention(self, namespace: str, policy: RetentionPolicy | None) -> None:
+        self._check_running()
+        with translated():
+            await self.broker.set_retention(namespace, policy)
+
     def _check_running(self) -> None:
         if self._closed:
             raise BackendError("backend is closed", reason="closed")
@@ -189,6 +249,8 @@ class LocalBackend:
 
     async def publish(self, topic: str, message: Message) -> PublishResult:
         self._check_running()
+        if self.broker.quota.blocked:
+            await self._wait_for_room((topic,))
         if self.local.owns(topic):
             await trio.lowlevel.checkpoint()
             return self.local.publish(topic, message)
@@ -208,6 +270,8 @@ class LocalBackend:
             self._check_running()
         except BackendError as exc:
             return [exc] * len(items)
+        if self.broker.quota.blocked:
+            await self._wait_for_room(topic for topic, _ in items)
         store_many = self.broker.store_many
         results: list[PublishResult | BackendError] = []
         durable: list[int] = []  # indexes of the results that wait for the sync
@@ -265,12 +329,21 @@ class LocalBackend:
 
     async def open_producer(self, spec: ProducerSpec) -> LocalProducer:
         self._check_running()
+        if self.broker.quota.blocked:
+            with translated():
+                self.broker.quota.refuse(spec.topic)
         producer = LocalProducer(self, spec)
         # As in Pulsar, the topic exists from its first producer on, sent to or not.
+        topic = spec.topic
         try:
             with translated():
-                recorded = self.broker.open_topic(spec.topic)
-                if recorded:
+                if self.broker.open_topic(topic):
+                    self._recording.add(topic)
+                    try:
+                        await self.storage.sync()
+                    finally:
+                        self._recording.discard(topic)
+                elif topic in self._recording:
                     await self.storage.sync()
         except BaseException:
             await producer.close()
@@ -444,6 +517,9 @@ async def open_local_backend(
     fence_timeout: float = 10.0,
     trim_interval: float = 1.0,
     unsubscribed_grace: float = 0.0,
+    retention: RetentionPolicies | None = None,
+    retention_check: float = 10.0,
+    backlog_quotas: BacklogQuotas | None = None,
 ) -> AsyncIterator[LocalBackend]:
     """Run a `LocalBackend` over `storage` for the duration of the block, then close it."""
     backend = LocalBackend(
@@ -455,6 +531,9 @@ async def open_local_backend(
         fence_timeout=fence_timeout,
         trim_interval=trim_interval,
         unsubscribed_grace=unsubscribed_grace,
+        retention=retention,
+        retention_check=retention_check,
+        backlog_quotas=backlog_quotas,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(backend.serve)
@@ -472,5 +551,15 @@ if TYPE_CHECKING:
         table: LocalTable,
         lease: LocalLease,
         producer: LocalProducer,
-    ) -> tuple[Backend, BatchPublisher, Consumer, Table, ClientLease, FenceNotifier, Producer]:
-        return backend, backend, consumer, table, lease, lease, producer
+    ) -> tuple[
+        Backend,
+        BatchPublisher,
+        Consumer,
+        Table,
+        ClientLease,
+        FenceNotifier,
+        Producer,
+        RetentionControl,
+        BacklogQuotaControl,
+    ]:
+        return backend, backend, consumer, table, lease, lease, producer, backend, backend

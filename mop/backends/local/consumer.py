@@ -129,6 +129,13 @@ class LocalConsumer:
         waited = False
         while True:
             att = self._attachment()
+            if broker.wants_reading:
+                # A subscription catching up with a stored backlog read it down: read on.
+                try:
+                    await broker.read_ahead()
+                except (StorageError, BrokerError) as exc:
+                    raise translate(exc) from exc
+                att = self._attachment()
             if self._local:
                 deliveries = self._take_local(max_messages)
                 if deliveries:

@@ -7,9 +7,9 @@ from collections.abc import Iterable
 
 from mop.broker import Attachment, Broker
 from mop.broker.cursor import Cursor
-from mop.broker.rates import RateMeter
 from mop.broker.topic import Topic
 from mop.processor.backend import ConsumerStats, SubscriptionStats, TopicStats, Traffic
+from mop.rates import RateMeter
 
 __all__ = ["topic_stats"]
 

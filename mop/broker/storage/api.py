@@ -102,6 +102,14 @@ class Storage(Protocol):
         """Drop the messages of `topic` with an id <= `through`; their space may be reclaimed."""
         ...
 
+    def retention_cut(
+        self, topic: str, *, appended_before: int | None, keep_bytes: int | None
+    ) -> MessageId | None:
+        """The last id of the oldest kept messages of `topic` that retention's limits let go:
+        those appended before `appended_before` (wall clock, s), and those beyond the newest
+        `keep_bytes` bytes of the topic (None: that limit does not apply). None when none."""
+        ...
+
     def delete_topic(self, topic: str) -> None:
         """Forget `topic`, its messages and its cursors."""
         ...

@@ -1,5 +1,5 @@
 """`DurableStorage`: the `Storage` interface over one shared, checksummed, append-only log of
-segment files, with group commit, recovery after a crash, retention and space reclaim.
+segment files, with group commit, recovery after a crash and space reclaim.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class DurableStorage:
     Whatever the policy, `aclose()` and the reclaim of a segment fsync the log first.
 
     Run `serve()` in the nursery that owns the store: it writes queued records in the
-    background, keeps the "interval" promise, applies retention by age and reclaims segments.
+    background, keeps the "interval" promise and reclaims segments.
     Without it, those chores run at the end of `sync()` calls.
     """
 
@@ -197,11 +197,6 @@ class DurableStorage:
         ids = [MessageId(ledger, entry) for entry in range(first, first + len(sizes))]
         if ids:
             entry_topic.last_id = ids[-1]
-        limit = self.settings.retention_bytes
-        if limit and entry_topic.bytes > limit:
-            through = entry_topic.over_through(limit)
-            if through is not None:
-                self.trim_topic(entry_topic, through)
         if len(tail.pending) >= _FLUSH_BYTES:
             self._wakeup.set()
         return ids
@@ -227,6 +222,19 @@ class DurableStorage:
         if entry_topic is None or entry_topic.last_id is None:
             return
         self.trim_topic(entry_topic, min(through, entry_topic.last_id))
+
+    def retention_cut(
+        self, topic: str, *, appended_before: int | None, keep_bytes: int | None
+    ) -> MessageId | None:
+        entry_topic = self._index.topics.get(topic)
+        if entry_topic is None:
+            return None
+        cuts = []
+        if appended_before is not None:
+            cuts.append(entry_topic.expired_through(appended_before))
+        if keep_bytes is not None and entry_topic.bytes > keep_bytes:
+            cuts.append(entry_topic.over_through(keep_bytes))
+        return max((cut for cut in cuts if cut is not None), default=None)
 
     def trim_topic(self, topic: TopicIndex, through: MessageId) -> None:
         """Trim through an id no later than the topic's last one (so that replaying the max

@@ -5,7 +5,8 @@ handed to a second broker to exercise recovery.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+import time
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import trio
@@ -31,11 +32,12 @@ def _size(message: Message) -> int:
 class _Log:
     """The kept messages of one topic: parallel id and message lists from `head` on."""
 
-    __slots__ = ("bytes", "head", "ids", "messages", "next_entry")
+    __slots__ = ("bytes", "head", "ids", "messages", "next_entry", "times")
 
     def __init__(self) -> None:
         self.ids: list[MessageId] = []
         self.messages: list[Message] = []
+        self.times: list[int] = []  # append time (wall clock, s) of each message
         self.head = 0
         self.next_entry = 0
         self.bytes = 0
@@ -51,7 +53,20 @@ class _Log:
         if self.head > 1024 and self.head * 2 > len(self.ids):
             del self.ids[: self.head]
             del self.messages[: self.head]
+            del self.times[: self.head]
             self.head = 0
+
+    def cut(self, appended_before: int | None, keep_bytes: int | None) -> MessageId | None:
+        end = self.head
+        if appended_before is not None:
+            end = bisect_left(self.times, appended_before, lo=self.head)
+        if keep_bytes is not None:
+            excess, i = self.bytes - keep_bytes, self.head
+            while excess > 0 and i < len(self.ids):
+                excess -= _size(self.messages[i])
+                i += 1
+            end = max(end, i)
+        return self.ids[end - 1] if end > self.head else None
 
 
 class MemoryStorage:
@@ -60,6 +75,8 @@ class MemoryStorage:
 
     def __init__(self, *, max_bytes: int = 0) -> None:
         self.max_bytes = max_bytes
+        # The wall clock (s) that dates appended messages, for retention by time.
+        self.clock: Callable[[], float] = time.time
         self._logs: dict[str, _Log] = {}
         self._cursors: dict[CursorKey, CursorState] = {}
         self._tables: dict[str, dict[str, bytes]] = {}
@@ -81,11 +98,13 @@ class MemoryStorage:
         if log is None:
             log = self._logs[topic] = _Log()
         ids = []
+        now = int(self.clock())
         for message in messages:
             message_id = MessageId(0, log.next_entry)
             log.next_entry += 1
             log.ids.append(message_id)
             log.messages.append(message)
+            log.times.append(now)
             ids.append(message_id)
         log.bytes += size
         self._bytes += size
@@ -127,6 +146,12 @@ class MemoryStorage:
             before = log.bytes
             log.trim(through)
             self._bytes -= before - log.bytes
+
+    def retention_cut(
+        self, topic: str, *, appended_before: int | None, keep_bytes: int | None
+    ) -> MessageId | None:
+        log = self._logs.get(topic)
+        return None if log is None else log.cut(appended_before, keep_bytes)
 
     def delete_topic(self, topic: str) -> None:
         self._check_open()

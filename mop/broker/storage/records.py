@@ -9,12 +9,13 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum, unique
+from functools import partial
 from itertools import chain
 from typing import TypeAlias
 
 from mop.broker.storage.api import CursorState
 from mop.broker.storage.ranges import IdRanges
-from mop.message import Message, MessageId
+from mop.message import Message, MessageId, PackedBatch
 
 __all__ = [
     "FRAME",
@@ -185,6 +186,7 @@ def _is_plain(message: Message) -> bool:
         or message.wire_format
         or message.wire
         or message.batch
+        or message.opaque_count
     )
 
 
@@ -240,7 +242,13 @@ def encode_message(ledger: int, entry: int, append_ms: int, message: Message) ->
         raw_name, raw_value = name.encode(), value.encode()
         parts += (_PAIR.pack(len(raw_name), len(raw_value)), raw_name, raw_value)
     parts.append(message.payload)
-    if message.deliver_at or message.wire_format or message.wire or message.batch:
+    if (
+        message.deliver_at
+        or message.wire_format
+        or message.wire
+        or message.batch
+        or message.opaque_count
+    ):
         parts.append(_extension(message))
     return b"".join(parts)
 
@@ -274,20 +282,40 @@ def frame_messages(
 
 # Written after the payload only when a message uses one of the later fields (so records of
 # plain messages are unchanged): version, deliver_at, wire format and wire bytes, and the
-# messages of a batch, each encoded like a message record of its own.
+# messages of a batch, each encoded like a message record of its own. Version 2, for a
+# `PackedBatch`, puts its packed format, packed bytes and payload size before the members:
+# a read hands the packed bytes on and leaves the members encoded until they are asked for.
+# An entry whose messages are packed unreadably (encrypted) has no member records: the count
+# has `_OPAQUE` set instead.
 _EXTENSION = struct.Struct("<Bq")
 _EXTENSION_VERSION = 1
+_PACKED_VERSION = 2
+_OPAQUE = 1 << 31
+_U64 = struct.Struct("<Q")
 
 
 def _extension(message: Message) -> bytes:
+    batch = message.batch
+    packed = isinstance(batch, PackedBatch)
     parts = [
-        _EXTENSION.pack(_EXTENSION_VERSION, message.deliver_at),
+        _EXTENSION.pack(_PACKED_VERSION if packed else _EXTENSION_VERSION, message.deliver_at),
         _str(message.wire_format),
         _blob(message.wire),
-        _U32.pack(len(message.batch)),
+        _U32.pack(len(batch) or (_OPAQUE | message.opaque_count if message.opaque_count else 0)),
     ]
-    parts += [_blob(encode_message(0, 0, 0, member)) for member in message.batch]
+    if isinstance(batch, PackedBatch):
+        parts += (_str(batch.packed_format), _blob(batch.packed), _U64.pack(batch.payload_bytes))
+    parts += [_blob(encode_message(0, 0, 0, member)) for member in batch]
     return b"".join(parts)
+
+
+def _unpack_members(data: bytes, count: int) -> tuple[Message, ...]:
+    """The `count` member records `data` holds, one after another."""
+    reader = _Reader(data, 0)
+    members = tuple(decode_message(reader.blob())[1] for _ in range(count))
+    if reader.offset != len(data):
+        raise ValueError("trailing bytes after the members of a batch")
+    return members
 
 
 def message_key(body: bytes | memoryview) -> tuple[int, int, int]:
@@ -308,15 +336,30 @@ def decode_message(body: bytes | memoryview) -> tuple[MessageId, Message]:
         n_name, n_value = _PAIR.unpack(reader.take(_PAIR.size))
         properties.append((reader.take(n_name).decode(), reader.take(n_value).decode()))
     payload = reader.take(n_payload)
-    deliver_at, wire_format, wire = 0, "", b""
-    batch: tuple[Message, ...] = ()
+    deliver_at, wire_format, wire, opaque_count = 0, "", b"", 0
+    batch: Sequence[Message] = ()
     if reader.offset != len(body):
         version, deliver_at = _EXTENSION.unpack(reader.take(_EXTENSION.size))
-        if version != _EXTENSION_VERSION:
+        if version not in (_EXTENSION_VERSION, _PACKED_VERSION):
             raise ValueError(f"unknown message extension version {version}")
         wire_format = reader.str()
         wire = reader.blob()
-        batch = tuple(decode_message(reader.blob())[1] for _ in range(reader.u32()))
+        count = reader.u32()
+        if count & _OPAQUE:
+            opaque_count = count & ~_OPAQUE
+        elif version == _PACKED_VERSION:
+            packed_format, packed = reader.str(), reader.blob()
+            (payload_bytes,) = _U64.unpack(reader.take(_U64.size))
+            members = reader.take(len(body) - reader.offset)
+            batch = PackedBatch(
+                count,
+                packed_format,
+                packed,
+                payload_bytes,
+                partial(_unpack_members, members, count),
+            )
+        else:
+            batch = tuple(decode_message(reader.blob())[1] for _ in range(count))
     if reader.offset != len(body):
         raise ValueError("trailing bytes after message")
     message = Message(
@@ -332,6 +375,7 @@ def decode_message(body: bytes | memoryview) -> tuple[MessageId, Message]:
         batch=batch,
         wire_format=wire_format,
         wire=wire,
+        opaque_count=opaque_count,
     )
     return MessageId(ledger, entry), message
 

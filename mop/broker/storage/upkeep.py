@@ -1,5 +1,6 @@
-"""Upkeep of the durable log: retention by age, and reclaiming the oldest segment once nothing
-live is left in it, or once the log is mostly garbage (then its live records are copied forward).
+"""Upkeep of the durable log: reclaiming the oldest segment once nothing live is left in it (the
+broker trims what retention lets go), or once the log is mostly garbage (then its live records
+are copied forward).
 
 Segments are reclaimed oldest first only. That keeps deletions (of cursors, table keys, topics)
 safe to forget: the records they override are always in an older segment, already gone.
@@ -21,7 +22,6 @@ from mop.broker.storage.log import LogTail
 from mop.broker.storage.records import Kind, Scanner, message_key
 from mop.broker.storage.segments import SegmentFiles, read_segment
 from mop.log_limit import LimitedLog
-from mop.message import MessageId
 from mop.settings import StorageSettings
 
 __all__ = ["LogWriter", "Upkeep", "UpkeepParts"]
@@ -47,15 +47,13 @@ class UpkeepParts:
 
 
 class LogWriter(Protocol):
-    """What upkeep asks of the store that owns the log: its state, and the writes that trim
-    messages, flush the tail and write live state records again."""
+    """What upkeep asks of the store that owns the log: its state, and the writes that flush
+    the tail and write live state records again."""
 
     @property
     def closed(self) -> bool: ...
 
     def disk_bytes(self) -> int: ...
-
-    def trim_topic(self, topic: TopicIndex, through: MessageId) -> None: ...
 
     async def flush(self, target: int, *, fsync: bool) -> None: ...
 
@@ -73,21 +71,19 @@ class Upkeep:
         self.parts = parts
         self.store = store
         self._running: trio.Event | None = None
-        self._next_retention = 0.0
         self._reclaim_after = 0.0
         self.reclaimed = 0  # segments deleted, for tests and metrics
 
     def due(self) -> bool:
         if self._running is not None:
             return False
-        return self._retention_due() or self._reclaimable() is not None
+        return self._reclaimable() is not None
 
     async def run_if_due(self) -> None:
         if not self.due():
             return
         self._running = trio.Event()
         try:
-            self._apply_retention()
             while not self.store.closed and (segment := self._reclaimable()) is not None:
                 if not await self._reclaim(segment):
                     self._reclaim_after = time.monotonic() + _RECLAIM_BACKOFF
@@ -101,24 +97,6 @@ class Upkeep:
     async def wait_idle(self) -> None:
         if self._running is not None:
             await self._running.wait()
-
-    # -- retention -----------------------------------------------------------------------------
-
-    def _retention_due(self) -> bool:
-        seconds = self.parts.settings.retention_seconds
-        return bool(seconds) and time.monotonic() >= self._next_retention
-
-    def _apply_retention(self) -> None:
-        """Trim messages older than `retention_seconds`, acknowledged or not."""
-        if not self._retention_due():
-            return
-        seconds = self.parts.settings.retention_seconds
-        self._next_retention = time.monotonic() + min(1.0, seconds / 10)
-        cutoff = int(time.time()) - seconds
-        for topic in list(self.parts.index.topics.values()):
-            through = topic.expired_through(cutoff)
-            if through is not None:
-                self.store.trim_topic(topic, through)
 
     # -- reclaim -------------------------------------------------------------------------------
 

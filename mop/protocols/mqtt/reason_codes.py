@@ -233,6 +233,7 @@ def v3_connack_code(reason: int) -> int:
 _BACKEND_REASONS: Mapping[str, ReasonCode] = MappingProxyType(
     {
         "quota_exceeded": _R.QUOTA_EXCEEDED,
+        "backlog_quota_exceeded": _R.QUOTA_EXCEEDED,
         "overloaded": _R.QUOTA_EXCEEDED,
     }
 )

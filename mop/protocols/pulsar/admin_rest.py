@@ -11,16 +11,22 @@ from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import quote
 
+from mop.backlog_quota import BacklogQuota, QuotaKind, QuotaPolicy
 from mop.messaging import SubscriptionKind
 from mop.processor.backend import ConsumerStats, SubscriptionStats, TopicStats, Traffic
 from mop.protocols.pulsar.mapping import pulsar_subscription
+from mop.retention import INFINITE, RetentionPolicy
 from mop.topic_names import PulsarTopicName
 
 __all__ = [
     "ADMIN_PREFIX",
     "DOMAINS",
+    "backlog_quota_from_document",
+    "backlog_quota_map",
     "StatsFormatError",
     "namespace_path",
+    "retention_document",
+    "retention_from_document",
     "stats_document",
     "stats_from_document",
     "topic_path",
@@ -52,6 +58,91 @@ def topic_path(topic: str) -> str:
     name = PulsarTopicName.parse(topic)
     local = quote(name.local_name, safe="")
     return f"{ADMIN_PREFIX}/{name.domain}/{name.tenant}/{name.namespace}/{local}"
+
+
+# -- retention policies (Pulsar's RetentionPolicies JSON: minutes and MiB) ----------------------
+
+_MINUTE: Final = 60
+_MEGABYTE: Final = 1024 * 1024
+
+
+def _in_units(value: int, unit: int) -> int:
+    """`value` in whole `unit`s, rounded up (-1 and 0 stay as they are)."""
+    return value if value <= 0 else -(-value // unit)
+
+
+def _whole(value: Any) -> int | None:
+    """`value` as an integer when JSON says one (`88` or `88.0`), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def retention_document(policy: RetentionPolicy) -> dict[str, int]:
+    return {
+        "retentionTimeInMinutes": _in_units(policy.time_seconds, _MINUTE),
+        "retentionSizeInMB": _in_units(policy.size_bytes, _MEGABYTE),
+    }
+
+
+def retention_from_document(document: Any) -> RetentionPolicy:
+    """The policy a Pulsar RetentionPolicies JSON object sets; ValueError when it is not one."""
+    if not isinstance(document, dict):
+        raise ValueError("the body must be a JSON object")
+    values = []
+    for name, unit in (("retentionTimeInMinutes", _MINUTE), ("retentionSizeInMB", _MEGABYTE)):
+        value = _whole(document.get(name))
+        if value is None or value < INFINITE:
+            raise ValueError(f"{name} must be an integer: -1 (no limit), 0 (none) or more")
+        values.append(value if value <= 0 else value * unit)
+    return RetentionPolicy(values[0], values[1])
+
+
+# -- backlog quotas (Pulsar's BacklogQuota JSON: limitSize in bytes, limitTime in seconds) ------
+
+
+def backlog_quota_map(quotas: Mapping[QuotaKind, BacklogQuota]) -> dict[str, dict[str, Any]]:
+    """Pulsar's `backlogQuotaMap`: each quota in force by its backlogQuotaType."""
+    document: dict[str, dict[str, Any]] = {}
+    for kind, quota in quotas.items():
+        size = quota.limit if kind is QuotaKind.SIZE else -1
+        document[kind.value] = {
+            "limit": size,
+            "limitSize": size,
+            "limitTime": quota.limit if kind is QuotaKind.AGE else -1,
+            "policy": quota.policy.value,
+        }
+    return document
+
+
+def backlog_quota_from_document(kind: QuotaKind, document: Any) -> BacklogQuota:
+    """The quota of `kind` a Pulsar BacklogQuota JSON object sets (`limitSize`, or the older
+    `limit`, for destination_storage; `limitTime` for message_age; `policy`; a limit left out
+    is -1, none); ValueError when it is not one."""
+    if not isinstance(document, dict):
+        raise ValueError("the body must be a JSON object")
+    limits: dict[str, int] = {}
+    for name in ("limitSize", "limit", "limitTime"):
+        if name in document:
+            value = _whole(document[name])
+            if value is None or value < INFINITE:
+                raise ValueError(f"{name} must be an integer: -1 (no limit), 0 or more")
+            limits[name] = value
+    # A limit left out is Pulsar's default, -1: no limit.
+    if kind is QuotaKind.SIZE:
+        limit = limits.get("limitSize", limits.get("limit", INFINITE))
+    else:
+        limit = limits.get("limitTime", INFINITE)
+    policy = document.get("policy", QuotaPolicy.PRODUCER_REQUEST_HOLD.value)
+    try:
+        return BacklogQuota(limit, QuotaPolicy(policy))
+    except ValueError:
+        choices = ", ".join(p.value for p in QuotaPolicy)
+        raise ValueError(f"policy must be one of {choices}") from None
 
 
 # -- mop's stats -> Pulsar's JSON ---------------------------------------------------------------

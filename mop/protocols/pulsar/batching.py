@@ -19,7 +19,7 @@ from crc32c import crc32c
 from mop.protocols.pulsar.codec import Buffer, read_varint, write_varint
 from mop.protocols.pulsar.errors import MalformedFrame
 
-__all__ = ["Member", "read_members", "send_frame", "single_header"]
+__all__ = ["Columns", "Member", "read_columns", "read_members", "send_frame", "single_header"]
 
 _U32: Final = struct.Struct(">I")
 _HEADER: Final = struct.Struct(">II")  # totalSize, commandSize
@@ -213,50 +213,149 @@ def _properties(data: Buffer, pos: int, end: int) -> tuple[int, tuple[tuple[str,
 def read_members(data: Buffer, count: int) -> list[Member]:
     """The `count` messages of an uncompressed batch payload; MalformedFrame when it does not
     parse as exactly that many."""
-    members = []
+    data = data if isinstance(data, bytes) else bytes(data)
+    return [
+        Member(
+            b"" if null_value else data[start : start + size],
+            properties,
+            routing,
+            event_time,
+            null_value,
+            data[at:header_end],
+        )
+        for at, header_end, start, size, (properties, routing, _, event_time, null_value) in (
+            _walk(data, count)
+        )
+    ]
+
+
+class Columns(NamedTuple):
+    """The messages of a batch, field by field (see `read_columns`)."""
+
+    payloads: list[bytes]
+    properties: list[tuple[tuple[str, str], ...]]
+    keys: list[str | None]  # the ordering key when there is one, as `Member.partition_key`
+    event_times: list[int]
+
+
+def read_columns(data: bytes, count: int) -> Columns:
+    """`read_members` as columns, without an object per message (for readers that build
+    columns, e.g. the Spark source); MalformedFrame likewise."""
+    payloads: list[bytes] = []
+    properties: list[tuple[tuple[str, str], ...]] = []
+    keys: list[str | None] = []
+    event_times: list[int] = []
+    for _, _, start, size, parsed in _walk(data, count):
+        payloads.append(b"" if parsed[4] else data[start : start + size])
+        properties.append(parsed[0])
+        keys.append(parsed[1])
+        event_times.append(parsed[3])
+    return Columns(payloads, properties, keys, event_times)
+
+
+def _walk(data: bytes, count: int) -> list[tuple[int, int, int, int, _Header]]:
+    """Per message of a batch payload: where its header starts and ends, where its payload
+    starts, its payload size, and its header's values."""
+    found = []
     pos = 0
     end = len(data)
+    # Members of a stream mostly repeat their header (same properties, same size) but for a
+    # sequence id at its end: `known` is the last header read, `prefix` its bytes before that.
+    known: _Header | None = None
+    prefix = b""
     try:
         for _ in range(count):
             (size,) = _U32.unpack_from(data, pos)
-            pos += 4
-            stop = pos + size
+            at = pos + 4
+            stop = at + size
             if stop > end:
                 raise MalformedFrame("batch entry metadata overruns the payload")
-            header = bytes(data[pos:stop])
-            # Members of a stream mostly repeat their header (same properties, same size).
-            parsed = _headers.get(header)
-            if parsed is None:
-                parsed = _parse_header(header)
-                if size <= _CACHED_BYTES:
-                    if len(_headers) >= _CACHE_SIZE:
-                        _headers.clear()
-                    _headers[header] = parsed
-            properties, routing, payload_size, event_time, null_value = parsed
-            pos = stop
-            if pos + payload_size > end:
+            tail = at + len(prefix)
+            if (
+                known is not None
+                and tail + 1 < stop
+                and data[tail] == 0x40
+                and data.startswith(prefix, at)
+                and _one_varint(data, tail + 1, stop)
+            ):
+                parsed = known
+            else:
+                parsed, found_prefix = _header_of(data[at:stop])
+                known, prefix = (parsed, found_prefix) if found_prefix is not None else (None, b"")
+            payload_size = parsed[2]
+            pos = stop + payload_size
+            if pos > end:
                 raise MalformedFrame("batch entry payload overruns the payload")
-            payload = b"" if null_value else bytes(data[pos : pos + payload_size])
-            pos += payload_size
-            members.append(Member(payload, properties, routing, event_time, null_value, header))
+            found.append((at, stop, stop, payload_size, parsed))
     except struct.error:
         raise MalformedFrame("batch payload ends inside an entry header") from None
     if pos != end:
         raise MalformedFrame(f"{end - pos} bytes after the {count} entries of a batch")
-    return members
+    return found
 
 
-def _parse_header(header: bytes) -> _Header:
-    """(properties, routing key, payload size, event time, null value) of a member header."""
+def _one_varint(data: bytes, start: int, stop: int) -> bool:
+    """Whether `data[start:stop]` is exactly one varint (a sequence id: 1 to 3 bytes, mostly)."""
+    if data[stop - 1] & 0x80:
+        return False
+    return all(data[index] & 0x80 for index in range(start, stop - 1))
+
+
+def _header_of(header: bytes) -> tuple[_Header, bytes | None]:
+    """The values of a member header, cached by its bytes and, when its last field is a
+    sequence id (clients write fields in order, so the sequence id, field 8, is last unless a
+    null value or key follows), by its bytes before that field, which are returned too.
+
+    A prefix is cached (and returned) only once a full parse found that it ends where a final
+    sequence id begins, so a header made of that prefix, a sequence id tag and one varint
+    parses to the same values."""
+    parsed = _headers.get(header)
+    prefix = _before_sequence_id(header)
+    if parsed is None and prefix is not None:
+        parsed = _headers.get(prefix)
+        if parsed is not None:
+            return parsed, prefix
+    if parsed is not None:
+        return parsed, prefix if prefix is not None and prefix in _headers else None
+    parsed, last_field = _parse_header(header)
+    if prefix is not None and last_field != len(prefix):
+        prefix = None
+    if len(header) <= _CACHED_BYTES:
+        if len(_headers) >= _CACHE_SIZE:
+            _headers.clear()
+        _headers[header] = parsed
+        if prefix is not None:
+            _headers[prefix] = parsed
+    return parsed, prefix
+
+
+def _before_sequence_id(header: bytes) -> bytes | None:
+    """`header` without what looks like a final sequence id field (tag 0x40, then one
+    varint up to the end); None when its end does not look like one."""
+    at = len(header) - 1
+    if at < 1 or header[at] & 0x80:
+        return None
+    at -= 1
+    while at >= 0 and header[at] & 0x80:
+        at -= 1
+    if at < 0 or header[at] != 0x40:
+        return None
+    return header[:at]
+
+
+def _parse_header(header: bytes) -> tuple[_Header, int]:
+    """(properties, routing key, payload size, event time, null value) of a member header,
+    and where its last field begins."""
     properties: tuple[tuple[str, str], ...] = ()
     key: str | None = None
     ordering: str | None = None
     payload_size = -1
     event_time = 0
     null_value = null_key = False
-    pos = 0
+    pos = last_field = 0
     stop = len(header)
     while pos < stop:
+        last_field = pos
         tag, pos = read_varint(header, pos, stop)
         if tag == 0x0A:
             pos, run = _properties(header, pos - 1, stop)
@@ -284,4 +383,4 @@ def _parse_header(header: bytes) -> _Header:
     if payload_size < 0:
         raise MalformedFrame("batch entry without a payload size")
     routing = None if null_key else (ordering if ordering is not None else key)
-    return properties, routing, payload_size, event_time & _M64, null_value
+    return (properties, routing, payload_size, event_time & _M64, null_value), last_field

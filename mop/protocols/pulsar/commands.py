@@ -549,6 +549,7 @@ class ConsumerStatsResponse:
     type: str | None = pb(13, STRING, default=None)
     msg_rate_expired: float | None = pb(14, DOUBLE, default=None)
     msg_backlog: int | None = pb(15, UINT64, default=None)
+    message_ack_rate: float | None = pb(16, DOUBLE, default=None)
 
 
 @message

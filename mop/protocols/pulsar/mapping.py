@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from collections.abc import Sequence
 from typing import Final, TypeVar
 
-from mop.message import ENCRYPTED, Message, MessageId, qos_of
+from mop.message import ENCRYPTED, Message, MessageId, PackedBatch, qos_of
 from mop.protocols.pulsar.batching import read_members
 from mop.protocols.pulsar.codec import decode_message, message_bytes
 from mop.protocols.pulsar.compression import UndecodablePayload, decompress
@@ -97,13 +98,16 @@ def message_from_payload(payload: Payload, *, limit: int = DEFAULT_MAX_MESSAGE_S
         data, meta, wire = _decompressed(data, meta, wire, limit)
     producer = meta.producer_name
     publish_time = meta.publish_time
-    batch: tuple[Message, ...] = ()
+    batch: PackedBatch | tuple[()] = ()
     if (
         meta.num_messages_in_batch is not None
         and meta.compression is CompressionType.NONE
         and not encrypted
     ):
-        batch = split_batch(data, meta.num_messages_in_batch, producer, publish_time)
+        members = split_batch(data, meta.num_messages_in_batch, producer, publish_time)
+        if members:
+            # Kept as sent too: Pulsar consumers get the entry without it being packed again.
+            batch = PackedBatch.of(members, WIRE_FORMAT, data)
     properties = _pairs(meta.properties)
     if encrypted:
         properties = (*_without_marker(properties), ENCRYPTED)
@@ -123,6 +127,9 @@ def message_from_payload(payload: Payload, *, limit: int = DEFAULT_MAX_MESSAGE_S
         batch=batch,
         wire_format=WIRE_FORMAT,
         wire=wire,
+        # A batch kept packed (encrypted, or too large decompressed) still holds its messages:
+        # Pulsar consumers are charged a permit for each and give each back.
+        opaque_count=0 if batch else meta.num_messages_in_batch or 0,
     )
 
 
@@ -232,7 +239,13 @@ def entry_bytes(message: Message, message_id: MessageId) -> bytes:
         meta = message.wire
     else:
         meta = message_bytes(_metadata_for(message, message_id))
-    data = _batch_payload(message.batch) if message.batch else message.payload
+    batch = message.batch
+    if not batch:
+        data = message.payload
+    elif isinstance(batch, PackedBatch) and (packed := batch.packed_as(WIRE_FORMAT)) is not None:
+        data = packed
+    else:
+        data = _batch_payload(batch)
     return b"".join((_U32.pack(len(meta)), meta, data))
 
 
@@ -250,7 +263,7 @@ def _metadata_for(message: Message, message_id: MessageId) -> MessageMetadata:
     )
 
 
-def _batch_payload(members: tuple[Message, ...]) -> bytes:
+def _batch_payload(members: Sequence[Message]) -> bytes:
     parts: list[bytes] = []
     for member in members:
         if member.wire_format == WIRE_FORMAT and member.wire:

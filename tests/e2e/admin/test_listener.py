@@ -4,8 +4,10 @@ Prometheus scrape endpoint, over real HTTP."""
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import socket
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -66,6 +68,29 @@ def test_metrics_follow_real_clients(node: RunningNode) -> None:
     assert page.matching("mop_connections_active") == [({"protocol": "mqtt"}, 1.0)]
     assert page.value("mop_messages_total", protocol="mqtt", direction="in") >= 1
     assert page.value("mop_messages_total", protocol="mqtt", direction="out") >= 1
+
+
+def test_a_connection_its_client_closes_is_closed_at_once(node: RunningNode) -> None:
+    """A client that closes its kept-alive connection once answered gets it closed by the node
+    at once, not when the keep-alive timeout runs out: held, each such connection would keep a
+    file descriptor of the node's process (which its MQTT listeners share) for that long."""
+    host, port = node.node.address("admin")
+    connection = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        connection.request("GET", "/healthz")
+        answer = connection.getresponse()
+        assert answer.status == 200 and not answer.will_close
+        answer.read()
+        sock = connection.sock
+        assert sock is not None
+        # Time for the node to wait for the next request, the state in which it used to miss
+        # that the client had gone.
+        time.sleep(0.3)
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(5)
+        assert sock.recv(1) == b"", "the node sent more than its answer"
+    finally:
+        connection.close()
 
 
 def test_unknown_path_is_a_json_404(node: RunningNode) -> None:

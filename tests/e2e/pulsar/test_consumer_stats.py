@@ -78,11 +78,17 @@ def test_a_consumers_stats(deployment: Deployment, request: pytest.FixtureReques
         assert stats.msg_rate_out is not None and stats.msg_rate_out > 0
         assert stats.msg_throughput_out is not None and stats.msg_throughput_out > 0
         assert stats.msg_rate_redeliver == 0.0 and stats.msg_rate_expired == 0.0
+        assert stats.message_ack_rate is not None and stats.message_ack_rate > 0
         assert stats.address == f"/{local[0]}:{local[1]}"
         assert stats.connected_since is not None
         assert datetime.fromisoformat(stats.connected_since).tzinfo is not None
-        # Rates are since the previous report: nothing was sent since.
-        assert stats_of(raw, 1, 3).msg_rate_out == 0.0
+        # Rates cover a window, whoever asks: a second report right after the first (another
+        # client's, say) is told the same rates instead of rates since that report.
+        again = stats_of(raw, 1, 3)
+        assert (again.msg_rate_out, again.message_ack_rate) == (
+            stats.msg_rate_out,
+            stats.message_ack_rate,
+        )
         missing = stats_of(raw, 9, 4)
         assert missing.error_code is ServerError.ConsumerNotFound and missing.error_message
     finally:

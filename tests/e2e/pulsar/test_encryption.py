@@ -15,12 +15,23 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from pulsar.asyncio import Client as AsyncClient
 
+from mop.protocols.pulsar.commands import (
+    ConsumerStats,
+    ConsumerStatsResponse,
+    Flow,
+    Message,
+    Subscribe,
+    SubType,
+    Success,
+)
 from tests.e2e.clients import Client
 from tests.e2e.pulsar_support import (
     TIMEOUT_MS,
     Deployment,
+    RawPulsar,
     pulsar_client,
     pulsar_node,
+    pulsar_port,
     pulsar_settings,
     receive_all,
     service_url,
@@ -190,3 +201,75 @@ def test_encrypted_messages_are_stored_as_sent(
         assert [m.data() for m in receive_all(consumer, 4)] == [
             f"kept {i}".encode() for i in range(4)
         ]
+
+
+def test_an_encrypted_batch_is_charged_a_permit_per_message(
+    deployment: Deployment, request: pytest.FixtureRequest, keys: pulsar.CryptoKeyReader
+) -> None:
+    """Pulsar consumers give back a permit per message of a batch, encrypted or not: a batch
+    charged as one would let the broker send past the receiver queue without bound."""
+    topic = topic_of(request)
+    raw = RawPulsar(pulsar_port(deployment.pulsar))
+    try:
+        assert raw.connect() is not None
+        raw.send(
+            Subscribe(
+                topic=topic, subscription="s", sub_type=SubType.Shared, consumer_id=1, request_id=1
+            )
+        )
+        assert raw.recv() == Success(request_id=1)
+        raw.send(Flow(consumer_id=1, message_permits=2))
+        with pulsar_client(deployment.pulsar) as client:
+            producer = client.create_producer(
+                topic,
+                encryption_key="k1",
+                crypto_key_reader=keys,
+                batching_enabled=True,
+                batching_max_messages=3,
+                batching_max_publish_delay_ms=1000,
+            )
+            for i in range(6):
+                producer.send_async(f"sealed {i}".encode(), None)
+            producer.flush()
+        first = raw.recv()
+        assert isinstance(first, Message)
+        raw.send(ConsumerStats(request_id=2, consumer_id=1))
+        stats = raw.recv()  # the second batch would come first if the first cost one permit
+        assert isinstance(stats, ConsumerStatsResponse), stats
+        assert stats.available_permits == 0
+        assert stats.unacked_messages == 3
+    finally:
+        raw.close()
+
+
+def test_a_partly_acknowledged_encrypted_batch_comes_back(
+    deployment: Deployment, request: pytest.FixtureRequest, keys: pulsar.CryptoKeyReader
+) -> None:
+    """Batch-index acknowledgements of some messages of an encrypted batch leave the others
+    owed: they come again to the next consumer (the acknowledged ones may come too)."""
+    topic = topic_of(request)
+    payloads = [f"part {i}".encode() for i in range(4)]
+    with pulsar_client(deployment.pulsar) as client:
+        consumer = client.subscribe(
+            topic, "s", crypto_key_reader=keys, batch_index_ack_enabled=True
+        )
+        producer = client.create_producer(
+            topic,
+            encryption_key="k1",
+            crypto_key_reader=keys,
+            batching_enabled=True,
+            batching_max_messages=4,
+            batching_max_publish_delay_ms=1000,
+        )
+        for payload in payloads:
+            producer.send_async(payload, None)
+        producer.flush()
+        received = receive_all(consumer, 4)
+        assert [m.data() for m in received] == payloads
+        for message in received[:2]:
+            consumer.acknowledge(message)
+        consumer.close()
+        again = client.subscribe(topic, "s", crypto_key_reader=keys, batch_index_ack_enabled=True)
+        came_back = set()
+        while not {b"part 2", b"part 3"} <= came_back:
+            came_back.add(again.receive(timeout_millis=TIMEOUT_MS).data())

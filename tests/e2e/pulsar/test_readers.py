@@ -1,10 +1,10 @@
 """Pulsar readers, seek, last message ids, regex subscriptions, non-persistent topics and
-delayed delivery, end to end with the real pulsar-client."""
+delayed delivery, end to end with the real pulsar-client. No subscription holds the topics:
+the default retention policy keeps their history for the readers."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pulsar
 import pytest
@@ -12,15 +12,6 @@ import pytest
 from tests.e2e.pulsar_support import TIMEOUT_MS, expect_nothing, receive_all, topic_for
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def topic(topic: str, client: pulsar.Client) -> Iterator[str]:
-    # Messages nobody subscribed to are not kept (as in Pulsar without retention): a durable
-    # subscription that never acknowledges keeps them for the readers under test.
-    keeper = client.subscribe(topic, "keeper")
-    yield topic
-    keeper.close()
 
 
 def produce(

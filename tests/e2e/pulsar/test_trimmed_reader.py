@@ -1,6 +1,7 @@
-"""Readers on a topic whose messages are all trimmed (acknowledged by every subscription, or
-past retention), end to end with the real pulsar-client: as with Apache Pulsar, nothing is
-announced as available, and a message published afterwards is read."""
+"""Readers on a topic whose messages are all trimmed (acknowledged by every subscription with
+no retention, or past the retention policy's time), end to end with the real pulsar-client: as
+with Apache Pulsar, nothing is announced as available, and a message published afterwards is
+read. Retention never trims a backlog."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from mop.settings import StorageSettings
+from mop.settings import RetentionSettings, StorageSettings
 from mop.testing.node import RunningNode
 from tests.e2e.pulsar_support import (
     TIMEOUT_MS,
@@ -29,9 +30,17 @@ pytestmark = pytest.mark.e2e
 TRIM_TIMEOUT = 15.0  # trimming runs every second; the machine may be busy
 
 
+# Pulsar's own default: nothing is kept once acknowledged.
+NO_RETENTION = RetentionSettings(time_seconds=0, size_bytes=0)
+
+
 @contextmanager
-def node_with(storage: StorageSettings, data_dir: Path | None = None) -> Iterator[RunningNode]:
-    settings = dataclasses.replace(pulsar_settings(), storage=storage)
+def node_with(
+    storage: StorageSettings,
+    data_dir: Path | None = None,
+    retention: RetentionSettings = NO_RETENTION,
+) -> Iterator[RunningNode]:
+    settings = dataclasses.replace(pulsar_settings(), storage=storage, retention=retention)
     if data_dir is not None:
         settings = dataclasses.replace(settings, data_dir=str(data_dir))
     with pulsar_node(settings) as node:
@@ -95,15 +104,32 @@ def test_reader_on_a_topic_trimmed_after_acknowledgement(request: pytest.Fixture
         assert_reads_only_what_comes_next(client, topic)
 
 
-def test_reader_on_a_topic_trimmed_by_retention(request: pytest.FixtureRequest) -> None:
+def test_reader_on_a_topic_trimmed_by_retention_time(request: pytest.FixtureRequest) -> None:
     topic = topic_for(request.node.name)
-    storage = StorageSettings(unsubscribed_grace=0, retention_seconds=1)
-    with node_with(storage) as node, pulsar_client(node) as client:
-        # A subscription that never acknowledges: only retention removes the messages.
-        holder = client.subscribe(topic, "holder")
+    retention = RetentionSettings(time_seconds=2, size_bytes=-1, check_interval=0.5)
+    storage = StorageSettings(unsubscribed_grace=0)
+    with node_with(storage, retention=retention) as node, pulsar_client(node) as client:
+        # No subscription: the history is read while the policy keeps it...
         produce(client, topic, b"m0", b"m1")
+        reader = client.create_reader(topic, pulsar.MessageId.earliest)
+        read = [reader.read_next(timeout_millis=TIMEOUT_MS).data() for _ in range(2)]
+        assert read == [b"m0", b"m1"]
+        reader.close()
+        # ...and goes once it is older than the policy's time.
         wait_until_trimmed(node, topic)
         assert_reads_only_what_comes_next(client, topic)
+
+
+def test_retention_never_trims_a_backlog(request: pytest.FixtureRequest) -> None:
+    topic = topic_for(request.node.name)
+    retention = RetentionSettings(time_seconds=1, size_bytes=1, check_interval=0.5)
+    storage = StorageSettings(unsubscribed_grace=0)
+    with node_with(storage, retention=retention) as node, pulsar_client(node) as client:
+        holder = client.subscribe(topic, "holder")
+        produce(client, topic, b"m0", b"m1")
+        time.sleep(3)
+        assert stored(node, topic) == 2
+        assert [m.data() for m in receive_all(holder, 2)] == [b"m0", b"m1"]
         holder.close()
 
 

@@ -29,6 +29,9 @@ def routes() -> list[tuple[str, str, bool]]:
             settings=Settings(),
             processor=None,
             broker=Membership((), "pulsar://127.0.0.1:6650"),
+            # A node with its own broker: the retention and backlog quota routes too.
+            retention=object(),
+            backlog_quotas=object(),
         ),
     )
     return build_admin_app(context).router.routes()

@@ -93,3 +93,36 @@ async def test_a_durable_subscriptions_topic_is_listed_after_a_restart() -> None
     await again.delete_subscription("s")
     assert again.topics(NS) == []
     assert list(storage.table_items(TOPICS_TABLE)) == []
+
+
+async def test_a_non_persistent_topic_goes_after_its_messages_with_its_last_user() -> None:
+    broker = new_broker()
+    name = "non-persistent://public/default/sent"
+    handle = broker.producers.add(name, "p", ProducerAccess.SHARED)
+    broker.open_topic(name)
+    att = await subscribe(broker, "s", [name], durable=False)
+    broker.store(name, msg("m"))
+    broker.producers.remove(handle)
+    broker.close_topic(name)
+    assert broker.topics(NS) == [name]  # its consumer is still attached
+    broker.close(att)
+    assert broker.topics(NS) == []
+
+
+async def test_an_unattached_wildcard_does_not_keep_a_non_persistent_topic() -> None:
+    broker = new_broker()
+    name = "non-persistent://public/default/np"
+    wildcard = await subscribe(broker, "offline", ["#"])  # a durable MQTT session
+    broker.close(wildcard)
+    handle = broker.producers.add(name, "p", ProducerAccess.SHARED)
+    broker.open_topic(name)
+    broker.store(name, msg("m"))
+    broker.producers.remove(handle)
+    broker.close_topic(name)
+    assert broker.topics(NS) == []
+    # The topic comes back with its next producer, and joins the wildcard again.
+    attached = await subscribe(broker, "offline", ["#"])
+    broker.producers.add(name, "p", ProducerAccess.SHARED)
+    broker.open_topic(name)
+    broker.store(name, msg("again"))
+    assert payloads(take_all(broker, attached)) == ["again"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from mop.broker.rates import RateMeter
 from mop.broker.storage import MemoryStorage
 from mop.message import Message
 from mop.messaging import ProducerAccess, SubscriptionKind, TopicBusy
+from mop.rates import RateMeter
 from tests.unit.broker.support import Clock, msg, new_broker, subscribe, take_all, topic
 
 

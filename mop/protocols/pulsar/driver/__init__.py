@@ -6,7 +6,9 @@ from mop.protocols.pulsar.driver.consumer import (
     ClientConsumer,
     ConsumerConfig,
     Received,
+    ReceivedEntry,
     subscribe,
+    subscribe_entries,
 )
 from mop.protocols.pulsar.driver.errors import (
     ClientClosed,
@@ -34,10 +36,12 @@ __all__ = [
     "ProducerConfig",
     "PulsarClient",
     "Received",
+    "ReceivedEntry",
     "ServerRefused",
     "Ticket",
     "Unavailable",
     "ClientProducer",
     "create_producer",
     "subscribe",
+    "subscribe_entries",
 ]

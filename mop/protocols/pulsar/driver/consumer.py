@@ -50,9 +50,17 @@ from mop.protocols.pulsar.driver.errors import ClientClosed, DriverError, Server
 from mop.protocols.pulsar.errors import PulsarError
 from mop.protocols.pulsar.frames import DEFAULT_MAX_MESSAGE_SIZE, unacked_indexes
 from mop.protocols.pulsar.mapping import signed64, to_id_data
-from mop.protocols.pulsar.metadata import MessageIdData, Payload
+from mop.protocols.pulsar.metadata import MessageIdData, MessageMetadata, Payload
 
-__all__ = ["ClientConsumer", "ConsumerConfig", "Received", "subscribe"]
+__all__ = [
+    "ClientConsumer",
+    "ConsumerConfig",
+    "EntrySink",
+    "Received",
+    "ReceivedEntry",
+    "subscribe",
+    "subscribe_entries",
+]
 
 log = logging.getLogger("mop.pulsar.driver")
 _limited = LimitedLog(log)
@@ -105,7 +113,28 @@ class Received:
         self.redelivery_count = redelivery_count
 
 
+class ReceivedEntry:
+    """One entry as the broker delivered it, whole (see `subscribe_entries`):
+    its metadata and its payload, decompressed (an encrypted one as sent); a batch still holds
+    all its members."""
+
+    __slots__ = ("ack_set", "data", "message_id", "metadata")
+
+    def __init__(
+        self,
+        message_id: MessageId,
+        metadata: MessageMetadata,
+        data: bytes,
+        ack_set: tuple[int, ...],
+    ) -> None:
+        self.message_id = message_id  # of the entry (batch index -1)
+        self.metadata = metadata
+        self.data = data
+        self.ack_set = ack_set  # batch-index acks: set bits are members still owed
+
+
 Sink = Callable[["ClientConsumer", list[Received]], None]
+EntrySink = Callable[["ClientConsumer", ReceivedEntry], None]
 
 
 class ConsumerConfig:
@@ -173,12 +202,14 @@ class ClientConsumer:
         *,
         on_active: Callable[[bool], None] | None = None,
         on_lost: Callable[[DriverError], None] | None = None,
+        entry_sink: EntrySink | None = None,
     ) -> None:
         self.client = client
         self.topic = topic
         self.subscription = subscription
         self.config = config
         self._sink = sink
+        self._entry_sink = entry_sink
         self._on_active = on_active
         self._on_lost = on_lost
         self._connection: BrokerConnection | None = None
@@ -236,21 +267,26 @@ class ClientConsumer:
         limit = DEFAULT_MAX_MESSAGE_SIZE if connection is None else connection.max_message_size
         if connection is not None and connection.link.receive_latency.due(count):
             connection.link.receive_latency.record_age(now_ms(), meta.publish_time)
+        if self._entry_sink is not None:
+            self._hand_entry(frame, MessageId(ledger, entry), limit)
+            return
         try:
             if meta.encrypted:
-                received.append(_encrypted(payload, MessageId(ledger, entry), redeliveries))
+                # Whole, as a single message is: its members cannot be told apart, so it comes
+                # unless every one of them was acknowledged (batch-index acks) or handed over.
+                fresh = last is None or (ledger, entry) > (last.ledger, last.entry)
+                owed = not frame.ack_set or bool(unacked_indexes(frame.ack_set, count))
+                if fresh and owed:
+                    received.append(_encrypted(payload, MessageId(ledger, entry), redeliveries))
             elif not meta.batched:
                 message_id = MessageId(ledger, entry)
                 if last is None or (ledger, entry) > (last.ledger, last.entry):
-                    key = meta.partition_key
-                    if meta.ordering_key is not None:
-                        key = meta.ordering_key.decode("utf-8", "surrogateescape")
                     received.append(
                         Received(
                             message_id,
                             b"" if meta.null_value else _plain(payload, limit),
                             tuple((kv.key, kv.value) for kv in meta.properties),
-                            key,
+                            _key(meta),
                             meta.publish_time,
                             meta.event_time or 0,
                             meta.producer_name,
@@ -302,6 +338,35 @@ class ClientConsumer:
                 self._cumulative = MessageIdData(ledger_id=data.ledger_id, entry_id=data.entry_id)
                 self._want_flush()
             self._sink(self, received)
+        self._grant()
+
+    def _hand_entry(self, frame: Message, message_id: MessageId, limit: int) -> None:
+        """`on_message` for a consumer that takes entries whole (see `subscribe_entries`)."""
+        assert self._entry_sink is not None and frame.payload is not None
+        last = self._last if not self.config.durable else None
+        if last is not None and (message_id.ledger, message_id.entry) <= (last.ledger, last.entry):
+            self._grant()
+            return  # handed over before a reconnection
+        payload = frame.payload
+        meta = payload.metadata
+        try:
+            # An encrypted entry comes as it was sent: it cannot be decompressed here.
+            data = payload.data if meta.encrypted else _plain(payload, limit)
+        except (PulsarError, ValueError) as exc:
+            _limited.warning(
+                "undecodable",
+                "%s: a message that cannot be decoded was left unacknowledged (%s)",
+                self.topic,
+                exc,
+            )
+            self._grant()
+            return
+        self._last = message_id
+        if self.config.auto_ack:
+            data_id = frame.message_id
+            self._cumulative = MessageIdData(ledger_id=data_id.ledger_id, entry_id=data_id.entry_id)
+            self._want_flush()
+        self._entry_sink(self, ReceivedEntry(message_id, meta, data, frame.ack_set))
         self._grant()
 
     def on_corrupt(self, frame: Message) -> None:
@@ -671,14 +736,21 @@ class ClientConsumer:
             )
 
 
+def _key(meta: MessageMetadata) -> str | None:
+    """The key a message is dispatched by: its ordering key when it has one."""
+    if meta.ordering_key is not None:
+        return meta.ordering_key.decode("utf-8", "surrogateescape")
+    return meta.partition_key
+
+
 def _encrypted(payload: Payload, message_id: MessageId, redeliveries: int) -> Received:
     """An encrypted entry as it came: neither decompressed nor split (it cannot be)."""
     meta = payload.metadata
     return Received(
         message_id,
-        payload.data,
+        b"" if meta.null_value else payload.data,
         tuple((kv.key, kv.value) for kv in meta.properties),
-        meta.partition_key,
+        _key(meta),
         meta.publish_time,
         meta.event_time or 0,
         meta.producer_name,
@@ -711,6 +783,33 @@ async def subscribe(
         sink,
         on_active=on_active,
         on_lost=on_lost,
+    )
+    await client.start(consumer.run)
+    return consumer
+
+
+def _no_messages(consumer: ClientConsumer, received: list[Received]) -> None:
+    raise AssertionError("a consumer of whole entries hands over no messages")
+
+
+async def subscribe_entries(
+    client: PulsarClient,
+    topic: str,
+    subscription: str,
+    entry_sink: EntrySink,
+    config: ConsumerConfig | None = None,
+) -> ClientConsumer:
+    """A consumer subscribed to `topic` that hands each entry to `entry_sink` whole, as a
+    `ReceivedEntry` (a batch is not split into messages: whoever takes it reads it as it
+    needs, e.g. straight into columns). Acknowledge by entry (`ack` with the entry's id), or
+    read with `auto_ack` on a non-durable subscription."""
+    consumer = ClientConsumer(
+        client,
+        topic,
+        subscription,
+        config or ConsumerConfig(),
+        _no_messages,
+        entry_sink=entry_sink,
     )
     await client.start(consumer.run)
     return consumer

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from mop.protocols.pulsar.commands import ConsumerStatsResponse, SubType
+from mop.rates import RateMeter
 
 __all__ = ["ConsumerMeter", "stats_response", "wall_clock_text"]
 
@@ -23,19 +24,19 @@ class ConsumerMeter:
     """Counts of one consumer since it subscribed (at `since`, wall-clock seconds), and the
     permits its FLOW commands granted that no message used yet.
 
-    Rates are measured between two reports: each `rates` call gives the rates since the
-    previous one (since subscribing, the first time), as Pulsar's stats give them for the last
-    stats period."""
+    Rates are those of the last `RATE_WINDOW` seconds or more, whoever asks and however often
+    (Pulsar's cover its last stats period): two clients asking in turn see the same rates."""
 
     since: float
     messages_out: int = 0
     bytes_out: int = 0
     redelivered: int = 0
+    acked: int = 0
     permits: int = 0
-    _mark: tuple[float, int, int, int] = field(default=(0.0, 0, 0, 0))
+    _meter: RateMeter = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._mark = (self.since, 0, 0, 0)
+        self._meter = RateMeter(self.since, 4)
 
     def granted(self, permits: int) -> None:
         self.permits += permits
@@ -48,18 +49,15 @@ class ConsumerMeter:
     def redelivering(self, messages: int) -> None:
         self.redelivered += messages
 
-    def rates(self, now: float) -> tuple[float, float, float]:
-        """Messages out, bytes out and messages redelivered per second since the last call."""
-        then, messages, nbytes, redelivered = self._mark
-        self._mark = (now, self.messages_out, self.bytes_out, self.redelivered)
-        elapsed = now - then
-        if elapsed <= 0:
-            return 0.0, 0.0, 0.0
-        return (
-            (self.messages_out - messages) / elapsed,
-            (self.bytes_out - nbytes) / elapsed,
-            (self.redelivered - redelivered) / elapsed,
+    def acknowledged(self, messages: int) -> None:
+        self.acked += messages
+
+    def rates(self, now: float) -> tuple[float, float, float, float]:
+        """Messages out, bytes out, messages redelivered and acknowledged per second."""
+        out, nbytes, redelivered, acked = self._meter.read(
+            now, (self.messages_out, self.bytes_out, self.redelivered, self.acked)
         )
+        return out, nbytes, redelivered, acked
 
 
 def stats_response(
@@ -75,7 +73,7 @@ def stats_response(
 ) -> ConsumerStatsResponse:
     """The answer for one consumer: `unacked` messages sent to it and not acknowledged,
     `backlog` its subscription's messages not acknowledged (Pulsar's msgBacklog)."""
-    rate_out, throughput_out, rate_redeliver = meter.rates(now)
+    rate_out, throughput_out, rate_redeliver, rate_ack = meter.rates(now)
     return ConsumerStatsResponse(
         request_id=request_id,
         msg_rate_out=rate_out,
@@ -92,4 +90,5 @@ def stats_response(
         # Expired messages are dropped as dispatch reaches them, not counted per consumer.
         msg_rate_expired=0.0,
         msg_backlog=backlog,
+        message_ack_rate=rate_ack,
     )

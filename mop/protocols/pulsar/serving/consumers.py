@@ -225,12 +225,12 @@ class ConnectionConsumers:
                     traces = self._traced(tracing, state.topic, message, traces)
                 mid = delivery.message_id
                 state.outstanding[mid] = delivery
-                batch = message.batch
-                count += len(batch) or 1
+                size = message.count
+                count += size
                 payload += len(message.payload)
                 ack_set: tuple[int, ...] = ()
-                if delivery.acked and batch:
-                    ack_set = ack_set_of(i for i in range(len(batch)) if i not in delivery.acked)
+                if delivery.acked and size > 1:
+                    ack_set = ack_set_of(i for i in range(size) if i not in delivery.acked)
                 frames.append(
                     conn.deliver(
                         cid,
@@ -306,23 +306,34 @@ class ConnectionConsumers:
         delivery = state.outstanding.get(whole)
         if delivery is None:
             return  # acknowledged twice, or not delivered here: nothing to do
-        batch = delivery.message.batch
-        if data.ack_set and batch:
-            unacked = set(unacked_indexes(data.ack_set, len(batch)))
-            state.consumer.ack(
-                [
-                    dataclasses.replace(
-                        delivery, message_id=MessageId(whole.ledger, whole.entry, i)
-                    )
-                    for i in range(len(batch))
-                    if i not in unacked and i not in delivery.acked
-                ]
-            )
-            if unacked:
+        owed = _unacked_in(delivery)
+        message = delivery.message
+        size = message.count
+        if data.ack_set and size > 1:
+            unacked = set(unacked_indexes(data.ack_set, size))
+            newly = [i for i in range(size) if i not in unacked and i not in delivery.acked]
+            if message.batch:
+                mid = MessageId
+                state.consumer.ack(
+                    [
+                        dataclasses.replace(delivery, message_id=mid(whole.ledger, whole.entry, i))
+                        for i in newly
+                    ]
+                )
+            acked = delivery.acked.union(newly)
+            if len(acked) < size:
+                # Some messages still owed. An entry mop cannot split is acknowledged once all
+                # of its messages are (until then a redelivery brings it back whole).
+                kept = dataclasses.replace(delivery, acked=acked)
+                state.outstanding[whole] = kept
+                state.meter.acknowledged(owed - _unacked_in(kept))
                 return
+            if not message.batch:
+                state.consumer.ack([delivery])
         else:
             state.consumer.ack([delivery])
         del state.outstanding[whole]
+        state.meter.acknowledged(owed)
 
     def _ack_through(self, state: _ConsumerState, data: MessageIdData) -> None:
         mid = from_id_data(data)
@@ -336,8 +347,8 @@ class ConnectionConsumers:
             # entry is not out with this consumer (it may be on its way back after a
             # redelivery request): taking the id as the whole entry would lose them.
             size = 64 * len(data.ack_set)
-            if delivery is not None and delivery.message.batch:
-                size = len(delivery.message.batch)
+            if delivery is not None and delivery.message.count > 1:
+                size = delivery.message.count
             unacked = unacked_indexes(data.ack_set, size)
             if unacked:
                 # Up to the message before the first one still unacknowledged.
@@ -350,8 +361,10 @@ class ConnectionConsumers:
         done = through
         if through.batch_index >= 0:
             done = MessageId(whole.ledger, whole.entry - 1)
+        acked = 0
         for key in [key for key in state.outstanding if key <= done]:
-            del state.outstanding[key]
+            acked += _unacked_in(state.outstanding.pop(key))
+        state.meter.acknowledged(acked)
 
     def on_redeliver(self, cmd: RedeliverUnacknowledgedMessages) -> None:
         state = self._states.get(cmd.consumer_id)
@@ -502,8 +515,7 @@ class ConnectionConsumers:
 
 def _unacked_in(delivery: Delivery) -> int:
     """Messages of a delivered entry not acknowledged yet (a batch's members count)."""
-    batch = delivery.message.batch
-    return len(batch) - len(delivery.acked) if batch else 1
+    return delivery.message.count - len(delivery.acked)
 
 
 def _resume_at(mark: MessageId) -> tuple[StartPosition, MessageId | None]:

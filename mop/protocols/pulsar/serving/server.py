@@ -44,6 +44,8 @@ _SERVER_ERRORS = {
     "producer_busy": ServerError.ProducerBusy,
     "producer_fenced": ServerError.ProducerFenced,
     "quota_exceeded": ServerError.ProducerBlockedQuotaExceededError,
+    # A backlog quota with the producer_exception policy, as Pulsar answers it.
+    "backlog_quota_exceeded": ServerError.ProducerBlockedQuotaExceededException,
     "storage_error": ServerError.PersistenceError,
     "closed": ServerError.ServiceNotReady,
     # A message larger than the brokers behind take: failed for good. Java clients fail the

@@ -107,6 +107,10 @@ def test_an_encrypted_pulsar_message_is_marked_and_no_one_else_can_claim_it() ->
     # The mark is in mop's reserved names: a producer's own property of that name is not it.
     claimed = incoming(b"plain", (ENCRYPTED, ("a", "1")), **fields)  # type: ignore[arg-type]
     assert claimed.properties == (("a", "1"),)
+    # Nor is one written into the JSON of all properties that mop's proxies send.
+    whole = ((PROPERTIES, '[["a","1"],["mop.encrypted","1"]]'),)
+    spoofed = incoming(b"plain", whole, **fields)  # type: ignore[arg-type]
+    assert spoofed.properties == (("a", "1"),)
 
 
 def test_malformed_reserved_values_fall_back() -> None:

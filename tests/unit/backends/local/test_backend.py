@@ -22,6 +22,7 @@ from mop.processor.backend import (
     Backend,
     BackendError,
     ConsumerClosed,
+    ProducerSpec,
     PublishResult,
     QuotaExceeded,
     StartPosition,
@@ -406,3 +407,36 @@ async def test_a_permit_based_consumer_gets_sys_messages_within_its_permits(
     assert [d.message.payload for d in await consumer.receive(10)] == [b"0", b"1"]
     consumer.grant(5)
     assert [d.message.payload for d in await consumer.receive(10)] == [b"2"]
+
+
+class GatedSync(MemoryStorage):
+    """Memory storage whose syncs wait for `gate` while there is one."""
+
+    gate: trio.Event | None = None
+
+    async def sync(self) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
+        await super().sync()
+
+
+async def test_a_second_producer_of_a_new_topic_waits_for_its_record() -> None:
+    """A producer opened while the topic's record is being written is not told it exists
+    before that record is durable."""
+    storage = GatedSync()
+    async with open_local_backend(storage) as backend:
+        storage.gate = gate = trio.Event()
+        opened: list[str] = []
+
+        async def open_one(name: str) -> None:
+            await backend.open_producer(ProducerSpec(T("new"), name))
+            opened.append(name)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(open_one, "first")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(open_one, "second")
+            await trio.testing.wait_all_tasks_blocked()
+            assert opened == []
+            gate.set()
+        assert sorted(opened) == ["first", "second"]

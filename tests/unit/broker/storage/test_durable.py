@@ -18,7 +18,6 @@ import trio
 from mop.broker.storage import CursorState, IdRanges, StorageError, StorageFull
 from mop.broker.storage import durable as durable_module
 from mop.broker.storage import segments as segments_module
-from mop.broker.storage import upkeep as upkeep_module
 from mop.broker.storage.durable import DurableStorage, open_durable_storage
 from mop.broker.storage.records import (
     CursorRecord,
@@ -225,7 +224,7 @@ def test_scanner_stops_at_a_bad_record() -> None:
         assert torn.error is not None and torn.end == len(header) + len(frame(encode_epoch(1)))
 
 
-# -- segments, reclaim and retention -------------------------------------------------------------
+# -- segments, reclaim and retention cuts ------------------------------------------------------
 
 
 async def test_trimmed_segments_are_deleted(durable: DurableStorage) -> None:
@@ -295,34 +294,33 @@ async def test_large_live_state_is_moved_not_churned(durable: DurableStorage) ->
     await store.aclose()
 
 
-async def test_retention_by_size_trims_unacknowledged_messages(tmp_path: Path) -> None:
-    store = await open_durable_storage(tmp_path, small_settings(retention_bytes=2000))
-    for n in range(100):
-        store.append("t", _messages(f"{n:03d}" + "z" * 97))
-    kept = await store.read("t", None, 1000)
-    assert 0 < store.stats().bytes <= 2000
-    assert _payloads(kept)[-1].startswith(b"099")
-    await store.sync()
-    assert store.segment_count() <= 3
-    await store.aclose()
-
-
-async def test_retention_by_age(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = await open_durable_storage(tmp_path, small_settings(retention_seconds=60))
+async def test_retention_cut_by_size_and_age(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The store only says how far the limits reach; the broker trims (acknowledged data only).
+    store = await open_durable_storage(tmp_path, small_settings())
     past = SimpleNamespace(time_ns=lambda: time.time_ns() - 120 * 10**9, monotonic=time.monotonic)
     monkeypatch.setattr(durable_module, "time", past)
-    store.append("t", _messages("old"))
+    old = store.append("t", _messages("old-1", "old-2"))
     monkeypatch.undo()
-    recent = store.append("t", _messages("new"))
-    store.append("u", _messages("also new"))
+    recent = store.append("t", _messages(*[f"{n:03d}" + "z" * 97 for n in range(10)]))
+    now = int(time.time())
+    assert store.retention_cut("t", appended_before=now - 60, keep_bytes=None) == old[-1]
+    assert store.retention_cut("t", appended_before=now - 600, keep_bytes=None) is None
+    size = store.topic_size("t")
+    assert store.retention_cut("t", appended_before=None, keep_bytes=size) is None
+    keep = size // 2
+    # The size cut reaches past the age cut (the old messages are small): the larger wins.
+    cut = store.retention_cut("t", appended_before=now - 60, keep_bytes=keep)
+    assert cut is not None and old[-1] < cut < recent[-1]
+    assert store.retention_cut("unknown", appended_before=now, keep_bytes=0) is None
+    store.trim("t", cut)
     await store.sync()
-    assert _payloads(await store.read("t", None, 10)) == [b"new"]
-    assert store.stats().messages == 2
-    later = SimpleNamespace(time=lambda: time.time() + 120, monotonic=lambda: time.monotonic() + 5)
-    monkeypatch.setattr(upkeep_module, "time", later)
-    await store.sync()
-    assert store.stats().messages == 0
-    assert store.last_id("t") == recent[0]
+    assert store.topic_size("t") <= keep
+    kept = await store.read("t", None, 100)
+    assert [i for i, _ in kept] == [i for i in recent if i > cut]
+    # One message more would have gone over the size.
+    assert store.topic_size("t") + size // 12 > keep
     await store.aclose()
 
 

@@ -3,11 +3,13 @@ reference: the same bytes out, the same values back, whatever the cache holds.""
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from mop.protocols.pulsar import batching
-from mop.protocols.pulsar.batching import read_members, send_frame, single_header
+from mop.protocols.pulsar.batching import read_columns, read_members, send_frame, single_header
 from mop.protocols.pulsar.codec import message_bytes
 from mop.protocols.pulsar.commands import Send
 from mop.protocols.pulsar.frames import FrameDecoder, decode_batch, encode_batch
@@ -87,3 +89,37 @@ def test_only_short_properties_are_cached() -> None:
     assert list(batching._encoded) == [short]
     assert [len(run) for run in batching._decoded] == [len(batching._encoded[short])]
     assert all(len(header) <= 256 for header in batching._headers)
+
+
+# What clients write after the fields above: a sequence id (field 8, one per message) and
+# sometimes a null value (field 9) after it.
+SEQUENCED = st.tuples(MEMBER, st.none() | st.integers(0, 2**40), st.booleans())
+
+
+@given(st.lists(SEQUENCED, min_size=1, max_size=6), st.booleans())
+def test_members_that_differ_by_their_sequence_id_read_as_the_codec_reads_them(
+    members: list[tuple[Fields, int | None, bool]], warm: bool
+) -> None:
+    if not warm:
+        batching._headers.clear()
+    entries = []
+    for (properties, key, payload, event_time), sequence_id, null_value in members:
+        entry = reference_entry(properties, key, payload, event_time)
+        metadata = dataclasses.replace(
+            entry.metadata, sequence_id=sequence_id, null_value=null_value
+        )
+        entries.append(BatchEntry(metadata, payload))
+    data = encode_batch(entries)
+    reference = decode_batch(data, len(entries))
+    for _ in range(2):  # the second time from the cache
+        got = read_members(data, len(entries))
+        columns = read_columns(data, len(entries))
+        payloads = [b"" if e.metadata.null_value else e.payload for e in reference]
+        assert [m.payload for m in got] == columns.payloads == payloads
+        properties = [tuple((kv.key, kv.value) for kv in e.metadata.properties) for e in reference]
+        assert [m.properties for m in got] == columns.properties == properties
+        keys = [e.metadata.partition_key for e in reference]
+        assert [m.partition_key for m in got] == columns.keys == keys
+        assert [m.event_time for m in got] == columns.event_times
+        assert [m.null_value for m in got] == [e.metadata.null_value for e in reference]
+        assert [m.header for m in got] == [message_bytes(e.metadata) for e in reference]

@@ -48,8 +48,13 @@ from mop.protocols.pulsar.driver import (
 from mop.protocols.pulsar.driver.client import ClientOptions, PulsarClient, connect_failure
 from mop.protocols.pulsar.driver.errors import NoBrokerAnswers
 from mop.protocols.pulsar.errors import ServerError
-from mop.protocols.pulsar.frames import encode_message_frame, make_payload
-from mop.protocols.pulsar.metadata import CompressionType, MessageIdData, MessageMetadata
+from mop.protocols.pulsar.frames import ack_set_of, encode_message_frame, make_payload
+from mop.protocols.pulsar.metadata import (
+    CompressionType,
+    EncryptionKeys,
+    MessageIdData,
+    MessageMetadata,
+)
 from tests.e2e.pulsar.driver_support import open_driver
 from tests.unit.protocols.pulsar.test_client import Script, scripted_broker
 
@@ -446,6 +451,49 @@ async def test_brokers_behind_a_proxy_are_reached_through_the_service_url() -> N
         "pulsar://broker-a:6650",
         "pulsar://b:1",
     ]
+
+
+def _sealed(
+    consumer_id: int, entry: int, *, batch: int = 0, ack_set: tuple[int, ...] = ()
+) -> bytes:
+    """MESSAGE 7:`entry` of an encrypted entry (a batch of `batch` messages, or a single message
+    with an ordering key and a null value), `ack_set` its members still owed."""
+    meta = MessageMetadata(
+        producer_name="p",
+        sequence_id=entry,
+        publish_time=1,
+        partition_key="partition",
+        encryption_keys=(EncryptionKeys(key="k1", value=b"data key"),),
+        num_messages_in_batch=batch or None,
+        ordering_key=None if batch else b"order",
+        null_value=not batch,
+    )
+    raw = make_payload(meta, b"cipher").raw
+    return encode_message_frame(consumer_id, 7, entry, raw, ack_set=ack_set)
+
+
+async def test_encrypted_entries_get_the_checks_of_single_messages() -> None:
+    """A non-durable consumer is not handed an encrypted entry again, nor one whose messages
+    were all acknowledged (batch-index acks); a single one keeps its ordering key and null
+    value."""
+
+    def script(command: Command) -> Sequence[Command | bytes]:
+        if isinstance(command, Subscribe):
+            return [Success(request_id=command.request_id)]
+        if isinstance(command, Flow):
+            cid = command.consumer_id
+            return [
+                _sealed(cid, 0),
+                _sealed(cid, 1, batch=3, ack_set=(0,)),  # every member acknowledged
+                _sealed(cid, 2, batch=3, ack_set=ack_set_of((2,))),
+                _sealed(cid, 0),  # handed over already
+            ]
+        return []
+
+    got, _ = await _read(script, ConsumerConfig(durable=False), 3)
+    assert [m.message_id for m in got] == [MessageId(7, 0), MessageId(7, 2)]
+    single = got[0]
+    assert (single.key, single.payload, single.encrypted) == ("order", b"", True)
 
 
 async def test_a_connection_that_fails_says_why_in_a_few_words() -> None:

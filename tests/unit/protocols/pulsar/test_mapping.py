@@ -10,7 +10,7 @@ import zlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mop.message import ENCRYPTED, Message, MessageId
+from mop.message import ENCRYPTED, Message, MessageId, PackedBatch
 from mop.protocols.pulsar.batching import single_header
 from mop.protocols.pulsar.codec import decode_message
 from mop.protocols.pulsar.frames import decode_batch, encode_batch, make_payload
@@ -97,6 +97,26 @@ def test_a_batch_splits_into_messages_and_goes_back_whole() -> None:
     assert [m.key for m in message.batch] == ["k0", "k1", "k2"]
     assert {m.producer for m in message.batch} == {"p"}
     assert entry_bytes(message, MessageId(1, 2)) == payload.raw
+
+
+def test_a_batch_is_delivered_from_the_bytes_it_was_sent_in() -> None:
+    # A member with a null value still has its payload bytes in the batch as sent.
+    entries = [
+        BatchEntry(SingleMessageMetadata(payload_size=3, null_value=True), b"abc"),
+        BatchEntry(SingleMessageMetadata(payload_size=1), b"d"),
+    ]
+    payload = make_payload(_metadata(num_messages_in_batch=2), encode_batch(entries))
+    message = message_from_payload(payload)
+    assert isinstance(message.batch, PackedBatch)
+    assert [m.payload for m in message.batch] == [b"", b"d"]
+    assert entry_bytes(message, MessageId(1, 2)) == payload.raw
+
+
+def test_a_batch_packed_by_another_protocol_is_packed_again() -> None:
+    members = (Message(b"a"), Message(b"bc"))
+    batch = PackedBatch.of(members, "other", b"not pulsar")
+    raw = entry_bytes(Message(b"", batch=batch), MessageId(0, 0))
+    assert raw == entry_bytes(Message(b"", batch=members), MessageId(0, 0))
 
 
 def test_a_compressed_batch_stays_whole() -> None:

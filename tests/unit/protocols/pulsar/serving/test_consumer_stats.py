@@ -15,17 +15,21 @@ from mop.protocols.pulsar.serving.consumer_stats import (
 )
 
 
-def test_rates_are_measured_between_reports() -> None:
+def test_rates_cover_a_window_whoever_asks() -> None:
     meter = ConsumerMeter(since=100.0)
     meter.granted(10)
     meter.sent(4, 400)
     meter.redelivering(2)
+    meter.acknowledged(3)
     assert meter.permits == 6
-    assert meter.rates(102.0) == (2.0, 200.0, 1.0)
-    assert meter.rates(103.0) == (0.0, 0.0, 0.0)  # nothing since the last report
+    first = meter.rates(102.0)  # the first report measures from subscribing
+    assert first == (2.0, 200.0, 1.0, 1.5)
     meter.sent(20, 100)  # more than granted: never below zero
     assert meter.permits == 0
-    assert meter.rates(103.0) == (0.0, 0.0, 0.0)  # no time passed: no rate
+    # Another client asking within the window is told the same, and does not reset it.
+    assert meter.rates(103.0) == first
+    assert meter.rates(106.0) == first
+    assert meter.rates(107.0) == (4.0, 20.0, 0.0, 0.0)  # 102 -> 107
 
 
 def test_the_response_says_what_pulsar_says() -> None:
@@ -45,6 +49,7 @@ def test_the_response_says_what_pulsar_says() -> None:
     assert (answer.request_id, answer.consumer_name, answer.type) == (7, "c", "Key_Shared")
     assert (answer.available_permits, answer.unacked_messages, answer.msg_backlog) == (4, 1, 3)
     assert (answer.msg_rate_out, answer.msg_throughput_out) == (0.5, 5.0)
+    assert answer.message_ack_rate == 0.0
     assert answer.blocked_consumer_on_unacked_msgs is False
     assert answer.connected_since == "1970-01-01T00:00:00.000Z"
 
@@ -57,6 +62,7 @@ def test_wall_clock_text() -> None:
     "answer",
     [
         ConsumerStatsResponse(request_id=1, msg_rate_out=1.5, msg_throughput_out=1e9, type="x"),
+        ConsumerStatsResponse(request_id=3, message_ack_rate=0.25),
         ConsumerStatsResponse(
             request_id=2, error_code=ServerError.ConsumerNotFound, error_message="none"
         ),

@@ -1,6 +1,6 @@
 """Rates of counters that only grow (messages in, bytes out...), worked out when they are read,
-so that counting costs a publish nothing more than an addition. No I/O; times are seconds on
-any clock the caller keeps to.
+so that counting costs a publish (or a delivery) nothing more than an addition. No I/O; times
+are seconds on any clock the caller keeps to.
 """
 
 from __future__ import annotations

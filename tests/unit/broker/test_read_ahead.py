@@ -1,0 +1,116 @@
+"""A cursor reads its stored backlog a chunk at a time: it holds at most a chunk and a half in
+memory whatever the backlog, reads on as its consumers take messages, and gets what is
+published meanwhile after it, once, in order; acknowledgements of the part not read yet
+survive; a seek reads the same way."""
+
+from __future__ import annotations
+
+from mop.broker import Broker
+from mop.broker.dispatch import Attachment
+from mop.broker.storage import MemoryStorage
+from mop.broker.subscription import READ_AHEAD
+from mop.message import Delivery, MessageId
+from mop.messaging import StartPosition
+
+from .support import Clock, msg, new_broker, payloads, subscribe, topic
+
+STORED = 5 * READ_AHEAD
+
+
+async def _stored(broker: Broker, count: int = STORED) -> None:
+    for n in range(count):
+        await broker.publish(topic("a"), msg(str(n)))
+
+
+def _held(broker: Broker, name: str) -> int:
+    sub = broker.subscription(name)
+    assert sub is not None
+    return len(sub.cursors[topic("a")].backlog)
+
+
+async def _take(broker: Broker, att: Attachment, limit: int = 300) -> list[Delivery]:
+    """What a consumer does: read ahead when asked to, then take."""
+    if broker.wants_reading:
+        await broker.read_ahead()
+    return broker.take(att, limit)
+
+
+async def _drain(broker: Broker, att: Attachment, name: str) -> list[Delivery]:
+    got: list[Delivery] = []
+    while batch := await _take(broker, att):
+        assert _held(broker, name) < READ_AHEAD * 3 // 2
+        broker.ack(att, batch)
+        got += batch
+    return got
+
+
+async def test_a_reader_of_a_long_topic_holds_a_chunk_and_a_half_at_most() -> None:
+    broker = new_broker()
+    await _stored(broker)
+    att = await subscribe(broker, "r", ["a"], start=StartPosition.EARLIEST, durable=False)
+    assert _held(broker, "r") < READ_AHEAD * 3 // 2 and len(att.queue) <= 1000
+    got = await _drain(broker, att, "r")
+    assert payloads(got) == [str(n) for n in range(STORED)]
+
+
+async def test_messages_published_while_it_catches_up_follow_once_in_order() -> None:
+    broker = new_broker()
+    await _stored(broker)
+    att = await subscribe(broker, "r", ["a"], start=StartPosition.EARLIEST, durable=False)
+    got: list[Delivery] = []
+    more = STORED
+    while batch := await _take(broker, att):
+        got += batch
+        broker.ack(att, batch)
+        if more < STORED + 2000:  # published while the reader reads
+            for n in range(more, more + 100):
+                await broker.publish(topic("a"), msg(str(n)))
+            more += 100
+    assert payloads(got) == [str(n) for n in range(more)]
+
+
+async def test_a_durable_subscription_keeps_what_it_acknowledged_ahead_across_a_restart() -> None:
+    storage = MemoryStorage()
+    first = new_broker(storage)
+    att = await subscribe(first, "s", ["a"], capacity=STORED)
+    await _stored(first)
+    # Acknowledged out of order, far ahead of what a restarted cursor reads first.
+    ahead = [d for d in first.take(att, 10_000) if int(d.message.payload) % 2]
+    first.ack(att, ahead)
+    second = Broker(storage, clock=Clock())
+    await second.recover()
+    att = await subscribe(second, "s", ["a"])
+    assert _held(second, "s") < READ_AHEAD * 3 // 2
+    state = storage.load_cursors()[(topic("a"), "s")]
+    assert len(state.acked) >= len(ahead)  # saved while the cursor catches up
+    got = await _drain(second, att, "s")
+    assert payloads(got) == [str(n) for n in range(0, STORED, 2)]
+    sub = second.subscription("s")
+    assert sub is not None
+    assert sub.cursors[topic("a")].mark_delete == MessageId(0, STORED - 1)
+
+
+async def test_a_seek_reads_from_the_new_position_by_chunks_too() -> None:
+    broker = new_broker()
+    await _stored(broker)
+    att = await subscribe(broker, "s", ["a"], start=StartPosition.EARLIEST)
+    await broker.reset(att.sub, topic("a"), message_id=MessageId(0, STORED - 2 * READ_AHEAD))
+    got = await _drain(broker, att, "s")
+    assert payloads(got) == [str(n) for n in range(STORED - 2 * READ_AHEAD, STORED)]
+
+
+async def test_a_cumulative_acknowledgement_past_what_it_read_skips_the_rest() -> None:
+    storage = MemoryStorage()
+    first = new_broker(storage)
+    await subscribe(first, "s", ["a"], start=StartPosition.EARLIEST)
+    await _stored(first)
+    second = Broker(storage, clock=Clock())
+    await second.recover()
+    att = await subscribe(second, "s", ["a"])
+    through = MessageId(0, STORED - 10)
+    second.ack_through(att, topic("a"), through)
+    sub = second.subscription("s")
+    assert sub is not None
+    assert sub.cursors[topic("a")].mark_delete == through
+    got = await _drain(second, att, "s")
+    assert payloads(got) == [str(n) for n in range(STORED - 9, STORED)]
