@@ -22,8 +22,8 @@ from typing import Any, Final, Literal, TypeVar, get_args, get_origin, get_type_
 
 from dynaconf.utils.parse_conf import boolean_fix, parse_conf_data
 
+from mop.advertised_listeners import listener_urls
 from mop.partitioned import MAX_PARTITIONS
-from mop.protocols.pulsar.listeners import listener_urls
 from mop.settings import (
     LimitsSettings,
     NamespaceRetentionSettings,
@@ -446,7 +446,10 @@ def _convert(key: str, hint: Any, value: Any) -> Any:
             raise _invalid(key, "must be a table", value)
         if not all(isinstance(name, str) and name.strip() for name in value):
             raise _invalid(key, "must have names that are not empty", value)
-        return {name: _convert(key, value_hint, item) for name, item in value.items()}
+        # Read-only, as the rest of the settings are frozen.
+        return types.MappingProxyType(
+            {name: _convert(key, value_hint, item) for name, item in value.items()}
+        )
     if origin is tuple:
         (item,) = get_args(hint)[:1]
         if not isinstance(value, list | tuple):
@@ -536,6 +539,21 @@ def hide_secrets(settings: _T) -> _T:
 
 
 # --- writing -------------------------------------------------------------------------------------
+
+
+def settings_document(settings: object) -> Any:
+    """`settings` as plain JSON values (`mop config --json`): tables as objects, tuples as
+    lists. (`dataclasses.asdict` cannot copy the read-only tables.)"""
+    if dataclasses.is_dataclass(settings) and not isinstance(settings, type):
+        return {
+            field.name: settings_document(getattr(settings, field.name))
+            for field in dataclasses.fields(settings)
+        }
+    if isinstance(settings, Mapping):
+        return {str(key): settings_document(value) for key, value in settings.items()}
+    if isinstance(settings, tuple | list):
+        return [settings_document(item) for item in settings]
+    return settings
 
 
 def _dump_table(table: object, name: str, lines: list[str]) -> None:

@@ -46,6 +46,8 @@ from mop.observability.processor_metrics import register_processor_metrics
 from mop.observability.telemetry import TelemetryError
 from mop.overload.guard import OverloadGuard
 from mop.overload.memory import open_guard, serve_memory_watch
+from mop.partitioned import OtherMembers
+from mop.partitioned_declare import declare_count, declare_until_done
 from mop.processor import Backend, BackendError, MessagingProcessor
 from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, cluster_client_auth
@@ -113,6 +115,7 @@ async def start_backend(
     if membership is None:
         membership = cluster_membership(settings)
     _check_cluster(settings, membership)
+    others = _other_members(settings, membership, auth)
     directory = Path(settings.data_dir) / "broker"
     try:
         storage = await open_durable_storage(directory, settings.storage)
@@ -128,6 +131,7 @@ async def start_backend(
         retention_check=settings.retention.check_interval,
         backlog_quotas=backlog_quotas(settings.backlog_quota),
         schema_compatibility=Compatibility(settings.pulsar.schema_compatibility),
+        other_members=others,
     )
     try:
         await nursery.start(storage.serve)
@@ -137,6 +141,26 @@ async def start_backend(
             await backend.aclose()
         raise
     return backend
+
+
+def _other_members(
+    settings: Settings, membership: Membership, auth: ClientAuth | None
+) -> OtherMembers | None:
+    """A member of a mop broker cluster with `cluster.admin_url` (every member's admin URL)
+    reaches the others' admin through it: the member that keeps a partitioned topic deletes
+    the partitions the others hold."""
+    url = settings.cluster.admin_url
+    if not membership.clustered or url is None:
+        return None
+    from mop.backends.cluster.partitioned import MemberAdmin
+    from mop.backends.cluster.topic_admin import BrokerAdmin, admin_urls
+
+    try:
+        urls = admin_urls(url)
+    except ValueError as exc:
+        raise StartupError(f"cluster.admin_url: {exc}") from None
+    auth = auth if auth is not None else broker_auth(settings)
+    return MemberAdmin(BrokerAdmin(urls, auth=auth, timeout=settings.cluster.operation_timeout))
 
 
 def retention_policies(settings: RetentionSettings) -> RetentionPolicies:
@@ -403,7 +427,7 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
                 await nursery.start(
                     serve_memory_watch, overload, settings.limits.memory_check_interval
                 )
-            await _declare_partitioned(settings, processor, membership)
+            await _declare_partitioned(settings, processor, membership, nursery)
             await nursery.start(PolicyReloader(gatekeeper, settings.auth).serve)
             bans = BanStore(processor.table(BANS_TABLE))
             await nursery.start(_serve_bans, gatekeeper, bans)
@@ -459,12 +483,11 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
         telemetry.shutdown()
 
 
-async def _declare_partitioned(
-    settings: Settings, processor: MessagingProcessor, membership: Membership
-) -> None:
-    """Create the partitioned topics of `pulsar.partitioned_topics`, or grow those with fewer
-    partitions (never shrink them). A member of a broker cluster declares the names it owns;
-    a separated proxy asks its brokers."""
+def _declared_partitioned(settings: Settings, membership: Membership) -> dict[str, int]:
+    """The partitioned topics of `pulsar.partitioned_topics` this node declares (full name ->
+    count): a member of a broker cluster declares the names it owns; a separated proxy asks
+    its brokers for all of them."""
+    declared: dict[str, int] = {}
     for name, count in settings.pulsar.partitioned_topics.items():
         topic = mqtt_to_pulsar(
             name, tenant=settings.default_tenant, namespace=settings.default_namespace
@@ -478,22 +501,31 @@ async def _declare_partitioned(
                 f"pulsar.partitioned_topics: {topic} is not of tenant {settings.default_tenant!r}"
             )
         topic = str(parsed)
-        if not membership.owns(topic):
-            continue
-        partitioned = processor.partitioned
+        if membership.owns(topic):
+            declared[topic] = count
+    return declared
+
+
+async def _declare_partitioned(
+    settings: Settings,
+    processor: MessagingProcessor,
+    membership: Membership,
+    nursery: trio.Nursery,
+) -> None:
+    """Create the partitioned topics of `pulsar.partitioned_topics`, or grow those with fewer
+    partitions (never shrink them). A node with its own broker declares them before it
+    serves (a refusal stops it: its settings are wrong). A separated proxy declares them in
+    the background, asking again while its brokers cannot answer, so that it never fails to
+    start because they are not up yet (or because another proxy declared them first)."""
+    declared = _declared_partitioned(settings, membership)
+    if not declared:
+        return
+    if settings.mode == "separated":
+        nursery.start_soon(declare_until_done, processor.partitioned, declared)
+        return
+    for topic, count in declared.items():
         try:
-            current = await partitioned.partitions(topic)
-            if not current:
-                await partitioned.create(topic, count)
-            elif current < count:
-                await partitioned.grow(topic, count)
-            elif current > count:
-                log.warning(
-                    "pulsar.partitioned_topics: %s has %d partitions, more than %d: kept",
-                    topic,
-                    current,
-                    count,
-                )
+            await declare_count(processor.partitioned, topic, count)
         except BackendError as exc:
             raise StartupError(f"pulsar.partitioned_topics: {topic}: {exc}") from None
 

@@ -12,6 +12,7 @@ from mop.messaging import BackendError
 
 __all__ = [
     "MAX_PARTITIONS",
+    "OtherMembers",
     "PARTITION_SUFFIX",
     "PartitionedTopics",
     "PartitionsExist",
@@ -40,7 +41,8 @@ class PartitionsExist(BackendError):
 
 class PartitionsRefused(BackendError):
     """A count that may not be set: not positive or over the bound (reason
-    "invalid_partitions"), or not more than there are ("fewer_partitions")."""
+    "invalid_partitions"), or not more than there are ("fewer_partitions"); or a name that
+    contains "-partition-" ("partition_name")."""
 
     def __init__(self, message: str, *, reason: str = "invalid_partitions") -> None:
         super().__init__(message, reason=reason)
@@ -75,6 +77,12 @@ def check_count(topic: str, count: int, *, current: int = 0) -> None:
     """PartitionsRefused unless `count` partitions may be set for `topic` that has `current`
     now (0: none): positive, at most MAX_PARTITIONS, and never fewer than there are (Pulsar
     cannot take partitions away: their messages would be lost to the topic)."""
+    if PARTITION_SUFFIX in topic.partition("://")[2]:
+        # Pulsar refuses any such name (412), not only one that ends as a partition's does.
+        raise PartitionsRefused(
+            f"{topic}: the name of a partitioned topic cannot contain {PARTITION_SUFFIX!r}",
+            reason="partition_name",
+        )
     if count <= 0 or count > MAX_PARTITIONS:
         raise PartitionsRefused(
             f"{topic}: the number of partitions must be between 1 and {MAX_PARTITIONS}, not {count}"
@@ -85,8 +93,6 @@ def check_count(topic: str, count: int, *, current: int = 0) -> None:
             f" {count} is not more",
             reason="fewer_partitions",
         )
-    if partition_index(topic) is not None:
-        raise PartitionsRefused(f"{topic} is the name of a partition: it cannot have partitions")
 
 
 def encode_count(count: int) -> bytes:
@@ -129,6 +135,23 @@ class PartitionedTopics(Protocol):
         not partitioned."""
         ...
 
-    async def names(self, namespace: str) -> list[str]:
-        """The partitioned topics of `namespace` ("tenant/namespace"), sorted."""
+    async def names(self, namespace: str, domain: str = "persistent") -> list[str]:
+        """The partitioned topics of `namespace` ("tenant/namespace") in `domain`
+        ("persistent" or "non-persistent"), sorted."""
         ...
+
+
+class OtherMembers(Protocol):
+    """The other members of a mop broker cluster, as the member that keeps a partitioned
+    topic's metadata reaches them (their HTTP admin) to delete the partitions they hold."""
+
+    async def in_use(self, topic: str) -> bool:
+        """Whether `topic` has consumers or producers connected at the member that owns it
+        (False when it has no such topic)."""
+        ...
+
+    async def delete(self, topic: str, *, force: bool) -> bool:
+        """Delete `topic` at the member that owns it; False when it has no such topic."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -9,11 +9,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 Mode = Literal["merged", "separated"]
 # Field metadata of a setting that is a secret: never in a repr, hidden by `mop config`.
 SECRET: Final = MappingProxyType({"secret": True})
+
+
+def _no_table() -> Mapping[str, Any]:
+    """An empty table setting. Tables are read-only (`mop.config` wraps them too); no mapping
+    is hashable, so such fields stay out of the settings' hash (equal settings still hash
+    equal: the other fields decide)."""
+    return MappingProxyType({})
+
+
 FsyncPolicy = Literal["always", "interval", "never"]
 LogFormat = Literal["text", "json"]
 QuotaPolicyName = Literal[
@@ -127,11 +136,11 @@ class PulsarSettings:
     # name of the default namespace) -> number of partitions. Created when missing, grown when
     # fewer; more are never taken away. Topics stay non-partitioned unless named here or
     # created through the admin API (PUT /admin/v2/persistent/{tenant}/{ns}/{topic}/partitions).
-    partitioned_topics: Mapping[str, int] = field(default_factory=dict)
+    partitioned_topics: Mapping[str, int] = field(default_factory=_no_table, hash=False)
     # Advertised listeners: name -> "pulsar://host:port" (or "pulsar+ssl://host:port", or one of
     # each, comma-separated). A lookup naming a listener (pulsar-client's listener_name) gets
     # its URLs; a lookup naming no listener gets the URL of the listener it came in on.
-    advertised_listeners: Mapping[str, str] = field(default_factory=dict)
+    advertised_listeners: Mapping[str, str] = field(default_factory=_no_table, hash=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +264,8 @@ class ClusterSettings:
     # Separated mode: the brokers' HTTP admin service, for the admin API's topic stats and
     # deletion: Apache Pulsar's webServiceUrl ("http://pulsar:8080"), or each mop broker's
     # admin URL, comma-separated ("http://broker-1:8080,http://broker-2:8080").
+    # On a member of a mop broker cluster: every member's admin URL, so that the member keeping a
+    # partitioned topic deletes the partitions the others hold.
     admin_url: str | None = None
     brokers: tuple[str, ...] = ()
     advertised_url: str | None = None

@@ -9,15 +9,18 @@ broker node keeps the metadata; a separated proxy serves the same routes by aski
 - `GET .../{topic}/partitions`: `{"partitions": N}`, 0 for a topic that is not partitioned;
 - `DELETE .../{topic}/partitions?force=true`: deletes the partitions, then the metadata: 204,
   404 when not partitioned, 412 while a partition has clients and `force` is not set;
-- `GET /admin/v2/persistent/{tenant}/{namespace}/partitioned`: the partitioned topics.
+- `GET /admin/v2/{persistent|non-persistent}/{tenant}/{namespace}/partitioned`: the
+  partitioned topics of that domain.
 
 In a cluster of several brokers the member that owns a partitioned topic's name keeps its
 metadata (the others answer 421, as for every topic); its partitions are spread over the
-members like any topics, and each member deletes those it holds.
+members like any topics. A delete at the owner deletes the other members' partitions too,
+through their admin (`cluster.admin_url` on the brokers), after checking they are idle.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Final
 
 from mop.admin.context import AdminContext
@@ -37,8 +40,11 @@ _STATUS_BY_REASON: Final = {
     "invalid_partitions": 406,
     "fewer_partitions": 422,
     "not_found": 404,
+    "partition_name": 412,
     "topic_busy": 412,
-    "invalid_topic": 412,
+    "invalid_topic": 400,
+    "not_authorized": 403,
+    "unavailable": 503,
     "closed": 503,
 }
 
@@ -119,7 +125,7 @@ def add_partitioned_routes(router: Router, context: AdminContext, broker: Member
             return reason_response(404, "Partitioned topic does not exist")
         return Response(204, content_type="text/plain")
 
-    async def listing(request: Request) -> Response:
+    async def listing(request: Request, *, domain: str) -> Response:
         params = request.params
         try:
             # The names are checked as those of a topic's are (any local name will do).
@@ -127,7 +133,7 @@ def add_partitioned_routes(router: Router, context: AdminContext, broker: Member
         except TopicError as exc:
             return reason_response(412, str(exc))
         try:
-            names = await partitioned().names(f"{params['tenant']}/{params['namespace']}")
+            names = await partitioned().names(f"{params['tenant']}/{params['namespace']}", domain)
         except BackendError as exc:
             return _refused(exc)
         return json_response(names)
@@ -137,4 +143,6 @@ def add_partitioned_routes(router: Router, context: AdminContext, broker: Member
     router.add("POST", topic_path, grow)
     router.add("GET", topic_path, metadata)
     router.add("DELETE", topic_path, delete)
-    router.add("GET", f"{ADMIN_PREFIX}/persistent/{{tenant}}/{{namespace}}/partitioned", listing)
+    for domain in ("persistent", "non-persistent"):
+        path = f"{ADMIN_PREFIX}/{domain}/{{tenant}}/{{namespace}}/partitioned"
+        router.add("GET", path, functools.partial(listing, domain=domain))

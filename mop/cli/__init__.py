@@ -8,7 +8,6 @@ start or a command cannot be carried out, 2 for bad settings or usage.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import logging
@@ -26,7 +25,7 @@ from mop.cli.exits import (
     fail,
     with_settings,
 )
-from mop.config import dump_settings, hide_secrets
+from mop.config import dump_settings, hide_secrets, settings_document
 from mop.exception_groups import leaves
 from mop.observability.logs import configure_logging
 from mop.settings import Settings
@@ -78,7 +77,7 @@ def _show_config(settings: Settings, args: argparse.Namespace) -> int:
     if not args.show_secrets:
         settings = hide_secrets(settings)
     if args.json:
-        print(json.dumps(dataclasses.asdict(settings), indent=2))
+        print(json.dumps(settings_document(settings), indent=2))
     else:
         print(dump_settings(settings), end="")
     return EXIT_OK

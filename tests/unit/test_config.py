@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mop.config import DEFAULTS_FILE, ConfigError, dump_settings, load_settings
+from mop.config import DEFAULTS_FILE, ConfigError, dump_settings, load_settings, settings_document
 from mop.settings import LimitsSettings, Settings
 
 REPO_SETTINGS = Path(__file__).parents[2] / "settings.toml"
@@ -157,6 +157,14 @@ def test_dump_loads_back(tmp_path: Path) -> None:
     assert settings.pulsar.advertised_listeners == {"ext": "pulsar://h:1,pulsar+ssl://h:2"}
     config = write(tmp_path / "dumped.toml", dump_settings(settings))
     assert load_settings(config, environ={}) == settings
+    # Frozen all the way: the tables are read-only and the settings stay hashable.
+    assert hash(settings) == hash(load_settings(config, environ={}))
+    assert hash(Settings()) == hash(Settings())
+    with pytest.raises(TypeError):
+        settings.pulsar.partitioned_topics["orders"] = 1  # type: ignore[index]
+    document = settings_document(settings)
+    assert document["pulsar"]["partitioned_topics"] == {"orders": 4, "persistent://public/x/a b": 2}
+    assert document["cluster"]["brokers"] == ["pulsar://a:1"]
 
 
 @pytest.mark.parametrize(

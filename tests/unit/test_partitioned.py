@@ -47,8 +47,11 @@ def test_a_count_must_be_positive_bounded_and_grow() -> None:
         with pytest.raises(PartitionsRefused, match="can only grow") as refused:
             check_count(TOPIC, fewer, current=4)
         assert refused.value.reason == "fewer_partitions"
-    with pytest.raises(PartitionsRefused, match="name of a partition"):
-        check_count(f"{TOPIC}-partition-0", 2)
+    # As in Pulsar, no partitioned topic's name contains "-partition-", whatever follows it.
+    for name in (f"{TOPIC}-partition-0", f"{TOPIC}-partition-x", f"{TOPIC}-partition-"):
+        with pytest.raises(PartitionsRefused, match="cannot contain") as refused:
+            check_count(name, 2)
+        assert refused.value.reason == "partition_name"
 
 
 def test_a_stored_count_reads_back_and_garbage_is_none() -> None:

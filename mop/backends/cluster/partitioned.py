@@ -20,7 +20,7 @@ from mop.partitioned import (
     partitions_of,
 )
 
-__all__ = ["ClusterPartitionedTopics"]
+__all__ = ["ClusterPartitionedTopics", "MemberAdmin"]
 
 _EXISTS: Final = 409
 _BUSY: Final = 412
@@ -63,6 +63,20 @@ class ClusterPartitionedTopics:
         count = await self._count(topic)
         if not count:
             return False
+        partitions = partitions_of(topic, count)
+        try:
+            listed = set(await self._topics(namespace_of(topic)))
+            existing = [partition for partition in partitions if partition in listed]
+        except BackendError:
+            existing = partitions  # brokers that cannot list: each partition is asked
+        if not force:
+            # Every partition idle first: a busy one refuses the delete before the metadata
+            # or any partition is gone, so it can be asked again.
+            admin = self._admin()
+            for partition in existing:
+                stats = await admin.stats(partition)
+                if stats is not None and (stats.consumers or stats.producers):
+                    raise TopicBusy(f"{topic}: partition {partition} has consumers or producers")
         params = {"force": "true"} if force else {}
         response = await self._admin().partitions("DELETE", topic, params=params)
         if response is not None:
@@ -70,18 +84,31 @@ class ClusterPartitionedTopics:
         # In a mop broker cluster the partitions live on several members, and the member
         # that keeps the metadata deletes only its own: each of the others is deleted at
         # its owner (Apache Pulsar has deleted them all already: none is left then).
-        partitions = partitions_of(topic, count)
-        try:
-            existing = set(await self._topics(namespace_of(topic)))
-        except BackendError:
-            existing = set(partitions)  # brokers that cannot list: each partition is asked
-        for partition in partitions:
-            if partition in existing:
-                await self._delete_topic(partition, force)
+        for partition in existing:
+            await self._delete_topic(partition, force)
         return True
 
-    async def names(self, namespace: str) -> list[str]:
-        return await self._admin().partitioned(namespace)
+    async def names(self, namespace: str, domain: str = "persistent") -> list[str]:
+        return await self._admin().partitioned(namespace, domain)
+
+
+class MemberAdmin:
+    """`mop.partitioned.OtherMembers` through the members' HTTP admin (`cluster.admin_url` of
+    a mop broker cluster's members): each question goes to the member that owns the topic
+    (the others answer 421, and the next URL is asked)."""
+
+    def __init__(self, admin: BrokerAdmin) -> None:
+        self._admin = admin
+
+    async def in_use(self, topic: str) -> bool:
+        stats = await self._admin.stats(topic)
+        return stats is not None and bool(stats.consumers or stats.producers)
+
+    async def delete(self, topic: str, *, force: bool) -> bool:
+        return await self._admin.delete(topic, force=force)
+
+    async def aclose(self) -> None:
+        await self._admin.aclose()
 
 
 def _check(topic: str, response: httpx.Response | None) -> None:

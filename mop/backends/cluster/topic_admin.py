@@ -143,11 +143,11 @@ class BrokerAdmin:
             method, topic, "/partitions", params, content=content, returned=_PARTITION_REFUSALS
         )
 
-    async def partitioned(self, namespace: str) -> list[str]:
-        """The partitioned topics of `namespace` ("tenant/namespace"): the union of every
-        admin URL's list (each mop broker lists those it owns; any Pulsar broker lists all).
-        BackendError when no URL answers."""
-        path = f"{ADMIN_PREFIX}/persistent/{namespace}/partitioned"
+    async def partitioned(self, namespace: str, domain: str = "persistent") -> list[str]:
+        """The partitioned topics of `namespace` ("tenant/namespace") in `domain`: the union
+        of every admin URL's list (each mop broker lists those it owns; any Pulsar broker
+        lists all). BackendError when no URL answers."""
+        path = f"{ADMIN_PREFIX}/{domain}/{namespace}/partitioned"
         found: set[str] = set()
         failures: list[str] = []
         for base in self.urls:

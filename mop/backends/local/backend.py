@@ -41,6 +41,7 @@ from mop.broker.storage import Storage, StorageError
 from mop.clock import now_ms
 from mop.membership import Membership
 from mop.message import Message
+from mop.partitioned import OtherMembers
 from mop.processor.backend import (
     BackendCapabilities,
     BackendError,
@@ -99,6 +100,7 @@ class LocalBackend:
         retention_check: float = 10.0,
         backlog_quotas: BacklogQuotas | None = None,
         schema_compatibility: Compatibility = Compatibility.FULL,
+        other_members: OtherMembers | None = None,
     ) -> None:
         self.storage = storage
         self.broker = Broker(
@@ -133,6 +135,10 @@ class LocalBackend:
             lambda: self.table(PARTITIONED_TABLE),
             self.topics,
             lambda topic, force: self.delete_topic(topic, force=force),
+            in_use=lambda topic: any(self.broker.topic_users(topic)),
+            declare=self._declare_topics,
+            owns=self.membership.owns,
+            others=other_members,
         )
         self._delay_event = trio.Event()
         self._stop = trio.Event()
@@ -355,6 +361,20 @@ class LocalBackend:
         await trio.lowlevel.checkpoint()
         return self.broker.topics(namespace)
 
+    async def _declare_topics(self, topics: list[str]) -> None:
+        """Make `topics` exist, as a producer opening each would: those this broker owns (in
+        a cluster the others' owners make theirs when they are first used)."""
+        self._check_running()
+        recorded = False
+        with translated():
+            for topic in topics:
+                if self.membership.owns(topic):
+                    recorded = self.broker.open_topic(topic) or recorded
+                    self.broker.close_topic(topic)
+            if recorded:
+                await self.storage.sync()
+        await trio.lowlevel.checkpoint()
+
     async def topic_stats(self, topic: str) -> TopicStats | None:
         """The topic's stats from the broker's own state (see `mop.backends.local.stats`)."""
         self._check_running()
@@ -503,6 +523,8 @@ class LocalBackend:
             lease.set_fenced()
         self._stop.set()
         with trio.CancelScope(shield=True), translated():
+            if self.partitioned.others is not None:
+                await self.partitioned.others.aclose()
             await self.storage.aclose()
 
 

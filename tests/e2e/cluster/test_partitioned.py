@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -63,6 +64,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     root = tmp_path_factory.mktemp("partitioned")
     ports = free_ports(4)
     urls = [f"pulsar://127.0.0.1:{port}" for port in ports[:2]]
+    admins = [f"http://127.0.0.1:{port}" for port in ports[2:]]
     brokers: list[NodeProcess] = []
     try:
         for index, url in enumerate(urls):
@@ -72,10 +74,13 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
                 MOP_ADMIN__PORT=str(ports[2 + index]),
                 MOP_CLUSTER__BROKERS=json.dumps(urls),
                 MOP_CLUSTER__ADVERTISED_URL=url,
+                # Every member's admin: the owner of a partitioned topic deletes the
+                # partitions the other member holds through it.
+                MOP_CLUSTER__ADMIN_URL=",".join(admins),
             )
             broker.start()
             brokers.append(broker)
-        yield Pair(urls, [f"http://127.0.0.1:{port}" for port in ports[2:]])
+        yield Pair(urls, admins)
     finally:
         for broker in brokers:
             broker.close()
@@ -145,6 +150,41 @@ def test_either_member_answers_and_the_partitions_spread(pair: Pair) -> None:
     assert held[0] | held[1] == {f"{topic}-partition-{i}" for i in range(4)}
 
 
+def test_deleting_at_the_owner_deletes_every_members_partitions(pair: Pair) -> None:
+    topic = pair.spread("deleted-at-owner")
+    owner = f"{pair.admins[1]}{ADMIN}/{topic.rpartition('/')[2]}/partitions"
+    with httpx.Client(timeout=30) as http:
+        assert http.put(owner, json=4).status_code == 204
+        client = client_of(pair.urls[0])
+        try:
+            producer = client.create_producer(
+                topic,
+                message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
+                batching_enabled=False,
+            )
+            for n in range(4):
+                producer.send(f"o{n}".encode())
+            producer.close()
+            assert all(local_topics_of(pair, index, topic) for index in (0, 1))
+            # A partition the other member holds has a consumer: nothing goes.
+            membership = Membership(pair.urls, pair.urls[0])
+            elsewhere = next(
+                f"{topic}-partition-{i}"
+                for i in range(4)
+                if membership.owner(f"{topic}-partition-{i}") == pair.urls[0]
+            )
+            consumer = client.subscribe(elsewhere, "holds-one")
+            refused = http.delete(owner)
+            assert refused.status_code == 412, refused.text
+            assert http.get(owner).json() == {"partitions": 4}
+            consumer.close()
+        finally:
+            client.close()
+        assert http.delete(owner).status_code == 204
+        assert http.get(owner).json() == {"partitions": 0}
+    assert not any(local_topics_of(pair, index, topic) for index in (0, 1))
+
+
 def local_topics_of(pair: Pair, index: int, topic: str) -> set[str]:
     """The partitions of `topic` that broker `index` holds itself."""
     cluster = Cluster([], pair.urls)
@@ -153,6 +193,10 @@ def local_topics_of(pair: Pair, index: int, topic: str) -> set[str]:
 
 def test_the_proxy_declares_and_answers_from_the_brokers(pair: Pair, proxy: RunningNode) -> None:
     topic = f"persistent://{NAMESPACE}/declared"
+    # A proxy declares in the background (it starts whether or not its brokers are up).
+    deadline = time.monotonic() + 10
+    while metadata(pair.port(0), topic) != 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert metadata(pair.port(0), topic) == 3
     assert metadata(pair.port(1), topic) == 3
     # The proxy asks its brokers (PARTITIONED_METADATA through its own Pulsar client).
@@ -185,6 +229,26 @@ def test_the_proxy_admin_api_creates_grows_lists_and_deletes_everywhere(
     finally:
         client.close()
     assert all(local_topics_of(pair, index, topic) for index in (0, 1))
+    # A consumer on a partition the other member holds: the delete is refused before the
+    # metadata or any partition goes.
+    membership = Membership(pair.urls, pair.urls[0])
+    elsewhere = next(
+        f"{topic}-partition-{i}"
+        for i in range(4)
+        if membership.owner(f"{topic}-partition-{i}") == pair.urls[0]
+    )
+    client = client_of(pair.urls[0])
+    try:
+        consumer = client.subscribe(elsewhere, "holds-one")
+        refused = http.delete(path)
+        assert refused.status_code == 412, refused.text
+        assert http.get(path).json() == {"partitions": 4}
+        assert local_topics_of(pair, 0, topic) | local_topics_of(pair, 1, topic) == {
+            f"{topic}-partition-{i}" for i in range(4)
+        }
+        consumer.close()
+    finally:
+        client.close()
     assert http.delete(path).status_code == 204
     assert http.get(path).json() == {"partitions": 0}
     assert not any(local_topics_of(pair, index, topic) for index in (0, 1))

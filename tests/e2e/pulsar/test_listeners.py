@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import socket
 from collections.abc import Iterator
 
 import pulsar
@@ -169,3 +170,40 @@ def test_the_asyncio_client_follows_a_listener_in_the_cluster(pair: list[str]) -
             await client.close()
 
     assert asyncio.run(scenario()) == b"async external"
+
+
+def test_a_lookup_waiting_for_a_silent_owner_holds_up_no_other_command(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The owner of a topic is asked for its listener in the background: a member that does
+    not answer (here a socket that never speaks) delays only that lookup."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    (port,) = free_ports(1)
+    urls = [f"pulsar://127.0.0.1:{port}", f"pulsar://127.0.0.1:{silent.getsockname()[1]}"]
+    broker = broker_process(
+        tmp_path_factory.mktemp("silent-owner"),
+        MOP_PULSAR__PORT=str(port),
+        MOP_CLUSTER__BROKERS=json.dumps(urls),
+        MOP_CLUSTER__ADVERTISED_URL=urls[0],
+        MOP_PULSAR__ADVERTISED_LISTENERS=f'{{ external = "{urls[0]}" }}',
+    )
+    try:
+        broker.start()
+        raw = raw_connected(port)
+        try:
+            waiting = owned_by(urls, 1, "silent")
+            here = owned_by(urls, 0, "here")
+            raw.send(Lookup(topic=waiting, request_id=1, advertised_listener_name="external"))
+            raw.send(Lookup(topic=here, request_id=2, advertised_listener_name="external"))
+            first, second = raw.recv(), raw.recv()
+            assert isinstance(first, LookupResponse) and first.request_id == 2
+            assert first.response is LookupType.Connect
+            assert isinstance(second, LookupResponse) and second.request_id == 1
+            assert second.response is LookupType.Failed
+        finally:
+            raw.close()
+    finally:
+        broker.close()
+        silent.close()

@@ -185,6 +185,12 @@ def test_the_last_message_id_per_partition_and_for_readers_of_the_topic(
 
 
 def test_a_regex_consumer_finds_the_partitions(client: pulsar.Client, partitioned: str) -> None:
+    # Subscribed before any producer: the partitions exist from the create on, as in Pulsar.
+    consumer = client.subscribe(
+        re.compile(re.escape(partitioned) + ".*"),
+        "regex",
+        initial_position=pulsar.InitialPosition.Earliest,
+    )
     producer = client.create_producer(
         partitioned,
         message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
@@ -192,11 +198,6 @@ def test_a_regex_consumer_finds_the_partitions(client: pulsar.Client, partitione
     )
     for n in range(3):
         producer.send(f"x{n}".encode())
-    consumer = client.subscribe(
-        re.compile(re.escape(partitioned) + ".*"),
-        "regex",
-        initial_position=pulsar.InitialPosition.Earliest,
-    )
     received = receive_all(consumer, 3)
     assert sorted(m.data() for m in received) == [b"x0", b"x1", b"x2"]
     assert {m.topic_name() for m in received} == set(partitions(partitioned))
@@ -216,6 +217,20 @@ def test_the_admin_api_creates_grows_lists_and_deletes(
     assert http.post(path, json=4).status_code == 204
     assert client.get_topic_partitions(topic) == partitions(topic, 4)
     assert topic in http.get(f"{ADMIN}/partitioned").json()
+    # The partitions exist at once, in the namespace's listing.
+    assert set(partitions(topic, 4)) <= set(http.get(ADMIN).json())
+    # A non-persistent partitioned topic is listed in its own domain only.
+    ticks = "/admin/v2/non-persistent/public/default/ticks"
+    assert http.put(f"{ticks}/partitions", json=2).status_code == 204
+    assert "non-persistent://public/default/ticks" not in http.get(f"{ADMIN}/partitioned").json()
+    assert http.get("/admin/v2/non-persistent/public/default/partitioned").json() == [
+        "non-persistent://public/default/ticks"
+    ]
+    assert http.delete(f"{ticks}/partitions").status_code == 204
+    # As in Pulsar: no partitioned topic's name contains "-partition-".
+    for name in ("a-partition-1", "a-partition-x"):
+        answer = http.put(f"{ADMIN}/{name}/partitions", json=2)
+        assert answer.status_code == 412, (name, answer.text)
     for wrong, status in ((0, 406), (5000, 406), ("3", 400), (True, 400)):
         answer = http.put(f"{ADMIN}/other/partitions", json=wrong)
         assert answer.status_code == status, (wrong, answer.text)

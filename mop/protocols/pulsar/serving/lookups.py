@@ -111,26 +111,36 @@ class ConnectionLookups:
         elif listener_name is None:
             link.send(lookup_redirect(cmd.request_id, owner))
         else:
-            # The owner alone knows its listeners: it is asked, and its answer goes on.
-            answer = await server.peers.ask(
-                owner,
-                lambda rid: Lookup(
-                    topic=topic,
-                    request_id=rid,
-                    authoritative=True,
-                    advertised_listener_name=listener_name,
-                ),
+            # The owner alone knows its listeners: it is asked, which may take up to the
+            # peer request timeout; the connection's other commands go on meanwhile.
+            link.nursery.start_soon(
+                self._answer_from_owner, cmd.request_id, topic, owner, listener_name
             )
-            if isinstance(answer, LookupResponse):
-                link.send(dataclasses.replace(answer, request_id=cmd.request_id))
-            else:
-                link.send(
-                    lookup_failed(
-                        cmd.request_id,
-                        ServerError.ServiceNotReady,
-                        f"the owner of {topic} ({owner}) cannot be asked now",
-                    )
+
+    async def _answer_from_owner(
+        self, request_id: int, topic: str, owner: str, listener_name: str
+    ) -> None:
+        """Pass on the owner's answer to a lookup naming a listener."""
+        link = self._link
+        answer = await link.server.peers.ask(
+            owner,
+            lambda rid: Lookup(
+                topic=topic,
+                request_id=rid,
+                authoritative=True,
+                advertised_listener_name=listener_name,
+            ),
+        )
+        if isinstance(answer, LookupResponse):
+            link.send(dataclasses.replace(answer, request_id=request_id))
+        else:
+            link.send(
+                lookup_failed(
+                    request_id,
+                    ServerError.ServiceNotReady,
+                    f"the owner of {topic} ({owner}) cannot be asked now",
                 )
+            )
 
     def _connect(self, request_id: int, listener_name: str | None) -> LookupResponse:
         """This broker serves the topic: at the listener the lookup names, else at the one

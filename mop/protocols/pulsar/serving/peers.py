@@ -157,8 +157,8 @@ class PeerLinks:
 
     async def ask(self, url: str, command_for: Callable[[int], Command]) -> Frame | None:
         """The answer of peer `url` (a member URL) to the command `command_for(request_id)`
-        makes; None when it cannot be reached now, or is not a peer. UnexpectedAnswer when it
-        answers with an ERROR."""
+        makes; None when it cannot be reached now, is not a peer, or answers with an ERROR
+        (logged: the caller answers its own client as for a peer that cannot be asked)."""
         peer = self._by_url.get(normalize_url(url))
         if peer is None:
             return None

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mop.protocols.pulsar.listeners import (
-    Listener,
-    listener_urls,
-    listeners_of,
-    unknown_listener,
-)
+from mop.advertised_listeners import Listener, listener_urls, listeners_of
+from mop.protocols.pulsar.listeners import unknown_listener
 
 
 def test_a_listener_has_a_plain_url_a_tls_url_or_one_of_each() -> None:
