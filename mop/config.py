@@ -278,6 +278,7 @@ _INT_BOUNDS: Final[Mapping[str, _Bounds]] = {
     "telemetry.backlog_top": _Bounds(0, 1000),
     "telemetry.latency_sampling": _Bounds(1, 1_000_000),
     "pulsar.partitioned_topics": _Bounds(1, MAX_PARTITIONS),
+    "pulsar.schema_max_bytes": _Bounds(1, 16 * 1024 * 1024),
 }
 
 _NAMESPACE: Final = re.compile(r"[-=:.\w]+/[-=:.\w]+", re.ASCII)

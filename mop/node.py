@@ -131,6 +131,7 @@ async def start_backend(
         retention_check=settings.retention.check_interval,
         backlog_quotas=backlog_quotas(settings.backlog_quota),
         schema_compatibility=Compatibility(settings.pulsar.schema_compatibility),
+        schema_max_bytes=settings.pulsar.schema_max_bytes,
         other_members=others,
     )
     try:

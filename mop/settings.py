@@ -132,6 +132,10 @@ class PulsarSettings:
     # The schema compatibility rule of namespaces that set none (Pulsar's
     # schemaCompatibilityStrategy): which new schema may follow a topic's schemas.
     schema_compatibility: SchemaCompatibility = "FULL"
+    # The largest schema definition (bytes) a producer or consumer may bring; larger ones are
+    # refused (IncompatibleSchema). Comparing Avro definitions costs about the square of their
+    # field count, so this bounds the work one client can ask of the broker.
+    schema_max_bytes: int = 65536
     # Partitioned topics this node declares at start: name (a Pulsar topic name, or a local
     # name of the default namespace) -> number of partitions. Created when missing, grown when
     # fewer; more are never taken away. Topics stay non-partitioned unless named here or

@@ -3,6 +3,8 @@ brokers): Pulsar's own tools and scripts can use them as they are.
 
 - `GET /admin/v2/schemas/{tenant}/{namespace}/{topic}/schema[/{version}]`: the latest (or that)
   version of the topic's schema, as Pulsar's GetSchemaResponse JSON; 404 when it has none;
+- `DELETE` of the same path: forget every version (as Pulsar's admin API does); Pulsar's
+  DeleteSchemaResponse `{"version": N}` (the latest version it had), 404 when it has none;
 - `GET /admin/v2/namespaces/{tenant}/{namespace}/schemaCompatibilityStrategy`: the namespace's
   rule, a JSON string such as `"FULL"`;
 - `PUT` of the same path with a JSON string sets it; `"UNDEFINED"` puts the namespace back on
@@ -21,7 +23,7 @@ from mop.admin.http import Request, Response, Router, json_response
 from mop.admin.routes_pulsar import NOT_OWNER
 from mop.processor import BackendError
 from mop.protocols.pulsar.admin_rest import ADMIN_PREFIX
-from mop.schemas import Compatibility, StoredSchema
+from mop.schemas import Compatibility, StoredSchema, schema_name
 from mop.topic_names import PulsarTopicName
 from mop.topics import TopicError
 
@@ -30,6 +32,8 @@ __all__ = ["add_schema_routes", "schema_document"]
 # The value that puts a namespace back on the default rule (Pulsar's name for "not set").
 UNDEFINED: Final = "UNDEFINED"
 _VERSION: Final = re.compile(r"[0-9]+")
+# Versions are Pulsar's signed 64-bit longs: a larger number names none.
+_VERSION_LIMIT: Final = 2**63
 _STATUS_BY_REASON: Final = {
     "invalid_topic": 412,
     "not_found": 404,
@@ -69,7 +73,8 @@ def add_schema_routes(router: Router, context: AdminContext) -> None:
             return _reason(412, str(exc))
         return f"{tenant}/{namespace}"
 
-    async def get_schema(request: Request) -> Response:
+    def schema_topic(request: Request) -> str | Response:
+        """The topic the path names, or the answer when this node cannot serve its schema."""
         params = request.params
         name = f"persistent://{params['tenant']}/{params['namespace']}/{params['topic']}"
         try:
@@ -77,16 +82,28 @@ def add_schema_routes(router: Router, context: AdminContext) -> None:
         except TopicError as exc:
             return _reason(412, str(exc))
         broker = context.broker
-        if broker is not None and not broker.owns(topic):
-            # A member of a mop broker cluster keeps the schemas of the topics it owns.
+        # The partitions of a topic share one schema, kept by the owner of the topic's name.
+        keeper = f"persistent://{schema_name(topic)}"
+        if broker is not None and not broker.owns(keeper):
+            # A member of a mop broker cluster keeps the schemas of the names it owns.
             return _reason(
-                NOT_OWNER, f"{topic} is owned by {broker.owner(topic)}, not by {broker.url}"
+                NOT_OWNER,
+                f"the schema of {topic} is kept by {broker.owner(keeper)}, not by {broker.url}",
             )
+        return topic
+
+    async def get_schema(request: Request) -> Response:
+        topic = schema_topic(request)
+        if isinstance(topic, Response):
+            return topic
+        params = request.params
         version = None
         if "version" in params:
             if not _VERSION.fullmatch(params["version"]):
                 return _reason(400, "the schema version must be a number (0, 1, ...)")
             version = int(params["version"])
+            if version >= _VERSION_LIMIT:
+                return _reason(404, "Schema not found")
         try:
             stored = await processor.schema(topic, version)
         except BackendError as exc:
@@ -94,6 +111,18 @@ def add_schema_routes(router: Router, context: AdminContext) -> None:
         if stored is None:
             return _reason(404, "Schema not found")
         return json_response(schema_document(stored))
+
+    async def delete_schema(request: Request) -> Response:
+        topic = schema_topic(request)
+        if isinstance(topic, Response):
+            return topic
+        try:
+            version = await processor.delete_schema(topic)
+        except BackendError as exc:
+            return refused(exc)
+        if version is None:
+            return _reason(404, "Schema not found")
+        return json_response({"version": version})
 
     async def get_compatibility(request: Request) -> Response:
         namespace = namespace_of(request)
@@ -122,6 +151,7 @@ def add_schema_routes(router: Router, context: AdminContext) -> None:
 
     schema = f"{ADMIN_PREFIX}/schemas/{{tenant}}/{{namespace}}/{{topic}}/schema"
     router.add("GET", schema, get_schema)
+    router.add("DELETE", schema, delete_schema)
     router.add("GET", f"{schema}/{{version}}", get_schema)
     strategy = f"{ADMIN_PREFIX}/namespaces/{{tenant}}/{{namespace}}/schemaCompatibilityStrategy"
     router.add("GET", strategy, get_compatibility)

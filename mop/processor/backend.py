@@ -459,6 +459,11 @@ class Backend(Protocol):
         namespace's compatibility rule lets it follow them; raises IncompatibleSchema."""
         ...
 
+    async def delete_schema(self, topic: str) -> int | None:
+        """Delete every version of `topic`'s schema; the latest version it had, None when it
+        had none."""
+        ...
+
     async def schema_compatibility(self, namespace: str) -> Compatibility:
         """The compatibility rule of `namespace` ("tenant/namespace")."""
         ...

@@ -298,6 +298,10 @@ class MessagingProcessor:
         `Backend.get_or_create_schema`); raises IncompatibleSchema."""
         return await self.backend.get_or_create_schema(topic, schema)
 
+    async def delete_schema(self, topic: str) -> int | None:
+        """Delete `topic`'s schema (see `Backend.delete_schema`), for the admin API."""
+        return await self.backend.delete_schema(topic)
+
     async def schema_compatibility(self, namespace: str) -> Compatibility:
         return await self.backend.schema_compatibility(namespace)
 

@@ -22,6 +22,10 @@ def avro(*fields: Mapping[str, object]) -> SchemaInfo:
 V0 = avro({"name": "value", "type": "double"})
 # A field with a default: fully compatible, so the default rule (FULL) takes it.
 V1 = avro({"name": "value", "type": "double"}, {"name": "unit", "type": "string", "default": ""})
+# Another field with a default: compatible with both V0 and V1.
+V1_OTHER = avro(
+    {"name": "value", "type": "double"}, {"name": "site", "type": "string", "default": ""}
+)
 # A required field: readers of it cannot read v0's data.
 REFUSED = avro({"name": "value", "type": "double"}, {"name": "sensor", "type": "string"})
 
@@ -64,22 +68,25 @@ async def test_the_partitions_of_a_topic_share_its_schemas(backend: Backend, nam
     assert stored is not None and stored.info.data == V0.data
 
 
-async def test_one_new_schema_brought_at_once_by_many_gets_one_version(
+async def test_schemas_brought_at_once_each_get_one_version_and_none_is_lost(
     backend: Backend, names: Names
 ) -> None:
+    # Two different new schemas, each brought twice, at once: each look-up-then-add must be
+    # one step, or two of them both take version 1 and one is lost.
     topic = names.topic("race")
-    versions: list[int] = []
+    assert await backend.get_or_create_schema(topic, V0) == 0
+    versions: dict[bytes, set[int]] = {V1.data: set(), V1_OTHER.data: set()}
 
     async def bring(schema: SchemaInfo) -> None:
-        versions.append(await backend.get_or_create_schema(topic, schema))
+        versions[schema.data].add(await backend.get_or_create_schema(topic, schema))
 
     async with trio.open_nursery() as nursery:
-        for _ in range(4):
-            nursery.start_soon(bring, V0)
-    assert versions == [0, 0, 0, 0]
-    async with trio.open_nursery() as nursery:
-        for _ in range(3):
-            nursery.start_soon(bring, V1)
-    assert versions[4:] == [1, 1, 1]
+        for schema in (V1, V1_OTHER, V1, V1_OTHER):
+            nursery.start_soon(bring, schema)
+    [v1], [other] = versions[V1.data], versions[V1_OTHER.data]
+    assert {v1, other} == {1, 2}
+    for schema, version in ((V1, v1), (V1_OTHER, other)):
+        stored = await backend.schema(topic, version)
+        assert stored is not None and stored.info.data == schema.data
     latest = await backend.schema(topic)
-    assert latest is not None and latest.version == 1
+    assert latest is not None and latest.version == 2

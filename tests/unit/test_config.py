@@ -211,6 +211,7 @@ def test_dump_loads_back(tmp_path: Path) -> None:
         ({"MOP_CLUSTER__ADMIN_URL": "b1:8080"}, "cluster.admin_url", "http:// or https:// URLs"),
         ({"MOP_CLUSTER__ADMIN_URL": "http://b1:1,pulsar://b2:2"}, "cluster.admin_url", "http://"),
         ({"MOP_MQTT": "5"}, "mqtt", "must be a table (got 5)"),
+        ({"MOP_PULSAR__SCHEMA_MAX_BYTES": "0"}, "pulsar.schema_max_bytes", "between 1 and"),
         ({"MOP_PULSAR__PARTITIONED_TOPICS": "[1]"}, "pulsar.partitioned_topics", "a table"),
         ({"MOP_PULSAR__PARTITIONED_TOPICS": "{ a = 0 }"}, "pulsar.partitioned_topics", "1 and"),
         ({"MOP_PULSAR__PARTITIONED_TOPICS": '{ a = "2" }'}, "pulsar.partitioned_topics", "integer"),

@@ -578,6 +578,10 @@ class ClusterBackend:
         """GET_OR_CREATE_SCHEMA, asked of the broker that owns `topic`: it checks the rule."""
         return await self._schemas().get_or_create(topic, schema)
 
+    async def delete_schema(self, topic: str) -> int | None:
+        """Asked of the brokers' HTTP admin (see `topic_admin`)."""
+        return await self._topic_admin().delete_schema(topic)
+
     async def schema_compatibility(self, namespace: str) -> Compatibility:
         """Asked of the brokers' HTTP admin (see `topic_admin`)."""
         return await self._topic_admin().schema_compatibility(namespace)

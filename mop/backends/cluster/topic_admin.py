@@ -32,6 +32,7 @@ from mop.protocols.pulsar.admin_rest import (
 )
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
 from mop.schemas.model import Compatibility
+from mop.topic_names import PulsarTopicName
 from mop.topics import TopicError
 
 __all__ = ["BrokerAdmin", "admin_urls", "answer_reason"]
@@ -189,6 +190,26 @@ class BrokerAdmin:
         except TopicError as exc:
             raise BackendError(str(exc), reason="invalid_topic") from None
         return await self._ask_at(method, path, topic, params, content=content, returned=returned)
+
+    async def delete_schema(self, topic: str) -> int | None:
+        """Delete `topic`'s schema; the latest version it had, None when it had none."""
+        try:
+            name = PulsarTopicName.parse(topic)
+        except TopicError as exc:
+            raise BackendError(str(exc), reason="invalid_topic") from None
+        local = quote(name.local_name, safe="")
+        path = f"{ADMIN_PREFIX}/schemas/{name.tenant}/{name.namespace}/{local}/schema"
+        response = await self._ask_at("DELETE", path, topic)
+        if response is None:
+            return None
+        try:
+            version = response.json()["version"]
+            return int(version) if version is not None else None
+        except (ValueError, KeyError, TypeError):
+            raise BackendError(
+                f"schema delete of {topic} from {response.url}: {response.text[:80]}",
+                reason="bad_answer",
+            ) from None
 
     async def schema_compatibility(self, namespace: str) -> Compatibility:
         """The schema compatibility rule of `namespace` ("tenant/namespace")."""

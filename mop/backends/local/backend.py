@@ -41,7 +41,7 @@ from mop.broker.storage import Storage, StorageError
 from mop.clock import now_ms
 from mop.membership import Membership
 from mop.message import Message
-from mop.partitioned import OtherMembers
+from mop.partitioned import OtherMembers, partition_index
 from mop.processor.backend import (
     BackendCapabilities,
     BackendError,
@@ -52,6 +52,9 @@ from mop.processor.backend import (
 )
 from mop.retention import RetentionControl, RetentionPolicies, RetentionPolicy
 from mop.schemas.model import Compatibility, SchemaInfo, StoredSchema
+from mop.schemas.registry import (
+    DEFAULT_MAX_BYTES as DEFAULT_SCHEMA_MAX_BYTES,
+)
 from mop.schemas.registry import SCHEMA_POLICIES_TABLE, SCHEMAS_TABLE, SchemaRegistry
 from mop.topic_names import mqtt_to_pulsar
 
@@ -100,6 +103,7 @@ class LocalBackend:
         retention_check: float = 10.0,
         backlog_quotas: BacklogQuotas | None = None,
         schema_compatibility: Compatibility = Compatibility.FULL,
+        schema_max_bytes: int = DEFAULT_SCHEMA_MAX_BYTES,
         other_members: OtherMembers | None = None,
     ) -> None:
         self.storage = storage
@@ -139,10 +143,12 @@ class LocalBackend:
             declare=self._declare_topics,
             owns=self.membership.owns,
             others=other_members,
+            delete_schema=lambda topic: self.schemas.delete(topic),
         )
         self._delay_event = trio.Event()
         self._stop = trio.Event()
         self._schema_default = schema_compatibility
+        self._schema_max_bytes = schema_max_bytes
         self._schemas: SchemaRegistry | None = None
         self._running = False
         self._closed = False
@@ -386,7 +392,12 @@ class LocalBackend:
         self._check_running()
         await trio.lowlevel.checkpoint()
         with translated():
-            return await self.broker.delete_topic(topic, force=force)
+            deleted = await self.broker.delete_topic(topic, force=force)
+        if deleted and partition_index(topic) is None:
+            # As Pulsar does: a deleted topic's schema goes with it (a partition's is the
+            # partitioned topic's, deleted with that).
+            await self.schemas.delete(topic)
+        return deleted
 
     def not_ready(self) -> list[str]:
         if self._closed:
@@ -474,7 +485,10 @@ class LocalBackend:
         """The registry of this broker's topics' schemas, in two of its tables."""
         if self._schemas is None:
             self._schemas = SchemaRegistry(
-                self.table(SCHEMAS_TABLE), self.table(SCHEMA_POLICIES_TABLE), self._schema_default
+                self.table(SCHEMAS_TABLE),
+                self.table(SCHEMA_POLICIES_TABLE),
+                self._schema_default,
+                max_bytes=self._schema_max_bytes,
             )
         return self._schemas
 
@@ -487,6 +501,11 @@ class LocalBackend:
         self._check_running()
         with translated():
             return await self.schemas.get_or_create(topic, schema)
+
+    async def delete_schema(self, topic: str) -> int | None:
+        self._check_running()
+        with translated():
+            return await self.schemas.delete(topic)
 
     async def schema_compatibility(self, namespace: str) -> Compatibility:
         self._check_running()

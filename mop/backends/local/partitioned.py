@@ -36,7 +36,8 @@ class LocalPartitionedTopics:
     this broker owns: the others are made by their owners, when first used) and
     `delete_topic` deletes one, as the backend does. In a cluster of several members `owns`
     tells the partitions this broker holds, and `others` reaches the other members to delete
-    theirs (None: they are left to them, with a warning)."""
+    theirs (None: they are left to them, with a warning). `delete_schema` forgets the
+    partitioned topic's schema when it is deleted."""
 
     def __init__(
         self,
@@ -48,6 +49,7 @@ class LocalPartitionedTopics:
         declare: Callable[[list[str]], Awaitable[None]] | None = None,
         owns: Callable[[str], bool] = lambda topic: True,
         others: OtherMembers | None = None,
+        delete_schema: Callable[[str], Awaitable[object]] | None = None,
     ) -> None:
         self._open_table = table
         self._topics = topics
@@ -56,6 +58,7 @@ class LocalPartitionedTopics:
         self._declare = declare
         self._owns = owns
         self.others = others
+        self._delete_schema = delete_schema
         # Every change reads the count, awaits, then writes it: one change at a time, so that
         # two creates cannot both succeed and a count never shrinks under a racing change.
         self._changing = trio.Lock()
@@ -127,6 +130,9 @@ class LocalPartitionedTopics:
                     elsewhere[0],
                 )
             await table.put(topic, None)
+            # The partitions' shared schema goes with them, as in Pulsar.
+            if self._delete_schema is not None:
+                await self._delete_schema(topic)
             return True
 
     async def names(self, namespace: str, domain: str = "persistent") -> list[str]:

@@ -19,7 +19,16 @@ import pulsar
 import pytest
 
 from mop.membership import Membership
-from mop.protocols.pulsar.commands import PartitionedMetadata, PartitionedMetadataResponse
+from mop.protocols.pulsar.commands import (
+    GetOrCreateSchema,
+    GetOrCreateSchemaResponse,
+    GetSchema,
+    GetSchemaResponse,
+    PartitionedMetadata,
+    PartitionedMetadataResponse,
+    Schema,
+    SchemaType,
+)
 from mop.settings import PulsarSettings
 from mop.testing.node import RunningNode, as_proxy, node_settings, running_node
 from tests.e2e.admin.topics_support import admin_url
@@ -150,6 +159,42 @@ def test_either_member_answers_and_the_partitions_spread(pair: Pair) -> None:
     assert held[0] | held[1] == {f"{topic}-partition-{i}" for i in range(4)}
 
 
+def avro_record(*fields: dict[str, object]) -> Schema:
+    definition = {"type": "record", "name": "Reading", "fields": list(fields)}
+    return Schema(name="", schema_data=json.dumps(definition).encode(), type=SchemaType.AVRO)
+
+
+def test_the_partitions_share_one_schema_kept_by_the_owner_of_the_name(pair: Pair) -> None:
+    topic = pair.spread("schema-spread")  # broker 1 owns the name
+    membership = Membership(pair.urls, pair.urls[0])
+    partitions = [f"{topic}-partition-{i}" for i in range(4)]
+    on_0 = next(p for p in partitions if membership.owner(p) == pair.urls[0])
+    on_1 = next(p for p in partitions if membership.owner(p) == pair.urls[1])
+    first = avro_record({"name": "sensor", "type": "string"})
+    second = avro_record(
+        {"name": "sensor", "type": "string"}, {"name": "unit", "type": "string", "default": ""}
+    )
+    refused = avro_record({"name": "sensor", "type": "int"})
+    raw_0, raw_1 = raw_connected(pair.port(0)), raw_connected(pair.port(1))
+    try:
+        answer = ask(raw_0, GetOrCreateSchema(request_id=1, topic=on_0, schema=first))
+        assert answer == GetOrCreateSchemaResponse(request_id=1, schema_version=bytes(8))
+        # Broker 1 serves another partition: the same registry, so the next version.
+        answer = ask(raw_1, GetOrCreateSchema(request_id=2, topic=on_1, schema=second))
+        assert answer == GetOrCreateSchemaResponse(
+            request_id=2, schema_version=(1).to_bytes(8, "big")
+        )
+        answer = ask(raw_0, GetOrCreateSchema(request_id=3, topic=on_0, schema=refused))
+        assert isinstance(answer, GetOrCreateSchemaResponse) and answer.error_code is not None
+        latest = ask(raw_0, GetSchema(request_id=4, topic=on_0))
+        assert isinstance(latest, GetSchemaResponse) and latest.schema is not None
+        assert latest.schema.schema_data == second.schema_data
+        assert latest.schema_version == (1).to_bytes(8, "big")
+    finally:
+        raw_0.close()
+        raw_1.close()
+
+
 def test_deleting_at_the_owner_deletes_every_members_partitions(pair: Pair) -> None:
     topic = pair.spread("deleted-at-owner")
     owner = f"{pair.admins[1]}{ADMIN}/{topic.rpartition('/')[2]}/partitions"
@@ -253,3 +298,26 @@ def test_the_proxy_admin_api_creates_grows_lists_and_deletes_everywhere(
     assert http.get(path).json() == {"partitions": 0}
     assert not any(local_topics_of(pair, index, topic) for index in (0, 1))
     assert http.delete(path).status_code == 404
+
+
+def test_a_partitions_schema_is_shown_by_the_admin_of_the_names_owner(pair: Pair) -> None:
+    topic = pair.spread("schema-admin")  # broker 1 owns the name
+    membership = Membership(pair.urls, pair.urls[0])
+    on_0 = next(
+        f"{topic}-partition-{i}"
+        for i in range(4)
+        if membership.owner(f"{topic}-partition-{i}") == pair.urls[0]
+    )
+    raw = raw_connected(pair.port(0))
+    try:
+        schema = avro_record({"name": "sensor", "type": "string"})
+        answer = ask(raw, GetOrCreateSchema(request_id=1, topic=on_0, schema=schema))
+        assert answer == GetOrCreateSchemaResponse(request_id=1, schema_version=bytes(8))
+    finally:
+        raw.close()
+    path = f"/admin/v2/schemas/{NAMESPACE}/{on_0.rpartition('/')[2]}/schema"
+    with httpx.Client(timeout=10) as http:
+        assert http.get(f"{pair.admins[0]}{path}").status_code == 421
+        shown = http.get(f"{pair.admins[1]}{path}")
+        assert shown.status_code == 200, shown.text
+        assert shown.json()["version"] == 0

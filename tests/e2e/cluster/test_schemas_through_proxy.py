@@ -45,6 +45,9 @@ def test_the_proxy_shows_and_sets_what_the_brokers_keep(
             assert shown.status_code == 200, shown.text
             assert (shown.json()["version"], shown.json()["type"]) == (0, "JSON")
             assert http.get(f"{schema_url}/1").status_code == 404
+            # Past Pulsar's 64-bit versions: none such, not a failure to encode it.
+            assert http.get(f"{schema_url}/{2**63}").status_code == 404
+            assert http.get(f"{schema_url}/99999999999999999999").status_code == 404
 
             strategy = f"/admin/v2/namespaces/public/{namespace}/schemaCompatibilityStrategy"
             assert http.get(strategy).json() == "FULL"
@@ -54,6 +57,12 @@ def test_the_proxy_shows_and_sets_what_the_brokers_keep(
                 client.create_producer(topic, schema=AvroSchema(Reading))
             assert http.put(strategy, json="UNDEFINED").status_code == 204
             assert http.get(strategy).json() == "FULL"
+
+            # Deleted through the proxy, at the broker that keeps it.
+            deleted = http.delete(schema_url)
+            assert deleted.status_code == 200 and deleted.json() == {"version": 0}
+            assert http.get(schema_url).status_code == 404
+            assert http.delete(schema_url).status_code == 404
 
             # MQTT publishers through the proxy are stored as they come.
             mqtt = Client(node.mqtt_port, f"{namespace}-mqtt")

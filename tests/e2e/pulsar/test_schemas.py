@@ -189,6 +189,15 @@ def test_a_consumers_schema_is_checked_and_not_added(
     assert (message.value().sensor, message.value().unit) == ("o", None)
 
 
+def test_a_consumers_schema_is_refused_on_a_busy_topic_without_one(client: pulsar.Client) -> None:
+    # Pulsar adds a consumer's schema only to an idle topic: one with data has none to check.
+    topic = "persistent://public/default/schema-busy"
+    client.create_producer(topic).send(b"raw")
+    with pytest.raises(pulsar.IncompatibleSchema):
+        client.subscribe(topic, "typed", schema=AvroSchema(Reading))
+    client.subscribe(topic, "untyped")
+
+
 def test_the_namespace_rule_is_set_through_the_admin_api(
     client: pulsar.Client, http: httpx.Client
 ) -> None:
@@ -225,6 +234,41 @@ def test_the_admin_api_shows_a_topics_schema(client: pulsar.Client, http: httpx.
     assert first["version"] == 0 and "unit" not in first["data"]
     assert http.get(f"{base}/5").status_code == 404
     assert http.get(f"{base}/x").status_code == 400
+
+
+def test_a_schema_is_deleted_through_the_admin_api_and_with_its_topic(
+    client: pulsar.Client, http: httpx.Client
+) -> None:
+    base = "/admin/v2/schemas/public/default/schema-deleted/schema"
+    topic = "persistent://public/default/schema-deleted"
+    assert http.delete(base).status_code == 404
+    client.create_producer(topic, schema=AvroSchema(Reading)).close()
+    client.create_producer(topic, schema=AvroSchema(reading_v2())).close()
+    deleted = http.delete(base)
+    assert deleted.status_code == 200 and deleted.json() == {"version": 1}
+    assert http.get(base).status_code == 404
+    # A schema that could not have followed the deleted ones starts the topic afresh.
+    producer = client.create_producer(topic, schema=StringSchema())
+    producer.send("s")
+    producer.close()
+    assert http.get(base).json()["version"] == 0
+    # Deleting the topic deletes its schema, as in Pulsar.
+    assert http.delete("/admin/v2/persistent/public/default/schema-deleted").status_code == 204
+    assert http.get(base).status_code == 404
+
+
+def test_a_partitioned_topics_schema_is_deleted_with_it(
+    client: pulsar.Client, http: httpx.Client
+) -> None:
+    admin = "/admin/v2/persistent/public/default/schema-partitioned"
+    base = "/admin/v2/schemas/public/default/schema-partitioned/schema"
+    assert http.put(f"{admin}/partitions", json=2).status_code == 204
+    client.create_producer(
+        "persistent://public/default/schema-partitioned", schema=AvroSchema(Reading)
+    ).close()
+    assert http.get(base).json()["version"] == 0
+    assert http.delete(f"{admin}/partitions").status_code == 204
+    assert http.get(base).status_code == 404
 
 
 @pytest.fixture
@@ -309,3 +353,32 @@ def test_mqtt_publishers_are_not_checked_against_the_topics_schema(
     # One that does not is stored as well: MQTT publishers are not checked.
     assert mqtt.publish("sensors/json", b"not json", qos=1) == 0
     assert consumer.receive(timeout_millis=TIMEOUT_MS).data() == b"not json"
+
+
+def test_malformed_and_oversized_definitions_are_refused_and_the_connection_goes_on(
+    raw: RawPulsar,
+) -> None:
+    topic = "persistent://public/default/schema-malformed"
+    nested = SchemaCommand(name="", schema_data=b"[" * 50_000, type=SchemaType.AVRO)
+    raw.send(GetOrCreateSchema(request_id=1, topic=topic, schema=nested))
+    answer = raw.recv()
+    assert isinstance(answer, GetOrCreateSchemaResponse)
+    assert answer.error_code is ServerError.IncompatibleSchema
+    assert "nested too deeply" in (answer.error_message or "")
+    fields = [{"name": f"field_{n:05}", "type": "string"} for n in range(3000)]
+    large = json.dumps({"type": "record", "name": "Wide", "fields": fields}).encode()
+    assert len(large) > 64 * 1024
+    wide = SchemaCommand(name="", schema_data=large, type=SchemaType.AVRO)
+    raw.send(GetOrCreateSchema(request_id=2, topic=topic, schema=wide))
+    answer = raw.recv()
+    assert isinstance(answer, GetOrCreateSchemaResponse)
+    assert answer.error_code is ServerError.IncompatibleSchema
+    assert "pulsar.schema_max_bytes" in (answer.error_message or "")
+    for request_id, data in ((3, b"null"), (4, b"[]")):
+        json_kind = SchemaCommand(name="", schema_data=data, type=SchemaType.JSON)
+        raw.send(GetOrCreateSchema(request_id=request_id, topic=topic, schema=json_kind))
+        answer = raw.recv()
+        assert isinstance(answer, GetOrCreateSchemaResponse)
+        assert answer.error_code is ServerError.IncompatibleSchema
+    raw.send(GetOrCreateSchema(request_id=5, topic=topic, schema=avro_command(Reading)))
+    assert raw.recv() == GetOrCreateSchemaResponse(request_id=5, schema_version=VERSION_0)

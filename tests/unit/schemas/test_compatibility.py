@@ -123,3 +123,46 @@ def test_a_reader_is_taken_when_it_is_a_known_version_or_could_follow() -> None:
     assert reader_incompatibility([V1], ADDS_OPTIONAL, C.FULL) is None
     assert reader_incompatibility([V1], ADDS_REQUIRED, C.FULL) is not None
     assert reader_incompatibility([V1], SchemaInfo(SchemaKind.AVRO, b"{"), C.ALWAYS_COMPATIBLE)
+
+
+@pytest.mark.parametrize("kind", [SchemaKind.AVRO, SchemaKind.JSON])
+def test_a_deeply_nested_definition_is_refused_not_raised(kind: SchemaKind) -> None:
+    nested = SchemaInfo(kind, b"[" * 100_000)
+    reason = check_definition(nested)
+    assert reason is not None and "nested too deeply" in reason
+    assert incompatibility([record(NAME, kind=kind)], nested, C.FULL) is not None
+    assert reader_incompatibility([record(NAME, kind=kind)], nested, C.ALWAYS_COMPATIBLE)
+
+
+@pytest.mark.parametrize("definition", [b"null", b"[]", b"42", b'"text"'])
+def test_a_json_definition_must_be_an_avro_schema_or_a_json_schema_object(
+    definition: bytes,
+) -> None:
+    assert check_definition(SchemaInfo(SchemaKind.JSON, definition)) is not None
+
+
+def test_a_reader_must_read_the_latest_version_under_the_non_transitive_rules() -> None:
+    # Pulsar checks a consumer BACKWARD against the latest version under BACKWARD, FORWARD,
+    # FORWARD_TRANSITIVE and FULL, whatever the rule says of producers.
+    for rule in (C.BACKWARD, C.FORWARD, C.FORWARD_TRANSITIVE, C.FULL):
+        # A reader that needs a field the data lacks: refused even under FORWARD.
+        assert reader_incompatibility([V1], ADDS_REQUIRED, rule) is not None, rule
+        # A reader that drops a required field reads the data: taken even under FULL.
+        assert reader_incompatibility([ADDS_REQUIRED], V1, rule) is None, rule
+
+
+def test_a_reader_must_follow_every_version_under_the_transitive_backward_and_full_rules() -> None:
+    v0 = record(NAME, {"name": "score", "type": "string"})
+    v1 = record(NAME)
+    v2 = record(NAME, {"name": "score", "type": "int", "default": 0})
+    assert reader_incompatibility([v0, v1], v2, C.BACKWARD) is None
+    assert reader_incompatibility([v0, v1], v2, C.FULL) is None
+    for rule in (C.BACKWARD_TRANSITIVE, C.FULL_TRANSITIVE):
+        reason = reader_incompatibility([v0, v1], v2, rule)
+        assert reason is not None and "version 0" in reason
+    assert reader_incompatibility([ADDS_REQUIRED], V1, C.FULL_TRANSITIVE) is not None
+
+
+def test_a_reader_written_differently_is_a_known_version() -> None:
+    spaced = SchemaInfo(SchemaKind.AVRO, json.dumps(json.loads(V1.data), indent=2).encode())
+    assert reader_incompatibility([V1, ADDS_OPTIONAL], spaced, C.ALWAYS_INCOMPATIBLE) is None
