@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from mop.admin.http import HttpError, Request, Response, Router, json_response
+from mop.admin.routes_pulsar import namespace_of, reason_response
 from mop.backlog_quota import BacklogQuota, BacklogQuotaControl, QuotaKind
 from mop.processor import BackendError
 from mop.protocols.pulsar.admin_rest import (
@@ -36,32 +37,16 @@ from mop.protocols.pulsar.admin_rest import (
     retention_from_document,
 )
 from mop.retention import RetentionControl, RetentionPolicy
-from mop.topic_names import SYSTEM_NAMESPACE, PulsarTopicName
-from mop.topics import TopicError
+from mop.topic_names import SYSTEM_NAMESPACE
 
 __all__ = ["add_backlog_quota_routes", "add_retention_routes"]
-
-
-def _reason(status: int, reason: str) -> Response:
-    return json_response({"reason": reason}, status)
-
-
-def namespace_of(request: Request) -> str | Response:
-    """ "tenant/namespace" of the path, or the answer refusing it."""
-    tenant, namespace = request.params["tenant"], request.params["namespace"]
-    try:
-        # The names are checked as those of a topic's are (any local name will do).
-        PulsarTopicName("persistent", tenant, namespace, "-")
-    except TopicError as exc:
-        return _reason(412, str(exc))
-    return f"{tenant}/{namespace}"
 
 
 def writable_namespace_of(request: Request) -> str | Response:
     """As `namespace_of`, refusing the system namespace, whose policies are fixed."""
     namespace = namespace_of(request)
     if isinstance(namespace, str) and namespace.partition("/")[2] == SYSTEM_NAMESPACE:
-        return _reason(412, f"the policies of the system namespace {namespace} are fixed")
+        return reason_response(412, f"the policies of the system namespace {namespace} are fixed")
     return namespace
 
 
@@ -81,7 +66,7 @@ def add_retention_routes(
         try:
             policy = await control.retention(namespace)
         except BackendError as exc:
-            return _reason(503, str(exc))
+            return reason_response(503, str(exc))
         return json_response(retention_document(policy))
 
     async def set_retention(request: Request) -> Response:
@@ -91,19 +76,19 @@ def add_retention_routes(
         try:
             policy = retention_from_document(request.json())
         except HttpError as exc:
-            return _reason(400, exc.message)
+            return reason_response(400, exc.message)
         except ValueError as exc:
-            return _reason(400, str(exc))
+            return reason_response(400, str(exc))
         try:
             if quotas is not None and not quota_fits(
                 await quotas.backlog_quotas(namespace), policy
             ):
-                return _reason(
+                return reason_response(
                     412, "Retention Quota must exceed configured backlog quota for namespace."
                 )
             await control.set_retention(namespace, policy)
         except BackendError as exc:
-            return _reason(503, str(exc))
+            return reason_response(503, str(exc))
         return Response(204, content_type="text/plain")
 
     async def remove_retention(request: Request) -> Response:
@@ -113,7 +98,7 @@ def add_retention_routes(
         try:
             await control.set_retention(namespace, None)
         except BackendError as exc:
-            return _reason(503, str(exc))
+            return reason_response(503, str(exc))
         return Response(204, content_type="text/plain")
 
     path = f"{ADMIN_PREFIX}/namespaces/{{tenant}}/{{namespace}}/retention"
@@ -130,7 +115,9 @@ def add_backlog_quota_routes(
         try:
             return QuotaKind.SIZE if raw is None else QuotaKind(raw)
         except ValueError:
-            return _reason(400, "backlogQuotaType must be destination_storage or message_age")
+            return reason_response(
+                400, "backlogQuotaType must be destination_storage or message_age"
+            )
 
     async def get_quotas(request: Request) -> Response:
         namespace = namespace_of(request)
@@ -139,7 +126,7 @@ def add_backlog_quota_routes(
         try:
             quotas = await control.backlog_quotas(namespace)
         except BackendError as exc:
-            return _reason(503, str(exc))
+            return reason_response(503, str(exc))
         return json_response(backlog_quota_map(quotas))
 
     async def set_quota(request: Request) -> Response:
@@ -151,21 +138,21 @@ def add_backlog_quota_routes(
         try:
             quota = backlog_quota_from_document(kind, request.json())
         except HttpError as exc:
-            return _reason(400, exc.message)
+            return reason_response(400, exc.message)
         except ValueError as exc:
-            return _reason(400, str(exc))
+            return reason_response(400, str(exc))
         try:
             if retention is not None and not quota_fits(
                 {kind: quota}, await retention.retention(namespace)
             ):
-                return _reason(
+                return reason_response(
                     412,
                     "Backlog Quota exceeds configured retention quota for namespace."
                     " Please increase retention quota and retry",
                 )
             await control.set_backlog_quota(namespace, kind, quota)
         except BackendError as exc:
-            return _reason(503, str(exc))
+            return reason_response(503, str(exc))
         return Response(204, content_type="text/plain")
 
     async def remove_quota(request: Request) -> Response:
@@ -177,7 +164,7 @@ def add_backlog_quota_routes(
         try:
             await control.set_backlog_quota(namespace, kind, None)
         except BackendError as exc:
-            return _reason(503, str(exc))
+            return reason_response(503, str(exc))
         return Response(204, content_type="text/plain")
 
     base = f"{ADMIN_PREFIX}/namespaces/{{tenant}}/{{namespace}}"

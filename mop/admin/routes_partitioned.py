@@ -25,13 +25,11 @@ from typing import Final
 
 from mop.admin.context import AdminContext
 from mop.admin.http import HttpError, Request, Response, Router, json_response
-from mop.admin.routes_pulsar import owned_topic, reason_response
+from mop.admin.routes_pulsar import force_of, namespace_of, owned_topic, reason_response
 from mop.membership import Membership
 from mop.partitioned import PartitionedTopics
 from mop.processor import BackendError
 from mop.protocols.pulsar.admin_rest import ADMIN_PREFIX
-from mop.topic_names import PulsarTopicName
-from mop.topics import TopicError
 
 __all__ = ["add_partitioned_routes"]
 
@@ -113,12 +111,11 @@ def add_partitioned_routes(router: Router, context: AdminContext, broker: Member
         topic = owned_topic(request, broker)
         if isinstance(topic, Response):
             return topic
-        raw = request.arg("force")
-        force = "false" if raw is None else raw.lower()
-        if force not in ("true", "false"):
-            return reason_response(400, "force must be true or false")
+        force = force_of(request)
+        if isinstance(force, Response):
+            return force
         try:
-            deleted = await partitioned().delete(topic, force=force == "true")
+            deleted = await partitioned().delete(topic, force=force)
         except BackendError as exc:
             return _refused(exc)
         if not deleted:
@@ -126,14 +123,11 @@ def add_partitioned_routes(router: Router, context: AdminContext, broker: Member
         return Response(204, content_type="text/plain")
 
     async def listing(request: Request, *, domain: str) -> Response:
-        params = request.params
+        namespace = namespace_of(request)
+        if isinstance(namespace, Response):
+            return namespace
         try:
-            # The names are checked as those of a topic's are (any local name will do).
-            PulsarTopicName("persistent", params["tenant"], params["namespace"], "-")
-        except TopicError as exc:
-            return reason_response(412, str(exc))
-        try:
-            names = await partitioned().names(f"{params['tenant']}/{params['namespace']}", domain)
+            names = await partitioned().names(namespace, domain)
         except BackendError as exc:
             return _refused(exc)
         return json_response(names)

@@ -26,7 +26,14 @@ from mop.protocols.pulsar.admin_rest import ADMIN_PREFIX, DOMAINS, stats_documen
 from mop.topic_names import PulsarTopicName
 from mop.topics import TopicError
 
-__all__ = ["NOT_OWNER", "add_pulsar_admin_routes", "owned_topic", "reason_response"]
+__all__ = [
+    "NOT_OWNER",
+    "add_pulsar_admin_routes",
+    "force_of",
+    "namespace_of",
+    "owned_topic",
+    "reason_response",
+]
 
 NOT_OWNER: Final = 421
 # Pulsar's answer to a delete of a topic that has connected clients.
@@ -37,6 +44,26 @@ _STATUS_BY_REASON: Final = {"topic_busy": _BUSY, "invalid_topic": 400, "closed":
 def reason_response(status: int, reason: str) -> Response:
     """An error as Pulsar's admin answers it: {"reason": ...}."""
     return json_response({"reason": reason}, status)
+
+
+def namespace_of(request: Request) -> str | Response:
+    """ "tenant/namespace" of the path, or the answer refusing it."""
+    tenant, namespace = request.params["tenant"], request.params["namespace"]
+    try:
+        # The names are checked as those of a topic's are (any local name will do).
+        PulsarTopicName("persistent", tenant, namespace, "-")
+    except TopicError as exc:
+        return reason_response(412, str(exc))
+    return f"{tenant}/{namespace}"
+
+
+def force_of(request: Request) -> bool | Response:
+    """The `force` argument of a delete (false when absent), or the answer refusing it."""
+    raw = request.arg("force")
+    force = "false" if raw is None else raw.lower()
+    if force not in ("true", "false"):
+        return reason_response(400, "force must be true or false")
+    return force == "true"
 
 
 def owned_topic(request: Request, broker: Membership) -> str | Response:
@@ -72,12 +99,9 @@ def add_pulsar_admin_routes(router: Router, context: AdminContext, broker: Membe
         domain = params["domain"]
         if domain not in DOMAINS:
             return reason_response(404, f"no such domain: {domain}")
-        namespace = f"{params['tenant']}/{params['namespace']}"
-        try:
-            # The names are checked as those of a topic's are (any local name will do).
-            PulsarTopicName(domain, params["tenant"], params["namespace"], "-")
-        except TopicError as exc:
-            return reason_response(412, str(exc))
+        namespace = namespace_of(request)
+        if isinstance(namespace, Response):
+            return namespace
         try:
             names = await processor.topics(ADMIN_CONTEXT, namespace)
         except BackendError as exc:
@@ -101,12 +125,11 @@ def add_pulsar_admin_routes(router: Router, context: AdminContext, broker: Membe
         topic = topic_of(request)
         if isinstance(topic, Response):
             return topic
-        raw = request.arg("force")
-        force = "false" if raw is None else raw.lower()
-        if force not in ("true", "false"):
-            return reason_response(400, "force must be true or false")
+        force = force_of(request)
+        if isinstance(force, Response):
+            return force
         try:
-            deleted = await processor.delete_topic(topic, force=force == "true")
+            deleted = await processor.delete_topic(topic, force=force)
         except BackendError as exc:
             return refused(exc)
         if not deleted:

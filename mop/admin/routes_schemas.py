@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from mop.admin.context import AdminContext
 from mop.admin.http import Request, Response, Router, json_response
-from mop.admin.routes_pulsar import NOT_OWNER
+from mop.admin.routes_pulsar import NOT_OWNER, namespace_of, reason_response
 from mop.processor import BackendError
 from mop.protocols.pulsar.admin_rest import ADMIN_PREFIX
 from mop.schemas import Compatibility, StoredSchema, schema_name
@@ -43,10 +43,6 @@ _STATUS_BY_REASON: Final = {
 }
 
 
-def _reason(status: int, reason: str) -> Response:
-    return json_response({"reason": reason}, status)
-
-
 def schema_document(stored: StoredSchema) -> dict[str, Any]:
     """Pulsar's GetSchemaResponse JSON for one version of a schema."""
     info = stored.info
@@ -63,15 +59,7 @@ def add_schema_routes(router: Router, context: AdminContext) -> None:
     processor = context.processor
 
     def refused(exc: BackendError) -> Response:
-        return _reason(_STATUS_BY_REASON.get(exc.reason, 500), str(exc))
-
-    def namespace_of(request: Request) -> str | Response:
-        tenant, namespace = request.params["tenant"], request.params["namespace"]
-        try:
-            PulsarTopicName("persistent", tenant, namespace, "-")
-        except TopicError as exc:
-            return _reason(412, str(exc))
-        return f"{tenant}/{namespace}"
+        return reason_response(_STATUS_BY_REASON.get(exc.reason, 500), str(exc))
 
     def schema_topic(request: Request) -> str | Response:
         """The topic the path names, or the answer when this node cannot serve its schema."""
@@ -80,13 +68,13 @@ def add_schema_routes(router: Router, context: AdminContext) -> None:
         try:
             topic = str(PulsarTopicName.parse(name))
         except TopicError as exc:
-            return _reason(412, str(exc))
+            return reason_response(412, str(exc))
         broker = context.broker
         # The partitions of a topic share one schema, kept by the owner of the topic's name.
         keeper = f"persistent://{schema_name(topic)}"
         if broker is not None and not broker.owns(keeper):
             # A member of a mop broker cluster keeps the schemas of the names it owns.
-            return _reason(
+            return reason_response(
                 NOT_OWNER,
                 f"the schema of {topic} is kept by {broker.owner(keeper)}, not by {broker.url}",
             )
@@ -100,16 +88,16 @@ def add_schema_routes(router: Router, context: AdminContext) -> None:
         version = None
         if "version" in params:
             if not _VERSION.fullmatch(params["version"]):
-                return _reason(400, "the schema version must be a number (0, 1, ...)")
+                return reason_response(400, "the schema version must be a number (0, 1, ...)")
             version = int(params["version"])
             if version >= _VERSION_LIMIT:
-                return _reason(404, "Schema not found")
+                return reason_response(404, "Schema not found")
         try:
             stored = await processor.schema(topic, version)
         except BackendError as exc:
             return refused(exc)
         if stored is None:
-            return _reason(404, "Schema not found")
+            return reason_response(404, "Schema not found")
         return json_response(schema_document(stored))
 
     async def delete_schema(request: Request) -> Response:
@@ -121,7 +109,7 @@ def add_schema_routes(router: Router, context: AdminContext) -> None:
         except BackendError as exc:
             return refused(exc)
         if version is None:
-            return _reason(404, "Schema not found")
+            return reason_response(404, "Schema not found")
         return json_response({"version": version})
 
     async def get_compatibility(request: Request) -> Response:
@@ -141,7 +129,9 @@ def add_schema_routes(router: Router, context: AdminContext) -> None:
         value = request.json()
         choices = [UNDEFINED, *(rule.value for rule in Compatibility)]
         if value not in choices:
-            return _reason(400, "the body must be one of " + ", ".join(f'"{c}"' for c in choices))
+            return reason_response(
+                400, "the body must be one of " + ", ".join(f'"{c}"' for c in choices)
+            )
         rule = None if value == UNDEFINED else Compatibility(value)
         try:
             await processor.set_schema_compatibility(namespace, rule)
