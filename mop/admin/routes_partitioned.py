@@ -21,6 +21,7 @@ through their admin (`cluster.admin_url` on the brokers), after checking they ar
 from __future__ import annotations
 
 import functools
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from mop.admin.context import AdminContext
@@ -71,7 +72,10 @@ def add_partitioned_routes(router: Router, context: AdminContext, broker: Member
     def partitioned() -> PartitionedTopics:
         return processor.partitioned
 
-    async def create(request: Request) -> Response:
+    async def change_count(
+        request: Request, change: Callable[[str, int], Awaitable[None]]
+    ) -> Response:
+        """Creating and growing: the topic of the path and the count of the body."""
         topic = owned_topic(request, broker)
         if isinstance(topic, Response):
             return topic
@@ -79,23 +83,16 @@ def add_partitioned_routes(router: Router, context: AdminContext, broker: Member
         if isinstance(count, Response):
             return count
         try:
-            await partitioned().create(topic, count)
+            await change(topic, count)
         except BackendError as exc:
             return _refused(exc)
         return Response(204, content_type="text/plain")
 
+    async def create(request: Request) -> Response:
+        return await change_count(request, partitioned().create)
+
     async def grow(request: Request) -> Response:
-        topic = owned_topic(request, broker)
-        if isinstance(topic, Response):
-            return topic
-        count = _count(request)
-        if isinstance(count, Response):
-            return count
-        try:
-            await partitioned().grow(topic, count)
-        except BackendError as exc:
-            return _refused(exc)
-        return Response(204, content_type="text/plain")
+        return await change_count(request, partitioned().grow)
 
     async def metadata(request: Request) -> Response:
         topic = owned_topic(request, broker)
