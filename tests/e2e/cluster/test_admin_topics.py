@@ -7,7 +7,6 @@ again once they are back."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import uuid
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from mop.testing.node import RunningNode, as_proxy, node_settings, running_node
 from mop.topic_names import mqtt_to_pulsar
 from tests.e2e.admin.topics_support import admin_url, eventually, stats, topic_url
 from tests.e2e.clients import Client
+from tests.e2e.cluster.support import two_brokers
 from tests.e2e.nodeproc import NodeProcess, broker_process
 from tests.e2e.pulsar.test_broker_cluster import free_ports
 
@@ -127,19 +127,7 @@ def test_readyz_follows_the_brokers(tmp_path: Path, namespace: str) -> None:
 
 
 def test_a_cluster_of_two_brokers_through_the_proxy(tmp_path: Path, namespace: str) -> None:
-    ports = free_ports(4)
-    urls = [f"pulsar://127.0.0.1:{port}" for port in ports[:2]]
-    admins = [f"http://127.0.0.1:{port}" for port in ports[2:]]
-    brokers = [
-        broker_process(
-            tmp_path / f"broker-{index}",
-            MOP_PULSAR__PORT=str(ports[index]),
-            MOP_ADMIN__PORT=str(ports[2 + index]),
-            MOP_CLUSTER__BROKERS=json.dumps(urls),
-            MOP_CLUSTER__ADVERTISED_URL=urls[index],
-        )
-        for index in range(2)
-    ]
+    urls, admins, brokers = two_brokers(tmp_path)
     ownership = Membership(urls, urls[0])
     # A topic of each broker (which one owns a name depends on the ports of this run).
     topics: dict[str, str] = {}

@@ -5,16 +5,15 @@ without it."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.e2e.cluster.support import two_brokers
 from tests.e2e.cluster.test_admin_topics import proxy
 from tests.e2e.nodeproc import broker_process
-from tests.e2e.pulsar.test_broker_cluster import free_ports
 
 pytestmark = pytest.mark.e2e
 
@@ -25,19 +24,7 @@ QUOTA = "/admin/v2/namespaces/public/{namespace}/backlogQuota"
 
 def test_policies_set_through_the_proxy_reach_every_broker(tmp_path: Path) -> None:
     namespace = f"t-{uuid.uuid4().hex[:12]}"
-    ports = free_ports(4)
-    urls = [f"pulsar://127.0.0.1:{port}" for port in ports[:2]]
-    admins = [f"http://127.0.0.1:{port}" for port in ports[2:]]
-    brokers = [
-        broker_process(
-            tmp_path / f"broker-{index}",
-            MOP_PULSAR__PORT=str(ports[index]),
-            MOP_ADMIN__PORT=str(ports[2 + index]),
-            MOP_CLUSTER__BROKERS=json.dumps(urls),
-            MOP_CLUSTER__ADVERTISED_URL=urls[index],
-        )
-        for index in range(2)
-    ]
+    urls, admins, brokers = two_brokers(tmp_path)
     retention = RETENTION.format(namespace=namespace)
     quotas, quota = QUOTAS.format(namespace=namespace), QUOTA.format(namespace=namespace)
     try:

@@ -32,11 +32,10 @@ from mop.protocols.pulsar.commands import (
 from mop.settings import PulsarSettings
 from mop.testing.node import RunningNode, as_proxy, node_settings, running_node
 from tests.e2e.admin.topics_support import admin_url
-from tests.e2e.nodeproc import NodeProcess, broker_process
+from tests.e2e.cluster.support import two_brokers
 from tests.e2e.pulsar.test_broker_cluster import (
     Cluster,
     ask,
-    free_ports,
     local_topics,
     raw_connected,
 )
@@ -71,24 +70,10 @@ class Pair:
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     root = tmp_path_factory.mktemp("partitioned")
-    ports = free_ports(4)
-    urls = [f"pulsar://127.0.0.1:{port}" for port in ports[:2]]
-    admins = [f"http://127.0.0.1:{port}" for port in ports[2:]]
-    brokers: list[NodeProcess] = []
+    urls, admins, brokers = two_brokers(root, admins_of_each_other=True)
     try:
-        for index, url in enumerate(urls):
-            broker = broker_process(
-                root / f"broker-{index}",
-                MOP_PULSAR__PORT=str(ports[index]),
-                MOP_ADMIN__PORT=str(ports[2 + index]),
-                MOP_CLUSTER__BROKERS=json.dumps(urls),
-                MOP_CLUSTER__ADVERTISED_URL=url,
-                # Every member's admin: the owner of a partitioned topic deletes the
-                # partitions the other member holds through it.
-                MOP_CLUSTER__ADMIN_URL=",".join(admins),
-            )
+        for broker in brokers:
             broker.start()
-            brokers.append(broker)
         yield Pair(urls, admins)
     finally:
         for broker in brokers:
