@@ -9,25 +9,16 @@ from pathlib import Path
 import pytest
 
 from mop.settings import StorageSettings
-from mop.testing.node import RunningNode, node_settings, running_node
+from mop.testing.node import node_settings, running_node
 from mop.topic_names import mqtt_to_pulsar
 from tests.e2e.admin.api import Api
 from tests.e2e.clients import Client
+from tests.e2e.storage_support import stored_messages
 
 pytestmark = pytest.mark.e2e
 
 PATH = "/admin/v2/namespaces/public/default/retention"
 DEFAULT = {"retentionTimeInMinutes": 1440, "retentionSizeInMB": 256}
-
-
-def stored(node: RunningNode, topic: str) -> int:
-    storage = node.node.processor.backend.storage  # type: ignore[attr-defined]
-
-    def count() -> int:
-        index = storage.index.topics.get(topic)
-        return 0 if index is None else int(index.count)
-
-    return node.call(count)
 
 
 def test_retention_is_read_set_and_removed_at_run_time(tmp_path: Path) -> None:
@@ -41,12 +32,12 @@ def test_retention_is_read_set_and_removed_at_run_time(tmp_path: Path) -> None:
         publisher = Client(node.mqtt_port, "kept-pub")
         assert publisher.publish("kept/reading", b"r0", 1) in (0, 0x10)
         time.sleep(1.5)  # a trimming pass or more: the default policy keeps it
-        assert stored(node, topic) == 1
+        assert stored_messages(node, topic) == 1
         answer = api.call("POST", PATH, {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0})
         assert answer.status == 204, answer.body
         assert api.get(PATH) == {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0}
         deadline = time.monotonic() + 10
-        while stored(node, topic):
+        while stored_messages(node, topic):
             assert time.monotonic() < deadline, "the override did not apply"
             time.sleep(0.1)
         publisher.disconnect()

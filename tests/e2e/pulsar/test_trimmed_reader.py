@@ -24,6 +24,7 @@ from tests.e2e.pulsar_support import (
     receive_all,
     topic_for,
 )
+from tests.e2e.storage_support import stored_messages
 
 pytestmark = pytest.mark.e2e
 
@@ -47,20 +48,9 @@ def node_with(
         yield node
 
 
-def stored(node: RunningNode, topic: str) -> int:
-    """How many messages of `topic` the node's storage still keeps."""
-    storage = node.node.processor.backend.storage  # type: ignore[attr-defined]
-
-    def count() -> int:
-        index = storage.index.topics.get(topic)
-        return 0 if index is None else int(index.count)
-
-    return node.call(count)
-
-
 def wait_until_trimmed(node: RunningNode, topic: str) -> None:
     deadline = time.monotonic() + TRIM_TIMEOUT
-    while stored(node, topic):
+    while stored_messages(node, topic):
         assert time.monotonic() < deadline, f"{topic} was not trimmed in {TRIM_TIMEOUT}s"
         time.sleep(0.1)
 
@@ -128,7 +118,7 @@ def test_retention_never_trims_a_backlog(request: pytest.FixtureRequest) -> None
         holder = client.subscribe(topic, "holder")
         produce(client, topic, b"m0", b"m1")
         time.sleep(3)
-        assert stored(node, topic) == 2
+        assert stored_messages(node, topic) == 2
         assert [m.data() for m in receive_all(holder, 2)] == [b"m0", b"m1"]
         holder.close()
 
@@ -145,5 +135,5 @@ def test_reader_on_a_trimmed_topic_after_a_restart(
         wait_until_trimmed(node, topic)
     # The restarted broker knows the topic's last id but not that it was trimmed.
     with node_with(storage, tmp_path) as node, pulsar_client(node) as client:
-        assert stored(node, topic) == 0
+        assert stored_messages(node, topic) == 0
         assert_reads_only_what_comes_next(client, topic)
