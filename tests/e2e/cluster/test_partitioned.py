@@ -115,6 +115,29 @@ def client_of(url: str) -> pulsar.Client:
     )
 
 
+def send_round_robin(client: pulsar.Client, topic: str, prefix: str, count: int) -> None:
+    """`count` messages ("{prefix}0", ...) to the partitioned `topic`, one partition after the
+    other, so that every partition gets some."""
+    producer = client.create_producer(
+        topic,
+        message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
+        batching_enabled=False,
+    )
+    for n in range(count):
+        producer.send(f"{prefix}{n}".encode())
+    producer.close()
+
+
+def partition_of_broker_0(pair: Pair, topic: str, count: int = 4) -> str:
+    """A partition of `topic` that broker 0 holds (`Pair.spread` names have one)."""
+    membership = Membership(pair.urls, pair.urls[0])
+    return next(
+        f"{topic}-partition-{i}"
+        for i in range(count)
+        if membership.owner(f"{topic}-partition-{i}") == pair.urls[0]
+    )
+
+
 def test_either_member_answers_and_the_partitions_spread(pair: Pair) -> None:
     topic = pair.spread("spread")
     with httpx.Client(timeout=10) as http:
@@ -127,13 +150,7 @@ def test_either_member_answers_and_the_partitions_spread(pair: Pair) -> None:
     producing, consuming = client_of(pair.urls[0]), client_of(pair.urls[1])
     try:
         consumer = consuming.subscribe(topic, "spread", consumer_type=pulsar.ConsumerType.Shared)
-        producer = producing.create_producer(
-            topic,
-            message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
-            batching_enabled=False,
-        )
-        for n in range(8):
-            producer.send(f"s{n}".encode())
+        send_round_robin(producing, topic, "s", 8)
         got = sorted(consumer.receive(timeout_millis=TIMEOUT_MS).data() for _ in range(8))
         assert got == [f"s{n}".encode() for n in range(8)]
     finally:
@@ -187,23 +204,10 @@ def test_deleting_at_the_owner_deletes_every_members_partitions(pair: Pair) -> N
         assert http.put(owner, json=4).status_code == 204
         client = client_of(pair.urls[0])
         try:
-            producer = client.create_producer(
-                topic,
-                message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
-                batching_enabled=False,
-            )
-            for n in range(4):
-                producer.send(f"o{n}".encode())
-            producer.close()
+            send_round_robin(client, topic, "o", 4)
             assert all(local_topics_of(pair, index, topic) for index in (0, 1))
             # A partition the other member holds has a consumer: nothing goes.
-            membership = Membership(pair.urls, pair.urls[0])
-            elsewhere = next(
-                f"{topic}-partition-{i}"
-                for i in range(4)
-                if membership.owner(f"{topic}-partition-{i}") == pair.urls[0]
-            )
-            consumer = client.subscribe(elsewhere, "holds-one")
+            consumer = client.subscribe(partition_of_broker_0(pair, topic), "holds-one")
             refused = http.delete(owner)
             assert refused.status_code == 412, refused.text
             assert http.get(owner).json() == {"partitions": 4}
@@ -248,28 +252,15 @@ def test_the_proxy_admin_api_creates_grows_lists_and_deletes_everywhere(
     assert topic in http.get(f"{ADMIN}/partitioned").json()
     client = client_of(pair.urls[0])
     try:
-        producer = client.create_producer(
-            topic,
-            message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
-            batching_enabled=False,
-        )
-        for n in range(4):
-            producer.send(f"d{n}".encode())
-        producer.close()
+        send_round_robin(client, topic, "d", 4)
     finally:
         client.close()
     assert all(local_topics_of(pair, index, topic) for index in (0, 1))
     # A consumer on a partition the other member holds: the delete is refused before the
     # metadata or any partition goes.
-    membership = Membership(pair.urls, pair.urls[0])
-    elsewhere = next(
-        f"{topic}-partition-{i}"
-        for i in range(4)
-        if membership.owner(f"{topic}-partition-{i}") == pair.urls[0]
-    )
     client = client_of(pair.urls[0])
     try:
-        consumer = client.subscribe(elsewhere, "holds-one")
+        consumer = client.subscribe(partition_of_broker_0(pair, topic), "holds-one")
         refused = http.delete(path)
         assert refused.status_code == 412, refused.text
         assert http.get(path).json() == {"partitions": 4}
@@ -287,12 +278,7 @@ def test_the_proxy_admin_api_creates_grows_lists_and_deletes_everywhere(
 
 def test_a_partitions_schema_is_shown_by_the_admin_of_the_names_owner(pair: Pair) -> None:
     topic = pair.spread("schema-admin")  # broker 1 owns the name
-    membership = Membership(pair.urls, pair.urls[0])
-    on_0 = next(
-        f"{topic}-partition-{i}"
-        for i in range(4)
-        if membership.owner(f"{topic}-partition-{i}") == pair.urls[0]
-    )
+    on_0 = partition_of_broker_0(pair, topic)
     raw = raw_connected(pair.port(0))
     try:
         schema = avro_record({"name": "sensor", "type": "string"})
