@@ -79,6 +79,19 @@ def receive_all(consumer: pulsar.Consumer, count: int, timeout_ms: int = TIMEOUT
     return [consumer.receive(timeout_millis=timeout_ms) for _ in range(count)]
 
 
+def send_round_robin(client: pulsar.Client, topic: str, prefix: str, count: int) -> None:
+    """`count` messages ("{prefix}0", ...) to the partitioned `topic`, one partition after the
+    other, so that every partition gets some."""
+    producer = client.create_producer(
+        topic,
+        message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
+        batching_enabled=False,
+    )
+    for n in range(count):
+        producer.send(f"{prefix}{n}".encode())
+    producer.close()
+
+
 def expect_nothing(consumer: pulsar.Consumer, timeout_ms: int = 300) -> None:
     try:
         message = consumer.receive(timeout_millis=timeout_ms)

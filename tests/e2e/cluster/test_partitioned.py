@@ -39,7 +39,7 @@ from tests.e2e.pulsar.test_broker_cluster import (
     local_topics,
     raw_connected,
 )
-from tests.e2e.pulsar_support import TIMEOUT_MS
+from tests.e2e.pulsar_support import TIMEOUT_MS, send_round_robin
 
 pytestmark = pytest.mark.e2e
 
@@ -113,19 +113,6 @@ def client_of(url: str) -> pulsar.Client:
     return pulsar.Client(
         url, operation_timeout_seconds=10, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
     )
-
-
-def send_round_robin(client: pulsar.Client, topic: str, prefix: str, count: int) -> None:
-    """`count` messages ("{prefix}0", ...) to the partitioned `topic`, one partition after the
-    other, so that every partition gets some."""
-    producer = client.create_producer(
-        topic,
-        message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
-        batching_enabled=False,
-    )
-    for n in range(count):
-        producer.send(f"{prefix}{n}".encode())
-    producer.close()
 
 
 def partition_of_broker_0(pair: Pair, topic: str, count: int = 4) -> str:

@@ -26,6 +26,7 @@ from tests.e2e.pulsar_support import (
     pulsar_client,
     pulsar_node,
     pulsar_settings,
+    send_round_robin,
     service_url,
     topic_for,
 )
@@ -91,13 +92,7 @@ def test_round_robin_spreads_over_every_partition_and_a_shared_consumer_gets_all
     client: pulsar.Client, partitioned: str
 ) -> None:
     consumer = client.subscribe(partitioned, "all", consumer_type=pulsar.ConsumerType.Shared)
-    producer = client.create_producer(
-        partitioned,
-        message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
-        batching_enabled=False,
-    )
-    for n in range(9):
-        producer.send(f"m{n}".encode())
+    send_round_robin(client, partitioned, "m", 9)
     received = receive_all(consumer, 9)
     assert sorted(m.data() for m in received) == [f"m{n}".encode() for n in range(9)]
     by_partition: dict[str, int] = {}
@@ -191,13 +186,7 @@ def test_a_regex_consumer_finds_the_partitions(client: pulsar.Client, partitione
         "regex",
         initial_position=pulsar.InitialPosition.Earliest,
     )
-    producer = client.create_producer(
-        partitioned,
-        message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
-        batching_enabled=False,
-    )
-    for n in range(3):
-        producer.send(f"x{n}".encode())
+    send_round_robin(client, partitioned, "x", 3)
     received = receive_all(consumer, 3)
     assert sorted(m.data() for m in received) == [b"x0", b"x1", b"x2"]
     assert {m.topic_name() for m in received} == set(partitions(partitioned))
@@ -329,13 +318,7 @@ def test_mqtt_clients_see_the_partitions_as_the_topics_they_are(
     subscriber = Client(node.mqtt_port, "partition-reader")
     for name in names:
         assert subscriber.subscribe(name, qos=1) == [1]
-    producer = client.create_producer(
-        partitioned,
-        message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
-        batching_enabled=False,
-    )
-    for n in range(3):
-        producer.send(f"p{n}".encode())
+    send_round_robin(client, partitioned, "p", 3)
     received = subscriber.expect(3)
     assert sorted(m.topic for m in received) == names
     # A publish to one partition reaches the Pulsar consumers of the partitioned topic.
