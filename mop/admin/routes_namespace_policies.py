@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from mop.admin.http import HttpError, Request, Response, Router, json_response
-from mop.admin.routes_pulsar import namespace_of, reason_response
+from mop.admin.routes_pulsar import namespace_of_path, reason_response
 from mop.backlog_quota import BacklogQuota, BacklogQuotaControl, QuotaKind
 from mop.processor import BackendError
 from mop.protocols.pulsar.admin_rest import (
@@ -42,9 +42,9 @@ from mop.topic_names import SYSTEM_NAMESPACE
 __all__ = ["add_backlog_quota_routes", "add_retention_routes"]
 
 
-def writable_namespace_of(request: Request) -> str | Response:
-    """As `namespace_of`, refusing the system namespace, whose policies are fixed."""
-    namespace = namespace_of(request)
+def writable_namespace_of_path(request: Request) -> str | Response:
+    """As `namespace_of_path`, refusing the system namespace, whose policies are fixed."""
+    namespace = namespace_of_path(request)
     if isinstance(namespace, str) and namespace.partition("/")[2] == SYSTEM_NAMESPACE:
         return reason_response(412, f"the policies of the system namespace {namespace} are fixed")
     return namespace
@@ -60,7 +60,7 @@ def add_retention_routes(
     router: Router, control: RetentionControl, quotas: BacklogQuotaControl | None = None
 ) -> None:
     async def get_retention(request: Request) -> Response:
-        namespace = namespace_of(request)
+        namespace = namespace_of_path(request)
         if isinstance(namespace, Response):
             return namespace
         try:
@@ -70,7 +70,7 @@ def add_retention_routes(
         return json_response(retention_document(policy))
 
     async def set_retention(request: Request) -> Response:
-        namespace = writable_namespace_of(request)
+        namespace = writable_namespace_of_path(request)
         if isinstance(namespace, Response):
             return namespace
         try:
@@ -92,7 +92,7 @@ def add_retention_routes(
         return Response(204, content_type="text/plain")
 
     async def remove_retention(request: Request) -> Response:
-        namespace = writable_namespace_of(request)
+        namespace = writable_namespace_of_path(request)
         if isinstance(namespace, Response):
             return namespace
         try:
@@ -120,7 +120,7 @@ def add_backlog_quota_routes(
             )
 
     async def get_quotas(request: Request) -> Response:
-        namespace = namespace_of(request)
+        namespace = namespace_of_path(request)
         if isinstance(namespace, Response):
             return namespace
         try:
@@ -130,7 +130,7 @@ def add_backlog_quota_routes(
         return json_response(backlog_quota_map(quotas))
 
     async def set_quota(request: Request) -> Response:
-        namespace, kind = writable_namespace_of(request), kind_of(request)
+        namespace, kind = writable_namespace_of_path(request), kind_of(request)
         if isinstance(namespace, Response):
             return namespace
         if isinstance(kind, Response):
@@ -156,7 +156,7 @@ def add_backlog_quota_routes(
         return Response(204, content_type="text/plain")
 
     async def remove_quota(request: Request) -> Response:
-        namespace, kind = writable_namespace_of(request), kind_of(request)
+        namespace, kind = writable_namespace_of_path(request), kind_of(request)
         if isinstance(namespace, Response):
             return namespace
         if isinstance(kind, Response):

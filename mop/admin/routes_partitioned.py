@@ -26,7 +26,7 @@ from typing import Final
 
 from mop.admin.context import AdminContext
 from mop.admin.http import HttpError, Request, Response, Router, json_response
-from mop.admin.routes_pulsar import force_of, namespace_of, owned_topic, reason_response
+from mop.admin.routes_pulsar import force_of, namespace_of_path, owned_topic, reason_response
 from mop.membership import Membership
 from mop.partitioned import PartitionedTopics
 from mop.processor import BackendError
@@ -120,7 +120,7 @@ def add_partitioned_routes(router: Router, context: AdminContext, broker: Member
         return Response(204, content_type="text/plain")
 
     async def listing(request: Request, *, domain: str) -> Response:
-        namespace = namespace_of(request)
+        namespace = namespace_of_path(request)
         if isinstance(namespace, Response):
             return namespace
         try:

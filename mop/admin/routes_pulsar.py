@@ -30,7 +30,7 @@ __all__ = [
     "NOT_OWNER",
     "add_pulsar_admin_routes",
     "force_of",
-    "namespace_of",
+    "namespace_of_path",
     "owned_topic",
     "reason_response",
 ]
@@ -46,7 +46,7 @@ def reason_response(status: int, reason: str) -> Response:
     return json_response({"reason": reason}, status)
 
 
-def namespace_of(request: Request) -> str | Response:
+def namespace_of_path(request: Request) -> str | Response:
     """ "tenant/namespace" of the path, or the answer refusing it."""
     tenant, namespace = request.params["tenant"], request.params["namespace"]
     try:
@@ -99,7 +99,7 @@ def add_pulsar_admin_routes(router: Router, context: AdminContext, broker: Membe
         domain = params["domain"]
         if domain not in DOMAINS:
             return reason_response(404, f"no such domain: {domain}")
-        namespace = namespace_of(request)
+        namespace = namespace_of_path(request)
         if isinstance(namespace, Response):
             return namespace
         try:

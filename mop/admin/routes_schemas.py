@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from mop.admin.context import AdminContext
 from mop.admin.http import Request, Response, Router, json_response
-from mop.admin.routes_pulsar import NOT_OWNER, namespace_of, reason_response
+from mop.admin.routes_pulsar import NOT_OWNER, namespace_of_path, reason_response
 from mop.processor import BackendError
 from mop.protocols.pulsar.admin_rest import ADMIN_PREFIX
 from mop.schemas import Compatibility, StoredSchema, schema_name
@@ -113,7 +113,7 @@ def add_schema_routes(router: Router, context: AdminContext) -> None:
         return json_response({"version": version})
 
     async def get_compatibility(request: Request) -> Response:
-        namespace = namespace_of(request)
+        namespace = namespace_of_path(request)
         if isinstance(namespace, Response):
             return namespace
         try:
@@ -123,7 +123,7 @@ def add_schema_routes(router: Router, context: AdminContext) -> None:
         return json_response(rule.value)
 
     async def set_compatibility(request: Request) -> Response:
-        namespace = namespace_of(request)
+        namespace = namespace_of_path(request)
         if isinstance(namespace, Response):
             return namespace
         value = request.json()
