@@ -20,7 +20,6 @@ __all__ = [
     "check_count",
     "decode_count",
     "encode_count",
-    "namespace_of",
     "partition_index",
     "partition_topic",
     "partitions_of",
@@ -66,11 +65,6 @@ def partition_index(topic: str) -> tuple[str, int] | None:
     if index != str(int(index)):  # "-partition-01" is an ordinary name
         return None
     return base, int(index)
-
-
-def namespace_of(topic: str) -> str:
-    """The namespace ("tenant/namespace") of a full topic name."""
-    return "/".join(topic.partition("://")[2].split("/")[:2])
 
 
 def check_count(topic: str, count: int, *, current: int = 0) -> None:

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from mop.topic_names import SYSTEM_NAMESPACE
+# `namespace_of` stays importable from here too: the broker reads a topic's policy with it.
+from mop.topic_names import SYSTEM_NAMESPACE, namespace_of
 
 __all__ = [
     "INFINITE",
@@ -64,14 +65,6 @@ class RetentionPolicy:
 # What a topic of the system namespace keeps: its tables hold the state, its log is only the
 # way changes travel, so acknowledged changes go at once (as before retention existed).
 NO_RETENTION: Final = RetentionPolicy(0, 0)
-
-
-def namespace_of(topic: str) -> str:
-    """ "tenant/namespace" of a full topic name ("persistent://tenant/namespace/local")."""
-    _, _, rest = topic.partition("://")
-    tenant, _, rest = rest.partition("/")
-    namespace, _, _ = rest.partition("/")
-    return f"{tenant}/{namespace}"
 
 
 class RetentionPolicies:

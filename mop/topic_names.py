@@ -20,6 +20,7 @@ __all__ = [
     "is_exact_selector",
     "is_system_topic",
     "mqtt_to_pulsar",
+    "namespace_of",
     "pulsar_to_mqtt",
     "system_topic",
     "table_topic",
@@ -189,3 +190,11 @@ class PulsarTopicName:
 
     def __str__(self) -> str:
         return f"{self.domain}://{self.tenant}/{self.namespace}/{self.local_name}"
+
+
+def namespace_of(topic: str) -> str:
+    """ "tenant/namespace" of a full topic name ("persistent://tenant/namespace/local")."""
+    _, _, rest = topic.partition("://")
+    tenant, _, rest = rest.partition("/")
+    namespace, _, _ = rest.partition("/")
+    return f"{tenant}/{namespace}"

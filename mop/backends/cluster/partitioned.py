@@ -16,9 +16,9 @@ from mop.partitioned import (
     PartitionsExist,
     PartitionsRefused,
     check_count,
-    namespace_of,
     partitions_of,
 )
+from mop.topic_names import namespace_of
 
 __all__ = ["ClusterPartitionedTopics", "MemberAdmin"]
 

@@ -16,10 +16,10 @@ from mop.partitioned import (
     check_count,
     decode_count,
     encode_count,
-    namespace_of,
     partitions_of,
 )
 from mop.processor.backend import Table
+from mop.topic_names import namespace_of
 
 __all__ = ["PARTITIONED_TABLE", "LocalPartitionedTopics"]
 
