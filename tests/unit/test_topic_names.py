@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mop.topic_names import PulsarTopicName, mqtt_to_pulsar, pulsar_to_mqtt
+from mop.topic_names import PulsarTopicName, mqtt_to_pulsar, namespace_of, pulsar_to_mqtt
 from mop.topics import TOPIC_NAME_INVALID, TopicError, validate_topic_name
 
 PREFIX = "persistent://public/default/"
@@ -178,3 +178,10 @@ def test_parse_rejects(name: str, fragment: str) -> None:
 def test_construction_checks_fields() -> None:
     with pytest.raises(TopicError, match="domain"):
         PulsarTopicName("persistant", "public", "default", "x")
+
+
+def test_namespace_of_a_full_name() -> None:
+    assert namespace_of("persistent://t/n/x") == "t/n"
+    assert namespace_of("non-persistent://t/n/x-partition-2") == "t/n"
+    # Local names may hold encoded slashes and more slashes: only the first two parts count.
+    assert namespace_of("persistent://t/n/a%2Fb/c") == "t/n"
