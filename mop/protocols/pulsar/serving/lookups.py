@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from mop.partitioned import partition_index
 from mop.processor import BackendError
 from mop.protocols.pulsar.commands import (
+    Command,
     Lookup,
     LookupResponse,
     PartitionedMetadata,
@@ -40,6 +42,9 @@ if TYPE_CHECKING:
 __all__ = ["ConnectionLookups"]
 
 log = logging.getLogger("mop.pulsar")
+
+# The answers a member passes on from the owner of a topic.
+_OwnersAnswer = TypeVar("_OwnersAnswer", LookupResponse, PartitionedMetadataResponse)
 
 
 class ConnectionLookups:
@@ -70,19 +75,14 @@ class ConnectionLookups:
         server = link.server
         owner = None if self._from_peer() else await server.owner(topic)
         if owner is not None:
-            answer = await server.peers.ask(
-                owner, lambda rid: PartitionedMetadata(topic=topic, request_id=rid)
+            await self._pass_on_from_owner(
+                request_id,
+                topic,
+                owner,
+                lambda rid: PartitionedMetadata(topic=topic, request_id=rid),
+                PartitionedMetadataResponse,
+                partitioned_metadata_failed,
             )
-            if isinstance(answer, PartitionedMetadataResponse):
-                link.send(dataclasses.replace(answer, request_id=request_id))
-            else:
-                link.send(
-                    partitioned_metadata_failed(
-                        request_id,
-                        ServerError.ServiceNotReady,
-                        f"the owner of {topic} ({owner}) cannot be asked now",
-                    )
-                )
             return
         try:
             count = await server.processor.partitioned.partitions(topic)
@@ -121,8 +121,9 @@ class ConnectionLookups:
         self, request_id: int, topic: str, owner: str, listener_name: str
     ) -> None:
         """Pass on the owner's answer to a lookup naming a listener."""
-        link = self._link
-        answer = await link.server.peers.ask(
+        await self._pass_on_from_owner(
+            request_id,
+            topic,
             owner,
             lambda rid: Lookup(
                 topic=topic,
@@ -130,17 +131,28 @@ class ConnectionLookups:
                 authoritative=True,
                 advertised_listener_name=listener_name,
             ),
+            LookupResponse,
+            lookup_failed,
         )
-        if isinstance(answer, LookupResponse):
+
+    async def _pass_on_from_owner(
+        self,
+        request_id: int,
+        topic: str,
+        owner: str,
+        question: Callable[[int], Command],
+        answer_type: type[_OwnersAnswer],
+        failed: Callable[[int, ServerError, str], _OwnersAnswer],
+    ) -> None:
+        """Send the client the owner's answer to `question` (under the client's request id),
+        or `failed` when the owner cannot be asked now."""
+        link = self._link
+        answer = await link.server.peers.ask(owner, question)
+        if isinstance(answer, answer_type):
             link.send(dataclasses.replace(answer, request_id=request_id))
         else:
-            link.send(
-                lookup_failed(
-                    request_id,
-                    ServerError.ServiceNotReady,
-                    f"the owner of {topic} ({owner}) cannot be asked now",
-                )
-            )
+            why = f"the owner of {topic} ({owner}) cannot be asked now"
+            link.send(failed(request_id, ServerError.ServiceNotReady, why))
 
     def _connect(self, request_id: int, listener_name: str | None) -> LookupResponse:
         """This broker serves the topic: at the listener the lookup names, else at the one
