@@ -916,7 +916,13 @@ class Broker:
         ids: list[MessageId] = []
         entries: list[Entry] = []
         acked = cursor.acked
+        # A cumulative acknowledgement while it read may have moved the cursor past part of
+        # the page (`ack_through` moves `read_after` and `mark_delete` on): that part is
+        # acknowledged, and neither goes back.
+        skip = _later(cursor.read_after, cursor.mark_delete)
         for message_id, message in page:
+            if skip is not None and message_id <= skip:
+                continue
             ids.append(message_id)
             if message_id not in acked:
                 entries.append(Entry(topic.name, message_id, message))
@@ -1009,3 +1015,12 @@ def _backlog(cursor: Cursor) -> int:
     if cursor.topic.batched:
         return sum(entry.message.count for entry in cursor.backlog)
     return len(cursor.backlog)
+
+
+def _later(first: MessageId | None, second: MessageId | None) -> MessageId | None:
+    """The later of two ids, either of which may be missing."""
+    if first is None:
+        return second
+    if second is None:
+        return first
+    return max(first, second)

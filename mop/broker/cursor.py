@@ -122,7 +122,8 @@ class Cursor:
         # Usually the very object routed to the cursor: identity first, then equality.
         if ids and (ids[0] is message_id or ids[0] == message_id):
             ids.popleft()
-            self.mark_delete = message_id
+            if self.mark_delete is None or message_id > self.mark_delete:
+                self.mark_delete = message_id  # never back: that would deliver again
             self.settle()
         elif self.mark_delete is None or message_id > self.mark_delete:
             self.acked.add(message_id)
@@ -173,7 +174,8 @@ class Cursor:
         mark = ids.popleft()
         while ids and ids[0] in acked:
             mark = ids.popleft()
-        self.mark_delete = mark
+        if self.mark_delete is None or mark > self.mark_delete:
+            self.mark_delete = mark
         acked.discard_through(mark)
 
     def compact(self) -> None:

@@ -5,11 +5,14 @@ survive; a seek reads the same way."""
 
 from __future__ import annotations
 
+import trio
+import trio.testing
+
 from mop.broker import Broker
 from mop.broker.dispatch import Attachment
 from mop.broker.storage import MemoryStorage
 from mop.broker.subscription import READ_AHEAD
-from mop.message import Delivery, MessageId
+from mop.message import Delivery, Message, MessageId
 from mop.messaging import StartPosition
 
 from .support import Clock, msg, new_broker, payloads, subscribe, topic
@@ -114,3 +117,39 @@ async def test_a_cumulative_acknowledgement_past_what_it_read_skips_the_rest() -
     assert sub.cursors[topic("a")].mark_delete == through
     got = await _drain(second, att, "s")
     assert payloads(got) == [str(n) for n in range(STORED - 9, STORED)]
+
+
+async def test_a_cumulative_acknowledgement_while_a_chunk_is_read_is_not_undone() -> None:
+    storage = MemoryStorage()
+    first = new_broker(storage)
+    await subscribe(first, "s", ["a"], start=StartPosition.EARLIEST)
+    await _stored(first)
+    second = Broker(storage, clock=Clock())
+    await second.recover()
+    att = await subscribe(second, "s", ["a"], capacity=STORED)
+    taken = second.take(att, STORED)
+    assert len(taken) == READ_AHEAD
+    second.ack(att, taken)
+    assert second.wants_reading
+    read = storage.read
+    release = trio.Event()
+
+    async def slow_read(
+        name: str, after: MessageId | None, limit: int
+    ) -> list[tuple[MessageId, Message]]:
+        page = await read(name, after, limit)
+        await release.wait()
+        return page
+
+    storage.read = slow_read  # type: ignore[method-assign]
+    through = MessageId(0, STORED - 10)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(second.read_ahead)
+        await trio.testing.wait_all_tasks_blocked()
+        second.ack_through(att, topic("a"), through)
+        release.set()
+    storage.read = read  # type: ignore[method-assign]
+    got = await _drain(second, att, "s")
+    assert payloads(got) == [str(n) for n in range(STORED - 9, STORED)]
+    saved = storage.load_cursors()[(topic("a"), "s")].mark_delete
+    assert saved is not None and saved >= through
