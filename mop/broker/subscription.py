@@ -244,7 +244,7 @@ class Subscription:
             if entry.message.qos == 0:
                 cursor.qos0 -= 1
             if cursor.catching_up and len(backlog) < READ_AHEAD // 2:
-                self.books.wanting.add(cursor)
+                self.books.wanting.add(cursor)  # the consumer pushed to reads on
             att.push(entry)
             if lane is retry:
                 cursor.returned -= 1
@@ -501,12 +501,28 @@ class Subscription:
             cursor.returned = max(0, cursor.returned - (len(cursor.backlog) - len(kept)))
             cursor.backlog = deque(kept)
             cursor.qos0 = sum(1 for entry in kept if entry.message.qos == 0)
+        self._read_on(cursor)
         for att in self.attachments:
             for key in [k for k in att.unacked if k[0] == topic and k[1] <= through]:
                 del att.unacked[key]
             att.withdraw(topic, through)
         self.books.changed.add(cursor)
         self.pump()
+
+    def _read_on(self, cursor: Cursor) -> None:
+        """A cursor catching up whose backlog went below half a chunk other than by dispatch
+        (which asks for the next chunk itself) asks for it, and wakes the consumers so that
+        one reads it: nothing else would, as what is published meanwhile is not routed to a
+        cursor catching up."""
+        if not cursor.catching_up or len(cursor.backlog) >= READ_AHEAD // 2:
+            return
+        wanting = self.books.wanting
+        if cursor in wanting:
+            return
+        wanting.add(cursor)
+        for att in self.attachments:
+            if att.on_ready is not None:
+                att.on_ready()
 
     def _ack_batch_prefix(self, cursor: Cursor, message_id: MessageId) -> bool:
         """Acknowledge the messages of a batch entry up to `message_id`'s index; True when the

@@ -109,9 +109,14 @@ async def test_a_cumulative_acknowledgement_past_what_it_read_skips_the_rest() -
     await _stored(first)
     second = Broker(storage, clock=Clock())
     await second.recover()
-    att = await subscribe(second, "s", ["a"])
+    # Room for fewer than half a chunk: the acknowledgement, not the consumer, empties it.
+    woken: list[bool] = []
+    att = await subscribe(second, "s", ["a"], capacity=100, on_ready=lambda: woken.append(True))
+    second.take(att, 100)
+    woken.clear()
     through = MessageId(0, STORED - 10)
     second.ack_through(att, topic("a"), through)
+    assert second.wants_reading and woken  # a consumer waiting to receive reads on
     sub = second.subscription("s")
     assert sub is not None
     assert sub.cursors[topic("a")].mark_delete == through
