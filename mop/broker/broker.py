@@ -214,6 +214,7 @@ class Broker:
         if count:
             self._route(node, [Entry(topic, message_id, message)], hold=bool(message.qos))
         else:
+            self._pass(node, [message_id], (message,), hold=bool(message.qos))
             self._trim_dirty.add(node)
             # A table's record is no message, and a retained message is kept.
             if topic not in self.compacted and RETAINED not in message.properties:
@@ -255,6 +256,7 @@ class Broker:
             entries = [Entry(topic, i, m) for i, m in zip(ids, messages, strict=True)]
             self._route(node, entries, hold=any(m.qos for m in messages))
         else:
+            self._pass(node, ids, messages, hold=any(m.qos for m in messages))
             self._trim_dirty.add(node)
             if topic not in self.compacted:
                 self.unrouted += sum(m.count for m in messages if RETAINED not in m.properties)
@@ -275,18 +277,36 @@ class Broker:
         else:
             self._offer(node, entries)
 
-    def _release(self, node: Topic, entries: list[Entry], written: bool) -> None:
+    def _pass(
+        self, node: Topic, ids: list[MessageId], messages: Sequence[Message], *, hold: bool
+    ) -> None:
+        """`_route` for messages of a topic no cursor follows: a cursor made before their write
+        is done reads its stored backlog only up to them (`Topic.routed_id`), so they are
+        routed, to it, once written."""
+        if not (ids and node.persistent):
+            return
+        if hold or node in self._held:
+            entries = [Entry(node.name, i, m) for i, m in zip(ids, messages, strict=True)]
+            self._route(node, entries, hold=True)
+        else:
+            node.routed_id = ids[-1]
+
+    def _unhold(self, node: Topic) -> None:
         held = self._held[node] - 1
         if held:
             self._held[node] = held
         else:
             del self._held[node]
+
+    def _release(self, node: Topic, entries: list[Entry], written: bool) -> None:
+        self._unhold(node)
         if written:
             self._offer(node, entries)
             if self.on_scheduled is not None and any(e.message.deliver_at for e in entries):
                 self.on_scheduled()
 
     def _offer(self, node: Topic, entries: list[Entry]) -> None:
+        node.routed_id = entries[-1].message_id
         persistent = node.persistent
         for cursor in node.cursors:
             if cursor.catching_up or not (persistent or cursor.sub.attachments):
@@ -902,7 +922,7 @@ class Broker:
     async def _read_chunk(self, cursor: Cursor) -> None:
         topic = cursor.topic
         cursor.reading = True
-        before = topic.last_id
+        before = topic.routed_id
         try:
             page = await self.storage.read(topic.name, cursor.read_after, READ_AHEAD)
         except BaseException:
@@ -920,20 +940,27 @@ class Broker:
         # the page (`ack_through` moves `read_after` and `mark_delete` on): that part is
         # acknowledged, and neither goes back.
         skip = _later(cursor.read_after, cursor.mark_delete)
+        # The page may go past what routing has passed (messages whose write is not done):
+        # those are left for routing to deliver once written.
+        last = topic.routed_id
+        beyond = False
         for message_id, message in page:
             if skip is not None and message_id <= skip:
                 continue
+            if last is None or message_id > last:
+                beyond = True
+                break
             ids.append(message_id)
             if message_id not in acked:
                 entries.append(Entry(topic.name, message_id, message))
         if ids:
             cursor.read_after = ids[-1]
-        last = topic.last_id
-        # Caught up when it read through the topic's last id, or found nothing after what it
-        # read while nothing came in (what is left is trimmed); no await from here on, so what
-        # is published after this is routed to it.
+        # Caught up when it read through the id routing has passed, or found nothing after
+        # what it read while nothing was routed (what is left is trimmed); no await from here
+        # on, so what is routed after this is routed to it.
         caught_up = (
             last is None
+            or beyond
             or (cursor.read_after is not None and cursor.read_after >= last)
             or (not page and last == before)
         )

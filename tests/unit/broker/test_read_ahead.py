@@ -5,6 +5,8 @@ survive; a seek reads the same way."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import trio
 import trio.testing
 
@@ -146,7 +148,7 @@ async def test_a_cumulative_acknowledgement_while_a_chunk_is_read_is_not_undone(
         await release.wait()
         return page
 
-    storage.read = slow_read  # type: ignore[method-assign]
+    storage.read = slow_read  # type: ignore[method-assign,assignment]
     through = MessageId(0, STORED - 10)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(second.read_ahead)
@@ -158,3 +160,55 @@ async def test_a_cumulative_acknowledgement_while_a_chunk_is_read_is_not_undone(
     assert payloads(got) == [str(n) for n in range(STORED - 9, STORED)]
     saved = storage.load_cursors()[(topic("a"), "s")].mark_delete
     assert saved is not None and saved >= through
+
+
+class _SlowWrites(MemoryStorage):
+    """A store whose writes finish when the test says so."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deferring = False
+        self.pending: list[Callable[[bool], None]] = []
+
+    def when_written(self, callback: Callable[[bool], None]) -> None:
+        if self.deferring:
+            self.pending.append(callback)
+        else:
+            callback(True)
+
+    def finish(self) -> None:
+        pending, self.pending = self.pending, []
+        for callback in pending:
+            callback(True)
+
+
+async def test_catching_up_delivers_no_message_before_its_write_is_done() -> None:
+    storage = _SlowWrites()
+    first = new_broker(storage)
+    await subscribe(first, "s", ["a"], start=StartPosition.EARLIEST)
+    await _stored(first)
+    second = Broker(storage, clock=Clock())
+    await second.recover()
+    att = await subscribe(second, "s", ["a"], capacity=2 * STORED)
+    storage.deferring = True
+    await second.publish(topic("a"), msg("unwritten"))
+    got = await _drain(second, att, "s")
+    assert payloads(got) == [str(n) for n in range(STORED)]
+    storage.finish()
+    assert payloads(await _take(second, att)) == ["unwritten"]
+
+
+async def test_a_subscription_made_while_a_write_is_pending_reads_it_once_written() -> None:
+    storage = _SlowWrites()
+    broker = new_broker(storage)
+    await _stored(broker, 10)
+    storage.deferring = True
+    await broker.publish(topic("a"), msg("unwritten"))
+    att = await subscribe(broker, "r", ["a"], start=StartPosition.EARLIEST, durable=False)
+    got = await _drain(broker, att, "r")
+    assert payloads(got) == [str(n) for n in range(10)]
+    storage.finish()
+    await broker.publish(topic("a"), msg("next"))
+    storage.finish()
+    got = await _drain(broker, att, "r")
+    assert payloads(got) == ["unwritten", "next"]
