@@ -66,7 +66,10 @@ class EntryFeed:
         self._start = start
         self._timeout = max(1.0, timeout_ms / 1000)
         self._queue: queue.SimpleQueue[ReceivedEntry | _Failed] = queue.SimpleQueue()
-        self._waiting = 0  # messages in the queue (updated under the GIL by both threads)
+        # Messages in the queue, and whether the reader is paused: both threads change them,
+        # under the lock (`+=` is no atomic operation, even under the GIL).
+        self._lock = threading.Lock()
+        self._waiting = 0
         self._paused = False
         self._token: trio.lowlevel.TrioToken | None = None
         self._consumer: ClientConsumer | None = None
@@ -96,9 +99,12 @@ class EntryFeed:
             return None
         if isinstance(item, _Failed):
             raise item.error
-        self._waiting -= item.metadata.message_count
-        if self._paused and self._waiting <= _LOW:
-            self._paused = False
+        with self._lock:
+            self._waiting -= item.metadata.message_count
+            resume = self._paused and self._waiting <= _LOW
+            if resume:
+                self._paused = False
+        if resume:
             self._call(self._resume)
         return item
 
@@ -140,14 +146,21 @@ class EntryFeed:
             nursery.cancel_scope.cancel()
 
     def _take(self, consumer: ClientConsumer, entry: ReceivedEntry) -> None:
+        with self._lock:
+            # Counted before the task can take it, so that the count never goes below zero.
+            self._waiting += entry.metadata.message_count
+            pause = not self._paused and self._waiting >= _HIGH
+            if pause:
+                self._paused = True
         self._queue.put(entry)
-        self._waiting += entry.metadata.message_count
-        if not self._paused and self._waiting >= _HIGH:
-            self._paused = True
+        if pause:
             consumer.pause()
 
     def _resume(self) -> None:
-        if self._consumer is not None and not self._paused:
+        # On the worker, as `_take` is: a pause made since the task asked for this stays.
+        with self._lock:
+            paused = self._paused
+        if self._consumer is not None and not paused:
             self._consumer.resume()
 
     def _set_stop(self) -> None:
