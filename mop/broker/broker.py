@@ -898,13 +898,28 @@ class Broker:
         """Whether `read_ahead` has chunks to read."""
         return bool(self._books.wanting)
 
-    async def read_ahead(self) -> None:
+    def wants_reading_for(self, att: Attachment) -> bool:
+        """Whether `read_ahead(att)` has chunks to read."""
+        sub = att.sub
+        return any(cursor.sub is sub for cursor in self._books.wanting)
+
+    async def read_ahead(self, att: Attachment | None = None) -> None:
         """Read the next chunk of each cursor that catches up with its stored backlog and has
-        less than half a chunk left (`Bookkeeping.wanting`); consumers call it before they
-        take messages. The error of a read is raised; the cursor reads again at the next call."""
+        less than half a chunk left (`Bookkeeping.wanting`); with `att`, of the cursors of its
+        subscription only. Consumers call it before they take messages, for their own
+        subscription: one does not wait on, or fail with, another subscription's reads. The
+        error of a read is raised; the cursor reads again at the next call."""
         wanting = self._books.wanting
+        sub = None if att is None else att.sub
         while wanting:
-            cursor = wanting.pop()
+            if sub is None:
+                cursor = wanting.pop()
+            else:
+                found = next((c for c in wanting if c.sub is sub), None)
+                if found is None:
+                    return
+                cursor = found
+                wanting.discard(cursor)
             if cursor.attached and cursor.catching_up and not cursor.reading:
                 await self._read_chunks(cursor)
 

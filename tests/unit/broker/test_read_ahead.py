@@ -12,7 +12,7 @@ import trio.testing
 
 from mop.broker import Broker
 from mop.broker.dispatch import Attachment
-from mop.broker.storage import MemoryStorage
+from mop.broker.storage import MemoryStorage, StorageError
 from mop.broker.subscription import READ_AHEAD
 from mop.message import Delivery, Message, MessageId
 from mop.messaging import StartPosition
@@ -212,3 +212,30 @@ async def test_a_subscription_made_while_a_write_is_pending_reads_it_once_writte
     storage.finish()
     got = await _drain(broker, att, "r")
     assert payloads(got) == ["unwritten", "next"]
+
+
+async def test_a_consumer_reads_ahead_for_its_own_subscription_only() -> None:
+    storage = MemoryStorage()
+    first = new_broker(storage)
+    await subscribe(first, "s", ["a"], start=StartPosition.EARLIEST)
+    await subscribe(first, "t", ["a"], start=StartPosition.EARLIEST)
+    await _stored(first)
+    second = Broker(storage, clock=Clock())
+    await second.recover()
+    s = await subscribe(second, "s", ["a"], capacity=STORED)
+    t = await subscribe(second, "t", ["a"], capacity=100)
+    second.ack(s, second.take(s, STORED))
+    assert second.wants_reading_for(s) and not second.wants_reading_for(t)
+
+    async def failing_read(
+        name: str, after: MessageId | None, limit: int
+    ) -> list[tuple[MessageId, Message]]:
+        raise StorageError("disk gone")
+
+    read = storage.read
+    storage.read = failing_read  # type: ignore[method-assign,assignment]
+    await second.read_ahead(t)  # not s's read, nor its error
+    storage.read = read  # type: ignore[method-assign]
+    assert second.wants_reading_for(s)
+    await second.read_ahead(s)
+    assert payloads(second.take(s, STORED))[0] == str(READ_AHEAD)
