@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -28,11 +29,12 @@ from mop.broker.positions import (
 )
 from mop.broker.producers import ProducerRegistry, SequenceBook, Sequenced
 from mop.broker.quotas import QuotaGuard
-from mop.broker.storage.api import CursorKey, CursorState, Storage
+from mop.broker.storage.api import CursorKey, CursorState, Storage, StorageError
 from mop.broker.storage.ranges import IdRanges, IdRangeSet
 from mop.broker.subscription import READ_AHEAD, Bookkeeping, Subscription
 from mop.broker.topic import NON_PERSISTENT, Topic, Topics, payload_size
 from mop.clock import now_ms
+from mop.log_limit import LimitedLog
 from mop.message import RETAINED, Delivery, Message, MessageId
 from mop.messaging import StartPosition, SubscriptionSpec, TopicBusy
 from mop.retention import RetentionPolicies, RetentionPolicy, namespace_of
@@ -65,6 +67,8 @@ BACKLOG_QUOTA_TABLE = "$broker/backlog_quotas"
 # Pulsar, a topic exists from its first producer on (listed, found by pattern consumers and
 # wildcard subscriptions), across restarts, until it is deleted.
 TOPICS_TABLE = "$broker/topics"
+
+_failures = LimitedLog(logging.getLogger(__name__))
 
 
 class _Start(Enum):
@@ -860,16 +864,21 @@ class Broker:
         cursor.catching_up = True
         try:
             await self._read_chunks(cursor)
-        except BaseException:
+        except BaseException as exc:
             if cursor.attached and cursor.loading:
-                # Leave the cursor usable, as if it had started after the topic's last id.
-                upto = topic.last_id
-                if upto is not None and (cursor.mark_delete is None or cursor.mark_delete < upto):
-                    cursor.mark_delete = upto
-                cursor.acked = IdRangeSet()
-                cursor.sub.read_chunk(cursor, [], [], caught_up=True)
+                # Left catching up where it was (its backlog is still owed): the next
+                # `read_ahead` of its subscription reads again.
+                cursor.sub.read_chunk(cursor, [], [], caught_up=False)
+                self._books.wanting.add(cursor)
                 self._flush()
-            raise
+            if not isinstance(exc, StorageError):
+                raise
+            _failures.warning(
+                "backlog read",
+                "reading the stored backlog of %s failed, to be read again: %s",
+                cursor,
+                exc,
+            )
 
     async def _load_compacted(
         self, cursor: Cursor, after: MessageId | None, acked: IdRanges

@@ -239,3 +239,26 @@ async def test_a_consumer_reads_ahead_for_its_own_subscription_only() -> None:
     assert second.wants_reading_for(s)
     await second.read_ahead(s)
     assert payloads(second.take(s, STORED))[0] == str(READ_AHEAD)
+
+
+async def test_a_failed_first_read_leaves_the_backlog_owed_and_reads_it_again() -> None:
+    storage = MemoryStorage()
+    first = new_broker(storage)
+    await subscribe(first, "s", ["a"], start=StartPosition.EARLIEST)
+    await _stored(first)
+    second = Broker(storage, clock=Clock())
+
+    async def failing_read(
+        name: str, after: MessageId | None, limit: int
+    ) -> list[tuple[MessageId, Message]]:
+        raise StorageError("disk gone")
+
+    read = storage.read
+    storage.read = failing_read  # type: ignore[method-assign,assignment]
+    await second.recover()  # reads the subscription's first chunk
+    storage.read = read  # type: ignore[method-assign]
+    att = await subscribe(second, "s", ["a"])
+    assert storage.load_cursors()[(topic("a"), "s")].mark_delete is None
+    assert second.wants_reading_for(att)
+    got = await _drain(second, att, "s")
+    assert payloads(got) == [str(n) for n in range(STORED)]
