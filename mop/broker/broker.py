@@ -31,7 +31,13 @@ from mop.broker.producers import ProducerRegistry, SequenceBook, Sequenced
 from mop.broker.quotas import QuotaGuard
 from mop.broker.storage.api import CursorKey, CursorState, Storage, StorageError
 from mop.broker.storage.ranges import IdRanges, IdRangeSet
-from mop.broker.subscription import READ_AHEAD, Bookkeeping, Subscription
+from mop.broker.subscription import (
+    READ_AHEAD,
+    READ_AHEAD_BYTES,
+    Bookkeeping,
+    Subscription,
+    wants_chunk,
+)
 from mop.broker.topic import NON_PERSISTENT, Topic, Topics, payload_size
 from mop.clock import now_ms
 from mop.log_limit import LimitedLog
@@ -935,12 +941,7 @@ class Broker:
     async def _read_chunks(self, cursor: Cursor) -> None:
         """Read chunks until the cursor holds half a chunk or more, or has caught up (a run
         of acknowledged messages is read past at once)."""
-        while (
-            cursor.attached
-            and cursor.catching_up
-            and len(cursor.backlog) < READ_AHEAD // 2
-            and not cursor.reading
-        ):
+        while cursor.attached and cursor.catching_up and wants_chunk(cursor) and not cursor.reading:
             await self._read_chunk(cursor)
 
     async def _read_chunk(self, cursor: Cursor) -> None:
@@ -948,7 +949,9 @@ class Broker:
         cursor.reading = True
         before = topic.routed_id
         try:
-            page = await self.storage.read(topic.name, cursor.read_after, READ_AHEAD)
+            page = await self.storage.read(
+                topic.name, cursor.read_after, READ_AHEAD, READ_AHEAD_BYTES
+            )
         except BaseException:
             cursor.reading = False
             if cursor.attached and not cursor.loading:

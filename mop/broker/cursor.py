@@ -54,6 +54,7 @@ class Cursor:
         "acked",
         "attached",
         "backlog",
+        "backlog_bytes",
         "bytes_out",
         "catching_up",
         "ids",
@@ -89,6 +90,7 @@ class Cursor:
         self.ids_limit = _COMPACT_FLOOR
         self.acked = IdRangeSet()
         self.backlog: deque[Entry] = deque()
+        self.backlog_bytes = 0  # of the backlog's payloads (`payload_size`), for read-ahead
         self.redeliveries: dict[MessageId, int] = {}
         # Batch entries acknowledged in part: entry id -> bit set of the acknowledged indexes.
         # Kept in memory only: after a restart the whole batch is owed again.

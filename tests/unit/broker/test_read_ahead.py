@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 import trio
 import trio.testing
 
-from mop.broker import Broker
+import mop.broker.broker as broker_module
+from mop.broker import Broker, subscription
 from mop.broker.dispatch import Attachment
 from mop.broker.storage import MemoryStorage, StorageError
 from mop.broker.subscription import READ_AHEAD
@@ -142,9 +144,9 @@ async def test_a_cumulative_acknowledgement_while_a_chunk_is_read_is_not_undone(
     release = trio.Event()
 
     async def slow_read(
-        name: str, after: MessageId | None, limit: int
+        name: str, after: MessageId | None, limit: int, max_bytes: int | None = None
     ) -> list[tuple[MessageId, Message]]:
-        page = await read(name, after, limit)
+        page = await read(name, after, limit, max_bytes)
         await release.wait()
         return page
 
@@ -228,7 +230,7 @@ async def test_a_consumer_reads_ahead_for_its_own_subscription_only() -> None:
     assert second.wants_reading_for(s) and not second.wants_reading_for(t)
 
     async def failing_read(
-        name: str, after: MessageId | None, limit: int
+        name: str, after: MessageId | None, limit: int, max_bytes: int | None = None
     ) -> list[tuple[MessageId, Message]]:
         raise StorageError("disk gone")
 
@@ -249,7 +251,7 @@ async def test_a_failed_first_read_leaves_the_backlog_owed_and_reads_it_again() 
     second = Broker(storage, clock=Clock())
 
     async def failing_read(
-        name: str, after: MessageId | None, limit: int
+        name: str, after: MessageId | None, limit: int, max_bytes: int | None = None
     ) -> list[tuple[MessageId, Message]]:
         raise StorageError("disk gone")
 
@@ -262,3 +264,27 @@ async def test_a_failed_first_read_leaves_the_backlog_owed_and_reads_it_again() 
     assert second.wants_reading_for(att)
     got = await _drain(second, att, "s")
     assert payloads(got) == [str(n) for n in range(STORED)]
+
+
+async def test_a_reader_of_large_messages_holds_a_chunk_and_a_half_of_bytes_at_most(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    budget = 64 * 1024
+    monkeypatch.setattr(subscription, "READ_AHEAD_BYTES", budget)
+    monkeypatch.setattr(broker_module, "READ_AHEAD_BYTES", budget)
+    broker = new_broker()
+    size = 4096
+    for n in range(200):  # 800 KiB: a chunk's count, many chunks' bytes
+        await broker.publish(topic("a"), msg(f"{n:04}" + "x" * (size - 4)))
+    att = await subscribe(
+        broker, "r", ["a"], start=StartPosition.EARLIEST, durable=False, capacity=5
+    )
+    got: list[Delivery] = []
+    while batch := await _take(broker, att, 5):
+        sub = broker.subscription("r")
+        assert sub is not None
+        held = sum(len(e.message.payload) for e in sub.cursors[topic("a")].backlog)
+        assert held <= budget * 3 // 2
+        broker.ack(att, batch)
+        got += batch
+    assert [p[:4] for p in payloads(got)] == [f"{n:04}" for n in range(200)]
