@@ -79,6 +79,8 @@ class MqttSettings:
     default_session_expiry: int = 86_400
     max_session_expiry: int = 0xFFFFFFFF
     retain_available: bool = True
+    # Whether clients may publish to `$` topics other than `$SYS/...` and `$share/...`.
+    publish_dollar_topics: bool = True
     sys_interval: float = 10.0
     # Client connected/disconnected events under `$SYS/brokers/{node}/clients/{clientid}/...`.
     sys_events: bool = False

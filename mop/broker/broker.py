@@ -358,8 +358,12 @@ class Broker:
     def _create_topic(self, name: str) -> Topic:
         topic = self._topics.add(name, self.storage.last_id(name))
         topic.loaded_at = self.now()
-        # A new topic joins every subscription whose selectors match it, from its first message.
-        for _, _, sub in self._trie.match(topic.mqtt):
+        # A new topic joins every subscription whose selectors match it, from its first message
+        # (only those that name it, for a topic no wildcard reaches).
+        exact_only = not self._topics.wildcards_reach(name)
+        for topic_filter, _, sub in self._trie.match(topic.mqtt):
+            if exact_only and topic_filter != topic.mqtt:
+                continue
             if name not in sub.cursors:
                 sub.add_cursor(topic, topic.last_id, load=False)
         return topic

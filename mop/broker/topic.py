@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from mop.message import Message, MessageId, PackedBatch
 from mop.rates import RateMeter
-from mop.topic_names import is_exact_selector, mqtt_to_pulsar, pulsar_to_mqtt
+from mop.topic_names import is_exact_selector, is_system_topic, mqtt_to_pulsar, pulsar_to_mqtt
 from mop.topics import TopicTree
 
 if TYPE_CHECKING:
@@ -129,8 +129,15 @@ class Topics:
     def add(self, name: str, last_id: MessageId | None) -> Topic:
         mqtt = pulsar_to_mqtt(name, tenant=self.tenant, namespace=self.namespace)
         topic = self._by_name[name] = self._by_mqtt[mqtt] = Topic(name, mqtt, last_id)
-        self._tree.add(mqtt)
+        if self.wildcards_reach(name):
+            self._tree.add(mqtt)
         return topic
+
+    def wildcards_reach(self, name: str) -> bool:
+        """Whether MQTT filters with wildcards may match topic `name`: not a topic of the
+        system namespace (the deployment's tables), which only its exact name reaches, as
+        `$` topics are reached by no filter starting with a wildcard."""
+        return not is_system_topic(name, self.tenant)
 
     def discard(self, topic: Topic) -> None:
         if self._by_name.get(topic.name) is topic:

@@ -412,7 +412,8 @@ class Backend(Protocol):
 
     async def delete_subscription(self, name: str, member: str = "") -> None:
         """Remove a member of a subscription that has no consumer attached (e.g. an expired
-        offline session); the subscription goes when its last member does."""
+        offline session); the subscription goes when its last member does. `member` is the
+        one it was subscribed with (`SubscriptionSpec.member`)."""
         ...
 
     async def topic_stats(self, topic: str) -> TopicStats | None:

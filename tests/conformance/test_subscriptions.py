@@ -123,6 +123,23 @@ async def test_delete_subscription_removes_an_offline_durable_subscription(
     await expect_nothing(consumer)
 
 
+async def test_delete_subscription_names_an_exclusive_subscription_by_its_member(
+    backend: Backend, names: Names
+) -> None:
+    # An MQTT session's subscription is named after its client id, which is its member too:
+    # deleting it with that member must take its unacknowledged messages with it.
+    durable = spec(names.sub("s"), names.mqtt("t"), member=names.sub("s"))
+    consumer = await backend.subscribe(durable)
+    await publish(backend, names.topic("t"), "unacked")
+    await receive(consumer, 1)
+    await consumer.close()
+    await backend.delete_subscription(durable.name, member=durable.member)
+    consumer = await backend.subscribe(durable)
+    await publish(backend, names.topic("t"), "after")
+    assert payloads(await receive(consumer, 1)) == [b"after"]
+    await expect_nothing(consumer)
+
+
 async def test_delete_subscription_removes_an_offline_shared_member(
     backend: Backend, names: Names
 ) -> None:

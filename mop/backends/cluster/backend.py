@@ -606,7 +606,13 @@ class ClusterBackend:
         unsubscribe there."""
         self._check_running()
         await self.registry.table.catch_up()
-        record = self.registry.members(name).get(member)
+        members = self.registry.members(name)
+        unshared = members.get("", {}).get("kind", SubscriptionKind.SHARED.value)
+        if member not in members and unshared != SubscriptionKind.SHARED.value:
+            # A subscription that is not shared is recorded without its member (it has one
+            # consumer at a time): the member it was subscribed with names it all the same.
+            member = ""
+        record = members.get(member)
         if await self.registry.leave_member(name, member):
             return
         if record is None:

@@ -248,12 +248,20 @@ def _read_reason_and_properties(
     return reason, props
 
 
+# The protocol names of the MQTT versions (whatever their level byte says).
+_KNOWN_PROTOCOL_NAMES: Final = frozenset(PROTOCOL_NAMES.values())
+
+
 def _decode_connect(mv: memoryview, flags: int, decoder_level: int) -> Connect:
     name, pos = read_utf8(mv, 0)
     level_byte, pos = read_byte(mv, pos)
     # mosquitto bridges set the top bit of the level byte to announce themselves.
     bridge = bool(level_byte & 0x80)
     level = level_byte & 0x7F
+    if name not in _KNOWN_PROTOCOL_NAMES:
+        # Not MQTT at all: no CONNACK answers it, the connection is closed ([MQTT-3.1.2-1];
+        # 5.0 lets the server just disconnect too).
+        raise ProtocolViolation(f"unknown protocol name {name!r}")
     if PROTOCOL_NAMES.get(level) != name:
         raise UnsupportedProtocolVersion(
             f"unsupported protocol {name!r} level {level}", protocol_level=level

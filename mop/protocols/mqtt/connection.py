@@ -18,6 +18,7 @@ from mop.protocols.mqtt.codec import NEED_DATA, NeedData, PacketDecoder, encode,
 from mop.protocols.mqtt.errors import (
     LocalProtocolError,
     MalformedPacket,
+    PacketTooLarge,
     ProtocolViolation,
     RemoteProtocolError,
 )
@@ -241,7 +242,37 @@ class ServerConnection:
             and not isinstance(packet, Connack | Disconnect)
         ):
             packet = _without_problem_information(packet)
-        return encode(packet, self.protocol_level)
+        data = encode(packet, self.protocol_level)
+        limit = self.client_max_packet_size
+        if limit is not None and len(data) > limit:
+            return self._fitted(packet, limit)
+        return data
+
+    def fits(self, packet: Packet) -> bool:
+        """Whether `send` can send `packet` within the client's Maximum Packet Size (once
+        stripped of what it may go without)."""
+        limit = self.client_max_packet_size
+        if limit is None:
+            return True
+        stripped = _without_problem_information(packet)
+        return len(encode(stripped, self.protocol_level)) <= limit
+
+    def _fitted(self, packet: Packet, limit: int) -> bytes:
+        """`packet` within the client's Maximum Packet Size [MQTT-3.1.2-24]: without its
+        reason string and user properties, which a packet may go without (MQTT 5 sections
+        3.1.2.11.4, 3.4.2.2.2...). A DISCONNECT that does not fit even so is not sent (the
+        connection closes all the same); any other packet raises PacketTooLarge, and the
+        connection is to be closed (0x95)."""
+        data = encode(_without_problem_information(packet), self.protocol_level)
+        if len(data) <= limit:
+            return data
+        if isinstance(packet, Disconnect):
+            return b""
+        self.state = ConnectionState.CLOSED
+        raise PacketTooLarge(
+            f"{type(packet).__name__.upper()} of {len(data)} bytes exceeds the client's "
+            f"Maximum Packet Size ({limit})"
+        )
 
     def send_puback(self, packet_id: int, reason: int = 0) -> bytes:
         """`send(Puback(packet_id, reason))` without building the packet: the ack of every

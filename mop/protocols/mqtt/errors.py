@@ -45,7 +45,8 @@ class ProtocolViolation(RemoteProtocolError):
 
 
 class PacketTooLarge(RemoteProtocolError):
-    """The fixed header announces a packet above the configured maximum (reason 0x95)."""
+    """A packet above a maximum (reason 0x95): one whose fixed header announces more than the
+    server takes, or one the server would send above the client's Maximum Packet Size."""
 
     reason_code = ReasonCode.PACKET_TOO_LARGE
 

@@ -64,6 +64,9 @@ class ConnectRefusal:
 
     reason_code: ReasonCode
     why: str
+    # False: no CONNACK at all, the connection is closed (a 3.1.1 CONNECT that does not
+    # conform to the spec, [MQTT-3.1.4-1]).
+    answered: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +122,13 @@ def negotiate_connect(
     if connect.will is not None:
         problem = _topic_problem(connect.will.topic, policy)
         if problem is not None:
-            return ConnectRefusal(ReasonCode.TOPIC_NAME_INVALID, f"will topic: {problem}")
+            # Below MQTT 5 no return code says it; a will topic that is no topic name at all
+            # (empty, wildcards) makes the CONNECT non-conforming: closed without a CONNACK.
+            return ConnectRefusal(
+                ReasonCode.TOPIC_NAME_INVALID,
+                f"will topic: {problem}",
+                answered=v5 or _is_topic_name(connect.will.topic),
+            )
     if v5:
         requested = connect.properties.session_expiry_interval or 0
     else:
@@ -154,6 +163,16 @@ def negotiate_connect(
         auth_method=method,
         connack_properties=props,
     )
+
+
+def _is_topic_name(topic: str) -> bool:
+    """Whether `topic` is a topic name as the spec defines one, whatever the server's limits
+    of length and levels."""
+    try:
+        validate_topic_name(topic, max_length=65535, max_levels=65536)
+    except TopicError:
+        return False
+    return True
 
 
 def _topic_problem(topic: str, policy: ConnectPolicy) -> str | None:

@@ -36,6 +36,7 @@ from mop.protocols.mqtt.packets import (
     Suback,
     Subscribe,
     SubscriptionRequest,
+    Will,
 )
 from mop.protocols.mqtt.properties import encode_varint
 from mop.testing.node import RunningNode, node_settings, running_node
@@ -446,8 +447,6 @@ def test_v31_connack_has_no_session_present_flag(
         (b"MQTT", 0),
         (b"MQIsdp", 4),  # 3.1's name with 3.1.1's level
         (b"MQTT", 3),  # 3.1.1's name with 3.1's level
-        (b"MQTX", 4),
-        (b"HTTP", 4),
     ],
 )
 def test_unsupported_protocol_gets_return_code_1(
@@ -458,15 +457,46 @@ def test_unsupported_protocol_gets_return_code_1(
     assert read_all(sock) == b"\x20\x02\x00\x01"
 
 
-@pytest.mark.parametrize("name", [b"MQIsdp", b"MQTX", b"mqtt"])
-def test_bad_protocol_name_at_level_5_gets_reason_0x84(
-    node: RunningNode, raws: Callable[..., RawClient], name: bytes
+def test_3_1_protocol_name_at_level_5_gets_reason_0x84(
+    node: RunningNode, raws: Callable[..., RawClient]
 ) -> None:
     raw = raws(node.mqtt_port, 5)
-    raw.send_bytes(connect_bytes(name, 5))
+    raw.send_bytes(connect_bytes(b"MQIsdp", 5))
     packets = raw.recv_until_closed()
     assert len(packets) == 1 and isinstance(packets[0], Connack), packets
     assert packets[0].reason_code == 0x84
+
+
+@pytest.mark.parametrize("name", [b"MQTX", b"mqtt", b"HTTP"])
+@pytest.mark.parametrize("level", [3, 4, 5])
+def test_a_wrong_protocol_name_is_closed_without_connack(
+    node: RunningNode, socks: Callable[[int], socket.socket], name: bytes, level: int
+) -> None:
+    """[MQTT-3.1.2-1]: no MQTT at all; 5.0 lets the server disconnect as well."""
+    sock = socks(node.mqtt_port)
+    sock.sendall(connect_bytes(name, level))
+    assert read_all(sock) == b""
+
+
+@pytest.mark.parametrize("topic", ["", "will/+", "will/#"])
+@pytest.mark.parametrize("level", [3, 4])
+def test_a_will_without_a_topic_name_is_closed_without_connack(
+    node: RunningNode, raws: Callable[..., RawClient], topic: str, level: int
+) -> None:
+    """[MQTT-3.1.4-1]: a CONNECT that does not conform gets no CONNACK in 3.1 and 3.1.1."""
+    raw = raws(node.mqtt_port, level)
+    raw.send(Connect(f"no-will-{level}", protocol_level=level, will=Will(topic, b"bye")))
+    assert raw.recv_until_closed() == []
+
+
+def test_a_v5_will_without_a_topic_name_gets_reason_0x90(
+    node: RunningNode, raws: Callable[..., RawClient]
+) -> None:
+    raw = raws(node.mqtt_port, 5)
+    raw.send(Connect("no-will-5", protocol_level=5, will=Will("", b"bye")))
+    packets = raw.recv_until_closed()
+    assert len(packets) == 1 and isinstance(packets[0], Connack), packets
+    assert packets[0].reason_code == 0x90
 
 
 def test_supported_versions_are_accepted(
@@ -797,6 +827,43 @@ def test_maximum_packet_size_server_to_client(
     assert raw.recv() == Pingresp()  # still connected, nothing else was sent
 
 
+def test_a_connack_refusal_loses_its_reason_string_to_fit_the_client(
+    node: RunningNode, raws: Callable[..., RawClient]
+) -> None:
+    raw = raws(node.mqtt_port)
+    raw.send(
+        Connect(
+            "small-refused",
+            protocol_level=5,
+            properties=Properties(maximum_packet_size=12, authentication_method="unknown"),
+        )
+    )
+    packets = raw.recv_until_closed()
+    assert packets == [Connack(reason_code=0x8C)], packets  # no reason string
+
+
+def test_no_connack_when_the_client_allows_none_that_fits(
+    node: RunningNode, raws: Callable[..., RawClient]
+) -> None:
+    """[MQTT-3.1.2-24]: the CONNACK's properties (Receive Maximum, Maximum Packet Size, Topic
+    Alias Maximum) cannot be left out: the connection closes without one."""
+    raw = raws(node.mqtt_port)
+    raw.send(Connect("tiny", protocol_level=5, properties=Properties(maximum_packet_size=12)))
+    assert raw.recv_until_closed() == []
+
+
+def test_a_suback_larger_than_the_client_allows_closes_the_connection(
+    node: RunningNode, raws: Callable[..., RawClient]
+) -> None:
+    raw = raws(node.mqtt_port)
+    assert (
+        raw.connect("many-filters", properties=Properties(maximum_packet_size=24)).reason_code == 0
+    )
+    filters = tuple(SubscriptionRequest(f"mf/{i}", 0) for i in range(30))
+    raw.send(Subscribe(1, filters))  # a SUBACK of 35 bytes
+    closed_with(raw, 0x95)
+
+
 def test_maximum_packet_size_client_to_server(
     small_node: RunningNode, raws: Callable[..., RawClient]
 ) -> None:
@@ -825,6 +892,29 @@ def test_receive_maximum_exceeded_with_qos_2() -> None:
             raw.send_bytes(
                 b"".join(encode(Publish("flood", b"x", 2, packet_id=pid), 5) for pid in (1, 2, 3))
             )
+            packets = raw.recv_until_closed()
+            assert [type(p) for p in packets] == [Pubrec, Pubrec, Disconnect], packets
+            assert packets[-1].reason_code == 0x93  # type: ignore[union-attr]
+        finally:
+            raw.close()
+
+
+def test_the_disconnect_reason_reaches_a_client_still_sending() -> None:
+    """A client that goes on writing after the packet that ends its connection must still
+    read the DISCONNECT and its reason: the server ends its side (FIN) and reads what still
+    comes for a moment before it closes, instead of closing at once, which answers the
+    client's next write with a reset (a "broken pipe" for the client, which then never reads
+    the DISCONNECT waiting for it)."""
+    with running_node(node_settings(max_inflight=2)) as node:
+        raw = RawClient(node.mqtt_port)
+        try:
+            assert raw.connect("flood").properties.receive_maximum == 2
+            raw.send_bytes(
+                b"".join(encode(Publish("flood", b"x", 2, packet_id=pid), 5) for pid in (1, 2, 3))
+            )
+            for _ in range(10):  # a client busy writing, unaware of the DISCONNECT
+                time.sleep(0.05)
+                raw.send(Pingreq())
             packets = raw.recv_until_closed()
             assert [type(p) for p in packets] == [Pubrec, Pubrec, Disconnect], packets
             assert packets[-1].reason_code == 0x93  # type: ignore[union-attr]

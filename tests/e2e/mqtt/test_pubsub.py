@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from mop.testing.node import RunningNode
+from mop.testing.node import RunningNode, node_settings, running_node
 from tests.e2e.clients import Client, props
 
 pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
+
+NOT_AUTHORIZED = 0x87
 
 
 @pytest.mark.parametrize("version", [3, 4, 5])
@@ -61,6 +63,68 @@ def test_dollar_topics_are_not_matched_by_leading_wildcards(node: RunningNode) -
     sys_sub.subscribe("$SYS/#", 0)
     node.call(lambda: None)
     sub.expect_none()
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_clients_publish_to_dollar_topics_that_only_dollar_filters_match(
+    node: RunningNode, version: int
+) -> None:
+    """`$aws/...`-style topics are the clients' (the spec only advises against `$` names), and
+    a filter starting with a wildcard does not match them [MQTT-4.7.2-1]."""
+    topic = f"$aws/things/t{version}/shadow/update"
+    wildcards = Client(node.mqtt_port, f"dw-{version}", version=version)
+    assert wildcards.subscribe("#", 1) == [1]
+    assert wildcards.subscribe("+/things/#", 1) == [1]
+    dollar = Client(node.mqtt_port, f"dd-{version}", version=version)
+    assert dollar.subscribe("$aws/#", 1) == [1]
+    exact = Client(node.mqtt_port, f"de-{version}", version=version)
+    assert exact.subscribe("$aws/things/+/shadow/update", 1) == [1]
+    pub = Client(node.mqtt_port, f"dp-{version}", version=version)
+    assert pub.publish(topic, b"live", 1) == 0
+    assert pub.publish(topic, b"kept", 1, retain=True) == 0
+    for client in (dollar, exact):
+        assert [(m.topic, m.payload) for m in client.expect(2)] == [
+            (topic, b"live"),
+            (topic, b"kept"),
+        ]
+    late = Client(node.mqtt_port, f"dl-{version}", version=version)
+    late.subscribe("$aws/things/#", 1)
+    [msg] = late.expect(1)
+    assert (msg.topic, msg.payload, msg.retain) == (topic, b"kept", True)
+    late_wildcard = Client(node.mqtt_port, f"dlw-{version}", version=version)
+    late_wildcard.subscribe("#", 1)
+    late_wildcard.expect_none(0.3)  # nor the retained message
+    wildcards.expect_none(0.3)
+    assert pub.client.is_connected()
+
+
+@pytest.mark.parametrize("topic", ["$SYS/x", "$SYS", "$share/g/t"])
+def test_sys_and_share_topic_names_stay_refused(node: RunningNode, topic: str) -> None:
+    assert Client(node.mqtt_port, "dr").publish(topic, b"x", 1) == NOT_AUTHORIZED
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_bridge_state_messages_are_taken_and_dropped(node: RunningNode, version: int) -> None:
+    """mosquitto lets any client write `$SYS/broker/connection/+/state`, where bridges report
+    their state (and put their will): mop takes them, and keeps `$SYS` its own."""
+    watcher = Client(node.mqtt_port, f"bs-watch-{version}")
+    watcher.subscribe("$SYS/broker/connection/#", 1)
+    bridge = Client(
+        node.mqtt_port,
+        f"bs-{version}",
+        version=version,
+        will=(f"$SYS/broker/connection/bs-{version}/state", b"0", 1, True),
+    )
+    assert bridge.connack is not None and bridge.connack.reason_code == 0
+    state = f"$SYS/broker/connection/bs-{version}/state"
+    assert bridge.publish(state, b"1", 1, retain=True) == 0
+    assert bridge.client.is_connected()
+    watcher.expect_none(0.3)
+
+
+def test_dollar_topics_are_refused_when_publish_dollar_topics_is_off() -> None:
+    with running_node(node_settings(publish_dollar_topics=False)) as node:
+        assert Client(node.mqtt_port, "doff").publish("$aws/x", b"x", 1) == NOT_AUTHORIZED
 
 
 @pytest.mark.merged_only(reason="a proxy cannot know that no subscription matches (0x10 is a MAY)")

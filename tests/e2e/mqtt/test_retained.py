@@ -7,8 +7,11 @@ import time
 
 import pytest
 
+from mop.protocols.mqtt.codec import encode
+from mop.protocols.mqtt.packets import Publish, Suback, Subscribe, SubscriptionRequest
 from mop.testing.node import RunningNode
 from tests.e2e.clients import Client, props
+from tests.e2e.raw import RawClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
 
@@ -85,6 +88,40 @@ def test_retain_as_published_keeps_the_flag(node: RunningNode) -> None:
         (b"kept", False),
         (b"not retained", False),
     ]
+
+
+@pytest.mark.parametrize("version", [3, 4, 5])
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_every_subscribe_gets_the_retained_message_again(
+    node: RunningNode, version: int, qos: int
+) -> None:
+    """[MQTT-3.3.1-6], [MQTT-3.8.4-3]: a SUBSCRIBE (Retain Handling 0) delivers the matching
+    retained messages, also one that repeats a filter the session has."""
+    topic = f"again/{version}/{qos}"
+    Client(node.mqtt_port, f"again-pub-{version}-{qos}").publish(topic, b"r", 2, retain=True)
+    sub = Client(node.mqtt_port, f"again-{version}-{qos}", version=version)
+    for _ in range(3):
+        assert sub.subscribe(topic, qos) == [qos]
+        [msg] = sub.expect(1)
+        assert (msg.payload, msg.retain, msg.qos) == (b"r", True, qos)
+    sub.expect_none(0.3)
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_subscribes_in_one_read_each_get_the_retained_message(
+    node: RunningNode, level: int
+) -> None:
+    topic = f"again-raw/{level}"
+    Client(node.mqtt_port, f"again-raw-pub-{level}").publish(topic, b"r", 1, retain=True)
+    sub = RawClient(node.mqtt_port, level=level)
+    sub.connect(f"again-raw-{level}")
+    request = (SubscriptionRequest(topic, 1),)
+    sub.send_bytes(encode(Subscribe(1, request), level) + encode(Subscribe(2, request), level))
+    got = [sub.recv() for _ in range(4)]
+    assert [type(p) for p in got] == [Suback, Publish, Suback, Publish], got
+    publishes = [p for p in got if isinstance(p, Publish)]
+    assert all((p.payload, p.retain) == (b"r", True) for p in publishes)
+    assert publishes[0].packet_id != publishes[1].packet_id  # the first is not acknowledged
 
 
 def test_retain_handling_1_sends_retained_only_for_a_new_subscription(node: RunningNode) -> None:

@@ -110,6 +110,53 @@ def test_clean_start_discards_the_old_session(node: RunningNode, version: int) -
     assert resumed.connack is not None and resumed.connack.session_present is False
 
 
+@pytest.mark.parametrize(
+    ("level", "ending"),
+    [
+        (4, "clean-start"),
+        (5, "clean-start"),
+        (4, "takeover-by-clean-start"),
+        (5, "takeover-by-clean-start"),
+        (5, "expiry"),  # a 3.1.1 session expires after `mqtt.default_session_expiry` only
+    ],
+)
+def test_an_ended_session_leaves_no_unacknowledged_message_behind(
+    node: RunningNode, level: int, ending: str
+) -> None:
+    """[MQTT-3.1.2-6] (3.1.1), [MQTT-3.1.2-4] (5.0): when a session ends, all its state goes,
+    its unacknowledged messages too; a new session of the same client id subscribing to the
+    same topic gets only what is published after."""
+    client_id = f"iso-{level}-{ending}"
+    expiry = 1 if ending == "expiry" else 60
+    first = RawClient(node.mqtt_port, level=level)
+    fields: dict[str, object] = {"clean_start": False}
+    if level == 5:
+        fields["properties"] = Properties(session_expiry_interval=expiry)
+    assert not first.connect(client_id, **fields).session_present
+    subscribe(first, "iso/t", 1)
+    Client(node.mqtt_port, f"{client_id}-pub").publish("iso/t", b"old", 1)
+    assert recv_publish(first).payload == b"old"  # and no PUBACK
+    if ending == "expiry":
+        first.close()
+        time.sleep(expiry + 0.5)
+    else:
+        if ending == "clean-start":
+            first.close()
+        clean = RawClient(node.mqtt_port, level=level)
+        assert not clean.connect(client_id, clean_start=True).session_present
+        clean.close()
+        first.close()
+    again = RawClient(node.mqtt_port, level=level)
+    if level == 5:
+        fields["properties"] = Properties(session_expiry_interval=60)
+    assert not again.connect(client_id, **fields).session_present
+    subscribe(again, "iso/t", 1)
+    assert_quiet(again)
+    Client(node.mqtt_port, f"{client_id}-pub").publish("iso/t", b"new", 1)
+    assert recv_publish(again).payload == b"new"
+    again.close()
+
+
 @pytest.mark.parametrize("version", [4, 5])
 def test_subscriptions_survive_a_reconnect(node: RunningNode, version: int) -> None:
     sub = persistent(node.mqtt_port, f"sv-{version}", version=version)

@@ -54,6 +54,22 @@ async def test_wildcard_covers_existing_and_later_topics() -> None:
     assert payloads(take_all(broker, att)) == ["1", "2"]
 
 
+@pytest.mark.parametrize("before", [True, False], ids=["topic-first", "subscription-first"])
+async def test_wildcards_do_not_reach_the_system_namespace(before: bool) -> None:
+    """The deployment's tables are topics of the system namespace; a client's `#` must not
+    get their writes (retained messages, sessions), as it gets no `$` topic."""
+    broker = new_broker()
+    table = "persistent://public/__mop/default%2Ftable%2Fretained"
+    if before:
+        await broker.publish(table, msg("0"))
+    everything = await subscribe(broker, "c1", ["#"])
+    reader = await subscribe(broker, "c2", [table])
+    await broker.publish(table, msg("1"))
+    await broker.publish(topic("a"), msg("2"))
+    assert payloads(take_all(broker, everything)) == ["2"]
+    assert payloads(take_all(broker, reader)) == ["1"]
+
+
 async def test_consumer_is_woken_when_a_message_is_handed_to_it() -> None:
     broker = new_broker()
     wakeups = Wakeups()

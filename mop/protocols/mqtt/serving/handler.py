@@ -35,7 +35,11 @@ from mop.processor import (
 from mop.protocols.introspection import ClientInfo
 from mop.protocols.mqtt.codec import NEED_DATA, NeedData
 from mop.protocols.mqtt.connection import ConnectionState, ServerConnection
-from mop.protocols.mqtt.errors import RemoteProtocolError, UnsupportedProtocolVersion
+from mop.protocols.mqtt.errors import (
+    PacketTooLarge,
+    RemoteProtocolError,
+    UnsupportedProtocolVersion,
+)
 from mop.protocols.mqtt.negotiation import ConnectDecision, ConnectRefusal, negotiate_connect
 from mop.protocols.mqtt.overload import refused_when_overloaded
 from mop.protocols.mqtt.packets import (
@@ -76,6 +80,7 @@ from mop.security.authorization import ClientPermissions
 from mop.security.identity import AuthenticationError, Credentials, certificate_identity
 from mop.topic_names import FULL_NAME_SCHEMES
 from mop.transport import ConnectionInfo, OutboundBuffer, read_ready, receiver
+from mop.transport.linger import end_and_drain
 
 log = logging.getLogger("mop.mqtt")
 # Topic names that may be other spellings of a reserved topic, or of a topic the ACL names
@@ -101,12 +106,14 @@ class ClientHandler:
         "_close_reason",
         "_closed",
         "_disconnect_reason",
+        "_linger",
         "_rates",
         "_read_scope",
         "_reading_since",
         "_send_will",
         "_staged",
         "_staged_qos2",
+        "bridge",
         "clean_start",
         "conn",
         "connected_at",
@@ -141,6 +148,9 @@ class ClientHandler:
         self.lease: ClientLease | None = None
         self.will: Will | None = None
         self.keep_alive = 0
+        # A mosquitto bridge below MQTT 5 (the top bit of the CONNECT's level): see
+        # `SessionSubscriptions.subscribe`.
+        self.bridge = False
         # What the admin API shows of the connection (`describe`).
         self.clean_start = True
         self.connected_at = 0.0  # seconds since the epoch, once CONNACK is sent
@@ -158,6 +168,9 @@ class ClientHandler:
         # node stopping.
         self._disconnect_reason: str | None = None
         self._send_will = True
+        # Whether the connection ends with a DISCONNECT that says why: then the client is
+        # given time to read it before the socket closes (`end_and_drain`).
+        self._linger = False
         # PUBLISHes of the current read waiting for one publish of them all (`_commit`).
         self._staged: list[Publish] = []
         self._staged_qos2: set[int] = set()  # the packet ids of the QoS 2 ones
@@ -192,9 +205,9 @@ class ClientHandler:
                 else:
                     nursery.start_soon(self._watch_fence)
                 self.subs.start(nursery, flow.deliver)
-                flow.resend_inflight()
                 # The reads are served right here: a frame less for every idle connection.
                 try:
+                    flow.resend_inflight()
                     with self._read_scope:
                         await self._read_loop()
                     if self._close_reason is None:  # nothing arrived within the keep alive
@@ -214,6 +227,7 @@ class ClientHandler:
                     self.server.timers.cancel(self._credential_key())
                 if self._close_reason is not None and self.conn.protocol_level == 5:
                     self.out.write(self.conn.send(Disconnect(reason_code=self._close_reason)))
+                    self._linger = True
                 await self._flush_quietly()
                 nursery.cancel_scope.cancel()
                 self.out.write_from(None)
@@ -239,6 +253,8 @@ class ClientHandler:
             finally:
                 if self._closed is not None:
                     self._closed.set()
+        if self._linger:  # once the client id and the session are let go of
+            await end_and_drain(self.stream)
 
     async def _say_goodbye(self, reason: int) -> None:
         if self.conn.protocol_level != 5 or self.conn.state is not ConnectionState.CONNECTED:
@@ -313,17 +329,38 @@ class ClientHandler:
         else:
             packet = Connack(reason_code=v3_connack_code(reason))
         self.conn.protocol_level = 5 if level == 5 else 4
+        try:
+            data = self.conn.send(packet)
+        except PacketTooLarge:
+            data = b""  # not even without its reason string: closed without a CONNACK
         with trio.move_on_after(2):
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await self.stream.send_all(self.conn.send(packet))
+                await self.stream.send_all(data)
+                if data:
+                    await end_and_drain(self.stream)  # so that the client reads why
         log.info("%s: connection refused (0x%02X): %s", self.ctx.peer, reason, why)
+
+    def _turn_away(self, refusal: Refusal, why: str) -> None:
+        """Refuse a CONNECT without a CONNACK: where the spec says to close the connection
+        without one, or where none fits the client's Maximum Packet Size."""
+        self.server.stats.refuse(refusal)
+        log.info("%s: connection closed without CONNACK: %s", self.ctx.peer, why)
 
     async def _open_session(self, connect: Connect) -> bool:
         """Carry out what `negotiate_connect` decides: take the client id (the lease), take
         the session and attach it, then answer with CONNACK; or refuse the CONNECT."""
         decision = negotiate_connect(connect, self.server.connect_policy)
         if isinstance(decision, ConnectRefusal):
-            await self._refuse_connect(decision.reason_code, decision.why)
+            if decision.answered:
+                await self._refuse_connect(decision.reason_code, decision.why)
+            else:
+                self._turn_away(refusal_of_connack(decision.reason_code), decision.why)
+            return False
+        if not self.conn.fits(Connack(properties=decision.connack_properties)):
+            # Checked before the session is taken: the CONNACK that follows is as large.
+            self._turn_away(
+                Refusal.PROTOCOL_ERROR, "no CONNACK fits the client's Maximum Packet Size"
+            )
             return False
         client_id = decision.client_id
         credentials = Credentials(
@@ -354,9 +391,14 @@ class ClientHandler:
             principal=principal,
         )
         self.permissions = processor.permissions(self.ctx)
+        self.bridge = connect.bridge and connect.protocol_level < 5
         if decision.will is not None and not self._may_write(decision.will.topic):
-            await self._refuse_connect(ReasonCode.NOT_AUTHORIZED, "will topic not allowed")
-            return False
+            if not self._bridge_state(decision.will.topic):
+                await self._refuse_connect(ReasonCode.NOT_AUTHORIZED, "will topic not allowed")
+                return False
+            # A mosquitto bridge's notification will: `$SYS` is the node's own, so it is not
+            # kept, and the bridge is let in as mosquitto lets it in.
+            decision = dataclasses.replace(decision, will=None)
         try:
             self.lease = await processor.open_client(self.ctx, admit=False)
         except ConnectionLimitReached as exc:
@@ -671,6 +713,15 @@ class ClientHandler:
             self.conn.send(Auth(ReasonCode.SUCCESS, Properties(authentication_method=method)))
         )
 
+    def _reserved(self, topic: str) -> bool:
+        """Whether no client may publish to `topic` (`MqttServer.reserved`), however spelt."""
+        return self.server.reserved(self.server.acl_name(topic))
+
+    def _bridge_state(self, topic: str) -> bool:
+        """Whether `topic` is where mosquitto bridges report their state
+        (`MqttServer.is_bridge_state`), however spelt."""
+        return self.server.is_bridge_state(self.server.acl_name(topic))
+
     def _may_write(self, topic: str) -> bool:
         """Whether this client may publish to `topic` (also a will): not a `$` or system
         topic, and allowed by the ACL under its MQTT name, however the client spelt it."""
@@ -836,7 +887,11 @@ class ClientHandler:
     async def _publish(self, publish: Publish) -> int | None:
         """Publish; the reason code for the ack, or None when nothing is to be answered."""
         self.messages_in += 1
-        if self.server.reserved(self.server.acl_name(publish.topic)):
+        if self._reserved(publish.topic):
+            if self._bridge_state(publish.topic):
+                # A mosquitto bridge's state: taken and dropped, as its will is.
+                self.server.processor.record_dropped(Drop.DENIED)
+                return None if publish.qos == 0 else ReasonCode.SUCCESS
             if publish.qos == 0:
                 return None
             if self.conn.protocol_level == 5:
@@ -906,7 +961,9 @@ class ClientHandler:
 
     async def _on_subscribe(self, packet: Subscribe) -> None:
         assert self.subs is not None
-        codes, retained = await self.subs.subscribe(packet, v5=self.conn.protocol_level == 5)
+        codes, retained = await self.subs.subscribe(
+            packet, v5=self.conn.protocol_level == 5, bridge=self.bridge
+        )
         self.out.write(self.conn.send(Suback(packet.packet_id, tuple(codes))))
         now = now_ms()
         traces = self._outflow().delivering(retained)

@@ -41,6 +41,7 @@ from mop.protocols.mqtt.serving.sys_topics import SysPublisher
 from mop.protocols.mqtt.serving.timers import Timers
 from mop.settings import MqttSettings, Settings
 from mop.topic_names import FULL_NAME_SCHEMES, is_system_topic, mqtt_to_pulsar, pulsar_to_mqtt
+from mop.topics import matches
 from mop.version import SERVER_NAME
 
 if TYPE_CHECKING:  # the handler module imports this one
@@ -48,6 +49,12 @@ if TYPE_CHECKING:  # the handler module imports this one
 
 log = logging.getLogger("mop.mqtt")
 
+
+# First topic levels of `$` topics no client may publish to, whatever the settings.
+RESERVED_DOLLAR_LEVELS = frozenset({"$SYS", "$share"})
+# Where mosquitto bridges report their state (`notifications`, on by default), their will
+# included: mosquitto lets any client write there. mop takes such messages and drops them.
+BRIDGE_STATE_FILTER = "$SYS/broker/connection/+/state"
 
 # Bounds of the memory of encoded QoS 0 PUBLISHes: it only needs to outlive one fan-out.
 _ENCODED_COUNT = 4096
@@ -185,9 +192,22 @@ class MqttServer:
         return is_system_topic(acl_name, self._tenant)
 
     def reserved(self, acl_name: str) -> bool:
-        """Whether MQTT clients may not publish to a topic of this name: `$` topics are the
-        server's (`$SYS`), and the system namespace is the node's."""
-        return acl_name[:1] == "$" or self.is_system(acl_name)
+        """Whether MQTT clients may not publish to a topic of this name: `$SYS` is the
+        node's, a `$share/...` name could never be subscribed to (such a filter is a shared
+        subscription), and the system namespace holds the node's tables. Other `$` topics
+        (`$aws/...`-style conventions) are the clients' unless `mqtt.publish_dollar_topics`
+        is off; the spec only advises applications against them."""
+        if acl_name[:1] == "$":
+            if not self.settings.publish_dollar_topics:
+                return True
+            return acl_name.partition("/")[0] in RESERVED_DOLLAR_LEVELS
+        return self.is_system(acl_name)
+
+    def is_bridge_state(self, acl_name: str) -> bool:
+        """Whether a topic of this name is where a mosquitto bridge reports its state: a
+        reserved topic, whose messages (and wills) are taken and dropped rather than
+        refused, so that bridges with mosquitto's default settings can connect."""
+        return matches(BRIDGE_STATE_FILTER, acl_name)
 
     def encoded_qos0(self, topic: str, message: Message, retain: bool, level: int) -> bytes:
         """A QoS 0 PUBLISH of `message` without properties, as sent to every client at

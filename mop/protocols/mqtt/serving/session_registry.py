@@ -551,7 +551,10 @@ class SessionRegistry:
         client_id = state.client_id
         will, state.will = state.will, None
         self._timers.cancel(f"will:{client_id}")
-        await self._processor.delete_subscription(client_id)
+        # The client is the member of its own subscription too (`SubscriptionSpec.member`):
+        # without it the subscription, with its unacknowledged messages, would outlive the
+        # session and come back to the next one with the same client id.
+        await self._processor.delete_subscription(client_id, member=client_id)
         for topic_filter in state.subscriptions:
             if parse_shared(topic_filter).group is not None:
                 # Shared subscriptions are named after their `$share/...` filter.

@@ -158,8 +158,13 @@ class SessionSubscriptions:
     # -- SUBSCRIBE / UNSUBSCRIBE -----------------------------------------------------------
 
     async def subscribe(
-        self, packet: Subscribe, *, v5: bool
+        self, packet: Subscribe, *, v5: bool, bridge: bool = False
     ) -> tuple[list[int], list[RetainedDelivery]]:
+        """Add or replace the packet's subscriptions: their SUBACK codes, and the retained
+        messages to send. A mosquitto `bridge` (MQTT 3.1/3.1.1, which has no subscription
+        options) gets No Local and Retain As Published on every filter that is not shared,
+        as mosquitto gives it: its own messages do not come back (they would loop between the
+        brokers), and what it forwards keeps its retain flag."""
         settings = self._server.settings
         ids = packet.properties.subscription_identifiers
         identifier = ids[0] if ids else None
@@ -193,10 +198,11 @@ class SessionSubscriptions:
                 codes.append(ReasonCode.QUOTA_EXCEEDED if v5 else 0x80)
                 continue
             granted = min(request.qos, 2)
+            bridged = bridge and shared.group is None
             options = SubscriptionOptions(
                 qos=granted,
-                no_local=request.no_local,
-                retain_as_published=request.retain_as_published,
+                no_local=request.no_local or bridged,
+                retain_as_published=request.retain_as_published or bridged,
                 retain_handling=request.retain_handling,
                 identifier=identifier,
             )

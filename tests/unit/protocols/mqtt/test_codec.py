@@ -548,7 +548,6 @@ def test_rejected(level: int, data: bytes, error: type[RemoteProtocolError], rea
 @pytest.mark.parametrize(
     ("data", "seen_level"),
     [
-        (h("10 0F 00 04 'MQTX' 04 02 00 3C 00 03 'abc'"), 4),
         (h("10 0F 00 04 'MQTT' 06 02 00 3C 00 03 'abc'"), 6),
         (h("10 0F 00 04 'MQTT' 03 02 00 3C 00 03 'abc'"), 3),
         (h("10 11 00 06 'MQIsdp' 04 02 00 3C 00 03 'abc'"), 4),
@@ -563,6 +562,17 @@ def test_unsupported_protocol(data: bytes, seen_level: int) -> None:
         decoder.next_packet()
     assert info.value.reason_code == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION
     assert info.value.protocol_level == seen_level
+
+
+@pytest.mark.parametrize("name", ["MQTX", "mqtt", "HTTP", ""])
+def test_an_unknown_protocol_name_is_no_mqtt_connect(name: str) -> None:
+    """[MQTT-3.1.2-1]: not a version we do not speak, but no MQTT at all (closed without a
+    CONNACK)."""
+    body = len(name).to_bytes(2, "big") + name.encode() + h("04 02 00 3C 00 03 'abc'")
+    decoder = PacketDecoder(protocol_level=5)
+    decoder.feed(bytes((0x10, len(body))) + body)
+    with pytest.raises(ProtocolViolation, match="unknown protocol name"):
+        decoder.next_packet()
 
 
 def test_connect_decodes_at_any_decoder_level() -> None:

@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from mop.protocols.mqtt.codec import NEED_DATA, PacketDecoder, encode
 from mop.protocols.mqtt.connection import ConnectionLimits, ConnectionState, ServerConnection
-from mop.protocols.mqtt.errors import MalformedPacket, ProtocolViolation, RemoteProtocolError
+from mop.protocols.mqtt.errors import (
+    MalformedPacket,
+    PacketTooLarge,
+    ProtocolViolation,
+    RemoteProtocolError,
+)
 from mop.protocols.mqtt.packets import (
+    Auth,
     Connack,
     Connect,
     Disconnect,
     Pingreq,
     Properties,
     Puback,
+    Pubcomp,
     Publish,
+    Pubrec,
+    Pubrel,
     Suback,
+    Unsuback,
 )
 from mop.protocols.mqtt.reason_codes import ReasonCode
 
@@ -154,6 +166,67 @@ def test_oversize_outbound_publish_is_dropped() -> None:
     conn = connected(maximum_packet_size=64)
     assert conn.send_publish(Publish("t", b"x" * 10)) is not None
     assert conn.send_publish(Publish("t", b"x" * 100)) is None
+
+
+def decoded(data: bytes) -> object:
+    decoder = PacketDecoder(protocol_level=5)
+    decoder.feed(data)
+    return decoder.next_packet()
+
+
+WORDY = Properties(reason_string="r" * 40, user_properties=(("k", "v" * 40),))
+
+
+@pytest.mark.parametrize(
+    "packet",
+    [
+        Connack(False, ReasonCode.NOT_AUTHORIZED, WORDY),
+        Puback(1, 0x10, WORDY),
+        Pubrec(1, 0x10, WORDY),
+        Pubrel(1, 0x92, WORDY),
+        Pubcomp(1, 0x92, WORDY),
+        Suback(1, (0, 1), WORDY),
+        Unsuback(1, (0, 0x11), WORDY),
+        Disconnect(0x93, WORDY),
+        Auth(0x18, Properties(authentication_method="JWT", reason_string="r" * 40)),
+    ],
+    ids=lambda packet: type(packet).__name__,
+)
+def test_packets_lose_reason_strings_and_user_properties_to_fit_the_client(
+    packet: Connack,
+) -> None:
+    """[MQTT-3.1.2-24]: nothing above the client's Maximum Packet Size is sent."""
+    conn = connected(maximum_packet_size=40, authentication_method="JWT")
+    data = conn.send(packet)
+    assert len(data) <= 40
+    sent = decoded(data)
+    assert type(sent) is type(packet)
+    assert sent.properties.reason_string is None  # type: ignore[attr-defined]
+    assert sent.properties.user_properties == ()  # type: ignore[attr-defined]
+    assert sent == dataclasses.replace(
+        packet,
+        properties=dataclasses.replace(packet.properties, reason_string=None, user_properties=()),
+    )
+
+
+def test_a_packet_that_cannot_fit_the_client_closes_the_connection() -> None:
+    conn = connected(maximum_packet_size=20)
+    assert conn.fits(Suback(1, (0,) * 10))
+    assert not conn.fits(Suback(1, (0,) * 20))
+    with pytest.raises(PacketTooLarge):
+        conn.send(Suback(1, (0,) * 20))
+    assert conn.state is ConnectionState.CLOSED
+
+
+def test_a_disconnect_that_cannot_fit_is_not_sent() -> None:
+    conn = connected(maximum_packet_size=2)
+    assert conn.send(Disconnect(0x95)) == b""
+
+
+def test_packets_that_fit_are_sent_whole() -> None:
+    conn = connected(maximum_packet_size=200)
+    data = conn.send(Puback(1, 0x10, WORDY))
+    assert decoded(data) == Puback(1, 0x10, WORDY)
 
 
 def test_no_problem_information_strips_reason_strings() -> None:

@@ -154,16 +154,20 @@ def test_no_keep_alive_stays_none_when_the_server_sets_no_maximum() -> None:
 
 
 @pytest.mark.parametrize("topic", ["a/+/b", "a/#", ""])
-def test_a_will_with_an_invalid_topic_is_refused(topic: str) -> None:
-    refusal = refused(Connect("c", protocol_level=5, will=Will(topic, b"bye")))
+@pytest.mark.parametrize("level", [3, 4, 5])
+def test_a_will_with_an_invalid_topic_is_refused(topic: str, level: int) -> None:
+    refusal = refused(Connect("c", protocol_level=level, will=Will(topic, b"bye")))
     assert refusal.reason_code is ReasonCode.TOPIC_NAME_INVALID
     assert refusal.why.startswith("will topic: ")
+    # Below MQTT 5 such a CONNECT does not conform: no CONNACK [MQTT-3.1.4-1].
+    assert refusal.answered is (level == 5)
 
 
 def test_a_will_topic_beyond_the_configured_levels_is_refused() -> None:
     policy = dataclasses.replace(POLICY, max_topic_levels=2)
     refusal = refused(Connect("c", protocol_level=4, will=Will("a/b/c", b"bye")), policy)
     assert refusal.reason_code is ReasonCode.TOPIC_NAME_INVALID
+    assert refusal.answered  # a topic name all the same: the server's limit says no
 
 
 def test_a_valid_will_is_kept_for_the_session() -> None:
