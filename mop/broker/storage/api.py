@@ -84,10 +84,12 @@ class Storage(Protocol):
         ...
 
     async def read(
-        self, topic: str, after: MessageId | None, max_count: int
+        self, topic: str, after: MessageId | None, max_count: int, max_bytes: int | None = None
     ) -> list[tuple[MessageId, Message]]:
         """Up to `max_count` stored messages of `topic` with an id greater than `after`
-        (None: from the first one kept), in id order; [] for an unknown topic."""
+        (None: from the first one kept), in id order; [] for an unknown topic. With
+        `max_bytes`, no more messages than fit in about that many bytes as stored (always
+        one at least)."""
         ...
 
     def topics(self) -> list[str]:

@@ -379,10 +379,10 @@ class DurableStorage:
         return self._upkeep.reclaimed
 
     async def read(
-        self, topic: str, after: MessageId | None, max_count: int
+        self, topic: str, after: MessageId | None, max_count: int, max_bytes: int | None = None
     ) -> list[tuple[MessageId, Message]]:
         self._check_open()
-        return await self._reader.read(topic, after, max_count)
+        return await self._reader.read(topic, after, max_count, max_bytes)
 
     # -- group commit --------------------------------------------------------------------------
 
