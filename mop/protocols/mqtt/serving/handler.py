@@ -393,7 +393,8 @@ class ClientHandler:
         self.permissions = processor.permissions(self.ctx)
         self.bridge = connect.bridge and connect.protocol_level < 5
         if decision.will is not None and not self._may_write(decision.will.topic):
-            if not self._bridge_state(decision.will.topic):
+            will_topic = decision.will.topic
+            if not self._bridge_state(will_topic) or not self._acl_allows_write(will_topic):
                 await self._refuse_connect(ReasonCode.NOT_AUTHORIZED, "will topic not allowed")
                 return False
             # A mosquitto bridge's notification will: `$SYS` is the node's own, so it is not
@@ -725,11 +726,14 @@ class ClientHandler:
     def _may_write(self, topic: str) -> bool:
         """Whether this client may publish to `topic` (also a will): not a `$` or system
         topic, and allowed by the ACL under its MQTT name, however the client spelt it."""
-        name = topic
-        if topic.startswith(_SPELT_SPECIALLY):  # `$`, or a full Pulsar name
-            name = self.server.acl_name(topic)
-            if self.server.reserved(name):
-                return False
+        if topic.startswith(_SPELT_SPECIALLY) and self._reserved(topic):  # `$`, a Pulsar name
+            return False
+        return self._acl_allows_write(topic)
+
+    def _acl_allows_write(self, topic: str) -> bool:
+        """Whether the ACL lets this client write to `topic` (under its MQTT name, however
+        the client spelt it), reserved or not: for a bridge's state, which is dropped."""
+        name = self.server.acl_name(topic) if topic.startswith(_SPELT_SPECIALLY) else topic
         permissions = self.permissions
         assert permissions is not None
         return not permissions.restricted or permissions.may(Access.WRITE, name)
@@ -888,8 +892,9 @@ class ClientHandler:
         """Publish; the reason code for the ack, or None when nothing is to be answered."""
         self.messages_in += 1
         if self._reserved(publish.topic):
-            if self._bridge_state(publish.topic):
-                # A mosquitto bridge's state: taken and dropped, as its will is.
+            if self._bridge_state(publish.topic) and self._acl_allows_write(publish.topic):
+                # A mosquitto bridge's state: taken and dropped, as its will is (where the
+                # ACL lets the client write there; refused as the rest of `$SYS` otherwise).
                 self.server.processor.record_dropped(Drop.DENIED)
                 return None if publish.qos == 0 else ReasonCode.SUCCESS
             if publish.qos == 0:
