@@ -966,6 +966,9 @@ class ClientHandler:
 
     async def _on_subscribe(self, packet: Subscribe) -> None:
         assert self.subs is not None
+        # Its size is known before: one code per filter. Closed (0x95) before the
+        # subscriptions are made and saved, not after, when the client could not tell.
+        self._check_ack_fits(Suback(packet.packet_id, (0,) * len(packet.subscriptions)))
         codes, retained = await self.subs.subscribe(
             packet, v5=self.conn.protocol_level == 5, bridge=self.bridge
         )
@@ -989,8 +992,16 @@ class ClientHandler:
 
     async def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         assert self.subs is not None
+        self._check_ack_fits(Unsuback(packet.packet_id, (0,) * len(packet.topic_filters)))
         codes = await self.subs.unsubscribe(packet.topic_filters)
         self.out.write(self.conn.send(Unsuback(packet.packet_id, tuple(codes))))
+
+    def _check_ack_fits(self, ack: Suback | Unsuback) -> None:
+        """PacketTooLarge (the connection closes with 0x95) when no acknowledgement of this
+        size fits the client's Maximum Packet Size [MQTT-3.1.2-24]."""
+        if not self.conn.fits(ack):
+            name = type(ack).__name__.upper()
+            raise PacketTooLarge(f"no {name} fits the client's Maximum Packet Size")
 
     # -- outbound messages -----------------------------------------------------------------
 
