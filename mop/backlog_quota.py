@@ -3,9 +3,11 @@ may hold (`destination_storage`: bytes from its slowest subscription's position 
 how old its oldest unacknowledged message may get (`message_age`: seconds), and what happens
 once a limit is exceeded. Pure: the broker enforces them, the admin API changes them.
 
-- `producer_request_hold`: producers wait until there is room (Pulsar clients' sends time out
-  on their send timeout; new Pulsar producers are refused with the retriable
-  ProducerBlockedQuotaExceededError; MQTT publishes wait, which holds back the publisher).
+- `producer_request_hold`: sends and new producers are refused with the retriable
+  ProducerBlockedQuotaExceededError, which Pulsar clients retry until their send timeout
+  fails them. MQTT has no "retry later": its publishes to the topic are refused as with
+  `producer_exception` (MQTT 5 PUBACK 0x97), in both modes. Nothing waits in the broker, so
+  a held topic never stops a client's other topics or packets (PUBACKs, PINGREQs).
 - `producer_exception`: producers are refused (ProducerBlockedQuotaExceededException at create
   and on send; MQTT 5 PUBACK 0x97 Quota exceeded; MQTT 3.1.1 QoS 1/2 publishers are
   disconnected, as for any refused message).
@@ -93,24 +95,41 @@ class BacklogQuotas:
             q.active for quotas in self.overrides.values() for q in quotas.values()
         )
 
-    def override(self, namespace: str, kind: QuotaKind, quota: BacklogQuota | None) -> None:
-        """Set (None: remove, back to the default) the run-time quota of one kind."""
-        quotas = self.overrides.setdefault(namespace, {})
+    def _overridden(
+        self, namespace: str, kind: QuotaKind, quota: BacklogQuota | None
+    ) -> dict[QuotaKind, BacklogQuota]:
+        """`namespace`'s overrides once one of `kind` is set to `quota` (None: removed)."""
+        quotas = dict(self.overrides.get(namespace, {}))
         if quota is None:
             quotas.pop(kind, None)
-            if not quotas:
-                del self.overrides[namespace]
         else:
             quotas[kind] = quota
+        return quotas
+
+    def override(self, namespace: str, kind: QuotaKind, quota: BacklogQuota | None) -> None:
+        """Set (None: remove, back to the default) the run-time quota of one kind."""
+        quotas = self._overridden(namespace, kind, quota)
+        if quotas:
+            self.overrides[namespace] = quotas
+        else:
+            self.overrides.pop(namespace, None)
         if self.on_change is not None:
             self.on_change(namespace)
 
-    def saved(self, namespace: str) -> bytes | None:
-        """The record that keeps `namespace`'s overrides (None: it has none)."""
-        quotas = self.overrides.get(namespace)
+    def saved(
+        self, namespace: str, kind: QuotaKind | None = None, quota: BacklogQuota | None = None
+    ) -> bytes | None:
+        """The record that keeps `namespace`'s overrides (None: it has none); with `kind`,
+        the record they would have once `override(namespace, kind, quota)` is done, so that
+        a caller can make the change durable before it applies."""
+        quotas = (
+            self.overrides.get(namespace)
+            if kind is None
+            else self._overridden(namespace, kind, quota)
+        )
         if not quotas:
             return None
-        document = {kind.value: [q.limit, q.policy.value] for kind, q in quotas.items()}
+        document = {k.value: [q.limit, q.policy.value] for k, q in quotas.items()}
         return json.dumps(document).encode()
 
     def restore(self, saved: Iterable[tuple[str, bytes]]) -> None:

@@ -322,7 +322,8 @@ class RetentionSettings:
 
     time_seconds: int = 24 * 3600
     size_bytes: int = 256 * 1024 * 1024  # per topic
-    # Seconds between two checks of idle topics' history against the time limit.
+    # The least seconds between two checks of an idle topic's history against the time
+    # limit (checked when its oldest kept message ages out).
     check_interval: float = 10.0
     namespaces: tuple[NamespaceRetentionSettings, ...] = ()
 

@@ -14,13 +14,19 @@ against mop.
   `{"limitSize": ..., "limitTime": ..., "policy": ...}`: override one at run time; 204;
 - `DELETE .../backlogQuota?backlogQuotaType=...`: back to the settings; 204.
 
-Errors are Pulsar's `{"reason": "..."}`.
+As in Pulsar, a size quota must stay below the namespace's retention size (when that is a
+positive limit): a POST that breaks this is refused with 412 ("Retention Quota must exceed
+configured backlog quota" / "Backlog Quota exceeds configured retention quota"), and so are
+changes to the system namespace (`{tenant}/__mop`), whose policies are fixed. Errors are
+Pulsar's `{"reason": "..."}`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from mop.admin.http import HttpError, Request, Response, Router, json_response
-from mop.backlog_quota import BacklogQuotaControl, QuotaKind
+from mop.backlog_quota import BacklogQuota, BacklogQuotaControl, QuotaKind
 from mop.processor import BackendError
 from mop.protocols.pulsar.admin_rest import (
     ADMIN_PREFIX,
@@ -29,8 +35,8 @@ from mop.protocols.pulsar.admin_rest import (
     retention_document,
     retention_from_document,
 )
-from mop.retention import RetentionControl
-from mop.topic_names import PulsarTopicName
+from mop.retention import RetentionControl, RetentionPolicy
+from mop.topic_names import SYSTEM_NAMESPACE, PulsarTopicName
 from mop.topics import TopicError
 
 __all__ = ["add_backlog_quota_routes", "add_retention_routes"]
@@ -51,7 +57,23 @@ def namespace_of(request: Request) -> str | Response:
     return f"{tenant}/{namespace}"
 
 
-def add_retention_routes(router: Router, control: RetentionControl) -> None:
+def writable_namespace_of(request: Request) -> str | Response:
+    """As `namespace_of`, refusing the system namespace, whose policies are fixed."""
+    namespace = namespace_of(request)
+    if isinstance(namespace, str) and namespace.partition("/")[2] == SYSTEM_NAMESPACE:
+        return _reason(412, f"the policies of the system namespace {namespace} are fixed")
+    return namespace
+
+
+def quota_fits(quotas: Mapping[QuotaKind, BacklogQuota], retention: RetentionPolicy) -> bool:
+    """Pulsar's rule: a size quota must stay below a positive retention size."""
+    size = quotas.get(QuotaKind.SIZE)
+    return retention.size_bytes <= 0 or size is None or size.limit < retention.size_bytes
+
+
+def add_retention_routes(
+    router: Router, control: RetentionControl, quotas: BacklogQuotaControl | None = None
+) -> None:
     async def get_retention(request: Request) -> Response:
         namespace = namespace_of(request)
         if isinstance(namespace, Response):
@@ -63,7 +85,7 @@ def add_retention_routes(router: Router, control: RetentionControl) -> None:
         return json_response(retention_document(policy))
 
     async def set_retention(request: Request) -> Response:
-        namespace = namespace_of(request)
+        namespace = writable_namespace_of(request)
         if isinstance(namespace, Response):
             return namespace
         try:
@@ -73,13 +95,19 @@ def add_retention_routes(router: Router, control: RetentionControl) -> None:
         except ValueError as exc:
             return _reason(400, str(exc))
         try:
+            if quotas is not None and not quota_fits(
+                await quotas.backlog_quotas(namespace), policy
+            ):
+                return _reason(
+                    412, "Retention Quota must exceed configured backlog quota for namespace."
+                )
             await control.set_retention(namespace, policy)
         except BackendError as exc:
             return _reason(503, str(exc))
         return Response(204, content_type="text/plain")
 
     async def remove_retention(request: Request) -> Response:
-        namespace = namespace_of(request)
+        namespace = writable_namespace_of(request)
         if isinstance(namespace, Response):
             return namespace
         try:
@@ -94,7 +122,9 @@ def add_retention_routes(router: Router, control: RetentionControl) -> None:
     router.add("DELETE", path, remove_retention)
 
 
-def add_backlog_quota_routes(router: Router, control: BacklogQuotaControl) -> None:
+def add_backlog_quota_routes(
+    router: Router, control: BacklogQuotaControl, retention: RetentionControl | None = None
+) -> None:
     def kind_of(request: Request) -> QuotaKind | Response:
         raw = request.arg("backlogQuotaType")
         try:
@@ -113,7 +143,7 @@ def add_backlog_quota_routes(router: Router, control: BacklogQuotaControl) -> No
         return json_response(backlog_quota_map(quotas))
 
     async def set_quota(request: Request) -> Response:
-        namespace, kind = namespace_of(request), kind_of(request)
+        namespace, kind = writable_namespace_of(request), kind_of(request)
         if isinstance(namespace, Response):
             return namespace
         if isinstance(kind, Response):
@@ -125,13 +155,21 @@ def add_backlog_quota_routes(router: Router, control: BacklogQuotaControl) -> No
         except ValueError as exc:
             return _reason(400, str(exc))
         try:
+            if retention is not None and not quota_fits(
+                {kind: quota}, await retention.retention(namespace)
+            ):
+                return _reason(
+                    412,
+                    "Backlog Quota exceeds configured retention quota for namespace."
+                    " Please increase retention quota and retry",
+                )
             await control.set_backlog_quota(namespace, kind, quota)
         except BackendError as exc:
             return _reason(503, str(exc))
         return Response(204, content_type="text/plain")
 
     async def remove_quota(request: Request) -> Response:
-        namespace, kind = namespace_of(request), kind_of(request)
+        namespace, kind = writable_namespace_of(request), kind_of(request)
         if isinstance(namespace, Response):
             return namespace
         if isinstance(kind, Response):

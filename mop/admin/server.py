@@ -55,9 +55,9 @@ def build_admin_app(context: AdminContext) -> AsgiApp:
     add_schema_routes(router, context)
     if context.retention is not None:
         # Before the topic routes of Pulsar's API, whose `{domain}/.../{topic}` also matches.
-        add_retention_routes(router, context.retention)
+        add_retention_routes(router, context.retention, context.backlog_quotas)
     if context.backlog_quotas is not None:
-        add_backlog_quota_routes(router, context.backlog_quotas)
+        add_backlog_quota_routes(router, context.backlog_quotas, context.retention)
     if context.broker is not None:
         add_pulsar_admin_routes(router, context, context.broker)
     # A broker answers for the names it owns; a proxy passes every request on to its brokers.

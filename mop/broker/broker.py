@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -28,11 +29,18 @@ from mop.broker.positions import (
 )
 from mop.broker.producers import ProducerRegistry, SequenceBook, Sequenced
 from mop.broker.quotas import QuotaGuard
-from mop.broker.storage.api import CursorKey, CursorState, Storage
+from mop.broker.storage.api import CursorKey, CursorState, Storage, StorageError
 from mop.broker.storage.ranges import IdRanges, IdRangeSet
-from mop.broker.subscription import READ_AHEAD, Bookkeeping, Subscription
+from mop.broker.subscription import (
+    READ_AHEAD,
+    READ_AHEAD_BYTES,
+    Bookkeeping,
+    Subscription,
+    wants_chunk,
+)
 from mop.broker.topic import NON_PERSISTENT, Topic, Topics, payload_size
 from mop.clock import now_ms
+from mop.log_limit import LimitedLog
 from mop.message import RETAINED, Delivery, Message, MessageId
 from mop.messaging import StartPosition, SubscriptionSpec, TopicBusy
 from mop.retention import RetentionPolicies, RetentionPolicy, namespace_of
@@ -65,6 +73,8 @@ BACKLOG_QUOTA_TABLE = "$broker/backlog_quotas"
 # Pulsar, a topic exists from its first producer on (listed, found by pattern consumers and
 # wildcard subscriptions), across restarts, until it is deleted.
 TOPICS_TABLE = "$broker/topics"
+
+_failures = LimitedLog(logging.getLogger(__name__))
 
 
 class _Start(Enum):
@@ -136,11 +146,16 @@ class Broker:
         # Without policies nothing acknowledged is kept (Pulsar's own default).
         self.retention = retention if retention is not None else RetentionPolicies()
         self.retention.on_change = self._retention_changed
-        # Topics that keep acknowledged history, looked at again every `retention_check`
-        # seconds (on the `now` of `trim_acknowledged`) for what has aged out since.
+        # Topics that keep acknowledged history: looked at again on each append (a size
+        # limit may now reach into it), and those under a time limit also when their oldest
+        # kept message ages out (`_aging`, a heap of (wall-clock due, order, topic); an
+        # entry is live while `_aging_due` holds its due), but no sooner than
+        # `retention_check` seconds after their last look. No pass visits every topic.
         self._history: set[Topic] = set()
         self._retention_check = retention_check
-        self._next_history_check = 0.0
+        self._aging: list[tuple[float, int, Topic]] = []
+        self._aging_due: dict[Topic, float] = {}
+        self._aging_order = itertools.count()
         # Backlog quotas: checked on each trimming pass; producers of a topic over one may
         # be refused (`quota.refuse`).
         self.quota = QuotaGuard(storage, backlog_quotas)
@@ -213,7 +228,10 @@ class Broker:
         count = len(node.cursors)
         if count:
             self._route(node, [Entry(topic, message_id, message)], hold=bool(message.qos))
+            if node in self._history:
+                self._trim_dirty.add(node)
         else:
+            self._pass(node, [message_id], (message,), hold=bool(message.qos))
             self._trim_dirty.add(node)
             # A table's record is no message, and a retained message is kept.
             if topic not in self.compacted and RETAINED not in message.properties:
@@ -254,7 +272,10 @@ class Broker:
         if count:
             entries = [Entry(topic, i, m) for i, m in zip(ids, messages, strict=True)]
             self._route(node, entries, hold=any(m.qos for m in messages))
+            if node in self._history:
+                self._trim_dirty.add(node)
         else:
+            self._pass(node, ids, messages, hold=any(m.qos for m in messages))
             self._trim_dirty.add(node)
             if topic not in self.compacted:
                 self.unrouted += sum(m.count for m in messages if RETAINED not in m.properties)
@@ -275,18 +296,36 @@ class Broker:
         else:
             self._offer(node, entries)
 
-    def _release(self, node: Topic, entries: list[Entry], written: bool) -> None:
+    def _pass(
+        self, node: Topic, ids: list[MessageId], messages: Sequence[Message], *, hold: bool
+    ) -> None:
+        """`_route` for messages of a topic no cursor follows: a cursor made before their write
+        is done reads its stored backlog only up to them (`Topic.routed_id`), so they are
+        routed, to it, once written."""
+        if not (ids and node.persistent):
+            return
+        if hold or node in self._held:
+            entries = [Entry(node.name, i, m) for i, m in zip(ids, messages, strict=True)]
+            self._route(node, entries, hold=True)
+        else:
+            node.routed_id = ids[-1]
+
+    def _unhold(self, node: Topic) -> None:
         held = self._held[node] - 1
         if held:
             self._held[node] = held
         else:
             del self._held[node]
+
+    def _release(self, node: Topic, entries: list[Entry], written: bool) -> None:
+        self._unhold(node)
         if written:
             self._offer(node, entries)
             if self.on_scheduled is not None and any(e.message.deliver_at for e in entries):
                 self.on_scheduled()
 
     def _offer(self, node: Topic, entries: list[Entry]) -> None:
+        node.routed_id = entries[-1].message_id
         persistent = node.persistent
         for cursor in node.cursors:
             if cursor.catching_up or not (persistent or cursor.sub.attachments):
@@ -372,6 +411,7 @@ class Broker:
         self._topics.discard(topic)
         self._trim_dirty.discard(topic)
         self._history.discard(topic)
+        self._aging_due.pop(topic, None)
         self._grace.forget(topic)
         for key in self.sequences.forget(name):
             self.storage.table_put(PRODUCERS_TABLE, key, None)
@@ -760,13 +800,15 @@ class Broker:
         trimmed."""
         self._enforce_quotas()
         dirty, self._trim_dirty = self._trim_dirty, set()
-        if now >= self._next_history_check:
-            self._next_history_check = now + self._retention_check
-            dirty |= self._history
-            self._history = set()
         trimmed = 0
         grace = self._grace
         wall = self.now()
+        aging, aging_due = self._aging, self._aging_due
+        while aging and aging[0][0] <= wall:
+            due, _, topic = heapq.heappop(aging)
+            if aging_due.get(topic) == due:
+                del aging_due[topic]
+                dirty.add(topic)
         for topic in dirty:
             if self._topics.get(topic.name) is not topic or not topic.persistent:
                 grace.forget(topic)
@@ -786,11 +828,28 @@ class Broker:
             if acknowledged is not None and (kept_after is None or kept_after < acknowledged):
                 # Acknowledged history stays for now (or its grace runs).
                 self._history.add(topic)
+                if policy.time_seconds > 0:
+                    self._age_later(topic, policy.time_seconds, wall)
+            else:
+                self._history.discard(topic)
             if through is not None and (topic.trimmed is None or through > topic.trimmed):
                 self.storage.trim(topic.name, through)
                 topic.trimmed = through
                 trimmed += 1
         return trimmed
+
+    def _age_later(self, topic: Topic, seconds: int, wall: float) -> None:
+        """Look at `topic` again once its oldest kept message is `seconds` old."""
+        oldest = self.storage.oldest_append_time(topic.name)
+        if oldest is None:
+            return
+        # Retention lets go of what was appended before `now - seconds` (whole seconds).
+        due = max(float(oldest + seconds + 1), wall + self._retention_check)
+        known = self._aging_due.get(topic)
+        if known is not None and known <= due:
+            return  # an earlier look is due anyway, and plans the next one
+        self._aging_due[topic] = due
+        heapq.heappush(self._aging, (due, next(self._aging_order), topic))
 
     def _enforce_quotas(self) -> None:
         """Check the backlog quotas; skip the backlog that `consumer_backlog_eviction`
@@ -798,6 +857,8 @@ class Broker:
         check = self.quota.check(self._topics.values(), self.now())
         for topic, cut in check.evict:
             for cursor in list(topic.cursors):
+                if not cursor.sub.durable:
+                    continue  # readers are no backlog (`mop.broker.quotas`)
                 if cursor.mark_delete is None or cursor.mark_delete < cut:
                     cursor.sub.ack_through(topic.name, cut)
         if check.evict:
@@ -807,11 +868,12 @@ class Broker:
         self, namespace: str, kind: QuotaKind, quota: BacklogQuota | None
     ) -> None:
         """Override one backlog quota of `namespace` (None: back to the configured one),
-        durably: the override outlives restarts. It applies at the next trimming pass."""
+        durably: the override outlives restarts. It is saved first (as `set_retention` does),
+        and applies at the next trimming pass."""
         quotas = self.quota.quotas
-        quotas.override(namespace, kind, quota)
-        self.storage.table_put(BACKLOG_QUOTA_TABLE, namespace, quotas.saved(namespace))
+        self.storage.table_put(BACKLOG_QUOTA_TABLE, namespace, quotas.saved(namespace, kind, quota))
         await self.storage.sync()
+        quotas.override(namespace, kind, quota)
 
     def _retention_changed(self, namespace: str) -> None:
         self._trim_dirty.update(
@@ -844,16 +906,21 @@ class Broker:
         cursor.catching_up = True
         try:
             await self._read_chunks(cursor)
-        except BaseException:
+        except BaseException as exc:
             if cursor.attached and cursor.loading:
-                # Leave the cursor usable, as if it had started after the topic's last id.
-                upto = topic.last_id
-                if upto is not None and (cursor.mark_delete is None or cursor.mark_delete < upto):
-                    cursor.mark_delete = upto
-                cursor.acked = IdRangeSet()
-                cursor.sub.read_chunk(cursor, [], [], caught_up=True)
+                # Left catching up where it was (its backlog is still owed): the next
+                # `read_ahead` of its subscription reads again.
+                cursor.sub.read_chunk(cursor, [], [], caught_up=False)
+                self._books.wanting.add(cursor)
                 self._flush()
-            raise
+            if not isinstance(exc, StorageError):
+                raise
+            _failures.warning(
+                "backlog read",
+                "reading the stored backlog of %s failed, to be read again: %s",
+                cursor,
+                exc,
+            )
 
     async def _load_compacted(
         self, cursor: Cursor, after: MessageId | None, acked: IdRanges
@@ -882,33 +949,45 @@ class Broker:
         """Whether `read_ahead` has chunks to read."""
         return bool(self._books.wanting)
 
-    async def read_ahead(self) -> None:
+    def wants_reading_for(self, att: Attachment) -> bool:
+        """Whether `read_ahead(att)` has chunks to read."""
+        sub = att.sub
+        return any(cursor.sub is sub for cursor in self._books.wanting)
+
+    async def read_ahead(self, att: Attachment | None = None) -> None:
         """Read the next chunk of each cursor that catches up with its stored backlog and has
-        less than half a chunk left (`Bookkeeping.wanting`); consumers call it before they
-        take messages. The error of a read is raised; the cursor reads again at the next call."""
+        less than half a chunk left (`Bookkeeping.wanting`); with `att`, of the cursors of its
+        subscription only. Consumers call it before they take messages, for their own
+        subscription: one does not wait on, or fail with, another subscription's reads. The
+        error of a read is raised; the cursor reads again at the next call."""
         wanting = self._books.wanting
+        sub = None if att is None else att.sub
         while wanting:
-            cursor = wanting.pop()
+            if sub is None:
+                cursor = wanting.pop()
+            else:
+                found = next((c for c in wanting if c.sub is sub), None)
+                if found is None:
+                    return
+                cursor = found
+                wanting.discard(cursor)
             if cursor.attached and cursor.catching_up and not cursor.reading:
                 await self._read_chunks(cursor)
 
     async def _read_chunks(self, cursor: Cursor) -> None:
         """Read chunks until the cursor holds half a chunk or more, or has caught up (a run
         of acknowledged messages is read past at once)."""
-        while (
-            cursor.attached
-            and cursor.catching_up
-            and len(cursor.backlog) < READ_AHEAD // 2
-            and not cursor.reading
-        ):
+        while cursor.attached and cursor.catching_up and wants_chunk(cursor) and not cursor.reading:
             await self._read_chunk(cursor)
 
     async def _read_chunk(self, cursor: Cursor) -> None:
         topic = cursor.topic
         cursor.reading = True
-        before = topic.last_id
+        before = topic.routed_id
         try:
-            page = await self.storage.read(topic.name, cursor.read_after, READ_AHEAD)
+            page = await self.storage.read(
+                topic.name, cursor.read_after, READ_AHEAD, READ_AHEAD_BYTES
+            )
         except BaseException:
             cursor.reading = False
             if cursor.attached and not cursor.loading:
@@ -920,18 +999,31 @@ class Broker:
         ids: list[MessageId] = []
         entries: list[Entry] = []
         acked = cursor.acked
+        # A cumulative acknowledgement while it read may have moved the cursor past part of
+        # the page (`ack_through` moves `read_after` and `mark_delete` on): that part is
+        # acknowledged, and neither goes back.
+        skip = _later(cursor.read_after, cursor.mark_delete)
+        # The page may go past what routing has passed (messages whose write is not done):
+        # those are left for routing to deliver once written.
+        last = topic.routed_id
+        beyond = False
         for message_id, message in page:
+            if skip is not None and message_id <= skip:
+                continue
+            if last is None or message_id > last:
+                beyond = True
+                break
             ids.append(message_id)
             if message_id not in acked:
                 entries.append(Entry(topic.name, message_id, message))
         if ids:
             cursor.read_after = ids[-1]
-        last = topic.last_id
-        # Caught up when it read through the topic's last id, or found nothing after what it
-        # read while nothing came in (what is left is trimmed); no await from here on, so what
-        # is published after this is routed to it.
+        # Caught up when it read through the id routing has passed, or found nothing after
+        # what it read while nothing was routed (what is left is trimmed); no await from here
+        # on, so what is routed after this is routed to it.
         caught_up = (
             last is None
+            or beyond
             or (cursor.read_after is not None and cursor.read_after >= last)
             or (not page and last == before)
         )
@@ -1013,3 +1105,12 @@ def _backlog(cursor: Cursor) -> int:
     if cursor.topic.batched:
         return sum(entry.message.count for entry in cursor.backlog)
     return len(cursor.backlog)
+
+
+def _later(first: MessageId | None, second: MessageId | None) -> MessageId | None:
+    """The later of two ids, either of which may be missing."""
+    if first is None:
+        return second
+    if second is None:
+        return first
+    return max(first, second)

@@ -54,6 +54,7 @@ class Cursor:
         "acked",
         "attached",
         "backlog",
+        "backlog_bytes",
         "bytes_out",
         "catching_up",
         "ids",
@@ -89,6 +90,7 @@ class Cursor:
         self.ids_limit = _COMPACT_FLOOR
         self.acked = IdRangeSet()
         self.backlog: deque[Entry] = deque()
+        self.backlog_bytes = 0  # of the backlog's payloads (`payload_size`), for read-ahead
         self.redeliveries: dict[MessageId, int] = {}
         # Batch entries acknowledged in part: entry id -> bit set of the acknowledged indexes.
         # Kept in memory only: after a restart the whole batch is owed again.
@@ -122,7 +124,8 @@ class Cursor:
         # Usually the very object routed to the cursor: identity first, then equality.
         if ids and (ids[0] is message_id or ids[0] == message_id):
             ids.popleft()
-            self.mark_delete = message_id
+            if self.mark_delete is None or message_id > self.mark_delete:
+                self.mark_delete = message_id  # never back: that would deliver again
             self.settle()
         elif self.mark_delete is None or message_id > self.mark_delete:
             self.acked.add(message_id)
@@ -173,7 +176,8 @@ class Cursor:
         mark = ids.popleft()
         while ids and ids[0] in acked:
             mark = ids.popleft()
-        self.mark_delete = mark
+        if self.mark_delete is None or mark > self.mark_delete:
+            self.mark_delete = mark
         acked.discard_through(mark)
 
     def compact(self) -> None:

@@ -24,7 +24,8 @@ _MASK64 = (1 << 64) - 1
 class Attachment:
     """A consumer attached to a subscription. `queue` holds messages dispatched to it and not
     yet taken, `unacked` those taken and not yet acknowledged; together they are bounded by
-    `capacity` (the receiver queue). `on_ready` is called when `queue` stops being empty.
+    `capacity` (the receiver queue). `on_ready` is called when `queue` stops being empty, and
+    when the subscription has a chunk of its stored backlog to read (see `Broker.read_ahead`).
 
     Options: with `credit` the consumer is also sent no more messages than it granted (a batch
     entry uses one per message); `whole_batches` consumers take a batch as one delivery;

@@ -18,11 +18,14 @@ from mop.broker.topic import Topic, payload_size
 from mop.message import Delivery, MessageId
 from mop.messaging import QUEUE_FULL, SubscriptionKind
 
-__all__ = ["READ_AHEAD", "Bookkeeping", "Subscription"]
+__all__ = ["READ_AHEAD", "READ_AHEAD_BYTES", "Bookkeeping", "Subscription", "wants_chunk"]
 
 # A cursor catching up with its stored backlog reads it in chunks of this many entries, the
 # next one once its backlog holds less than half a chunk: what it holds stays under 1.5 chunks.
 READ_AHEAD = 1000
+# ... and of about this many bytes at most, by the same rule (a chunk of 1000 entries of large
+# batches could be gigabytes).
+READ_AHEAD_BYTES = 16 * 1024 * 1024
 # What a batch delivery acknowledged already, when nothing was (the usual case).
 _NONE_ACKED: frozenset[int] = frozenset()
 
@@ -45,6 +48,15 @@ class Bookkeeping:
         self.expired = 0
         # Messages held back until their `deliver_at` (on `clock`).
         self.held = DelayQueue()
+
+
+def wants_chunk(cursor: Cursor) -> bool:
+    """Whether a cursor's backlog holds less than half a chunk, in entries and in bytes (an
+    empty one always does, whatever its byte count says)."""
+    backlog = cursor.backlog
+    return len(backlog) < READ_AHEAD // 2 and (
+        not backlog or cursor.backlog_bytes < READ_AHEAD_BYTES // 2
+    )
 
 
 def _by_id(entry: Entry) -> MessageId:
@@ -175,6 +187,7 @@ class Subscription:
         if cursor.loading:
             # The rule is applied when loading completes, over the whole backlog in order.
             backlog.append(entry)
+            cursor.backlog_bytes += payload_size(entry.message)
             return
         limit = self.max_backlog
         if limit and len(backlog) >= limit and not self._evict_qos0(cursor):
@@ -182,6 +195,7 @@ class Subscription:
             cursor.ack(entry.message_id)
             return
         backlog.append(entry)
+        cursor.backlog_bytes += payload_size(entry.message)
         if entry.message.qos == 0:
             cursor.qos0 += 1
         self._mark_ready(cursor)
@@ -193,6 +207,7 @@ class Subscription:
         for index, queued in enumerate(backlog):
             if queued.message.qos == 0:
                 del backlog[index]
+                cursor.backlog_bytes -= payload_size(queued.message)
                 cursor.qos0 -= 1
                 self._dropped()
                 cursor.ack(queued.message_id)
@@ -241,10 +256,11 @@ class Subscription:
                 blocked.append((lane, lane.popleft()))
                 continue
             backlog.popleft()
+            cursor.backlog_bytes -= payload_size(entry.message)
             if entry.message.qos == 0:
                 cursor.qos0 -= 1
-            if cursor.catching_up and len(backlog) < READ_AHEAD // 2:
-                self.books.wanting.add(cursor)
+            if cursor.catching_up and wants_chunk(cursor):
+                self.books.wanting.add(cursor)  # the consumer pushed to reads on
             att.push(entry)
             if lane is retry:
                 cursor.returned -= 1
@@ -262,6 +278,7 @@ class Subscription:
             return
         count = len(entries)
         cursor.qos0 += sum(1 for entry in entries if entry.message.qos == 0)
+        cursor.backlog_bytes += sum(payload_size(entry.message) for entry in entries)
         entries.sort(key=_by_id)
         backlog = cursor.backlog
         last = entries[-1].message_id
@@ -295,6 +312,7 @@ class Subscription:
         cursor.compact()  # a stalled subscription's acknowledged run is read back as ids
         arrived = list(cursor.backlog)
         cursor.backlog.clear()
+        cursor.backlog_bytes = 0
         cursor.qos0 = 0
         cursor.loading = False
         for entry in entries:
@@ -500,13 +518,30 @@ class Subscription:
             kept = [entry for entry in cursor.backlog if entry.message_id > through]
             cursor.returned = max(0, cursor.returned - (len(cursor.backlog) - len(kept)))
             cursor.backlog = deque(kept)
+            cursor.backlog_bytes = sum(payload_size(entry.message) for entry in kept)
             cursor.qos0 = sum(1 for entry in kept if entry.message.qos == 0)
+        self._read_on(cursor)
         for att in self.attachments:
             for key in [k for k in att.unacked if k[0] == topic and k[1] <= through]:
                 del att.unacked[key]
             att.withdraw(topic, through)
         self.books.changed.add(cursor)
         self.pump()
+
+    def _read_on(self, cursor: Cursor) -> None:
+        """A cursor catching up whose backlog went below half a chunk other than by dispatch
+        (which asks for the next chunk itself) asks for it, and wakes the consumers so that
+        one reads it: nothing else would, as what is published meanwhile is not routed to a
+        cursor catching up."""
+        if not cursor.catching_up or not wants_chunk(cursor):
+            return
+        wanting = self.books.wanting
+        if cursor in wanting:
+            return
+        wanting.add(cursor)
+        for att in self.attachments:
+            if att.on_ready is not None:
+                att.on_ready()
 
     def _ack_batch_prefix(self, cursor: Cursor, message_id: MessageId) -> bool:
         """Acknowledge the messages of a batch entry up to `message_id`'s index; True when the
@@ -577,6 +612,7 @@ class Subscription:
         del self.cursors[name]
         cursor.topic.cursors.remove(cursor)
         cursor.backlog.clear()
+        cursor.backlog_bytes = 0
         cursor.returned = 0
         self.books.changed.discard(cursor)
         for att in self.attachments:

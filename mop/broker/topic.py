@@ -56,6 +56,7 @@ class Topic:
         "mqtt",
         "name",
         "persistent",
+        "routed_id",
         "trimmed",
     )
 
@@ -63,6 +64,11 @@ class Topic:
         self.name = name
         self.mqtt = mqtt
         self.last_id = last_id
+        # The last id routing has passed (a QoS >= 1 message once written): every message up
+        # to it was offered to the cursors that follow the topic live, so a cursor catching up
+        # reads its stored backlog through it and no further; what comes after is routed to
+        # it. What a store held when it was opened is written.
+        self.routed_id = last_id
         self.persistent = not name.startswith(NON_PERSISTENT)
         # What publish walks: one cursor per attached subscription, kept up to date when
         # subscriptions or selectors change so that a publish never searches for them.

@@ -4,7 +4,8 @@ into the columns of a `RowBatch`, with no object per message on the way.
 The rows are those pulsar-client's reader gives for the same entries (its `partition_key`,
 `data`, `properties`, publish and event time, and message id), so that either way of reading
 makes the same DataFrame. An entry this cannot read (a chunk of a larger message, an encrypted
-or otherwise undecodable batch) raises `Unreadable`; pulsar-client reads it instead.
+or otherwise undecodable batch, one the driver could not decompress) raises `Unreadable`;
+pulsar-client reads it instead.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def add_entry(rows: RowBatch, entry: ReceivedEntry, after: Key, through: Key) ->
         raise Unreadable("a chunk of a larger message")
     if meta.encrypted:
         raise Unreadable("an encrypted message")
+    if entry.undecodable is not None:
+        raise Unreadable(entry.undecodable)
     ledger, number = entry.message_id.ledger, entry.message_id.entry
     published = meta.publish_time * 1000
     if not meta.batched:

@@ -3,8 +3,8 @@ in a thread of their own and handed to the Spark task's thread through a queue.
 
 A Spark task is plain threaded Python, so the driver runs its own trio loop in a worker thread.
 The reader is a non-durable subscription, as pulsar-client's readers are: it works against any
-Pulsar-protocol broker. It is paused (no more permits) while the task has more than a few
-receiver queues' worth of messages waiting, so memory stays bounded by the permits.
+Pulsar-protocol broker. It is paused (no more permits) while more than a few receiver queues'
+worth of messages, or some tens of megabytes of entries, wait for the task.
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ PERMITS: Final = 20_000
 # Messages waiting for the task above which the reader is paused, and below which it goes on.
 _HIGH: Final = 2 * PERMITS
 _LOW: Final = PERMITS // 2
+# The same in bytes of the entries waiting: a few large batches are already a lot of memory.
+_HIGH_BYTES: Final = 64 * 1024 * 1024
+_LOW_BYTES: Final = _HIGH_BYTES // 4
 # How long closing the reader's connection may take.
 _CLOSE_S: Final = 5.0
 
@@ -66,7 +69,11 @@ class EntryFeed:
         self._start = start
         self._timeout = max(1.0, timeout_ms / 1000)
         self._queue: queue.SimpleQueue[ReceivedEntry | _Failed] = queue.SimpleQueue()
-        self._waiting = 0  # messages in the queue (updated under the GIL by both threads)
+        # Messages in the queue, and whether the reader is paused: both threads change them,
+        # under the lock (`+=` is no atomic operation, even under the GIL).
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._waiting_bytes = 0
         self._paused = False
         self._token: trio.lowlevel.TrioToken | None = None
         self._consumer: ClientConsumer | None = None
@@ -96,9 +103,13 @@ class EntryFeed:
             return None
         if isinstance(item, _Failed):
             raise item.error
-        self._waiting -= item.metadata.message_count
-        if self._paused and self._waiting <= _LOW:
-            self._paused = False
+        with self._lock:
+            self._waiting -= item.metadata.message_count
+            self._waiting_bytes -= len(item.data)
+            resume = self._paused and self._waiting <= _LOW and self._waiting_bytes <= _LOW_BYTES
+            if resume:
+                self._paused = False
+        if resume:
             self._call(self._resume)
         return item
 
@@ -140,14 +151,24 @@ class EntryFeed:
             nursery.cancel_scope.cancel()
 
     def _take(self, consumer: ClientConsumer, entry: ReceivedEntry) -> None:
+        with self._lock:
+            # Counted before the task can take it, so that the count never goes below zero.
+            self._waiting += entry.metadata.message_count
+            self._waiting_bytes += len(entry.data)
+            pause = not self._paused and (
+                self._waiting >= _HIGH or self._waiting_bytes >= _HIGH_BYTES
+            )
+            if pause:
+                self._paused = True
         self._queue.put(entry)
-        self._waiting += entry.metadata.message_count
-        if not self._paused and self._waiting >= _HIGH:
-            self._paused = True
+        if pause:
             consumer.pause()
 
     def _resume(self) -> None:
-        if self._consumer is not None and not self._paused:
+        # On the worker, as `_take` is: a pause made since the task asked for this stays.
+        with self._lock:
+            paused = self._paused
+        if self._consumer is not None and not paused:
             self._consumer.resume()
 
     def _set_stop(self) -> None:

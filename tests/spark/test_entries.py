@@ -124,3 +124,10 @@ def test_an_encrypted_entry_is_left_to_a_full_client() -> None:
     )
     with pytest.raises(Unreadable):
         add_entry(_rows(), ReceivedEntry(MessageId(3, 1), meta, b"sealed", ()), START, END)
+
+
+def test_an_entry_the_driver_could_not_decompress_is_left_to_a_full_client() -> None:
+    entry = _batch(5, 3)
+    entry.undecodable = "ZLIB payload of 6000000 bytes, above 5242880"
+    with pytest.raises(Unreadable, match="above"):
+        add_entry(_rows(), entry, START, END)

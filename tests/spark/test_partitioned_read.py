@@ -21,6 +21,8 @@ pytestmark = pytest.mark.spark
 def test_each_partition_is_a_spark_partition(
     spark: Any, service_url: str, client: pulsar.Client, node: RunningNode, topic: str
 ) -> None:
+    # Pulsar refuses a partitioned topic whose name holds "-partition-", as this test's does.
+    topic = topic.replace("-partition-", "-part-")
     pulsar_topic = mqtt_to_pulsar(topic)
     with httpx.Client(base_url=admin_url(node), timeout=10) as http:
         assert http.put(topic_path(pulsar_topic) + "/partitions", json=3).status_code == 204

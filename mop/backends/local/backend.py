@@ -9,7 +9,7 @@ is stored or kept per topic (client events name a topic per client id).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -29,7 +29,6 @@ from mop.backlog_quota import (
     BacklogQuotaControl,
     BacklogQuotas,
     QuotaKind,
-    QuotaPolicy,
 )
 from mop.broker import (
     NON_PERSISTENT,
@@ -116,9 +115,6 @@ class LocalBackend:
             retention_check=retention_check,
             backlog_quotas=backlog_quotas,
         )
-        self.broker.quota.on_room = self._quota_room
-        # Set when a topic that held its producers (producer_request_hold) has room again.
-        self._room = trio.Event()
         self.broker.on_scheduled = self._delays_changed
         self.broker.compacted.on_change = self._table_changed
         # This broker's URL, and the members of its cluster (none or one: it owns every topic).
@@ -195,19 +191,6 @@ class LocalBackend:
 
     # -- backlog quotas (`mop.backlog_quota.BacklogQuotaControl`, for the admin API) -------
 
-    def _quota_room(self) -> None:
-        self._room.set()
-        self._room = trio.Event()
-
-    async def _wait_for_room(self, topics: Iterable[str]) -> None:
-        """Hold a publish while one of its topics is over a producer_request_hold quota."""
-        names = set(topics)
-        while any(
-            self.broker.quota.blocked.get(name) is QuotaPolicy.PRODUCER_REQUEST_HOLD
-            for name in names
-        ):
-            await self._room.wait()
-
     async def backlog_quotas(self, namespace: str) -> Mapping[QuotaKind, BacklogQuota]:
         await trio.lowlevel.checkpoint()
         return self.broker.quota.quotas.for_namespace(namespace)
@@ -261,8 +244,6 @@ class LocalBackend:
 
     async def publish(self, topic: str, message: Message) -> PublishResult:
         self._check_running()
-        if self.broker.quota.blocked:
-            await self._wait_for_room((topic,))
         if self.local.owns(topic):
             await trio.lowlevel.checkpoint()
             return self.local.publish(topic, message)
@@ -282,8 +263,6 @@ class LocalBackend:
             self._check_running()
         except BackendError as exc:
             return [exc] * len(items)
-        if self.broker.quota.blocked:
-            await self._wait_for_room(topic for topic, _ in items)
         store_many = self.broker.store_many
         results: list[PublishResult | BackendError] = []
         durable: list[int] = []  # indexes of the results that wait for the sync

@@ -129,10 +129,10 @@ class LocalConsumer:
         waited = False
         while True:
             att = self._attachment()
-            if broker.wants_reading:
-                # A subscription catching up with a stored backlog read it down: read on.
+            if broker.wants_reading_for(att):
+                # Its subscription, catching up with a stored backlog, read it down: read on.
                 try:
-                    await broker.read_ahead()
+                    await broker.read_ahead(att)
                 except (StorageError, BrokerError) as exc:
                     raise translate(exc) from exc
                 att = self._attachment()

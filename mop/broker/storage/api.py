@@ -84,10 +84,12 @@ class Storage(Protocol):
         ...
 
     async def read(
-        self, topic: str, after: MessageId | None, max_count: int
+        self, topic: str, after: MessageId | None, max_count: int, max_bytes: int | None = None
     ) -> list[tuple[MessageId, Message]]:
         """Up to `max_count` stored messages of `topic` with an id greater than `after`
-        (None: from the first one kept), in id order; [] for an unknown topic."""
+        (None: from the first one kept), in id order; [] for an unknown topic. With
+        `max_bytes`, no more messages than fit in about that many bytes as stored (always
+        one at least)."""
         ...
 
     def topics(self) -> list[str]:
@@ -108,6 +110,11 @@ class Storage(Protocol):
         """The last id of the oldest kept messages of `topic` that retention's limits let go:
         those appended before `appended_before` (wall clock, s), and those beyond the newest
         `keep_bytes` bytes of the topic (None: that limit does not apply). None when none."""
+        ...
+
+    def oldest_append_time(self, topic: str) -> int | None:
+        """When (wall clock, s) the oldest kept message of `topic` was appended (None: none
+        is kept): when retention by time next has something to trim there."""
         ...
 
     def delete_topic(self, topic: str) -> None:

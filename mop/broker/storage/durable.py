@@ -353,6 +353,15 @@ class DurableStorage:
             topics=len(index.topics), messages=index.messages, bytes=index.message_bytes
         )
 
+    def oldest_append_time(self, topic: str) -> int | None:
+        entry_topic = self._index.topics.get(topic)
+        if entry_topic is None:
+            return None
+        for run in entry_topic.runs:
+            if len(run):
+                return int(run.times[run.head])
+        return None
+
     def topic_size(self, topic: str) -> int:
         entry_topic = self._index.topics.get(topic)
         return 0 if entry_topic is None else entry_topic.bytes
@@ -370,10 +379,10 @@ class DurableStorage:
         return self._upkeep.reclaimed
 
     async def read(
-        self, topic: str, after: MessageId | None, max_count: int
+        self, topic: str, after: MessageId | None, max_count: int, max_bytes: int | None = None
     ) -> list[tuple[MessageId, Message]]:
         self._check_open()
-        return await self._reader.read(topic, after, max_count)
+        return await self._reader.read(topic, after, max_count, max_bytes)
 
     # -- group commit --------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import TypeAlias
 
 from mop.broker.storage.api import CursorKey, CursorState
@@ -25,9 +26,14 @@ Slot: TypeAlias = tuple[int, int, int, int]
 class Run:
     """Consecutive entries of one ledger, from `first + head` to `next_entry - 1`, with the log
     position, record size and append time (s) of each. Trimming moves `head`; the dropped
-    prefix is cut off the arrays once it dominates, so trimming stays amortised O(1)."""
+    prefix is cut off the arrays once it dominates, so trimming stays amortised O(1).
 
-    __slots__ = ("first", "head", "ledger", "monotonic", "positions", "sizes", "times")
+    `totals` holds the running sum of `sizes` (only differences of it mean anything, so
+    slices and dropped prefixes keep it right) and `times` never decreases (a message
+    appended after the clock stepped back is dated as the one before it): retention and
+    backlog quotas find their cut by bisection instead of a walk over every kept message."""
+
+    __slots__ = ("first", "head", "ledger", "monotonic", "positions", "sizes", "times", "totals")
 
     def __init__(self, ledger: int, first: int) -> None:
         self.ledger = ledger
@@ -36,6 +42,7 @@ class Run:
         self.positions = array("q")
         self.sizes = array("I")
         self.times = array("I")
+        self.totals = array("q")
         # Positions rise with entries until a reclaim copies older entries forward.
         self.monotonic = True
 
@@ -51,7 +58,32 @@ class Run:
             self.monotonic = False
         self.positions.append(position)
         self.sizes.append(size)
-        self.times.append(seconds)
+        self.times.append(max(seconds, self.times[-1]) if self.times else seconds)
+        self.totals.append(size + (self.totals[-1] if self.totals else 0))
+
+    def extend(self, positions: list[int], sizes: list[int], seconds: int) -> None:
+        """`append` for each of several messages appended at `seconds`."""
+        if self.positions and positions[0] < self.positions[-1]:
+            self.monotonic = False
+        self.positions.extend(positions)
+        self.sizes.extend(sizes)
+        if self.times:
+            seconds = max(seconds, self.times[-1])
+        self.times.extend([seconds] * len(positions))
+        start = self.totals[-1] if self.totals else 0
+        self.totals.extend(start + total for total in accumulate(sizes))
+
+    def load(self, positions: array[int], sizes: array[int], times: array[int]) -> None:
+        """Take whole columns (recovery), deriving `totals` and never-decreasing times."""
+        self.positions, self.sizes = positions, sizes
+        self.times = array("I", accumulate(times, max))
+        self.totals = array("q", accumulate(sizes))
+
+    def bytes_between(self, lo: int, hi: int) -> int:
+        """The bytes of the array indexes [lo, hi)."""
+        if hi <= lo:
+            return 0
+        return self.totals[hi - 1] - self.totals[lo] + self.sizes[lo]
 
     def index_of(self, entry: int) -> int | None:
         i = entry - self.first
@@ -61,7 +93,7 @@ class Run:
         """Forget array indexes below `end` (they were trimmed)."""
         self.head = end
         if self.head > 1024 and self.head * 2 > len(self.positions):
-            for column in (self.positions, self.sizes, self.times):
+            for column in (self.positions, self.sizes, self.times, self.totals):
                 del column[: self.head]
             self.first += self.head
             self.head = 0
@@ -117,20 +149,19 @@ class TopicIndex:
             if end > run.head:
                 yield run, run.head, end
                 self.count -= end - run.head
-                self.bytes -= sum(run.sizes[run.head : end])
+                self.bytes -= run.bytes_between(run.head, end)
                 run.drop_prefix(end)
             if len(run) or run.ledger == self.ledger:
                 return
             self.runs.pop(0)
 
     def expired_through(self, cutoff: int) -> MessageId | None:
-        """The last id of the kept prefix appended before `cutoff` (s)."""
+        """The last id of the kept prefix appended before `cutoff` (s): a bisection in each
+        run (append times never decrease within one) until one holds a later message."""
         last = None
         for run in self.runs:
             times = run.times
-            i = run.head
-            while i < len(times) and times[i] < cutoff:
-                i += 1
+            i = bisect_left(times, cutoff, lo=run.head)
             if i > run.head:
                 last = MessageId(run.ledger, run.first + i - 1)
             if i < len(times):
@@ -138,17 +169,22 @@ class TopicIndex:
         return last
 
     def over_through(self, limit: int) -> MessageId | None:
-        """The last id to trim so that at most `limit` bytes stay kept."""
+        """The last id to trim so that at most `limit` bytes stay kept: whole runs while they
+        hold less than the excess, then a bisection over the running sums of the next."""
         excess, last = self.bytes - limit, None
         for run in self.runs:
-            i, sizes = run.head, run.sizes
-            while excess > 0 and i < len(sizes):
-                excess -= sizes[i]
-                i += 1
-            if i > run.head:
-                last = MessageId(run.ledger, run.first + i - 1)
             if excess <= 0:
                 break
+            end = len(run.sizes)
+            held = run.bytes_between(run.head, end)
+            if held > excess:
+                # The first index whose bytes from `head` on reach the excess.
+                base = run.totals[run.head] - run.sizes[run.head]
+                end = bisect_left(run.totals, base + excess, lo=run.head) + 1
+                held = excess
+            if end > run.head:
+                last = MessageId(run.ledger, run.first + end - 1)
+            excess -= held
         return last
 
 
@@ -308,11 +344,7 @@ class LogIndex:
         (`add_message` for each, in one step)."""
         if not positions:
             return
-        if run.positions and positions[0] < run.positions[-1]:
-            run.monotonic = False
-        run.positions.extend(positions)
-        run.sizes.extend(sizes)
-        run.times.extend([seconds] * len(positions))
+        run.extend(positions, sizes, seconds)
         total = sum(sizes)
         self.segments[-1].live_bytes += total
         self.live_bytes += total
@@ -329,7 +361,7 @@ class LogIndex:
         if lo >= hi:
             return
         self.count_live(run, lo, hi, -1)
-        size = sum(run.sizes[lo:hi])
+        size = run.bytes_between(lo, hi)
         topic.count -= hi - lo
         topic.bytes -= size
         self.messages -= hi - lo
@@ -341,9 +373,10 @@ class LogIndex:
             rest.positions = run.positions[hi:]
             rest.sizes = run.sizes[hi:]
             rest.times = run.times[hi:]
+            rest.totals = run.totals[hi:]
             rest.monotonic = run.monotonic
             runs.insert(at + 1, rest)
-        for column in (run.positions, run.sizes, run.times):
+        for column in (run.positions, run.sizes, run.times, run.totals):
             del column[lo:]
         if not len(run):
             runs.pop(at)

@@ -119,7 +119,7 @@ class MemoryStorage:
         await trio.lowlevel.checkpoint()
 
     async def read(
-        self, topic: str, after: MessageId | None, max_count: int
+        self, topic: str, after: MessageId | None, max_count: int, max_bytes: int | None = None
     ) -> list[tuple[MessageId, Message]]:
         self._check_open()
         await trio.lowlevel.checkpoint()
@@ -128,6 +128,13 @@ class MemoryStorage:
             return []
         start = log.head if after is None else bisect_right(log.ids, after, lo=log.head)
         end = min(len(log.ids), start + max_count)
+        if max_bytes is not None:
+            total = 0
+            for index in range(start, end):
+                total += _size(log.messages[index])
+                if total > max_bytes and index > start:
+                    end = index
+                    break
         return list(zip(log.ids[start:end], log.messages[start:end], strict=True))
 
     def topics(self) -> list[str]:
@@ -186,6 +193,10 @@ class MemoryStorage:
     def stats(self) -> StorageStats:
         messages = sum(len(log) for log in self._logs.values())
         return StorageStats(topics=len(self._logs), messages=messages, bytes=self._bytes)
+
+    def oldest_append_time(self, topic: str) -> int | None:
+        log = self._logs.get(topic)
+        return None if log is None or not len(log) else log.times[log.head]
 
     def topic_size(self, topic: str) -> int:
         log = self._logs.get(topic)

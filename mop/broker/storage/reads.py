@@ -11,7 +11,7 @@ from pathlib import Path
 import trio
 
 from mop.broker.storage.api import StorageError
-from mop.broker.storage.index import LogIndex
+from mop.broker.storage.index import LogIndex, Slot
 from mop.broker.storage.log import LogTail
 from mop.broker.storage.records import FRAME, decode_message
 from mop.broker.storage.segments import read_spans
@@ -44,9 +44,10 @@ class LogReader:
         self.directory = directory
 
     async def read(
-        self, topic: str, after: MessageId | None, max_count: int
+        self, topic: str, after: MessageId | None, max_count: int, max_bytes: int | None = None
     ) -> list[tuple[MessageId, Message]]:
-        """Up to `max_count` messages of `topic` after `after`, in order."""
+        """Up to `max_count` messages of `topic` after `after`, in order; with `max_bytes`,
+        those whose records fit in that many bytes (one at least)."""
         for _ in range(_ATTEMPTS):
             entry_topic = self.index.topics.get(topic)
             if entry_topic is None or max_count <= 0:
@@ -54,7 +55,10 @@ class LogReader:
                 return []
             found: list[tuple[MessageId, Message | None]] = []
             misses: list[tuple[int, int, int]] = []  # (slot, position, size)
-            for ledger, entry, position, size in entry_topic.locate(after, max_count):
+            slots = entry_topic.locate(after, max_count)
+            if max_bytes is not None:
+                slots = _within(slots, max_bytes)
+            for ledger, entry, position, size in slots:
                 message = None
                 raw = self.tail.find(position, size)
                 if raw is not None:
@@ -76,6 +80,16 @@ class LogReader:
                 found[slot] = (found[slot][0], _decode(chunks[span][start:end], position))
             return [(i, m) for i, m in found if m is not None]
         raise StorageError(f"records of {topic} kept moving during a read")
+
+
+def _within(slots: list[Slot], max_bytes: int) -> list[Slot]:
+    """The first of `slots` whose records add up to at most `max_bytes` (one at least)."""
+    total = 0
+    for count, slot in enumerate(slots):
+        total += slot[3]
+        if total > max_bytes and count:
+            return slots[:count]
+    return slots
 
 
 def _spans(

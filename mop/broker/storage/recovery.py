@@ -93,7 +93,7 @@ class _Ledger:
         entries, n = self.entries, len(self.entries)
         if n and entries == array("q", range(entries[0], entries[0] + n)):
             run = Run(ledger, entries[0])
-            run.positions, run.sizes, run.times = self.positions, self.sizes, self.times
+            run.load(self.positions, self.sizes, self.times)
             return [run]
         latest = {entry: i for i, entry in enumerate(entries)}
         runs: list[Run] = []

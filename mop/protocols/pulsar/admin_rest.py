@@ -99,6 +99,13 @@ def retention_from_document(document: Any) -> RetentionPolicy:
         if value is None or value < INFINITE:
             raise ValueError(f"{name} must be an integer: -1 (no limit), 0 (none) or more")
         values.append(value if value <= 0 else value * unit)
+    if (values[0] == 0) != (values[1] == 0):
+        # Pulsar's own check: 0 in one limit would keep nothing whatever the other says.
+        raise ValueError(
+            "Invalid retention policy: Setting a single time or size limit to 0 is invalid when"
+            " one of the limits has a non-zero value. Use the value of -1 instead of 0 to ignore"
+            " a specific limit. To disable retention both limits must be set to 0."
+        )
     return RetentionPolicy(values[0], values[1])
 
 

@@ -73,3 +73,40 @@ def test_policies_that_are_not_valid_are_refused(tmp_path: Path) -> None:
             assert "reason" in answer.json()
         assert api.call("GET", "/admin/v2/namespaces/pub%20lic/default/retention").status == 412
         assert api.get(PATH) == DEFAULT
+
+
+def test_policies_are_checked_against_each_other_as_pulsar_checks_them(tmp_path: Path) -> None:
+    quota_path = "/admin/v2/namespaces/public/default/backlogQuota"
+    with running_node(node_settings(data_dir=str(tmp_path / "data"))) as node:
+        api = Api(node)
+        # A single 0 limit with the other nonzero is refused, as by Pulsar.
+        for body in (
+            {"retentionTimeInMinutes": 0, "retentionSizeInMB": 10},
+            {"retentionTimeInMinutes": 10, "retentionSizeInMB": 0},
+        ):
+            answer = api.call("POST", PATH, body)
+            assert answer.status == 400, (body, answer.body)
+            assert "Setting a single time or size limit to 0" in answer.json()["reason"]
+        # A size quota must stay below the retention size (256 MiB by default here).
+        answer = api.call(
+            "POST", quota_path, {"limitSize": 256 << 20, "policy": "producer_exception"}
+        )
+        assert answer.status == 412, answer.body
+        assert "Backlog Quota exceeds configured retention quota" in answer.json()["reason"]
+        assert api.call("POST", quota_path, {"limitSize": 100 << 20}).status == 204
+        answer = api.call("POST", PATH, {"retentionTimeInMinutes": 60, "retentionSizeInMB": 100})
+        assert answer.status == 412, answer.body
+        assert "Retention Quota must exceed configured backlog quota" in answer.json()["reason"]
+        assert api.get(PATH) == DEFAULT
+        assert (
+            api.call("POST", PATH, {"retentionTimeInMinutes": 60, "retentionSizeInMB": -1}).status
+            == 204
+        )
+        # The system namespace's policies are fixed.
+        system = "/admin/v2/namespaces/public/__mop"
+        answer = api.call(
+            "POST", f"{system}/retention", {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1}
+        )
+        assert answer.status == 412, answer.body
+        assert api.call("POST", f"{system}/backlogQuota", {"limitSize": 1}).status == 412
+        assert api.call("DELETE", f"{system}/retention").status == 412

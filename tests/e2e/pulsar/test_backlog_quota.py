@@ -122,6 +122,28 @@ def test_producer_request_hold_makes_sends_time_out(request: pytest.FixtureReque
         slow.close()
 
 
+def test_producer_request_hold_refuses_mqtt_publishes_to_that_topic_only(
+    request: pytest.FixtureRequest,
+) -> None:
+    # A held MQTT publish is refused at once with Quota exceeded (as separated proxies
+    # answer): waiting in the broker would stop the client's other packets (its PUBACKs and
+    # PINGREQs) and every other topic of a batch.
+    name = f"quota/{request.node.name}"
+    with node_with("producer_request_hold") as node, pulsar_client(node) as client:
+        slow = over_quota(client, mqtt_to_pulsar(name))
+        mqtt = Client(node.mqtt_port, "quota-held")
+        started = time.monotonic()
+        assert mqtt.publish(name, PAYLOAD, 1) == 0x97
+        assert time.monotonic() - started < 5
+        # Other topics are not held (16: accepted, no matching subscribers).
+        assert mqtt.publish(f"{name}/other", PAYLOAD, 1) in (0, 16)
+        for message in receive_all(slow, 10):
+            slow.acknowledge(message)
+        time.sleep(CHECKED)
+        assert mqtt.publish(name, b"welcome", 1) in (0, 16)
+        slow.close()
+
+
 def test_consumer_backlog_eviction_skips_the_oldest_backlog(
     request: pytest.FixtureRequest,
 ) -> None:

@@ -7,6 +7,7 @@ import pytest
 
 from mop.broker import Broker
 from mop.broker.storage import MemoryStorage
+from mop.message import MessageId
 from mop.messaging import StartPosition
 from mop.retention import NO_RETENTION, RetentionPolicies, RetentionPolicy, namespace_of
 from mop.topic_names import table_topic
@@ -110,3 +111,44 @@ async def test_a_run_time_override_applies_at_once_and_survives_a_restart() -> N
     assert again.retention.for_namespace("public/default") == NO_RETENTION
     await again.set_retention("public/default", None)
     assert again.retention.for_namespace("public/default") == DAY
+
+
+class CountingStorage(MemoryStorage):
+    """Counts the topics a trimming pass looks at (one retention cut each)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cuts: list[str] = []
+
+    def retention_cut(
+        self, topic: str, *, appended_before: int | None, keep_bytes: int | None
+    ) -> MessageId | None:
+        self.cuts.append(topic)
+        return super().retention_cut(topic, appended_before=appended_before, keep_bytes=keep_bytes)
+
+
+async def test_passes_look_only_at_topics_whose_history_may_have_aged_out() -> None:
+    policies = RetentionPolicies(
+        RetentionPolicy(-1, 1024), {"public/aging": RetentionPolicy(60, -1)}
+    )
+    storage = CountingStorage()
+    broker, _, clock = broker_with(policies, storage)
+    sized = [topic(f"s{n}") for n in range(20)]
+    aging = "persistent://public/aging/a"
+    for name in [*sized, aging]:
+        await broker.publish(name, msg("kept"))
+    broker.trim_acknowledged(now=0.0)
+    assert len(storage.cuts) == 21
+    # Idle topics under a size limit only are not looked at again however long it is...
+    storage.cuts.clear()
+    for step in range(1, 8):
+        clock.now += 10_000
+        broker.trim_acknowledged(now=10.0 * step)
+    assert storage.cuts == [aging]  # ...the time-limited one once its message is 60 s old
+    assert await history(broker, aging) == []
+    broker.trim_acknowledged(now=75.0)  # the reader's visit
+    # An append to a size-limited topic makes it looked at again.
+    storage.cuts.clear()
+    await broker.publish(sized[0], msg("more"))
+    broker.trim_acknowledged(now=80.0)
+    assert storage.cuts == [sized[0]]

@@ -116,9 +116,11 @@ class Received:
 class ReceivedEntry:
     """One entry as the broker delivered it, whole (see `subscribe_entries`):
     its metadata and its payload, decompressed (an encrypted one as sent); a batch still holds
-    all its members."""
+    all its members. `undecodable` says why the payload could not be decompressed (a codec
+    not installed, a batch over the size limit once decompressed): it is then as sent, and
+    whoever takes it reads it some other way or fails, but never skips it unknowingly."""
 
-    __slots__ = ("ack_set", "data", "message_id", "metadata")
+    __slots__ = ("ack_set", "data", "message_id", "metadata", "undecodable")
 
     def __init__(
         self,
@@ -126,11 +128,13 @@ class ReceivedEntry:
         metadata: MessageMetadata,
         data: bytes,
         ack_set: tuple[int, ...],
+        undecodable: str | None = None,
     ) -> None:
         self.message_id = message_id  # of the entry (batch index -1)
         self.metadata = metadata
         self.data = data
         self.ack_set = ack_set  # batch-index acks: set bits are members still owed
+        self.undecodable = undecodable
 
 
 Sink = Callable[["ClientConsumer", list[Received]], None]
@@ -349,24 +353,19 @@ class ClientConsumer:
             return  # handed over before a reconnection
         payload = frame.payload
         meta = payload.metadata
+        undecodable: str | None = None
         try:
             # An encrypted entry comes as it was sent: it cannot be decompressed here.
             data = payload.data if meta.encrypted else _plain(payload, limit)
         except (PulsarError, ValueError) as exc:
-            _limited.warning(
-                "undecodable",
-                "%s: a message that cannot be decoded was left unacknowledged (%s)",
-                self.topic,
-                exc,
-            )
-            self._grant()
-            return
+            # Handed on as sent, flagged: skipping it would leave a hole in what is read.
+            data, undecodable = payload.data, str(exc)
         self._last = message_id
         if self.config.auto_ack:
             data_id = frame.message_id
             self._cumulative = MessageIdData(ledger_id=data_id.ledger_id, entry_id=data_id.entry_id)
             self._want_flush()
-        self._entry_sink(self, ReceivedEntry(message_id, meta, data, frame.ack_set))
+        self._entry_sink(self, ReceivedEntry(message_id, meta, data, frame.ack_set, undecodable))
         self._grant()
 
     def on_corrupt(self, frame: Message) -> None:

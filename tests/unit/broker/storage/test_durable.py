@@ -73,6 +73,16 @@ async def test_ids_increase_and_reads_page(harness: Harness) -> None:
     assert store.last_id("missing") is None
 
 
+async def test_reads_page_by_bytes_too(harness: Harness) -> None:
+    store = harness.store
+    store.append("t", _messages(*(chr(65 + n) * 1000 for n in range(10))))
+    await store.sync()  # read from the files, not only the written tail
+    page = await store.read("t", None, 10, 3500)
+    assert 2 <= len(page) <= 3  # about 3500 bytes as stored, whatever a record adds
+    assert len(await store.read("t", None, 10, 1)) == 1  # one at least
+    assert len(await store.read("t", None, 10, None)) == 10
+
+
 async def test_trim_keeps_last_id_and_topic(harness: Harness) -> None:
     store = harness.store
     ids = store.append("t", _messages("a", "b", "c"))
@@ -314,7 +324,11 @@ async def test_retention_cut_by_size_and_age(
     cut = store.retention_cut("t", appended_before=now - 60, keep_bytes=keep)
     assert cut is not None and old[-1] < cut < recent[-1]
     assert store.retention_cut("unknown", appended_before=now, keep_bytes=0) is None
+    oldest = store.oldest_append_time("t")
+    assert oldest is not None and now - 125 <= oldest <= now - 115
+    assert store.oldest_append_time("unknown") is None
     store.trim("t", cut)
+    assert store.oldest_append_time("t") in (now - 1, now, now + 1)
     await store.sync()
     assert store.topic_size("t") <= keep
     kept = await store.read("t", None, 100)
