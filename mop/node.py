@@ -395,7 +395,8 @@ async def open_node(settings: Settings) -> AsyncIterator[Node]:
     backend: Backend | None = None
     telemetry = _open_telemetry(settings)
     # Bound before anything starts: a port in use stops the node before it writes anything
-    # (storage files, tables), and clients that connect meanwhile wait in the backlog.
+    # (storage files, tables). They listen once the node serves: until then connections are
+    # refused (see `OpenListeners`).
     opened: list[_OpenedListeners] = []
     admin_socket: socket.socket | None = None
     try:

@@ -16,14 +16,22 @@ import trio
 # How long, and how much of what the peer still sends is read (and dropped) at most.
 LINGER_SECONDS: Final = 1.0
 LINGER_BYTES: Final = 1 << 20
+# How long at most on a stream that cannot end its side (TLS, WebSocket): the peer sees no
+# end, so a well-behaved one does not close until it has read the answer itself; only what it
+# sent meanwhile needs reading, and waiting the full second would hold the connection's socket
+# and task after every refusal.
+UNENDED_LINGER_SECONDS: Final = 0.2
 
 
 async def end_and_drain(
     stream: trio.abc.Stream, *, seconds: float = LINGER_SECONDS, max_bytes: int = LINGER_BYTES
 ) -> None:
     """End our side of `stream` (a FIN after what was sent, where it can half-close) and read,
-    and drop, what the peer still sends until it closes: `seconds` and `max_bytes` at most.
-    The caller then closes the stream as usual. Never raises for a broken connection."""
+    and drop, what the peer still sends until it closes: `seconds` (`UNENDED_LINGER_SECONDS`
+    at most where the stream cannot half-close) and `max_bytes` at most. The caller then
+    closes the stream as usual. Never raises for a broken connection."""
+    if not isinstance(stream, trio.abc.HalfCloseableStream):
+        seconds = min(seconds, UNENDED_LINGER_SECONDS)
     with (
         trio.move_on_after(seconds),
         contextlib.suppress(

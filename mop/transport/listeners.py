@@ -128,40 +128,53 @@ class BoundListener:
 
 
 class OpenListeners:
-    """Sockets bound and listening for some specs, not accepting yet (`open_listeners`).
+    """Sockets bound for some specs, not listening yet (`open_listeners`).
 
-    A node opens its listeners before it starts anything else, so that a port in use stops it
-    before it writes anything; connections that come meanwhile wait in the sockets' backlog
-    until `serve_open_listeners` accepts them. `aclose` closes what was never served.
+    A node binds its listeners before it starts anything else, so that a port in use stops it
+    before it writes anything. They listen only once `serve_open_listeners` serves them: until
+    the node is ready a connection is refused, rather than completing its handshake and
+    waiting in a backlog (a readiness probe would see the node up, and a CONNECT whose client
+    gave up meanwhile would still be taken, its session and will with it). `aclose` closes
+    what was never served.
     """
 
-    def __init__(self, opened: list[tuple[ListenerSpec, list[trio.SocketListener]]]) -> None:
+    def __init__(self, opened: list[tuple[ListenerSpec, list[trio.socket.SocketType]]]) -> None:
         self._opened = opened
 
     @property
-    def sockets(self) -> list[tuple[ListenerSpec, list[trio.SocketListener]]]:
-        """Each spec with its sockets (one per address its host resolves to)."""
+    def sockets(self) -> list[tuple[ListenerSpec, list[trio.socket.SocketType]]]:
+        """Each spec with its bound sockets (one per address its host resolves to)."""
         return self._opened
 
     @property
     def bound(self) -> list[BoundListener]:
-        """Where each socket listens (the real port, also when the spec said 0)."""
+        """Where each socket is bound (the real port, also when the spec said 0)."""
         return [
-            BoundListener(spec, *_address(listener.socket.getsockname()))
+            BoundListener(spec, *_address(sock.getsockname()))
             for spec, sockets in self._opened
-            for listener in sockets
+            for sock in sockets
         ]
+
+    def listen(self) -> list[tuple[ListenerSpec, list[trio.SocketListener]]]:
+        """Start listening on every socket (each with its spec's backlog)."""
+        listening = []
+        for spec, sockets in self._opened:
+            for sock in sockets:
+                sock.listen(spec.backlog)
+            listening.append((spec, [trio.SocketListener(sock) for sock in sockets]))
+        return listening
 
     async def aclose(self) -> None:
         for _, sockets in self._opened:
-            for listener in sockets:
-                await trio.aclose_forcefully(listener)
+            for sock in sockets:
+                sock.close()
+        await trio.lowlevel.checkpoint()
 
 
 async def open_listeners(specs: Sequence[ListenerSpec]) -> OpenListeners:
-    """Bind and listen on every spec; a failure (e.g. a port in use) raises ``OSError`` naming
-    the listener and address, and leaves nothing open."""
-    opened: list[tuple[ListenerSpec, list[trio.SocketListener]]] = []
+    """Bind every spec, without listening yet; a failure (e.g. a port in use) raises
+    ``OSError`` naming the listener and address, and leaves nothing open."""
+    opened: list[tuple[ListenerSpec, list[trio.socket.SocketType]]] = []
     try:
         for spec in specs:
             opened.append((spec, await _open_sockets(spec)))
@@ -196,7 +209,7 @@ async def serve_open_listeners(
     on_refused: Callable[[ListenerSpec], None] | None = None,
     task_status: trio.TaskStatus[list[BoundListener]] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
-    """Accept connections on `listeners` (which this closes when it ends) and run
+    """Listen and accept connections on `listeners` (which this closes when it ends) and run
     ``await handler(stream, info)`` for each; ``task_status.started(bound)`` reports the bound
     addresses at once.
 
@@ -208,8 +221,13 @@ async def serve_open_listeners(
     ``connection_rate`` is reported to ``on_refused``.
     """
     bound = listeners.bound
+    try:
+        listening = listeners.listen()
+    except BaseException:
+        await listeners.aclose()
+        raise
     async with trio.open_nursery() as nursery:
-        for spec, sockets in listeners.sockets:
+        for spec, sockets in listening:
             gate = _Gate(spec, on_refused) if spec.connection_rate > 0 else None
             # trio.serve_listeners keeps accepting through EMFILE and similar overload errors.
             nursery.start_soon(
@@ -245,8 +263,9 @@ async def serve_listener(
     await serve_listeners([spec], handler, task_status=task_status)
 
 
-async def _open_sockets(spec: ListenerSpec) -> list[trio.SocketListener]:
-    """Bind every address ``spec.host`` resolves to, all on one port even when it is 0."""
+async def _open_sockets(spec: ListenerSpec) -> list[trio.socket.SocketType]:
+    """Bind (not listen on) every address ``spec.host`` resolves to, all on one port even
+    when it is 0."""
     try:
         infos = await trio.socket.getaddrinfo(
             spec.host or None,
@@ -256,22 +275,41 @@ async def _open_sockets(spec: ListenerSpec) -> list[trio.SocketListener]:
         )
     except OSError as exc:
         raise _bind_error(spec, spec.port, exc) from exc
-    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
-    sockets: list[trio.SocketListener] = []
+    by_address = {str(info[4][0]): info for info in infos}
+    sockets: list[trio.socket.SocketType] = []
     port = spec.port
     try:
-        for address in addresses:
+        for address, (family, kind, proto, _, sockaddr) in by_address.items():
             try:
-                sockets += await trio.open_tcp_listeners(port, host=address, backlog=spec.backlog)
+                sockets.append(
+                    await _bound_socket(family, kind, proto, (address, port, *sockaddr[2:]))
+                )
             except OSError as exc:
                 raise _bind_error(spec, port, exc, address) from exc
-            # trio would give each address its own random port; keep them together instead.
-            port = port or _address(sockets[0].socket.getsockname())[1]
+            # Each address would get its own random port; keep them together instead.
+            port = port or _address(sockets[0].getsockname())[1]
     except BaseException:
-        for listener in sockets:
-            await trio.aclose_forcefully(listener)
+        for sock in sockets:
+            sock.close()
         raise
     return sockets
+
+
+async def _bound_socket(
+    family: int, kind: int, proto: int, sockaddr: tuple[Any, ...]
+) -> trio.socket.SocketType:
+    sock = trio.socket.socket(family, kind, proto)
+    try:
+        # A restarted node binds its port again while old connections are in TIME_WAIT.
+        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)
+        if family == trio.socket.AF_INET6:
+            # "::" must not take the IPv4 port as well: "0.0.0.0" may be bound beside it.
+            sock.setsockopt(trio.socket.IPPROTO_IPV6, trio.socket.IPV6_V6ONLY, 1)
+        await sock.bind(sockaddr)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _bind_error(spec: ListenerSpec, port: int, exc: OSError, address: str | None = None) -> OSError:

@@ -140,6 +140,22 @@ async def test_delete_subscription_names_an_exclusive_subscription_by_its_member
     await expect_nothing(consumer)
 
 
+async def test_delete_subscription_with_another_member_deletes_nothing(
+    backend: Backend, names: Names
+) -> None:
+    durable = spec(names.sub("s"), names.mqtt("t"), member=names.sub("s"))
+    consumer = await backend.subscribe(durable)
+    await publish(backend, names.topic("t"), "unacked")
+    await receive(consumer, 1)
+    await consumer.close()
+    await backend.delete_subscription(durable.name, member=names.sub("other"))
+    await backend.delete_subscription(durable.name)  # no member: not its member either
+    await publish(backend, names.topic("t"), "while away")
+    consumer = await backend.subscribe(durable)
+    assert payloads(await receive(consumer, 2)) == [b"unacked", b"while away"]
+    await expect_nothing(consumer)
+
+
 async def test_delete_subscription_removes_an_offline_shared_member(
     backend: Backend, names: Names
 ) -> None:

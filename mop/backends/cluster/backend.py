@@ -607,10 +607,16 @@ class ClusterBackend:
         self._check_running()
         await self.registry.table.catch_up()
         members = self.registry.members(name)
-        unshared = members.get("", {}).get("kind", SubscriptionKind.SHARED.value)
-        if member not in members and unshared != SubscriptionKind.SHARED.value:
-            # A subscription that is not shared is recorded without its member (it has one
-            # consumer at a time): the member it was subscribed with names it all the same.
+        unshared = members.get("", {})
+        if unshared.get("kind", SubscriptionKind.SHARED.value) != SubscriptionKind.SHARED.value:
+            # A subscription that is not shared is recorded under "" (it has one consumer at a
+            # time), with the member it was made with: only that member deletes it, as in the
+            # merged broker. (A record from before members were kept names no member.)
+            recorded = unshared.get("member")
+            if recorded is not None and recorded != member:
+                log.debug("subscription %r is not member %r's: nothing to delete", name, member)
+                await trio.lowlevel.checkpoint()
+                return
             member = ""
         record = members.get(member)
         if await self.registry.leave_member(name, member):

@@ -488,11 +488,16 @@ class SubscriptionRegistry:
         if not self._kept(spec):
             await trio.lowlevel.checkpoint()
             return
-        value = json.dumps(
-            {"since": since, "kind": spec.kind.value, "durable": spec.durable},
-            separators=(",", ":"),
-            sort_keys=True,
-        ).encode()
+        record: dict[str, object] = {
+            "since": since,
+            "kind": spec.kind.value,
+            "durable": spec.durable,
+        }
+        if spec.kind is not SubscriptionKind.SHARED:
+            # Recorded under "" (see `_member`): the member it was made with is kept in the
+            # record, for `delete_subscription` to check.
+            record["member"] = spec.member
+        value = json.dumps(record, separators=(",", ":"), sort_keys=True).encode()
         key = _registry_key(spec.name, _member(spec))
         if self.table.get(key) == value:
             await trio.lowlevel.checkpoint()

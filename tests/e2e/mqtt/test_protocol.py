@@ -864,6 +864,24 @@ def test_a_suback_larger_than_the_client_allows_closes_the_connection(
     closed_with(raw, 0x95)
 
 
+def test_a_subscribe_whose_suback_cannot_fit_subscribes_to_nothing(
+    node: RunningNode, raws: Callable[..., RawClient]
+) -> None:
+    """Closed before the subscriptions are made: the session the client resumes has none."""
+    kept = Properties(session_expiry_interval=60)
+    raw = raws(node.mqtt_port)
+    tiny = Properties(session_expiry_interval=60, maximum_packet_size=24)
+    assert raw.connect("no-fit", properties=tiny).reason_code == 0
+    raw.send(Subscribe(1, tuple(SubscriptionRequest(f"nf/{i}", 1) for i in range(30))))
+    closed_with(raw, 0x95)
+    again = raws(node.mqtt_port)
+    connack = again.connect("no-fit", clean_start=False, properties=kept)
+    assert connack.reason_code == 0 and connack.session_present
+    Client(node.mqtt_port, "nf-pub").publish("nf/0", b"not for it", 1)
+    with pytest.raises(AssertionError):
+        again.recv(timeout=0.5)  # nothing comes
+
+
 def test_maximum_packet_size_client_to_server(
     small_node: RunningNode, raws: Callable[..., RawClient]
 ) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import jwt
 import pytest
 
-from mop.protocols.mqtt.packets import Auth, Connack, Pingreq, Pingresp, Properties
+from mop.protocols.mqtt.packets import Auth, Connack, Pingreq, Pingresp, Properties, Publish
 from mop.security.passwords import update_password_file
 from mop.settings import AuthSettings, FlappingSettings, JwtSettings, TlsSettings
 from mop.testing.certs import CLIENT_COMMON_NAME, make_test_certificates
@@ -41,6 +41,7 @@ topic write inbox/bob
 user bob
 topic read inbox/bob
 topic read $SYS/#
+topic write $SYS/broker/connection/#
 
 pattern readwrite own/%u/#
 pattern write clients/%c
@@ -313,6 +314,36 @@ def test_a_denied_will_topic_refuses_the_connect(secured: RunningNode) -> None:
         connect=False,
     )
     assert client.connect().reason_code == 0x87
+
+
+def test_a_bridge_state_is_taken_only_where_the_acl_allows_writing_it(
+    secured: RunningNode,
+) -> None:
+    """Mosquitto bridges' state messages are dropped, but only after the ACL check that
+    every publish and will gets (as mosquitto, whose bridge users need the grant)."""
+    port = port_of(secured)
+    state = "$SYS/broker/connection/edge/state"
+    bob = Client(port, "bob-5", username="bob", password="b2")
+    alice = Client(port, "alice-5", username="alice", password="a1")
+    assert bob.publish(state, b"1", qos=1) == 0
+    assert alice.publish(state, b"1", qos=1) == 0x87
+    raw = RawClient(port, level=4)  # 3.1.1 acks carry no error: the connection is closed
+    try:
+        assert raw.connect("alice-6", username="alice", password=b"a1").reason_code == 0
+        raw.send(Publish(state, b"1", qos=1, packet_id=1))
+        closed_with(raw, None)
+    finally:
+        raw.close()
+    for user, password, code in (("bob", "b2", 0), ("alice", "a1", 0x87)):
+        will = Client(
+            port,
+            f"{user}-will",
+            username=user,
+            password=password,
+            will=(state, b"0", 1, True),
+            connect=False,
+        )
+        assert will.connect().reason_code == code
 
 
 def test_files_are_reloaded_and_a_broken_file_keeps_the_rules(

@@ -142,18 +142,19 @@ async def test_port_conflict_fails_before_started() -> None:
     assert started == []
 
 
-async def test_opened_listeners_hold_connections_until_they_are_served() -> None:
+async def test_opened_listeners_refuse_connections_until_they_are_served() -> None:
     opened = await open_listeners([tcp_spec("early")])
     [bound] = opened.bound
     assert bound.port > 0
-    # Connected while the node is still starting: it waits in the backlog, then is served.
-    async with (
-        await trio.open_tcp_stream("127.0.0.1", bound.port) as client,
-        trio.open_nursery() as nursery,
-    ):
+    # Bound while the node is still starting, not listening: no handshake completes (no
+    # readiness probe sees it up, no client's CONNECT waits in a backlog to be taken later).
+    with pytest.raises(OSError):
+        await trio.open_tcp_stream("127.0.0.1", bound.port)
+    async with trio.open_nursery() as nursery:
         served = await nursery.start(serve_open_listeners, opened, Recorder())
         assert served == [bound]
-        assert await exchange(client, b"waited") == b"waited"
+        async with await trio.open_tcp_stream("127.0.0.1", bound.port) as client:
+            assert await exchange(client, b"served") == b"served"
         nursery.cancel_scope.cancel()
 
 

@@ -393,7 +393,8 @@ class ClientHandler:
         self.permissions = processor.permissions(self.ctx)
         self.bridge = connect.bridge and connect.protocol_level < 5
         if decision.will is not None and not self._may_write(decision.will.topic):
-            if not self._bridge_state(decision.will.topic):
+            will_topic = decision.will.topic
+            if not self._bridge_state(will_topic) or not self._acl_allows_write(will_topic):
                 await self._refuse_connect(ReasonCode.NOT_AUTHORIZED, "will topic not allowed")
                 return False
             # A mosquitto bridge's notification will: `$SYS` is the node's own, so it is not
@@ -725,11 +726,14 @@ class ClientHandler:
     def _may_write(self, topic: str) -> bool:
         """Whether this client may publish to `topic` (also a will): not a `$` or system
         topic, and allowed by the ACL under its MQTT name, however the client spelt it."""
-        name = topic
-        if topic.startswith(_SPELT_SPECIALLY):  # `$`, or a full Pulsar name
-            name = self.server.acl_name(topic)
-            if self.server.reserved(name):
-                return False
+        if topic.startswith(_SPELT_SPECIALLY) and self._reserved(topic):  # `$`, a Pulsar name
+            return False
+        return self._acl_allows_write(topic)
+
+    def _acl_allows_write(self, topic: str) -> bool:
+        """Whether the ACL lets this client write to `topic` (under its MQTT name, however
+        the client spelt it), reserved or not: for a bridge's state, which is dropped."""
+        name = self.server.acl_name(topic) if topic.startswith(_SPELT_SPECIALLY) else topic
         permissions = self.permissions
         assert permissions is not None
         return not permissions.restricted or permissions.may(Access.WRITE, name)
@@ -888,8 +892,9 @@ class ClientHandler:
         """Publish; the reason code for the ack, or None when nothing is to be answered."""
         self.messages_in += 1
         if self._reserved(publish.topic):
-            if self._bridge_state(publish.topic):
-                # A mosquitto bridge's state: taken and dropped, as its will is.
+            if self._bridge_state(publish.topic) and self._acl_allows_write(publish.topic):
+                # A mosquitto bridge's state: taken and dropped, as its will is (where the
+                # ACL lets the client write there; refused as the rest of `$SYS` otherwise).
                 self.server.processor.record_dropped(Drop.DENIED)
                 return None if publish.qos == 0 else ReasonCode.SUCCESS
             if publish.qos == 0:
@@ -961,6 +966,9 @@ class ClientHandler:
 
     async def _on_subscribe(self, packet: Subscribe) -> None:
         assert self.subs is not None
+        # Its size is known before: one code per filter. Closed (0x95) before the
+        # subscriptions are made and saved, not after, when the client could not tell.
+        self._check_ack_fits(Suback(packet.packet_id, (0,) * len(packet.subscriptions)))
         codes, retained = await self.subs.subscribe(
             packet, v5=self.conn.protocol_level == 5, bridge=self.bridge
         )
@@ -984,8 +992,16 @@ class ClientHandler:
 
     async def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         assert self.subs is not None
+        self._check_ack_fits(Unsuback(packet.packet_id, (0,) * len(packet.topic_filters)))
         codes = await self.subs.unsubscribe(packet.topic_filters)
         self.out.write(self.conn.send(Unsuback(packet.packet_id, tuple(codes))))
+
+    def _check_ack_fits(self, ack: Suback | Unsuback) -> None:
+        """PacketTooLarge (the connection closes with 0x95) when no acknowledgement of this
+        size fits the client's Maximum Packet Size [MQTT-3.1.2-24]."""
+        if not self.conn.fits(ack):
+            name = type(ack).__name__.upper()
+            raise PacketTooLarge(f"no {name} fits the client's Maximum Packet Size")
 
     # -- outbound messages -----------------------------------------------------------------
 

@@ -554,17 +554,33 @@ class SessionRegistry:
         # The client is the member of its own subscription too (`SubscriptionSpec.member`):
         # without it the subscription, with its unacknowledged messages, would outlive the
         # session and come back to the next one with the same client id.
-        await self._processor.delete_subscription(client_id, member=client_id)
+        await self._delete_subscription(client_id, client_id)
         for topic_filter in state.subscriptions:
             if parse_shared(topic_filter).group is not None:
                 # Shared subscriptions are named after their `$share/...` filter.
-                await self._processor.delete_subscription(topic_filter, member=client_id)
+                await self._delete_subscription(topic_filter, client_id)
         for packet_id in self._with_flows(state).outbound:
             await self.forget_flow(state, packet_id)
         if self._table.get(client_id) is not None:
             await self._table.put(client_id, None)
         if will is not None:
             await self._publish_will(client_id, will)
+
+    async def _delete_subscription(self, name: str, client_id: str) -> None:
+        """Delete the client's member of subscription `name`. A consumer still attached for it
+        (a connection that could not leave its subscriptions when it closed) keeps it: the
+        session ends all the same, rather than a clean start being refused for good."""
+        try:
+            await self._processor.delete_subscription(name, member=client_id)
+        except BackendError as exc:
+            if exc.reason != "consumer_busy":
+                raise
+            log.warning(
+                "session %r: subscription %r is left in place: a consumer is still attached (%s)",
+                client_id,
+                name,
+                exc,
+            )
 
     def _expiry(self, client_id: str) -> Callback:
         async def expire() -> None:

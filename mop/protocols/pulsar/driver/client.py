@@ -48,6 +48,9 @@ __all__ = ["ClientOptions", "PulsarClient", "connect_failure", "retryable"]
 log = logging.getLogger("mop.pulsar.driver")
 
 MAX_REDIRECTS: Final = 8
+# How long a service URL address is waited for before the next is tried beside it (the delay
+# of "happy eyeballs", RFC 8305): a silent broker must not use up the whole connect timeout.
+NEXT_ADDRESS_AFTER: Final = 0.25
 # Answers after which the same operation is tried again (after a pause), until its timeout.
 _RETRYABLE: Final = frozenset(
     {ServerError.ServiceNotReady, ServerError.TooManyRequests, ServerError.MetadataError}
@@ -272,16 +275,49 @@ class PulsarClient:
         return await self._service_connection()
 
     async def _service_connection(self) -> BrokerConnection:
-        """A connection to one of the service URL's brokers (the next that answers)."""
-        failures = []
-        for _ in self._addresses:
-            host, port = self._addresses[next(self._next_address)]
-            url = f"{'pulsar+ssl' if self._tls else 'pulsar'}://{host}:{port}"
+        """A connection to one of the service URL's brokers (the first that answers). The
+        addresses are tried in turn, each with a head start of `NEXT_ADDRESS_AFTER` before the
+        next is tried beside it (at once when it fails): a broker that silently drops traffic
+        then costs that head start, not the whole connect timeout, and a live one further on is
+        still reached in time. NoBrokerAnswers says why each address failed, in order."""
+        count = len(self._addresses)
+        first = next(self._next_address)
+        scheme = "pulsar+ssl" if self._tls else "pulsar"
+        urls = [
+            f"{scheme}://{host}:{port}"
+            for host, port in (self._addresses[(first + i) % count] for i in range(count))
+        ]
+        failures: dict[int, str] = {}
+        done = [trio.Event() for _ in urls]
+        answered: list[BrokerConnection] = []
+        closed: list[ClientClosed] = []
+
+        async def attempt(index: int, scope: trio.CancelScope) -> None:
             try:
-                return await self.connection(url)
+                connection = await self.connection(urls[index])
             except Unavailable as exc:
-                failures.append(str(exc))
-        raise NoBrokerAnswers(self.service_url, failures)
+                failures[index] = str(exc)
+            except ClientClosed as exc:
+                closed.append(exc)
+                scope.cancel()
+            else:
+                answered.append(connection)
+                scope.cancel()  # the others are not needed (one that opened meanwhile stays)
+            finally:
+                done[index].set()
+
+        async with trio.open_nursery() as nursery:
+            for index in range(count):
+                nursery.start_soon(attempt, index, nursery.cancel_scope)
+                with trio.move_on_after(NEXT_ADDRESS_AFTER):
+                    await done[index].wait()
+                if answered or closed:
+                    break
+        if answered:
+            return answered[0]
+        if closed:
+            raise closed[0]
+        raise NoBrokerAnswers(self.service_url, [failures[i] for i in sorted(failures)])
 
     # -- lookups ---------------------------------------------------------------------------
 

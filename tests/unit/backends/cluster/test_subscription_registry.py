@@ -44,7 +44,7 @@ async def test_members_are_found_by_name_on_every_proxy(url: str) -> None:
         await first.record(durable("c1", "t/1"), {"t/1": 10})
         await first.record(durable("c2", "t/2"), {"t/2": 20})
         assert first.members("c1") == {
-            "": {"since": {"t/1": 10}, "kind": "exclusive", "durable": True}
+            "": {"since": {"t/1": 10}, "kind": "exclusive", "durable": True, "member": ""}
         }
         # Loaded by another proxy: indexed from what the table holds.
         async with registry_of(two) as second:

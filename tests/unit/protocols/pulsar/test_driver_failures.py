@@ -520,3 +520,43 @@ async def test_a_connection_that_fails_says_why_in_a_few_words() -> None:
 )
 def test_connect_failures_are_named(error: BaseException, said: str) -> None:
     assert connect_failure(error, 2.5).startswith(said)
+
+
+async def test_a_silent_first_address_does_not_keep_the_next_broker_from_being_reached() -> None:
+    """A service URL whose first broker accepts and never answers: the next is tried after a
+    short head start, not after the whole connect timeout."""
+    with socket.socket() as silent:  # connections wait in its backlog, never answered
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent_port = silent.getsockname()[1]
+        async with scripted_broker(lambda _command: []) as (url, _received):
+            live_port = int(url.rsplit(":", 1)[1])
+            service_url = f"pulsar://127.0.0.1:{silent_port},127.0.0.1:{live_port}"
+            client = PulsarClient(service_url, ClientOptions("test", connect_timeout=5.0))
+            async with trio.open_nursery() as nursery:
+                await nursery.start(client.serve)
+                started = trio.current_time()
+                with trio.fail_after(3):
+                    connection = await client.reach()
+                assert trio.current_time() - started < 2.0
+                assert connection.address == f"pulsar://127.0.0.1:{live_port}"
+                await client.aclose()
+
+
+async def test_every_address_that_fails_says_why_in_order() -> None:
+    with socket.socket() as closed, socket.socket() as silent:
+        closed.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        ports = [closed.getsockname()[1], silent.getsockname()[1]]
+        service_url = f"pulsar://127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}"
+        client = PulsarClient(service_url, ClientOptions("test", connect_timeout=0.5))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client.serve)
+            with pytest.raises(NoBrokerAnswers) as failed:
+                await client.reach()
+            await client.aclose()
+    assert failed.value.attempts == [
+        f"pulsar://127.0.0.1:{ports[0]}: connection refused",
+        f"pulsar://127.0.0.1:{ports[1]}: timed out after 0.5 s",
+    ]

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from mop.message import MessageId
+from mop.messaging import BackendError
 from mop.protocols.mqtt.packets import Properties, Will
 from mop.protocols.mqtt.serving.session_registry import (
     EXPIRY_GRACE,
@@ -75,6 +76,8 @@ class Node:
         self.role = HandedRole()
         self.wills: list[bytes] = []
         self.deleted: list[str] = []
+        # Subscriptions a consumer is still attached to: deleting them is refused.
+        self.busy: set[str] = set()
         # How long deleting a subscription takes (a round trip to a broker, say).
         self.delete_time = 0.0
         self.timers = Timers()
@@ -96,6 +99,8 @@ class Node:
 
     async def delete_subscription(self, name: str, member: str = "") -> None:
         await trio.sleep(self.delete_time)
+        if name in self.busy:
+            raise BackendError(f"{name!r} has a consumer attached", reason="consumer_busy")
         self.deleted.append(name)
 
     async def _publish_will(self, client_id: str, will: Will) -> None:
@@ -323,3 +328,19 @@ async def test_a_take_just_before_the_deadline_is_heard_by_the_holder_in_time(
         assert (holder.deleted, holder.wills) == ([], [])
         assert other.table(TABLE).get("c") is not None
         nursery.cancel_scope.cancel()
+
+
+async def test_a_subscription_still_attached_does_not_refuse_a_clean_start(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A connection that could not leave its subscription when it closed left a consumer
+    attached: a clean start of its client id still ends the session (not refused with an
+    error, its stored state deleted all the same)."""
+    async with two_nodes() as (holder, _):
+        await offline(holder, "c", delay=50)
+        holder.busy.add("c")
+        _, present = await holder.sessions.take("c", clean_start=True)
+        assert not present
+        holder.busy.clear()
+        _, present = await holder.sessions.take("c", clean_start=False)
+        assert not present
