@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-# `namespace_of` stays importable from here too: the broker reads a topic's policy with it.
 from mop.topic_names import SYSTEM_NAMESPACE, namespace_of
 
 __all__ = [
@@ -25,7 +24,6 @@ __all__ = [
     "RetentionControl",
     "RetentionPolicies",
     "RetentionPolicy",
-    "namespace_of",
 ]
 
 # A limit that never trims.

@@ -43,8 +43,8 @@ from mop.clock import now_ms
 from mop.log_limit import LimitedLog
 from mop.message import RETAINED, Delivery, Message, MessageId
 from mop.messaging import StartPosition, SubscriptionSpec, TopicBusy
-from mop.retention import RetentionPolicies, RetentionPolicy, namespace_of
-from mop.topic_names import is_exact_selector
+from mop.retention import RetentionPolicies, RetentionPolicy
+from mop.topic_names import is_exact_selector, namespace_of
 from mop.topics import SubscriptionTrie, matches
 
 __all__ = [

@@ -20,7 +20,7 @@ from mop.broker.errors import BrokerError
 from mop.broker.storage.api import Storage
 from mop.broker.topic import Topic
 from mop.message import MessageId
-from mop.retention import namespace_of
+from mop.topic_names import namespace_of
 
 __all__ = ["EVICTION_TARGET", "BacklogQuotaExceeded", "QuotaCheck", "QuotaGuard", "backlog_start"]
 

@@ -9,8 +9,8 @@ from mop.broker import Broker
 from mop.broker.storage import MemoryStorage
 from mop.message import MessageId
 from mop.messaging import StartPosition
-from mop.retention import NO_RETENTION, RetentionPolicies, RetentionPolicy, namespace_of
-from mop.topic_names import table_topic
+from mop.retention import NO_RETENTION, RetentionPolicies, RetentionPolicy
+from mop.topic_names import namespace_of, table_topic
 
 from .support import Clock, msg, payloads, subscribe, take_all, topic
 
