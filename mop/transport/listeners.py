@@ -16,6 +16,7 @@ import trio
 
 from mop.overload.buckets import Rate, TokenBucket
 from mop.transport.direct import read_ready
+from mop.transport.linger import end_and_drain
 from mop.transport.tls import peer_certificate_info
 from mop.transport.websocket import WebSocketHandshakeError, accept_websocket
 
@@ -46,10 +47,6 @@ _CLOSE_TIMEOUT = 2.0
 _REFUSAL_TIMEOUT = 0.5
 # The most of those first bytes read.
 _REFUSAL_READ = 4096
-# After the answer, how long and how much of what the client still sends is read (and dropped)
-# before the socket closes: one closed with bytes unread sends a reset, not a FIN.
-_REFUSAL_LINGER = 1.0
-_REFUSAL_DRAIN = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,8 +361,7 @@ async def _refuse(spec: ListenerSpec, tcp: trio.SocketStream) -> None:
     after it without waiting) makes the system send a reset instead of a FIN, and a client
     that gets it may lose the answer: a write of its own fails first, or its system drops
     what it had received. So once the answer is out the node ends its side of the stream
-    (FIN after the answer) and reads, and drops, what still comes until the client closes,
-    `_REFUSAL_LINGER` seconds and `_REFUSAL_DRAIN` bytes at most."""
+    and drains the client's (`end_and_drain`)."""
     if spec.refusal is None or spec.kind != "tcp":
         return
     with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -379,14 +375,7 @@ async def _refuse(spec: ListenerSpec, tcp: trio.SocketStream) -> None:
                 await tcp.send_all(answer)
                 answered = True
         if answered:
-            await tcp.send_eof()
-            drained = 0
-            with trio.move_on_after(_REFUSAL_LINGER):
-                while drained < _REFUSAL_DRAIN:
-                    data = await tcp.receive_some(65536)
-                    if not data:
-                        break
-                    drained += len(data)
+            await end_and_drain(tcp)
 
 
 async def _serve_connection(
