@@ -9,6 +9,7 @@ from typing import Final
 from mop.processor import MessagingProcessor
 from mop.protocols.grpc.serving.calls import MethodHandler
 from mop.protocols.grpc.serving.clients import PROTOCOL, Namespaces
+from mop.protocols.grpc.serving.consuming import Consuming
 from mop.protocols.grpc.serving.producing import Producing
 from mop.settings import Settings
 
@@ -23,7 +24,8 @@ def pulsar_methods(processor: MessagingProcessor, settings: Settings) -> dict[st
     namespaces = Namespaces(settings.default_tenant, settings.default_namespace)
     stats = processor.stats.protocol(PROTOCOL)
     producing = Producing(processor, namespaces, stats)
-    return {PRODUCE: producing.produce, SEND: producing.send}
+    consuming = Consuming(processor, namespaces, stats)
+    return {PRODUCE: producing.produce, CONSUME: consuming.consume, SEND: producing.send}
 
 
 __all__ = ["CONSUME", "PRODUCE", "SEND", "SERVICE", "pulsar_methods"]

@@ -44,6 +44,8 @@ class FakeCall:
         self.received = 0
         self.status: StatusCode | None = None
         self.message = ""
+        # Set once the handler has ended (with `status`).
+        self.done = trio.Event()
 
     # -- the handler's side ----------------------------------------------------------------
 
@@ -86,6 +88,7 @@ class FakeCall:
             self.status = StatusCode.OK
         finally:
             self._responses.close()
+            self.done.set()
 
 
 @pytest.fixture
