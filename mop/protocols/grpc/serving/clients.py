@@ -1,12 +1,15 @@
 """Each PulsarGrpcService call is one client of the processor: authenticated from its metadata
 (and client certificate), admitted under the node's connection limit, counted as a "grpc"
-connection, and authorized per topic by the ACL.
+connection, and authorized per topic by the ACL. A call whose credential expires (a token's
+`exp`) ends with UNAUTHENTICATED then, as a Pulsar connection that cannot refresh it closes:
+a gRPC call has no way to be given a new one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -104,11 +107,44 @@ async def open_call_client(
     except ConnectionLimitReached as exc:
         stats.refuse(Refusal.LIMIT_REACHED)
         raise GrpcError(StatusCode.RESOURCE_EXHAUSTED, str(exc)) from None
+    expired = False
+    ended: GrpcError | None = None
     try:
-        yield CallClient(ctx, processor.permissions(ctx), namespaces)
+        async with trio.open_nursery() as nursery:
+            if principal.expires_at is not None:
+
+                async def watch_credential() -> None:
+                    nonlocal expired
+                    await _until_expired(processor, ctx)
+                    log.info("%s: the credential of %s expired", call.peer, principal.display)
+                    expired = True
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(watch_credential)
+            try:
+                yield CallClient(ctx, processor.permissions(ctx), namespaces)
+            except GrpcError as exc:
+                ended = exc  # raised below, alone: not in the nursery's exception group
+            nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(10):
-            await processor.close_client(ctx, lease, Closing.NORMAL)
+            closing = Closing.NOT_AUTHORIZED if expired else Closing.NORMAL
+            await processor.close_client(ctx, lease, closing)
+    if expired:
+        raise GrpcError(StatusCode.UNAUTHENTICATED, "the credential expired")
+    if ended is not None:
+        raise ended
+
+
+async def _until_expired(processor: MessagingProcessor, ctx: ClientContext) -> None:
+    """Return once the credential `ctx` was admitted with no longer holds."""
+    expires_at = ctx.principal.expires_at
+    assert expires_at is not None
+    while True:
+        # The processor allows some leeway past `expires_at`: ask it again once there.
+        await trio.sleep(max(0.05, expires_at - time.time()))
+        if not processor.credential_valid(ctx):
+            return
 
 
 __all__ = ["PROTOCOL", "CallClient", "Namespaces", "open_call_client"]

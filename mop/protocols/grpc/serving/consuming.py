@@ -24,6 +24,7 @@ from mop.message import Delivery, MessageId
 from mop.partitioned import partitions_of
 from mop.processor import (
     BackendError,
+    ClientContext,
     Consumer,
     ConsumerClosed,
     MessagingProcessor,
@@ -105,7 +106,7 @@ class Consuming:
             except BackendError as exc:
                 raise backend_status(exc) from None
             try:
-                await ConsumeCall(self, call, consumer, request).run()
+                await ConsumeCall(self, call, client.ctx, consumer, request).run()
             finally:
                 with trio.CancelScope(shield=True):
                     await consumer.close()
@@ -115,10 +116,16 @@ class ConsumeCall:
     """One consume call: messages out as the client reads them, acks in."""
 
     def __init__(
-        self, consuming: Consuming, call: Call, consumer: Consumer, request: ConsumerOpen
+        self,
+        consuming: Consuming,
+        call: Call,
+        ctx: ClientContext,
+        consumer: Consumer,
+        request: ConsumerOpen,
     ) -> None:
         self._consuming = consuming
         self._call = call
+        self._ctx = ctx
         self._consumer = consumer
         self._request = request
         # Sent and not acknowledged, by id.
@@ -148,6 +155,7 @@ class ConsumeCall:
         consumer = self._consumer
         stats = self._consuming.stats
         processor = self._consuming.processor
+        tracing = processor.tracing
         while True:
             try:
                 deliveries = await consumer.receive(self._request.receiver_queue_size)
@@ -163,8 +171,15 @@ class ConsumeCall:
                     self._release(message.count)
                     continue
                 self.outstanding[delivery.message_id] = delivery
+                trace = None
+                if tracing is not None and message.properties:
+                    trace = tracing.delivering(
+                        self._ctx, delivery.topic, message.qos, message.properties
+                    )
                 data = proto_message(delivery).SerializeToString()
                 await self._call.send(data)
+                if trace is not None:
+                    trace.sent()
                 stats.record_sent(1, len(data), len(message.payload))
                 self._release(1)
             if deliveries and stats.delivery_latency.due(len(deliveries)):

@@ -42,7 +42,9 @@ class ProducerNames:
 class TopicProducer:
     """What a call produces through: its topic's producer, or its partitions' producers."""
 
-    def __init__(self, producers: list[Producer]) -> None:
+    def __init__(self, topic: str, producers: list[Producer]) -> None:
+        # The topic the call named (the partitioned topic, for one).
+        self.topic = topic
         self._producers = producers
         self._router = PartitionRouter(len(producers)) if len(producers) > 1 else None
 
@@ -105,7 +107,7 @@ async def open_topic_producer(
                 producers.append(await processor.open_producer(ctx, spec))
             except BackendError as exc:
                 raise backend_status(exc) from None
-        yield TopicProducer(producers)
+        yield TopicProducer(topic, producers)
     finally:
         with trio.CancelScope(shield=True):
             for producer in producers:

@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from mop.clock import now_ms
 from mop.counters import ProtocolStats
 from mop.processor import BackendError, MessagingProcessor, PublishResult
+from mop.processor.tracing import PublishTrace
 from mop.protocols.grpc.errors import backend_status
 from mop.protocols.grpc.mapping import (
     message_from_send,
@@ -34,6 +35,7 @@ from mop.protocols.grpc.serving.calls import Call
 from mop.protocols.grpc.serving.clients import CallClient, Namespaces, open_call_client
 from mop.protocols.grpc.serving.producers import ProducerNames, TopicProducer, open_topic_producer
 from mop.protocols.grpc.status import GrpcError, StatusCode
+from mop.protocols.mqtt.mapping import with_properties
 from mop.security.acl import Access
 
 log = logging.getLogger("mop.grpc")
@@ -53,6 +55,8 @@ class _Pending:
     sequence_id: int
     stored: Awaitable[PublishResult] | None = None
     error: GrpcError | None = None
+    # The message's trace (see `MessageTracing`), ended with its result.
+    trace: PublishTrace | None = None
 
 
 def decode_send(data: bytes) -> pb.Send:
@@ -179,11 +183,20 @@ class Producing:
         try:
             sequence_id = sequence_id_of(send)
             message = message_from_send(send, producer=producer.name, now_ms=now_ms())
+            tracing = self.processor.tracing
+            if tracing is not None:
+                item.trace = tracing.received(
+                    client.ctx, producer.topic, message.qos, message.properties
+                )
+                if item.trace is not None:
+                    message = with_properties(message, item.trace.carrier)
+                    item.trace.storing()
             item.stored = producer.send(message, sequence_id)
         except GrpcError as exc:
             item.error = exc
         except BackendError as exc:
             item.error = backend_status(exc)
+            _end(item.trace, exc)
         return item
 
     async def _answer(self, call: Call, pending: trio.MemoryReceiveChannel[_Pending]) -> None:
@@ -197,7 +210,9 @@ class Producing:
                 stored = await item.stored
             except BackendError as exc:
                 item.error = backend_status(exc)
+                _end(item.trace, exc)
             else:
+                _end(item.trace)
                 return stored_result(item.sequence_id, stored.message_id)
         assert item.error is not None
         if item.error.code is not StatusCode.RESOURCE_EXHAUSTED:
@@ -212,3 +227,9 @@ class Producing:
     def _count_request(self, data: bytes) -> None:
         self.stats.requests += 1
         self.stats.bytes_received += len(data)
+
+
+def _end(trace: PublishTrace | None, error: BaseException | None = None) -> None:
+    if trace is not None:
+        trace.stored(error)
+        trace.end(error)

@@ -122,3 +122,15 @@ async def test_the_deployments_own_topics_are_refused_to_users(
     )
     assert call.status is StatusCode.INVALID_ARGUMENT
     assert "deployment's own" in call.message
+
+
+async def test_a_call_ends_when_its_token_expires(
+    processor: MessagingProcessor, methods: dict[str, MethodHandler]
+) -> None:
+    short = jwt.encode({"sub": "alice", "exp": int(time.time()) + 1}, SECRET, algorithm="HS256")
+    metadata = {"pulsar-topic": "open%2Fa", "pulsar-subscription": "s"}
+    call = FakeCall(CONSUME, {**metadata, "authorization": f"Bearer {short}"})
+    with trio.fail_after(5):
+        await call.run(methods[CONSUME])
+    assert call.status is StatusCode.UNAUTHENTICATED and "expired" in call.message
+    assert processor.stats.protocol("grpc").closed == {"not_authorized": 1}
