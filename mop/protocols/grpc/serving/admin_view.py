@@ -4,15 +4,12 @@ a subscription (its topic and subscription name from the call's metadata)."""
 
 from __future__ import annotations
 
-from typing import Final
-
+from mop.protocols.grpc.serving.pulsar_service import CONSUME
 from mop.protocols.grpc.serving.served_connection import ServedConnection
 from mop.protocols.grpc.serving.server import GrpcServer
 from mop.protocols.introspection import ClientInfo, SubscriptionInfo
 
 __all__ = ["GrpcAdminView"]
-
-_CONSUME: Final = "/mop.grpc.v1.PulsarGrpcService/consume"
 
 
 def _describe(connection: ServedConnection) -> ClientInfo:
@@ -26,7 +23,7 @@ def _describe(connection: ServedConnection) -> ClientInfo:
         protocol_version="grpc",
         keep_alive=int(connection.keepalive_interval),
         clean_start=True,
-        subscriptions=sum(1 for call in calls if call.method == _CONSUME),
+        subscriptions=sum(1 for call in calls if call.method == CONSUME),
         inflight=len(calls),
         queued=sum(call.queued for call in calls),
         messages_in=sum(call.messages_in for call in calls),
@@ -68,7 +65,7 @@ class GrpcAdminView:
             return None
         found = []
         for call in list(connection.calls.values()):
-            if call.method != _CONSUME:
+            if call.method != CONSUME:
                 continue
             metadata = dict(call.metadata)
             found.append(

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from mop.processor import MessagingProcessor
 from mop.protocols.grpc.serving.calls import MethodHandler
 from mop.protocols.grpc.serving.health import HEALTH_SERVICE, health_methods
+from mop.protocols.grpc.serving.pulsar_service import pulsar_methods
 from mop.protocols.grpc.serving.reflection import reflection_methods
 from mop.settings import Settings
 
@@ -26,9 +27,10 @@ def grpc_methods(
     *,
     extra: Mapping[str, MethodHandler] | None = None,
 ) -> dict[str, MethodHandler]:
-    """The server's methods; `serving()` says whether the node serves now (health).
-    `extra` adds methods (an embedding application's or a test's)."""
-    methods: dict[str, MethodHandler] = dict(extra or {})
+    """The server's methods: PulsarGrpcService's, health's and reflection's; `serving()`
+    says whether the node serves now (health). `extra` adds methods (an embedding
+    application's or a test's)."""
+    methods: dict[str, MethodHandler] = {**pulsar_methods(processor, settings), **(extra or {})}
     services = services_of(methods)
     methods.update(health_methods(serving, [*services, HEALTH_SERVICE]))
     methods.update(reflection_methods([*services, HEALTH_SERVICE]))
