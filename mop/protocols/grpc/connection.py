@@ -206,9 +206,12 @@ class GrpcServerConnection:
         try:
             h2_events = self._h2.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
-            # h2 has queued a GOAWAY with the error's code.
             self._ended = True
             code = int(getattr(exc, "error_code", h2.errors.ErrorCodes.PROTOCOL_ERROR))
+            # h2 queues a GOAWAY for errors in frames, not for a connection that does not
+            # start with the HTTP/2 preface (an HTTP/1.1 request, say).
+            if self._h2.state_machine.state != h2.connection.ConnectionState.CLOSED:
+                self._h2.close_connection(error_code=code)
             return [ConnectionEnded(code, f"HTTP/2 protocol error: {exc}")]
         events: list[Event] = []
         for h2_event in h2_events:

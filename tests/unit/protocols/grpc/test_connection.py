@@ -322,6 +322,10 @@ def test_garbage_instead_of_the_preface_is_a_protocol_error() -> None:
     server.initiate()
     (ended,) = server.receive_data(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     assert isinstance(ended, ConnectionEnded) and ended.error_code != 0
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    events = client.receive_data(server.data_to_send())
+    assert any(isinstance(e, h2.events.ConnectionTerminated) for e in events)
 
 
 def test_a_header_list_over_the_limit_ends_the_connection() -> None:
