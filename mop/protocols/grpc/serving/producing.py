@@ -1,0 +1,235 @@
+"""The produce and send methods: a Pulsar producer per call.
+
+`produce` stores each Send as it arrives, behind those before it, and answers with one
+SendResult per Send in their order once each is stored; up to `max_outstanding` Sends are in
+flight at once, and past that the call stops reading requests, so the server withholds the
+client's HTTP/2 window (back-pressure, bounded memory). A Send the node refuses gets a
+SendResult with an error and the stream goes on; what refuses the producer itself (its name
+or topic is taken, it was fenced) ends the call with a status. `send` stores one Send.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Final
+
+import trio
+from google.protobuf.message import DecodeError
+
+from mop.clock import now_ms
+from mop.counters import ProtocolStats
+from mop.processor import BackendError, MessagingProcessor, PublishResult
+from mop.processor.tracing import PublishTrace
+from mop.protocols.grpc.errors import backend_status
+from mop.protocols.grpc.mapping import (
+    message_from_send,
+    refused_result,
+    sequence_id_of,
+    stored_result,
+)
+from mop.protocols.grpc.metadata import producer_open
+from mop.protocols.grpc.proto import mop_grpc_pb2 as pb
+from mop.protocols.grpc.serving.calls import Call
+from mop.protocols.grpc.serving.clients import CallClient, Namespaces, open_call_client
+from mop.protocols.grpc.serving.producers import ProducerNames, TopicProducer, open_topic_producer
+from mop.protocols.grpc.status import GrpcError, StatusCode
+from mop.protocols.mqtt.mapping import with_properties
+from mop.security.acl import Access
+
+log = logging.getLogger("mop.grpc")
+
+# Sends stored and not yet answered, per produce call, before the call stops reading.
+DEFAULT_MAX_OUTSTANDING: Final = 1000
+_OVERLOADED: Final = GrpcError(
+    StatusCode.RESOURCE_EXHAUSTED, "the node is over its memory high-water mark: try again later"
+)
+_FENCED: Final = "another producer took the topic over (exclusive_with_fencing)"
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A Send whose result goes out next: stored (to wait for) or refused."""
+
+    sequence_id: int
+    stored: Awaitable[PublishResult] | None = None
+    error: GrpcError | None = None
+    # The message's trace (see `MessageTracing`), ended with its result.
+    trace: PublishTrace | None = None
+
+
+def decode_send(data: bytes) -> pb.Send:
+    send = pb.Send()
+    try:
+        send.ParseFromString(data)
+    except DecodeError:
+        raise GrpcError(StatusCode.INVALID_ARGUMENT, "the request is not a Send message") from None
+    return send
+
+
+class Producing:
+    """What the produce and send calls of a node share."""
+
+    def __init__(
+        self,
+        processor: MessagingProcessor,
+        namespaces: Namespaces,
+        stats: ProtocolStats,
+        *,
+        max_outstanding: int = DEFAULT_MAX_OUTSTANDING,
+    ) -> None:
+        self.processor = processor
+        self.namespaces = namespaces
+        self.stats = stats
+        self.max_outstanding = max_outstanding
+        self.names = ProducerNames()
+
+    # -- send ------------------------------------------------------------------------------
+
+    async def send(self, call: Call) -> None:
+        request = producer_open(call.metadata)
+        data = await call.receive()
+        if data is None:
+            raise GrpcError(StatusCode.INVALID_ARGUMENT, "send takes one Send message")
+        self._count_request(data)
+        send = decode_send(data)
+        async with open_call_client(self.processor, self.namespaces, call) as client:
+            topic = client.topic(request.topic, Access.WRITE)
+            async with open_topic_producer(
+                self.processor, client.ctx, topic, request, self.names
+            ) as producer:
+                await producer.wait_ready()
+                item = self._store(client, producer, send)
+                result = await self._result(item)
+        if result.HasField("error"):
+            raise GrpcError(StatusCode(result.error.code), result.error.message)
+        await self._reply(call, result)
+
+    # -- produce ---------------------------------------------------------------------------
+
+    async def produce(self, call: Call) -> None:
+        request = producer_open(call.metadata)
+        async with open_call_client(self.processor, self.namespaces, call) as client:
+            topic = client.topic(request.topic, Access.WRITE)
+            async with open_topic_producer(
+                self.processor, client.ctx, topic, request, self.names
+            ) as producer:
+                await producer.wait_ready()
+                await self._produce(call, client, producer)
+
+    async def _produce(self, call: Call, client: CallClient, producer: TopicProducer) -> None:
+        """Read Sends and store them while the results go out in order; end once the client
+        half-closed and every result is out, with ABORTED when the producer is fenced, or
+        with INVALID_ARGUMENT after the results owed for a request that is no Send."""
+        # The reader waits for room once `max_outstanding` results are owed (one is being
+        # awaited by the answering task, the rest wait in the channel).
+        send, receive = trio.open_memory_channel[_Pending](max(0, self.max_outstanding - 1))
+        fenced = False
+        refused: GrpcError | None = None
+        async with trio.open_nursery() as calls:
+
+            async def watch_fence() -> None:
+                nonlocal fenced
+                await producer.wait_fenced()
+                log.info("%s: producer %r was fenced", call.peer, producer.name)
+                fenced = True
+                calls.cancel_scope.cancel()
+
+            calls.start_soon(watch_fence)
+            async with trio.open_nursery() as answers:
+                answers.start_soon(self._answer, call, receive)
+                try:
+                    await self._read(call, client, producer, send)
+                except GrpcError as exc:
+                    refused = exc  # after the results owed for the Sends before it
+            calls.cancel_scope.cancel()
+        if fenced:
+            raise GrpcError(StatusCode.ABORTED, _FENCED)
+        if refused is not None:
+            raise refused
+
+    async def _read(
+        self,
+        call: Call,
+        client: CallClient,
+        producer: TopicProducer,
+        pending: trio.MemorySendChannel[_Pending],
+    ) -> None:
+        overload = self.processor.overload
+        budget_key = f"grpc {client.ctx.peer.rpartition(':')[0]} {client.ctx.principal.display}"
+        rates = None if client.ctx.principal.is_proxy else overload.client_rates(budget_key)
+        try:
+            async with pending:
+                while (data := await call.receive()) is not None:
+                    self._count_request(data)
+                    item = self._store(client, producer, decode_send(data))
+                    await pending.send(item)
+                    if rates is not None:
+                        pause = rates.charge(1, len(data), trio.current_time())
+                        if pause:
+                            await overload.throttle(pause, call.peer)
+        finally:
+            overload.client_left(budget_key, rates)
+
+    def _store(self, client: CallClient, producer: TopicProducer, send: pb.Send) -> _Pending:
+        """Hand `send` to the producer (it takes its place at once) and say what to answer."""
+        item = _Pending(send.sequence_id)
+        overload = self.processor.overload
+        if overload.memory_high:
+            overload.refused_publishes(client.ctx.peer)
+            item.error = _OVERLOADED
+            return item
+        try:
+            sequence_id = sequence_id_of(send)
+            message = message_from_send(send, producer=producer.name, now_ms=now_ms())
+            tracing = self.processor.tracing
+            if tracing is not None:
+                item.trace = tracing.received(
+                    client.ctx, producer.topic, message.qos, message.properties
+                )
+                if item.trace is not None:
+                    message = with_properties(message, item.trace.carrier)
+                    item.trace.storing()
+            item.stored = producer.send(message, sequence_id)
+        except GrpcError as exc:
+            item.error = exc
+        except BackendError as exc:
+            item.error = backend_status(exc)
+            _end(item.trace, exc)
+        return item
+
+    async def _answer(self, call: Call, pending: trio.MemoryReceiveChannel[_Pending]) -> None:
+        async with pending:
+            async for item in pending:
+                await self._reply(call, await self._result(item))
+
+    async def _result(self, item: _Pending) -> pb.SendResult:
+        if item.stored is not None:
+            try:
+                stored = await item.stored
+            except BackendError as exc:
+                item.error = backend_status(exc)
+                _end(item.trace, exc)
+            else:
+                _end(item.trace)
+                return stored_result(item.sequence_id, stored.message_id)
+        assert item.error is not None
+        if item.error.code is not StatusCode.RESOURCE_EXHAUSTED:
+            self.processor.record_dropped()
+        return refused_result(item.sequence_id, item.error)
+
+    async def _reply(self, call: Call, result: pb.SendResult) -> None:
+        data = result.SerializeToString()
+        await call.send(data)
+        self.stats.bytes_sent += len(data)
+
+    def _count_request(self, data: bytes) -> None:
+        self.stats.requests += 1
+        self.stats.bytes_received += len(data)
+
+
+def _end(trace: PublishTrace | None, error: BaseException | None = None) -> None:
+    if trace is not None:
+        trace.stored(error)
+        trace.end(error)
