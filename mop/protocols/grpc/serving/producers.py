@@ -52,13 +52,12 @@ class TopicProducer:
     def name(self) -> str:
         return self._producers[0].spec.name
 
-    def send(self, message: Message, sequence_id: int) -> Awaitable[PublishResult]:
-        """Store `message` behind those sent before (see `Producer.send`); BackendError at
-        once when it cannot be taken."""
-        producer = self._producers[0]
-        if self._router is not None:
-            producer = self._producers[self._router.partition(message.key)]
-        return producer.send(message, sequence_id=sequence_id)
+    def send(self, message: Message, sequence_id: int) -> tuple[int, Awaitable[PublishResult]]:
+        """Store `message` behind those sent before (see `Producer.send`): the partition it
+        goes to (0 for a topic without partitions) and the outcome to wait for. BackendError
+        at once when it cannot be taken."""
+        partition = 0 if self._router is None else self._router.partition(message.key)
+        return partition, self._producers[partition].send(message, sequence_id=sequence_id)
 
     async def wait_ready(self) -> None:
         """Return once every producer may send (a wait-for-exclusive producer waits for its

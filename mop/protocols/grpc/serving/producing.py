@@ -54,6 +54,8 @@ class _Pending:
 
     sequence_id: int
     stored: Awaitable[PublishResult] | None = None
+    # The partition it went to (0 for a topic without partitions).
+    partition: int = 0
     error: GrpcError | None = None
     # The message's trace (see `MessageTracing`), ended with its result.
     trace: PublishTrace | None = None
@@ -191,7 +193,7 @@ class Producing:
                 if item.trace is not None:
                     message = with_properties(message, item.trace.carrier)
                     item.trace.storing()
-            item.stored = producer.send(message, sequence_id)
+            item.partition, item.stored = producer.send(message, sequence_id)
         except GrpcError as exc:
             item.error = exc
         except BackendError as exc:
@@ -213,7 +215,7 @@ class Producing:
                 _end(item.trace, exc)
             else:
                 _end(item.trace)
-                return stored_result(item.sequence_id, stored.message_id)
+                return stored_result(item.sequence_id, stored.message_id, item.partition)
         assert item.error is not None
         if item.error.code is not StatusCode.RESOURCE_EXHAUSTED:
             self.processor.record_dropped()

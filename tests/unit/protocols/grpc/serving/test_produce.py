@@ -164,8 +164,9 @@ async def test_a_partitioned_topic_gets_messages_on_every_partition_and_a_key_on
     call.half_close()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(call.run, methods[PRODUCE])
-        for _ in range(10):
-            assert (await call.response(pb.SendResult)).HasField("message_id")
+        results = [await call.response(pb.SendResult) for _ in range(10)]
+    assert [r.message_id.partition for r in results[:6]] == [0, 1, 2, 0, 1, 2]
+    assert len({r.message_id.partition for r in results[6:]}) == 1
     partitions = [await stored(processor, f"{TOPIC}-partition-{i}") for i in range(3)]
     assert [sorted(p for p in found if p.startswith(b"rr")) for found in partitions] == [
         [b"rr0", b"rr3"],
