@@ -1,0 +1,427 @@
+"""The server side of one gRPC connection as a pure state machine over h2's `H2Connection`.
+
+`receive_data(bytes)` turns what the client sent into call events (a call started, a message,
+the client's half-close, a call that is gone, windows that opened, the connection's end);
+`send_message`, `end_call`, `acknowledge`, `ping` and `drain` do the sending, and
+`data_to_send()` gives the bytes to write. Nothing here does I/O or knows the time: the trio
+server (`serving.server`) carries out the calls and the timers.
+
+Flow control: the bytes of a request message are given back to the client's window only when
+the handler takes the message (`acknowledge`), so a handler that stops reading back-pressures
+its client; the bytes of a message not complete yet are given back at once (the decoder holds
+at most `max_message_bytes` of them). A stream therefore buffers at most its window in whole
+messages, and the connection's window leaves each stream its own share so that one stalled
+call never starves the others. Response messages are split to the client's window and the
+largest frame it takes; the rest waits for a WINDOW_UPDATE (`WindowOpened`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Container
+from dataclasses import dataclass, field
+from typing import Final
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+from hyperframe.frame import GoAwayFrame
+
+from mop.protocols.grpc.framing import MessageDecoder, encode_message
+from mop.protocols.grpc.headers import (
+    Request,
+    RequestRefused,
+    read_request,
+    refusal_headers,
+    response_headers,
+    trailers,
+)
+from mop.protocols.grpc.status import GrpcError, StatusCode
+
+__all__ = [
+    "CallAborted",
+    "CallStarted",
+    "ClientHalfClosed",
+    "ConnectionEnded",
+    "ConnectionLimits",
+    "Event",
+    "GrpcServerConnection",
+    "MessageReceived",
+    "PingAnswered",
+    "WindowOpened",
+]
+
+_MAX_STREAM_ID: Final = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What the server announces in its SETTINGS and enforces."""
+
+    max_concurrent_streams: int = 100
+    # Each stream's receive window (SETTINGS_INITIAL_WINDOW_SIZE): what a call may buffer in
+    # whole messages its handler has not taken yet.
+    stream_window: int = 256 * 1024
+    max_frame_size: int = 16384
+    # The largest header block (HPACK-decoded) a request may carry.
+    max_header_list_size: int = 16384
+    max_message_bytes: int = 5 * 1024 * 1024
+
+
+# --- events ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CallStarted:
+    stream_id: int
+    request: Request
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReceived:
+    stream_id: int
+    message: bytes
+    # What to `acknowledge` once the handler has taken the message.
+    flow_length: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClientHalfClosed:
+    """The client sent all its messages."""
+
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CallAborted:
+    """The call is over before its handler ended it: the client reset the stream (CANCELLED),
+    or it broke the framing and the server has already answered with `code`."""
+
+    stream_id: int
+    code: StatusCode
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class WindowOpened:
+    """The client opened its windows (or the settings changed): sends waiting may go on."""
+
+
+@dataclass(frozen=True, slots=True)
+class PingAnswered:
+    """The answer to the server's `ping`."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionEnded:
+    """No more calls: the client sent GOAWAY, or it broke HTTP/2 and the server sent one
+    with `error_code` (to be written before closing)."""
+
+    error_code: int
+    reason: str
+
+
+Event = (
+    CallStarted
+    | MessageReceived
+    | ClientHalfClosed
+    | CallAborted
+    | WindowOpened
+    | PingAnswered
+    | ConnectionEnded
+)
+
+
+@dataclass(slots=True)
+class _Stream:
+    decoder: MessageDecoder | None
+    # Framed response bytes not handed to h2 yet (waiting for the window).
+    outbound: bytearray = field(default_factory=bytearray)
+    headers_sent: bool = False
+    # The trailers to send once `outbound` is out; set by `end_call`.
+    trailers: list[tuple[str, str]] | None = None
+    # The server has ended the call (trailers sent or queued).
+    ended: bool = False
+    client_closed: bool = False
+
+
+class GrpcServerConnection:
+    """One client connection's HTTP/2 and gRPC state (server side)."""
+
+    def __init__(self, limits: ConnectionLimits, methods: Container[str]) -> None:
+        self._limits = limits
+        self._methods = methods
+        self._h2 = h2.connection.H2Connection(
+            h2.config.H2Configuration(
+                client_side=False,
+                # Metadata values may be any octets; latin-1 decodes every one of them.
+                header_encoding="latin-1",
+            )
+        )
+        self._streams: dict[int, _Stream] = {}
+        self._draining = False
+        self._ended = False
+        # Bytes the server frames itself (the first GOAWAY of a drain), after h2's.
+        self._extra = b""
+
+    # --- setup and input -----------------------------------------------------------------------
+
+    def initiate(self) -> None:
+        """Queue the server's connection preface (its SETTINGS) and widen the connection's
+        receive window so that each stream may fill its own."""
+        limits = self._limits
+        self._h2.local_settings = h2.settings.Settings(
+            client=False,
+            initial_values={
+                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: limits.stream_window,
+                h2.settings.SettingCodes.MAX_FRAME_SIZE: limits.max_frame_size,
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
+                h2.settings.SettingCodes.ENABLE_CONNECT_PROTOCOL: 0,
+            },
+        )
+        self._h2.initiate_connection()
+        # The connection window starts at 65535 whatever the settings say.
+        shared = limits.stream_window * limits.max_concurrent_streams
+        self._h2.increment_flow_control_window(min(shared, _MAX_STREAM_ID - 65535))
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        """The call events in `data`. After `ConnectionEnded` there are no more."""
+        if self._ended:
+            return []
+        try:
+            h2_events = self._h2.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            # h2 has queued a GOAWAY with the error's code.
+            self._ended = True
+            code = int(getattr(exc, "error_code", h2.errors.ErrorCodes.PROTOCOL_ERROR))
+            return [ConnectionEnded(code, f"HTTP/2 protocol error: {exc}")]
+        events: list[Event] = []
+        for h2_event in h2_events:
+            events.extend(self._on_event(h2_event))
+        return events
+
+    def data_to_send(self) -> bytes:
+        data = self._h2.data_to_send() + self._extra
+        self._extra = b""
+        return data
+
+    # --- the calls -----------------------------------------------------------------------------
+
+    def send_message(self, stream_id: int, message: bytes) -> None:
+        """Queue a response message (after the response headers, sent once); it goes out as
+        the client's windows allow (`pending`)."""
+        stream = self._streams.get(stream_id)
+        if stream is None or stream.ended or self._ended:
+            return
+        if len(message) > self._limits.max_message_bytes:
+            raise GrpcError(
+                StatusCode.RESOURCE_EXHAUSTED,
+                f"response message of {len(message)} bytes is larger than the limit of"
+                f" {self._limits.max_message_bytes} bytes",
+            )
+        if not stream.headers_sent:
+            self._h2.send_headers(stream_id, response_headers())
+            stream.headers_sent = True
+        stream.outbound += encode_message(message)
+        self._flush(stream_id, stream)
+
+    def pending(self, stream_id: int) -> int:
+        """Response bytes of the call still waiting for the client's window (0 when the call
+        is gone)."""
+        stream = self._streams.get(stream_id)
+        return 0 if stream is None else len(stream.outbound)
+
+    def end_call(self, stream_id: int, code: StatusCode, message: str = "") -> None:
+        """End the call with its status: trailers after the queued messages, or a
+        trailers-only response when it sent none. A client still sending is asked to stop
+        (RST_STREAM NO_ERROR) once the trailers are out."""
+        stream = self._streams.get(stream_id)
+        if stream is None or stream.ended or self._ended:
+            return
+        stream.ended = True
+        stream.trailers = trailers(code, message, trailers_only=not stream.headers_sent)
+        self._flush(stream_id, stream)
+
+    def acknowledge(self, stream_id: int, flow_length: int) -> None:
+        """Give the bytes of messages the handler took back to the client's windows."""
+        if flow_length > 0 and not self._ended:
+            self._h2.acknowledge_received_data(flow_length, stream_id)
+
+    @property
+    def open_calls(self) -> int:
+        return len(self._streams)
+
+    # --- the connection ------------------------------------------------------------------------
+
+    def ping(self, payload: bytes) -> None:
+        """Send a PING (8 bytes); its answer is `PingAnswered`."""
+        if not self._ended:
+            self._h2.ping(payload)
+
+    def drain(self) -> None:
+        """Take no more calls: a GOAWAY (NO_ERROR) names the last call the server takes; the
+        calls up to it go on. Calls the client opens meanwhile are refused (REFUSED_STREAM,
+        which clients retry elsewhere)."""
+        if self._draining or self._ended:
+            return
+        self._draining = True
+        goaway = GoAwayFrame(0)
+        goaway.last_stream_id = self._h2.highest_inbound_stream_id
+        goaway.error_code = h2.errors.ErrorCodes.NO_ERROR
+        # h2 would take no more frames of the running calls after its own GOAWAY, so the
+        # first one is framed here; `close` sends h2's final one.
+        self._h2_flush_then(goaway.serialize())
+
+    def close(self, error_code: int = h2.errors.ErrorCodes.NO_ERROR) -> None:
+        """End the connection with a GOAWAY (once)."""
+        if self._ended:
+            return
+        self._ended = True
+        self._h2.close_connection(error_code=error_code)
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _h2_flush_then(self, frame: bytes) -> None:
+        self._extra = self._h2.data_to_send() + self._extra + frame
+
+    def _on_event(self, event: h2.events.Event) -> list[Event]:
+        if isinstance(event, h2.events.RequestReceived):
+            return self._on_request(event)
+        if isinstance(event, h2.events.DataReceived):
+            return self._on_data(event)
+        if isinstance(event, h2.events.StreamEnded):
+            return self._on_stream_ended(event.stream_id)
+        if isinstance(event, h2.events.StreamReset):
+            return self._on_reset(event)
+        if isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
+            for stream_id, stream in list(self._streams.items()):
+                self._flush(stream_id, stream)
+            return [WindowOpened()]
+        if isinstance(event, h2.events.PingAckReceived):
+            return [PingAnswered()]
+        if isinstance(event, h2.events.ConnectionTerminated):
+            self._ended = True
+            code = int(event.error_code or 0)
+            return [ConnectionEnded(code, f"the client sent GOAWAY ({code})")]
+        # Settings acknowledged, PINGs h2 answers itself, priority, trailers of a request
+        # (gRPC requests have none worth reading): nothing for the calls.
+        return []
+
+    def _on_request(self, event: h2.events.RequestReceived) -> list[Event]:
+        stream_id = event.stream_id
+        if self._draining:
+            self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            return []
+        try:
+            request = read_request((str(name), str(value)) for name, value in event.headers or ())
+        except RequestRefused as refused:
+            self._refuse(stream_id, refusal_headers(refused))
+            return []
+        if request.method not in self._methods:
+            self._refuse(
+                stream_id,
+                trailers(
+                    StatusCode.UNIMPLEMENTED,
+                    f"unknown method {request.method}",
+                    trailers_only=True,
+                ),
+            )
+            return []
+        decoder = MessageDecoder(self._limits.max_message_bytes, request.encoding)
+        self._streams[stream_id] = _Stream(decoder)
+        return [CallStarted(stream_id, request)]
+
+    def _refuse(self, stream_id: int, headers: list[tuple[str, str]]) -> None:
+        stream = _Stream(None, headers_sent=True, ended=True, trailers=headers)
+        self._streams[stream_id] = stream
+        self._flush(stream_id, stream)
+
+    def _on_data(self, event: h2.events.DataReceived) -> list[Event]:
+        stream_id = event.stream_id
+        data = event.data or b""
+        flow = event.flow_controlled_length or 0
+        stream = self._streams.get(stream_id)
+        if stream is None or stream.ended or stream.decoder is None:
+            self.acknowledge(stream_id, flow)
+            return []
+        try:
+            messages = stream.decoder.feed(data)
+        except GrpcError as exc:
+            self.acknowledge(stream_id, flow)
+            return self._abort(stream_id, stream, exc.code, exc.message)
+        # The bytes that only began a message, and padding, go back at once; the rest are
+        # the messages' and go back as the handler takes them (all with the last one).
+        partial = min(stream.decoder.buffered, len(data))
+        held = len(data) - partial if messages else 0
+        self.acknowledge(stream_id, flow - held)
+        events: list[Event] = []
+        for index, message in enumerate(messages):
+            last = index == len(messages) - 1
+            events.append(MessageReceived(stream_id, message, held if last else 0))
+        return events
+
+    def _on_stream_ended(self, stream_id: int) -> list[Event]:
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return []
+        stream.client_closed = True
+        if stream.ended:
+            self._forget_if_done(stream_id, stream)
+            return []
+        if stream.decoder is not None and stream.decoder.buffered:
+            return self._abort(
+                stream_id, stream, StatusCode.INTERNAL, "the last request message is truncated"
+            )
+        return [ClientHalfClosed(stream_id)]
+
+    def _on_reset(self, event: h2.events.StreamReset) -> list[Event]:
+        stream = self._streams.pop(event.stream_id, None)
+        if stream is None or stream.ended:
+            return []
+        code = int(event.error_code or 0)
+        return [CallAborted(event.stream_id, StatusCode.CANCELLED, f"reset by the client ({code})")]
+
+    def _abort(
+        self, stream_id: int, stream: _Stream, code: StatusCode, message: str
+    ) -> list[Event]:
+        self.end_call(stream_id, code, message)
+        return [CallAborted(stream_id, code, message)]
+
+    def _flush(self, stream_id: int, stream: _Stream) -> None:
+        """Hand h2 what the windows allow of the stream's messages, then its trailers."""
+        if self._ended:
+            return
+        while stream.outbound:
+            try:
+                window = self._h2.local_flow_control_window(stream_id)
+            except h2.exceptions.StreamClosedError:
+                self._streams.pop(stream_id, None)
+                return
+            size = min(window, self._h2.max_outbound_frame_size, len(stream.outbound))
+            if size <= 0:
+                return
+            self._h2.send_data(stream_id, bytes(stream.outbound[:size]))
+            del stream.outbound[:size]
+        if stream.trailers is not None:
+            self._h2.send_headers(stream_id, stream.trailers, end_stream=True)
+            stream.trailers = None
+            if not stream.client_closed:
+                # The call is over; the client need not send the rest of its messages.
+                stream.client_closed = True
+                # h2 may know already that the client has sent all (its END_STREAM is in the
+                # data being read): then the stream is closed and there is nothing to reset.
+                with contextlib.suppress(h2.exceptions.StreamClosedError):
+                    self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+            self._forget_if_done(stream_id, stream)
+
+    def _forget_if_done(self, stream_id: int, stream: _Stream) -> None:
+        if stream.ended and stream.client_closed and stream.trailers is None:
+            self._streams.pop(stream_id, None)
