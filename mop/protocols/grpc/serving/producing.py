@@ -227,8 +227,8 @@ class Producing:
         pending: trio.MemoryReceiveChannel[_Pending],
         owed: trio.Semaphore,
     ) -> None:
-        """Send the results in order, a run at a time: the Sends waiting when one is taken
-        (their publishing shares one wait for durability)."""
+        """Send the results in order, a run at a time: the Sends waiting when one is taken,
+        which share one wait for durability."""
         async with pending:
             async for first in pending:
                 run = [first]
@@ -238,8 +238,12 @@ class Producing:
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
                 await self._publish(client, run)
-                for item in run:
-                    await self._reply(call, await self._result(item))
+                # Every outcome first, then the replies: the first wait makes the whole run
+                # durable at once, before the reader (held at the bound meanwhile) stores
+                # more, which a wait per reply would wait for too (a write per message).
+                results = [await self._result(item) for item in run]
+                for result in results:
+                    await self._reply(call, result)
                     owed.release()
 
     async def _publish(self, client: CallClient, run: list[_Pending]) -> None:
