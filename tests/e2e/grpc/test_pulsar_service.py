@@ -114,7 +114,7 @@ def consumer(
 
 
 def test_produced_messages_reach_a_consumer_with_their_fields(
-    channel: grpc.Channel, topic: str
+    node: RunningNode, channel: grpc.Channel, topic: str
 ) -> None:
     produce, _, send = stubs(channel)
     sends = [
@@ -146,6 +146,9 @@ def test_produced_messages_reach_a_consumer_with_their_fields(
     acks.put(pb.Ack(message_ids=[m.message_id for m in got]))
     acks.close()
     assert list(messages) == []
+    stats = node.call(lambda: node.node.processor.stats.protocol("grpc"))
+    assert (stats.messages_received, stats.messages_sent, stats.opened) == (21, 21, 3)
+    assert stats.requests >= 21 + 1  # the Sends and the Ack
 
 
 def test_nacked_and_unacked_messages_are_redelivered_with_a_count(

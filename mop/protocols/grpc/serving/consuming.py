@@ -222,7 +222,9 @@ class ConsumeCall:
                 await self._call.send(data)
                 if trace is not None:
                     trace.sent()
-                stats.record_sent(1, len(data), len(message.payload))
+                # The server counts the bytes on the wire and the requests.
+                stats.messages_sent += 1
+                stats.payload_bytes_sent += len(message.payload)
                 self._release(leg, 1)
             if deliveries and stats.delivery_latency.due(len(deliveries)):
                 stats.delivery_latency.record_age(now_ms(), deliveries[-1].message.publish_time)
@@ -239,10 +241,7 @@ class ConsumeCall:
     # -- acks in ---------------------------------------------------------------------------
 
     async def _read_acks(self) -> None:
-        stats = self._consuming.stats
         while (data := await self._call.receive()) is not None:
-            stats.requests += 1
-            stats.bytes_received += len(data)
             try:
                 self._on_ack(decode_ack(data))
             except GrpcError as exc:

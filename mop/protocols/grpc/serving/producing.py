@@ -22,7 +22,6 @@ import trio
 from google.protobuf.message import DecodeError
 
 from mop.clock import now_ms
-from mop.counters import ProtocolStats
 from mop.message import Message
 from mop.processor import BackendError, MessagingProcessor, PublishResult
 from mop.processor.tracing import PublishTrace
@@ -87,13 +86,11 @@ class Producing:
         self,
         processor: MessagingProcessor,
         namespaces: Namespaces,
-        stats: ProtocolStats,
         *,
         max_outstanding: int = DEFAULT_MAX_OUTSTANDING,
     ) -> None:
         self.processor = processor
         self.namespaces = namespaces
-        self.stats = stats
         self.max_outstanding = max_outstanding
         self.names = ProducerNames()
 
@@ -104,7 +101,6 @@ class Producing:
         data = await call.receive()
         if data is None:
             raise GrpcError(StatusCode.INVALID_ARGUMENT, "send takes one Send message")
-        self._count_request(data)
         send = decode_send(data)
         async with open_call_client(self.processor, self.namespaces, call) as client:
             topic = client.topic(request.topic, Access.WRITE)
@@ -180,7 +176,6 @@ class Producing:
                     data = await call.receive()
                     if data is None:
                         return
-                    self._count_request(data)
                     pending.send_nowait(self._store(client, producer, decode_send(data)))
                     if rates is not None:
                         pause = rates.charge(1, len(data), trio.current_time())
@@ -279,13 +274,7 @@ class Producing:
         return refused_result(item.sequence_id, item.error)
 
     async def _reply(self, call: Call, result: pb.SendResult) -> None:
-        data = result.SerializeToString()
-        await call.send(data)
-        self.stats.bytes_sent += len(data)
-
-    def _count_request(self, data: bytes) -> None:
-        self.stats.requests += 1
-        self.stats.bytes_received += len(data)
+        await call.send(result.SerializeToString())
 
 
 def _end(trace: PublishTrace | None, error: BaseException | None = None) -> None:
