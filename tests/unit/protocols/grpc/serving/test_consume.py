@@ -252,11 +252,32 @@ async def test_bad_metadata_ends_the_call_with_invalid_argument(
     assert "pulsar-subscription-type" in call.message and "'key_shared'" in call.message
 
 
-async def test_a_partitioned_topic_is_refused_naming_its_partitions(
+async def test_a_partitioned_topic_is_consumed_from_every_partition(
     processor: MessagingProcessor, methods: dict[str, MethodHandler]
 ) -> None:
-    await processor.partitioned.create(TOPIC, 2)
-    call = consumer()
-    await call.run(methods[CONSUME])
-    assert call.status is StatusCode.FAILED_PRECONDITION
-    assert f"{TOPIC}-partition-0" in call.message and f"{TOPIC}-partition-1" in call.message
+    """One consumer per partition, in each partition's subscription; ids say their partition,
+    and an ack reaches the partition it names (the partitions' ids overlap)."""
+    await processor.partitioned.create(TOPIC, 3)
+    for index in range(3):
+        await processor.publish(CTX, f"{TOPIC}-partition-{index}", Message(b"p%d" % index))
+    first = consumer(**{"pulsar-initial-position": "earliest"})
+    async with trio.open_nursery() as nursery:
+        await started(nursery, first, methods[CONSUME])
+        got = {m.payload: m for m in await take(first, 3)}
+        assert sorted(got) == [b"p0", b"p1", b"p2"]
+        for index in range(3):
+            message = got[b"p%d" % index]
+            assert message.message_id.partition == index
+            assert message.topic == f"{TOPIC}-partition-{index}"
+        first.request(ack(got[b"p0"], got[b"p2"]))
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        first.half_close()
+    assert first.status is StatusCode.OK
+    second = consumer()
+    async with trio.open_nursery() as nursery:
+        await started(nursery, second, methods[CONSUME])
+        (again,) = await take(second, 1)
+        assert (again.payload, again.redelivery_count, again.message_id.partition) == (b"p1", 1, 1)
+        await nothing_more(second)
+        second.request(pb.Ack(message_ids=[pb.MessageId(partition=7)]))
+    assert second.status is StatusCode.INVALID_ARGUMENT and "partition 7" in second.message
