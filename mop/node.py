@@ -49,7 +49,13 @@ from mop.overload.memory import open_guard, serve_memory_watch
 from mop.partitioned import OtherMembers
 from mop.partitioned_declare import declare_count, declare_until_done
 from mop.processor import Backend, BackendError, MessagingProcessor
-from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
+from mop.protocols.base import (
+    NodeServices,
+    ProtocolHandler,
+    UnknownProtocol,
+    load_protocol,
+    protocol_data,
+)
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, cluster_client_auth
 from mop.retention import RetentionControl, RetentionPolicies, RetentionPolicy
 from mop.schemas import Compatibility
@@ -93,6 +99,10 @@ class Node:
             if bound.spec.name == protocol and bound.spec.kind == kind:
                 return bound.host, bound.port
         raise LookupError(f"no {protocol} listener over {kind}")
+
+    def protocol_data(self) -> dict[str, dict[str, str]]:
+        """What each protocol advertises to its clients (PIP-41), with the ports bound."""
+        return protocol_data(self.protocols, self.listeners)
 
 
 async def start_backend(

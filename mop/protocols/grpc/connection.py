@@ -2,17 +2,19 @@
 
 `receive_data(bytes)` turns what the client sent into call events (a call started, a message,
 the client's half-close, a call that is gone, windows that opened, the connection's end);
-`send_message`, `end_call`, `acknowledge`, `ping` and `drain` do the sending, and
+`taken`, `send_message`, `end_call`, `ping` and `drain` do the sending, and
 `data_to_send()` gives the bytes to write. Nothing here does I/O or knows the time: the trio
 server (`serving.server`) carries out the calls and the timers.
 
 Flow control: the bytes of a request message are given back to the client's window only when
-the handler takes the message (`acknowledge`), so a handler that stops reading back-pressures
-its client; the bytes of a message not complete yet are given back at once (the decoder holds
-at most `max_message_bytes` of them). A stream therefore buffers at most its window in whole
-messages, and the connection's window leaves each stream its own share so that one stalled
-call never starves the others. Response messages are split to the client's window and the
-largest frame it takes; the rest waits for a WINDOW_UPDATE (`WindowOpened`).
+the handler takes the message (`taken`), so a handler that stops reading back-pressures its
+client. A message larger than half the stream's window could never arrive that way: once the
+handler has taken every message before it, the bytes of one are given back as they come (the
+decoder holds at most `max_message_bytes` of them). A stream therefore buffers at most its
+window plus one message of the largest size, and the connection's window leaves each stream its
+own share so that one stalled call never starves the others. Response messages are split to the
+client's window and the largest frame it takes; the rest waits for a WINDOW_UPDATE
+(`WindowOpened`).
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ class CallStarted:
 class MessageReceived:
     stream_id: int
     message: bytes
-    # What to `acknowledge` once the handler has taken the message.
+    # What to pass to `taken` once the handler has taken the message.
     flow_length: int
 
 
@@ -146,6 +148,10 @@ class _Stream:
     # The server has ended the call (trailers sent or queued).
     ended: bool = False
     client_closed: bool = False
+    # Received bytes of the message not complete yet that have not gone back to the window.
+    partial_flow: int = 0
+    # Messages received and not taken by the handler yet.
+    untaken: int = 0
 
 
 class GrpcServerConnection:
@@ -183,6 +189,11 @@ class GrpcServerConnection:
                 h2.settings.SettingCodes.ENABLE_CONNECT_PROTOCOL: 0,
             },
         )
+        # Values given at construction count as acknowledged, so h2 does not apply them to
+        # what it reads itself: the header list limit (what fuzzers try first) and the frame
+        # size are set here.
+        self._h2.decoder.max_header_list_size = limits.max_header_list_size
+        self._h2.max_inbound_frame_size = limits.max_frame_size
         self._h2.initiate_connection()
         # The connection window starts at 65535 whatever the settings say.
         shared = limits.stream_window * limits.max_concurrent_streams
@@ -195,9 +206,12 @@ class GrpcServerConnection:
         try:
             h2_events = self._h2.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
-            # h2 has queued a GOAWAY with the error's code.
             self._ended = True
             code = int(getattr(exc, "error_code", h2.errors.ErrorCodes.PROTOCOL_ERROR))
+            # h2 queues a GOAWAY for errors in frames, not for a connection that does not
+            # start with the HTTP/2 preface (an HTTP/1.1 request, say).
+            if self._h2.state_machine.state != h2.connection.ConnectionState.CLOSED:
+                self._h2.close_connection(error_code=code)
             return [ConnectionEnded(code, f"HTTP/2 protocol error: {exc}")]
         events: list[Event] = []
         for h2_event in h2_events:
@@ -243,11 +257,30 @@ class GrpcServerConnection:
         if stream is None or stream.ended or self._ended:
             return
         stream.ended = True
+        # The rest of a message no one will read.
+        self._give_back(stream_id, stream.partial_flow)
+        stream.partial_flow = 0
         stream.trailers = trailers(code, message, trailers_only=not stream.headers_sent)
         self._flush(stream_id, stream)
 
-    def acknowledge(self, stream_id: int, flow_length: int) -> None:
-        """Give the bytes of messages the handler took back to the client's windows."""
+    def taken(self, stream_id: int, flow_length: int) -> None:
+        """The handler took one message (`MessageReceived`) of the call, or will never take
+        it (the call is over): its bytes go back to the client's windows."""
+        stream = self._streams.get(stream_id)
+        if stream is not None:
+            stream.untaken -= 1
+            if self._lends(stream):
+                # The large message the client is sending may arrive now.
+                flow_length += stream.partial_flow
+                stream.partial_flow = 0
+        self._give_back(stream_id, flow_length)
+
+    def _lends(self, stream: _Stream) -> bool:
+        """Whether the bytes of the message being received go back as they come: it is too
+        large to arrive within the window, and the handler has taken every message before."""
+        return stream.untaken <= 0 and stream.partial_flow > self._limits.stream_window // 2
+
+    def _give_back(self, stream_id: int, flow_length: int) -> None:
         if flow_length > 0 and not self._ended:
             self._h2.acknowledge_received_data(flow_length, stream_id)
 
@@ -350,22 +383,32 @@ class GrpcServerConnection:
         flow = event.flow_controlled_length or 0
         stream = self._streams.get(stream_id)
         if stream is None or stream.ended or stream.decoder is None:
-            self.acknowledge(stream_id, flow)
+            self._give_back(stream_id, flow)
             return []
         try:
             messages = stream.decoder.feed(data)
         except GrpcError as exc:
-            self.acknowledge(stream_id, flow)
+            self._give_back(stream_id, flow + stream.partial_flow)
+            stream.partial_flow = 0
             return self._abort(stream_id, stream, exc.code, exc.message)
-        # The bytes that only began a message, and padding, go back at once; the rest are
-        # the messages' and go back as the handler takes them (all with the last one).
-        partial = min(stream.decoder.buffered, len(data))
-        held = len(data) - partial if messages else 0
-        self.acknowledge(stream_id, flow - held)
+        # Padding goes back at once. The bytes of this frame that complete messages go back
+        # with the last of them, as the handler takes it; those that begin the next message
+        # wait for it, unless `_lends`.
+        tail = min(stream.decoder.buffered, len(data))
+        padding = flow - len(data)
         events: list[Event] = []
-        for index, message in enumerate(messages):
-            last = index == len(messages) - 1
-            events.append(MessageReceived(stream_id, message, held if last else 0))
+        if messages:
+            held = stream.partial_flow + len(data) - tail
+            stream.partial_flow = 0
+            for message in messages[:-1]:
+                events.append(MessageReceived(stream_id, message, 0))
+            events.append(MessageReceived(stream_id, messages[-1], held))
+            stream.untaken += len(messages)
+        stream.partial_flow += tail
+        if self._lends(stream):
+            padding += stream.partial_flow
+            stream.partial_flow = 0
+        self._give_back(stream_id, padding)
         return events
 
     def _on_stream_ended(self, stream_id: int) -> list[Event]:
@@ -384,7 +427,10 @@ class GrpcServerConnection:
 
     def _on_reset(self, event: h2.events.StreamReset) -> list[Event]:
         stream = self._streams.pop(event.stream_id, None)
-        if stream is None or stream.ended:
+        if stream is None:
+            return []
+        self._give_back(event.stream_id, stream.partial_flow)
+        if stream.ended:
             return []
         code = int(event.error_code or 0)
         return [CallAborted(event.stream_id, StatusCode.CANCELLED, f"reset by the client ({code})")]

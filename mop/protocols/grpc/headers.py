@@ -181,7 +181,8 @@ def refusal_headers(refused: RequestRefused) -> Headers:
 def encode_grpc_message(message: str) -> str:
     """`message` as grpc-message carries it: UTF-8, percent-encoded except printable ASCII."""
     return "".join(
-        chr(byte) if byte in _UNRESERVED else f"%{byte:02X}" for byte in message.encode("utf-8")
+        chr(byte) if byte in _UNRESERVED else f"%{byte:02X}"
+        for byte in message.encode("utf-8", "replace")
     )
 
 

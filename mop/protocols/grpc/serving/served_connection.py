@@ -194,7 +194,7 @@ class ServedConnection:
         if isinstance(event, MessageReceived):
             call = self.calls.get(event.stream_id)
             if call is None:
-                self._state.acknowledge(event.stream_id, event.flow_length)
+                self._state.taken(event.stream_id, event.flow_length)
             else:
                 self._stats.requests += 1
                 call.deliver(event.message, event.flow_length)
@@ -259,10 +259,10 @@ class ServedConnection:
 
     # --- what calls use ------------------------------------------------------------------------
 
-    def acknowledge(self, stream_id: int, flow_length: int) -> None:
-        if flow_length:
-            self._state.acknowledge(stream_id, flow_length)
-            self._kick()
+    def taken(self, stream_id: int, flow_length: int) -> None:
+        """A call's handler took a request message (see `GrpcServerConnection.taken`)."""
+        self._state.taken(stream_id, flow_length)
+        self._kick()
 
     async def send_message(self, stream_id: int, message: bytes) -> None:
         """Queue one response message and wait until the client's window has taken it all."""

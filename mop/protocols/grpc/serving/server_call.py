@@ -75,7 +75,7 @@ class ServerCall:
             await self._arrived.wait()
             self._arrived = trio.Event()
         message, flow_length = self._queue.popleft()
-        self._connection.acknowledge(self.stream_id, flow_length)
+        self._connection.taken(self.stream_id, flow_length)
         self.messages_in += 1
         await trio.lowlevel.checkpoint()
         return message
@@ -102,9 +102,9 @@ class ServerCall:
 
     def release(self) -> None:
         """Give back the window of the messages the handler never took."""
-        unread = sum(flow for _, flow in self._queue)
-        self._queue.clear()
-        self._connection.acknowledge(self.stream_id, unread)
+        while self._queue:
+            _, flow_length = self._queue.popleft()
+            self._connection.taken(self.stream_id, flow_length)
 
     @property
     def queued(self) -> int:
