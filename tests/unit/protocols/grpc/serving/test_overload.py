@@ -41,6 +41,7 @@ async def test_sends_over_the_memory_mark_are_refused_and_the_stream_goes_on(
     assert refused.error.code == StatusCode.RESOURCE_EXHAUSTED and refused.sequence_id == 1
     assert stored.HasField("message_id") and call.status is StatusCode.OK
     assert processor.overload.stats.publishes_refused == 1
+    assert processor.stats.dropped == {"overloaded": 1}
 
 
 async def test_a_producer_over_its_rate_is_held_back(methods: dict[str, MethodHandler]) -> None:
