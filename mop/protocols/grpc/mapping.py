@@ -51,9 +51,13 @@ def canonical_topic(name: str, *, tenant: str, namespace: str) -> str:
 # --- message ids ---------------------------------------------------------------------------------
 
 
-def to_proto_id(message_id: MessageId) -> pb.MessageId:
+def to_proto_id(message_id: MessageId, partition: int = 0) -> pb.MessageId:
+    """The id of a message of partition `partition` (0 for a topic without partitions)."""
     return pb.MessageId(
-        ledger_id=message_id.ledger, entry_id=message_id.entry, batch_index=message_id.batch_index
+        ledger_id=message_id.ledger,
+        entry_id=message_id.entry,
+        batch_index=message_id.batch_index,
+        partition=partition,
     )
 
 
@@ -92,8 +96,8 @@ def sequence_id_of(send: pb.Send) -> int:
     return send.sequence_id or -1
 
 
-def stored_result(sequence_id: int, message_id: MessageId) -> pb.SendResult:
-    return pb.SendResult(sequence_id=sequence_id, message_id=to_proto_id(message_id))
+def stored_result(sequence_id: int, message_id: MessageId, partition: int = 0) -> pb.SendResult:
+    return pb.SendResult(sequence_id=sequence_id, message_id=to_proto_id(message_id, partition))
 
 
 def refused_result(sequence_id: int, error: GrpcError) -> pb.SendResult:
@@ -111,12 +115,12 @@ def readable(message: Message) -> bool:
     return not message.opaque_count and not (message.properties and ENCRYPTED in message.properties)
 
 
-def proto_message(delivery: Delivery) -> pb.Message:
+def proto_message(delivery: Delivery, partition: int = 0) -> pb.Message:
     """The gRPC form of one delivered message (one message of a batch: deliveries to gRPC
-    consumers are never whole batches)."""
+    consumers are never whole batches), of partition `partition` of a partitioned topic."""
     message = delivery.message
     proto = pb.Message(
-        message_id=to_proto_id(delivery.message_id),
+        message_id=to_proto_id(delivery.message_id, partition),
         payload=message.payload,
         properties=[pb.Property(key=key, value=value) for key, value in message.properties],
         publish_time=message.publish_time,

@@ -1,18 +1,23 @@
-"""The consume method: a Pulsar consumer per call.
+"""The consume method: a Pulsar consumer per call (one per partition of a partitioned topic,
+as pulsar-client subscribes them, each in its partition's subscription).
 
-The call's processor consumer works by permits: it is granted `pulsar-receiver-queue-size`
-at first and one more for each message `Call.send` has written, so at most that many messages
-are taken ahead of the client's reading (the server's send waits for the client's HTTP/2
-window: a reader that stops reading stops the consumer, and memory stays bounded). Messages
-sent and not acknowledged are bounded too (`max_unacked`, as Pulsar brokers bound them per
-consumer): past it no permit is granted until acknowledgements come. Acks are read on the
-request stream meanwhile; the client half-closing it ends the call, and what it did not
-acknowledge goes back to the subscription, for its next consumer.
+Each processor consumer works by permits: it is granted its share of
+`pulsar-receiver-queue-size` at first and one more for each of its messages `Call.send` has
+written, so at most that many messages are taken ahead of the client's reading (the server's
+send waits for the client's HTTP/2 window: a reader that stops reading stops the consumer, and
+memory stays bounded). Messages sent and not acknowledged are bounded too (`max_unacked`, as
+Pulsar brokers bound them per consumer): past it no permit is granted until acknowledgements
+come. Acks are read on the request stream meanwhile; the client half-closing it ends the
+call, and what it did not acknowledge goes back to the subscription, for its next consumer.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Final
 
 import trio
@@ -43,8 +48,8 @@ from mop.security.acl import Access
 
 log = logging.getLogger("mop.grpc")
 
-# Messages sent to one consumer and not acknowledged, past which it is sent no more until
-# some are (Pulsar brokers' maxUnackedMessagesPerConsumer).
+# Messages sent to one call and not acknowledged, past which it is sent no more until some
+# are (Pulsar brokers' maxUnackedMessagesPerConsumer).
 DEFAULT_MAX_UNACKED: Final = 50_000
 _CUMULATIVE_KINDS: Final = frozenset({SubscriptionKind.EXCLUSIVE, SubscriptionKind.FAILOVER})
 
@@ -59,8 +64,9 @@ def decode_ack(data: bytes) -> pb.Ack:
 
 
 def subscription_spec(topic: str, request: ConsumerOpen) -> SubscriptionSpec:
-    """The processor subscription of a consume call: the one a Pulsar client of the same
-    subscription on `topic` shares (`subscription_name`), durable on a persistent topic."""
+    """The processor subscription of a consume call on `topic` (a partition, for a
+    partitioned topic): the one a Pulsar client of the same subscription shares
+    (`subscription_name`), durable on a persistent topic."""
     return SubscriptionSpec(
         name=subscription_name(topic, request.subscription),
         selectors=frozenset([topic]),
@@ -70,6 +76,17 @@ def subscription_spec(topic: str, request: ConsumerOpen) -> SubscriptionSpec:
         permits=True,
         consumer_name=request.consumer_name,
     )
+
+
+@dataclass(slots=True)
+class Leg:
+    """The consumer of one topic of the call (of one partition: `partition` is its index)."""
+
+    partition: int
+    topic: str
+    consumer: Consumer
+    # Permits held back while `max_unacked` messages are outstanding.
+    owed: int = 0
 
 
 class Consuming:
@@ -92,24 +109,32 @@ class Consuming:
         request = consumer_open(call.metadata)
         async with open_call_client(self.processor, self.namespaces, call) as client:
             topic = client.topic(request.topic, Access.READ)
-            if count := await self.processor.partitioned.partitions(topic):
-                partitions = partitions_of(topic, count)
-                raise GrpcError(
-                    StatusCode.FAILED_PRECONDITION,
-                    f"{topic} is a partitioned topic: consume each of its partitions"
-                    f" ({partitions[0]} ... {partitions[-1]}) in a call of its own",
-                )
-            try:
-                consumer = await self.processor.subscribe(
-                    client.ctx, subscription_spec(topic, request)
-                )
-            except BackendError as exc:
-                raise backend_status(exc) from None
-            try:
-                await ConsumeCall(self, call, client.ctx, consumer, request).run()
-            finally:
-                with trio.CancelScope(shield=True):
-                    await consumer.close()
+            count = await self.processor.partitioned.partitions(topic)
+            topics = partitions_of(topic, count) if count else [topic]
+            async with self._subscribed(client.ctx, topics, request) as legs:
+                await ConsumeCall(self, call, client.ctx, legs, request).run()
+
+    @asynccontextmanager
+    async def _subscribed(
+        self, ctx: ClientContext, topics: list[str], request: ConsumerOpen
+    ) -> AsyncIterator[list[Leg]]:
+        """A consumer on each of `topics` while the block runs; closed after it, so that what
+        was not acknowledged goes back to the subscriptions."""
+        legs: list[Leg] = []
+        try:
+            for partition, topic in enumerate(topics):
+                try:
+                    consumer = await self.processor.subscribe(
+                        ctx, subscription_spec(topic, request)
+                    )
+                except BackendError as exc:
+                    raise backend_status(exc) from None
+                legs.append(Leg(partition, topic, consumer))
+            yield legs
+        finally:
+            with trio.CancelScope(shield=True):
+                for leg in legs:
+                    await leg.consumer.close()
 
 
 class ConsumeCall:
@@ -120,27 +145,33 @@ class ConsumeCall:
         consuming: Consuming,
         call: Call,
         ctx: ClientContext,
-        consumer: Consumer,
+        legs: list[Leg],
         request: ConsumerOpen,
     ) -> None:
         self._consuming = consuming
         self._call = call
         self._ctx = ctx
-        self._consumer = consumer
+        self._legs = legs
         self._request = request
-        # Sent and not acknowledged, by id.
-        self.outstanding: dict[MessageId, Delivery] = {}
-        # Permits held back while `max_unacked` messages are outstanding.
-        self._owed = 0
+        # The queue size shared out over the legs (each gets at least one permit).
+        self._queue = max(1, request.receiver_queue_size // len(legs))
+        # Sent and not acknowledged, by leg (partition) and id.
+        self.outstanding: dict[tuple[int, MessageId], Delivery] = {}
         self._ending: GrpcError | None = None
 
     async def run(self) -> None:
         """Serve until the client half-closes (OK) or something ends the call (its status)."""
-        self._consumer.grant(self._request.receiver_queue_size)
+        # The legs' deliveries, written in turn; permits bound what waits here.
+        ready, taken = trio.open_memory_channel[tuple[Leg, list[Delivery]]](math.inf)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._deliver, nursery.cancel_scope)
+            scope = nursery.cancel_scope
+            for leg in self._legs:
+                leg.consumer.grant(self._queue)
+                nursery.start_soon(self._take, leg, ready.clone(), scope)
+            ready.close()
+            nursery.start_soon(self._write, taken)
             await self._read_acks()
-            nursery.cancel_scope.cancel()
+            scope.cancel()
         if self._ending is not None:
             raise self._ending
 
@@ -151,84 +182,109 @@ class ConsumeCall:
 
     # -- messages out ----------------------------------------------------------------------
 
-    async def _deliver(self, scope: trio.CancelScope) -> None:
-        consumer = self._consumer
+    async def _take(
+        self,
+        leg: Leg,
+        ready: trio.MemorySendChannel[tuple[Leg, list[Delivery]]],
+        scope: trio.CancelScope,
+    ) -> None:
+        async with ready:
+            while True:
+                try:
+                    deliveries = await leg.consumer.receive(self._queue)
+                except ConsumerClosed:
+                    self._end(GrpcError(StatusCode.UNAVAILABLE, "the consumer was closed"), scope)
+                    return
+                ready.send_nowait((leg, deliveries))
+
+    async def _write(self, taken: trio.MemoryReceiveChannel[tuple[Leg, list[Delivery]]]) -> None:
         stats = self._consuming.stats
         processor = self._consuming.processor
         tracing = processor.tracing
-        while True:
-            try:
-                deliveries = await consumer.receive(self._request.receiver_queue_size)
-            except ConsumerClosed:
-                self._end(GrpcError(StatusCode.UNAVAILABLE, "the consumer was closed"), scope)
-                return
+        partitioned = len(self._legs) > 1
+        async for leg, deliveries in taken:
             for delivery in deliveries:
                 message = delivery.message
                 if not readable(message):
                     # Only a Pulsar consumer can read it (mop.message.ENCRYPTED).
-                    consumer.ack([delivery])
+                    leg.consumer.ack([delivery])
                     processor.record_dropped(Drop.ENCRYPTED, message.count)
-                    self._release(message.count)
+                    self._release(leg, message.count)
                     continue
-                self.outstanding[delivery.message_id] = delivery
+                self.outstanding[leg.partition, delivery.message_id] = delivery
                 trace = None
                 if tracing is not None and message.properties:
                     trace = tracing.delivering(
                         self._ctx, delivery.topic, message.qos, message.properties
                     )
-                data = proto_message(delivery).SerializeToString()
+                partition = leg.partition if partitioned else 0
+                data = proto_message(delivery, partition).SerializeToString()
                 await self._call.send(data)
                 if trace is not None:
                     trace.sent()
-                stats.record_sent(1, len(data), len(message.payload))
-                self._release(1)
+                # The server counts the bytes on the wire and the requests.
+                stats.messages_sent += 1
+                stats.payload_bytes_sent += len(message.payload)
+                self._release(leg, 1)
             if deliveries and stats.delivery_latency.due(len(deliveries)):
                 stats.delivery_latency.record_age(now_ms(), deliveries[-1].message.publish_time)
 
-    def _release(self, permits: int) -> None:
-        """Give the consumer back `permits` for messages written, unless `max_unacked` are
+    def _release(self, leg: Leg, permits: int) -> None:
+        """Give `leg` back `permits` for messages written, unless `max_unacked` are
         outstanding: then they wait for acknowledgements."""
         room = self._consuming.max_unacked - len(self.outstanding)
-        granted = max(0, min(permits + self._owed, room))
-        self._owed += permits - granted
+        granted = max(0, min(permits + leg.owed, room))
+        leg.owed += permits - granted
         if granted:
-            self._consumer.grant(granted)
+            leg.consumer.grant(granted)
 
     # -- acks in ---------------------------------------------------------------------------
 
     async def _read_acks(self) -> None:
-        stats = self._consuming.stats
         while (data := await self._call.receive()) is not None:
-            stats.requests += 1
-            stats.bytes_received += len(data)
             try:
                 self._on_ack(decode_ack(data))
             except GrpcError as exc:
                 self._ending = exc
                 return
-            if self._owed:
-                self._release(0)
+            except BackendError as exc:  # e.g. what a separated proxy's consumer cannot do
+                self._ending = backend_status(exc)
+                return
+            except ConsumerClosed:
+                self._ending = GrpcError(StatusCode.UNAVAILABLE, "the consumer was closed")
+                return
+            for leg in self._legs:
+                if leg.owed:
+                    self._release(leg, 0)
+
+    def _leg(self, message_id: pb.MessageId) -> Leg:
+        partition = message_id.partition if len(self._legs) > 1 else 0
+        if not 0 <= partition < len(self._legs):
+            raise GrpcError(
+                StatusCode.INVALID_ARGUMENT,
+                f"message id of partition {partition}: the topic has {len(self._legs)}",
+            )
+        return self._legs[partition]
+
+    def _take_back(self, ids: list[pb.MessageId]) -> dict[int, list[Delivery]]:
+        """The outstanding deliveries `ids` name, by leg, no longer outstanding."""
+        found: dict[int, list[Delivery]] = {}
+        for mid in ids:
+            leg = self._leg(mid)
+            delivery = self.outstanding.pop((leg.partition, from_proto_id(mid)), None)
+            if delivery is not None:
+                found.setdefault(leg.partition, []).append(delivery)
+        return found
 
     def _on_ack(self, ack: pb.Ack) -> None:
-        consumer = self._consumer
-        outstanding = self.outstanding
         if ack.type == pb.Ack.CUMULATIVE:
             self._ack_through(ack)
         else:
-            acked = [
-                delivery
-                for mid in ack.message_ids
-                if (delivery := outstanding.pop(from_proto_id(mid), None)) is not None
-            ]
-            if acked:
-                consumer.ack(acked)
-        back = [
-            delivery
-            for mid in ack.negative_message_ids
-            if (delivery := outstanding.pop(from_proto_id(mid), None)) is not None
-        ]
-        if back:
-            consumer.nack(back, ack.redelivery_delay_ms / 1000)
+            for partition, acked in self._take_back(list(ack.message_ids)).items():
+                self._legs[partition].consumer.ack(acked)
+        delay = ack.redelivery_delay_ms / 1000
+        for partition, back in self._take_back(list(ack.negative_message_ids)).items():
+            self._legs[partition].consumer.nack(back, delay)
 
     def _ack_through(self, ack: pb.Ack) -> None:
         kind = self._request.kind
@@ -242,13 +298,16 @@ class ConsumeCall:
                 StatusCode.INVALID_ARGUMENT,
                 f"a cumulative ack names one message id, not {len(ack.message_ids)}",
             )
+        leg = self._leg(ack.message_ids[0])
         through = from_proto_id(ack.message_ids[0])
         if through.ledger < 0 or through.entry < 0:
             return
-        topic = next(iter(self._consumer.spec.selectors))
-        self._consumer.ack_through(topic, through)
-        for mid in [mid for mid in self.outstanding if mid <= through]:
-            del self.outstanding[mid]
+        # Up to this message of its partition (pulsar-client acknowledges a partitioned
+        # topic cumulatively one partition at a time, too).
+        leg.consumer.ack_through(leg.topic, through)
+        done = [key for key in self.outstanding if key[0] == leg.partition and key[1] <= through]
+        for key in done:
+            del self.outstanding[key]
 
 
-__all__ = ["DEFAULT_MAX_UNACKED", "ConsumeCall", "Consuming", "subscription_spec"]
+__all__ = ["DEFAULT_MAX_UNACKED", "ConsumeCall", "Consuming", "Leg", "subscription_spec"]

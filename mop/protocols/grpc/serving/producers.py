@@ -1,6 +1,12 @@
-"""The producer of a produce or send call: one processor producer for an ordinary topic, one
-per partition for a partitioned topic (a message goes to the partition `PartitionRouter`
-picks, as Pulsar's Java client sends it), under the name the call gave or one the node makes.
+"""The producer of a produce or send call: one registered processor producer for an ordinary
+topic, one per partition for a partitioned topic (a message goes to the partition
+`PartitionRouter` picks, as Pulsar's Java client sends it), under the name the call gave or
+one the node makes.
+
+A backend without registered producers (a separated proxy's: they are the Pulsar adapter's,
+on brokers) is published to through the processor instead, as MQTT clients are: the producer
+name then names the messages' producer only, sequence ids are not deduplicated, and only the
+shared access mode can be had (FAILED_PRECONDITION for the others).
 """
 
 from __future__ import annotations
@@ -19,12 +25,17 @@ from mop.processor import (
     ClientContext,
     MessagingProcessor,
     Producer,
+    ProducerAccess,
     ProducerSpec,
     PublishResult,
 )
 from mop.protocols.grpc.errors import backend_status
 from mop.protocols.grpc.metadata import ProducerOpen
 from mop.protocols.grpc.routing import PartitionRouter
+from mop.protocols.grpc.status import GrpcError, StatusCode
+
+# The reason a backend gives for what it does not do (`mop.backends.cluster`).
+_NOT_SUPPORTED = "not_supported"
 
 
 class ProducerNames:
@@ -40,39 +51,53 @@ class ProducerNames:
 
 
 class TopicProducer:
-    """What a call produces through: its topic's producer, or its partitions' producers."""
+    """What a call produces through: the topics it sends to (the partitions, for a
+    partitioned topic) and their registered producers, when the backend has them."""
 
-    def __init__(self, topic: str, producers: list[Producer]) -> None:
+    def __init__(
+        self, topic: str, name: str, topics: list[str], producers: list[Producer] | None
+    ) -> None:
         # The topic the call named (the partitioned topic, for one).
         self.topic = topic
+        self.name = name
+        self._topics = topics
+        # None: published through the processor (no registered producers).
         self._producers = producers
-        self._router = PartitionRouter(len(producers)) if len(producers) > 1 else None
+        self._router = PartitionRouter(len(topics)) if len(topics) > 1 else None
 
     @property
-    def name(self) -> str:
-        return self._producers[0].spec.name
+    def registered(self) -> bool:
+        return self._producers is not None
 
-    def send(self, message: Message, sequence_id: int) -> Awaitable[PublishResult]:
-        """Store `message` behind those sent before (see `Producer.send`); BackendError at
-        once when it cannot be taken."""
-        producer = self._producers[0]
-        if self._router is not None:
-            producer = self._producers[self._router.partition(message.key)]
-        return producer.send(message, sequence_id=sequence_id)
+    def partition(self, message: Message) -> int:
+        """The partition `message` goes to (0 for a topic without partitions)."""
+        return 0 if self._router is None else self._router.partition(message.key)
+
+    def topic_of(self, partition: int) -> str:
+        return self._topics[partition]
+
+    def send(self, partition: int, message: Message, sequence_id: int) -> Awaitable[PublishResult]:
+        """Store `message` behind those sent before through the registered producer of
+        `partition` (see `Producer.send`); BackendError at once when it cannot be taken."""
+        assert self._producers is not None, "registered producers only"
+        return self._producers[partition].send(message, sequence_id=sequence_id)
 
     async def wait_ready(self) -> None:
         """Return once every producer may send (a wait-for-exclusive producer waits for its
         topic); ABORTED when one never will."""
-        for producer in self._producers:
+        for producer in self._producers or ():
             try:
                 await producer.wait_ready()
             except BackendError as exc:
                 raise backend_status(exc) from None
 
     async def wait_fenced(self) -> None:
-        """Return when another producer took one of the topics over."""
+        """Return when another producer took one of the topics over (never, without
+        registered producers)."""
         async with trio.open_nursery() as nursery:
-            for producer in self._producers:
+            if not self._producers:
+                nursery.start_soon(trio.sleep_forever)
+            for producer in self._producers or ():
                 nursery.start_soon(_fenced, producer, nursery.cancel_scope)
 
 
@@ -95,6 +120,7 @@ async def open_topic_producer(
     topics = partitions_of(topic, count) if count else [topic]
     name = request.producer_name or names.next()
     producers: list[Producer] = []
+    unsupported: BackendError | None = None
     try:
         for each in topics:
             spec = ProducerSpec(
@@ -106,12 +132,31 @@ async def open_topic_producer(
             try:
                 producers.append(await processor.open_producer(ctx, spec))
             except BackendError as exc:
-                raise backend_status(exc) from None
-        yield TopicProducer(topic, producers)
+                if exc.reason != _NOT_SUPPORTED:
+                    raise backend_status(exc) from None
+                unsupported = exc
+                break
+        if unsupported is not None:
+            yield _publishing(topic, name, topics, request, unsupported)
+        else:
+            yield TopicProducer(topic, name, topics, producers)
     finally:
         with trio.CancelScope(shield=True):
             for producer in producers:
                 await producer.close()
+
+
+def _publishing(
+    topic: str, name: str, topics: list[str], request: ProducerOpen, refusal: BackendError
+) -> TopicProducer:
+    """A producer that publishes through the processor, for a backend without registered
+    producers; FAILED_PRECONDITION for an access mode only those give."""
+    if request.access is not ProducerAccess.SHARED:
+        raise GrpcError(
+            StatusCode.FAILED_PRECONDITION,
+            f"access mode {request.access.value!r} needs a registered producer: {refusal}",
+        )
+    return TopicProducer(topic, name, topics, None)
 
 
 __all__ = ["ProducerNames", "TopicProducer", "open_topic_producer"]

@@ -3,14 +3,17 @@
 `produce` stores each Send as it arrives, behind those before it, and answers with one
 SendResult per Send in their order once each is stored; up to `max_outstanding` Sends are in
 flight at once, and past that the call stops reading requests, so the server withholds the
-client's HTTP/2 window (back-pressure, bounded memory). A Send the node refuses gets a
-SendResult with an error and the stream goes on; what refuses the producer itself (its name
-or topic is taken, it was fenced) ends the call with a status. `send` stores one Send.
+client's HTTP/2 window (back-pressure, bounded memory). Without registered producers (see
+`producers`), the Sends waiting when the answering task comes round are published together,
+with one wait for durability. A Send the node refuses gets a SendResult with an error and the
+stream goes on; what refuses the producer itself (its name or topic is taken, it was fenced)
+ends the call with a status. `send` stores one Send.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Final
@@ -19,7 +22,8 @@ import trio
 from google.protobuf.message import DecodeError
 
 from mop.clock import now_ms
-from mop.counters import ProtocolStats
+from mop.counters import Drop
+from mop.message import Message
 from mop.processor import BackendError, MessagingProcessor, PublishResult
 from mop.processor.tracing import PublishTrace
 from mop.protocols.grpc.errors import backend_status
@@ -42,6 +46,8 @@ log = logging.getLogger("mop.grpc")
 
 # Sends stored and not yet answered, per produce call, before the call stops reading.
 DEFAULT_MAX_OUTSTANDING: Final = 1000
+# Results sent together at most (the Sends of a run are published with one wait).
+_RUN: Final = 1000
 _OVERLOADED: Final = GrpcError(
     StatusCode.RESOURCE_EXHAUSTED, "the node is over its memory high-water mark: try again later"
 )
@@ -50,10 +56,16 @@ _FENCED: Final = "another producer took the topic over (exclusive_with_fencing)"
 
 @dataclass(slots=True)
 class _Pending:
-    """A Send whose result goes out next: stored (to wait for) or refused."""
+    """A Send whose result goes out next: stored by a registered producer (`stored`, to wait
+    for), to publish through the processor (`publish`), or refused (`error`)."""
 
     sequence_id: int
+    # The partition it goes to (0 for a topic without partitions).
+    partition: int = 0
     stored: Awaitable[PublishResult] | None = None
+    publish: tuple[str, Message] | None = None
+    # What publishing it gave (see `Producing._publish`).
+    published: PublishResult | None = None
     error: GrpcError | None = None
     # The message's trace (see `MessageTracing`), ended with its result.
     trace: PublishTrace | None = None
@@ -75,13 +87,11 @@ class Producing:
         self,
         processor: MessagingProcessor,
         namespaces: Namespaces,
-        stats: ProtocolStats,
         *,
         max_outstanding: int = DEFAULT_MAX_OUTSTANDING,
     ) -> None:
         self.processor = processor
         self.namespaces = namespaces
-        self.stats = stats
         self.max_outstanding = max_outstanding
         self.names = ProducerNames()
 
@@ -92,7 +102,6 @@ class Producing:
         data = await call.receive()
         if data is None:
             raise GrpcError(StatusCode.INVALID_ARGUMENT, "send takes one Send message")
-        self._count_request(data)
         send = decode_send(data)
         async with open_call_client(self.processor, self.namespaces, call) as client:
             topic = client.topic(request.topic, Access.WRITE)
@@ -101,6 +110,7 @@ class Producing:
             ) as producer:
                 await producer.wait_ready()
                 item = self._store(client, producer, send)
+                await self._publish(client, [item])
                 result = await self._result(item)
         if result.HasField("error"):
             raise GrpcError(StatusCode(result.error.code), result.error.message)
@@ -122,9 +132,9 @@ class Producing:
         """Read Sends and store them while the results go out in order; end once the client
         half-closed and every result is out, with ABORTED when the producer is fenced, or
         with INVALID_ARGUMENT after the results owed for a request that is no Send."""
-        # The reader waits for room once `max_outstanding` results are owed (one is being
-        # awaited by the answering task, the rest wait in the channel).
-        send, receive = trio.open_memory_channel[_Pending](max(0, self.max_outstanding - 1))
+        # A result owed holds one of these: the reader waits for one before it reads a Send.
+        owed = trio.Semaphore(self.max_outstanding)
+        send, receive = trio.open_memory_channel[_Pending](math.inf)
         fenced = False
         refused: GrpcError | None = None
         async with trio.open_nursery() as calls:
@@ -138,9 +148,9 @@ class Producing:
 
             calls.start_soon(watch_fence)
             async with trio.open_nursery() as answers:
-                answers.start_soon(self._answer, call, receive)
+                answers.start_soon(self._answer, call, client, receive, owed)
                 try:
-                    await self._read(call, client, producer, send)
+                    await self._read(call, client, producer, send, owed)
                 except GrpcError as exc:
                     refused = exc  # after the results owed for the Sends before it
             calls.cancel_scope.cancel()
@@ -155,16 +165,19 @@ class Producing:
         client: CallClient,
         producer: TopicProducer,
         pending: trio.MemorySendChannel[_Pending],
+        owed: trio.Semaphore,
     ) -> None:
         overload = self.processor.overload
         budget_key = f"grpc {client.ctx.peer.rpartition(':')[0]} {client.ctx.principal.display}"
         rates = None if client.ctx.principal.is_proxy else overload.client_rates(budget_key)
         try:
             async with pending:
-                while (data := await call.receive()) is not None:
-                    self._count_request(data)
-                    item = self._store(client, producer, decode_send(data))
-                    await pending.send(item)
+                while True:
+                    await owed.acquire()
+                    data = await call.receive()
+                    if data is None:
+                        return
+                    pending.send_nowait(self._store(client, producer, decode_send(data)))
                     if rates is not None:
                         pause = rates.charge(1, len(data), trio.current_time())
                         if pause:
@@ -191,7 +204,11 @@ class Producing:
                 if item.trace is not None:
                     message = with_properties(message, item.trace.carrier)
                     item.trace.storing()
-            item.stored = producer.send(message, sequence_id)
+            item.partition = producer.partition(message)
+            if producer.registered:
+                item.stored = producer.send(item.partition, message, sequence_id)
+            else:
+                item.publish = (producer.topic_of(item.partition), message)
         except GrpcError as exc:
             item.error = exc
         except BackendError as exc:
@@ -199,34 +216,67 @@ class Producing:
             _end(item.trace, exc)
         return item
 
-    async def _answer(self, call: Call, pending: trio.MemoryReceiveChannel[_Pending]) -> None:
+    async def _answer(
+        self,
+        call: Call,
+        client: CallClient,
+        pending: trio.MemoryReceiveChannel[_Pending],
+        owed: trio.Semaphore,
+    ) -> None:
+        """Send the results in order, a run at a time: the Sends waiting when one is taken,
+        which share one wait for durability."""
         async with pending:
-            async for item in pending:
-                await self._reply(call, await self._result(item))
+            async for first in pending:
+                run = [first]
+                while len(run) < _RUN:
+                    try:
+                        run.append(pending.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                await self._publish(client, run)
+                # Every outcome first, then the replies: the first wait makes the whole run
+                # durable at once, before the reader (held at the bound meanwhile) stores
+                # more, which a wait per reply would wait for too (a write per message).
+                results = [await self._result(item) for item in run]
+                for result in results:
+                    await self._reply(call, result)
+                    owed.release()
+
+    async def _publish(self, client: CallClient, run: list[_Pending]) -> None:
+        """Publish the messages of `run` that no registered producer took, in order, and
+        note the outcome of each."""
+        items = [item for item in run if item.publish is not None]
+        if not items:
+            return
+        outcomes = await self.processor.publish_batch(
+            client.ctx, [item.publish for item in items if item.publish is not None]
+        )
+        for item, outcome in zip(items, outcomes, strict=True):
+            if isinstance(outcome, BackendError):
+                item.error = backend_status(outcome)
+                _end(item.trace, outcome)
+            else:
+                item.published = outcome
 
     async def _result(self, item: _Pending) -> pb.SendResult:
+        stored = item.published
         if item.stored is not None:
             try:
                 stored = await item.stored
             except BackendError as exc:
                 item.error = backend_status(exc)
                 _end(item.trace, exc)
-            else:
-                _end(item.trace)
-                return stored_result(item.sequence_id, stored.message_id)
+        if stored is not None:
+            _end(item.trace)
+            return stored_result(item.sequence_id, stored.message_id, item.partition)
         assert item.error is not None
-        if item.error.code is not StatusCode.RESOURCE_EXHAUSTED:
-            self.processor.record_dropped()
+        self.processor.record_dropped(
+            Drop.OVERLOADED if item.error is _OVERLOADED else Drop.REFUSED
+        )
         return refused_result(item.sequence_id, item.error)
 
     async def _reply(self, call: Call, result: pb.SendResult) -> None:
-        data = result.SerializeToString()
-        await call.send(data)
-        self.stats.bytes_sent += len(data)
-
-    def _count_request(self, data: bytes) -> None:
-        self.stats.requests += 1
-        self.stats.bytes_received += len(data)
+        await call.send(result.SerializeToString())
 
 
 def _end(trace: PublishTrace | None, error: BaseException | None = None) -> None:

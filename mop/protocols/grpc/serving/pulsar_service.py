@@ -23,7 +23,7 @@ def pulsar_methods(processor: MessagingProcessor, settings: Settings) -> dict[st
     """The handlers of PulsarGrpcService's methods, by path."""
     namespaces = Namespaces(settings.default_tenant, settings.default_namespace)
     stats = processor.stats.protocol(PROTOCOL)
-    producing = Producing(processor, namespaces, stats)
+    producing = Producing(processor, namespaces)
     consuming = Consuming(processor, namespaces, stats)
     return {PRODUCE: producing.produce, CONSUME: consuming.consume, SEND: producing.send}
 

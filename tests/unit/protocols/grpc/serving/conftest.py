@@ -14,7 +14,6 @@ import trio
 from mop.backends.local import open_local_backend
 from mop.broker.storage import MemoryStorage
 from mop.processor import MessagingProcessor
-from mop.protocols.grpc.proto import mop_grpc_pb2 as pb
 from mop.protocols.grpc.serving.calls import MethodHandler
 from mop.protocols.grpc.serving.pulsar_service import pulsar_methods
 from mop.protocols.grpc.status import GrpcError, StatusCode
@@ -110,7 +109,3 @@ async def processor(processor_options: dict[str, Any]) -> AsyncIterator[Messagin
 @pytest.fixture
 def methods(processor: MessagingProcessor, settings: Settings) -> dict[str, MethodHandler]:
     return pulsar_methods(processor, settings)
-
-
-def send_of(payload: bytes, **fields: Any) -> pb.Send:
-    return pb.Send(payload=payload, **fields)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 
 from mop.message import MessageId
 from mop.processor import (
+    BackendError,
     ClientContext,
     MessagingProcessor,
+    Producer,
+    ProducerSpec,
     StartPosition,
     SubscriptionSpec,
 )
@@ -114,12 +118,12 @@ async def test_a_producer_that_outruns_its_reader_stops_being_read(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(call.run, methods[PRODUCE])
         await trio.testing.wait_all_tasks_blocked(0.05)
-        # One result is waiting to be written; `bound` Sends are owed in all.
-        assert call.received == bound + 1
+        # `bound` results are owed (the first one waits to be written): no more is read.
+        assert call.received == bound
         first = await call.response(pb.SendResult)
         assert first.sequence_id == 1
         await trio.testing.wait_all_tasks_blocked(0.05)
-        assert call.received == bound + 2
+        assert call.received == bound + 1
         nursery.cancel_scope.cancel()
 
 
@@ -164,8 +168,9 @@ async def test_a_partitioned_topic_gets_messages_on_every_partition_and_a_key_on
     call.half_close()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(call.run, methods[PRODUCE])
-        for _ in range(10):
-            assert (await call.response(pb.SendResult)).HasField("message_id")
+        results = [await call.response(pb.SendResult) for _ in range(10)]
+    assert [r.message_id.partition for r in results[:6]] == [0, 1, 2, 0, 1, 2]
+    assert len({r.message_id.partition for r in results[6:]}) == 1
     partitions = [await stored(processor, f"{TOPIC}-partition-{i}") for i in range(3)]
     assert [sorted(p for p in found if p.startswith(b"rr")) for found in partitions] == [
         [b"rr0", b"rr3"],
@@ -174,3 +179,68 @@ async def test_a_partitioned_topic_gets_messages_on_every_partition_and_a_key_on
     ]
     keyed = [[p for p in found if p.startswith(b"k")] for found in partitions]
     assert sorted(keyed, key=len)[-1] == [b"k0", b"k1", b"k2", b"k3"]
+
+
+async def no_registered_producers(ctx: ClientContext, spec: ProducerSpec) -> Producer:
+    raise BackendError("registered producers are not available here", reason="not_supported")
+
+
+async def test_without_registered_producers_sends_are_published_in_order(
+    processor: MessagingProcessor,
+    methods: dict[str, MethodHandler],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As on a separated proxy: published through the processor, in runs, still in order."""
+    monkeypatch.setattr(processor, "open_producer", no_registered_producers)
+    call = FakeCall(PRODUCE, {"pulsar-topic": TOPIC, "pulsar-producer-name": "named"})
+    for n in range(1, 31):
+        call.request(pb.Send(payload=b"m%d" % n, sequence_id=n))
+    call.request(pb.Send(payload=b"last", sequence_id=99))
+    call.half_close()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(call.run, methods[PRODUCE])
+        results = [await call.response(pb.SendResult) for _ in range(31)]
+    assert call.status is StatusCode.OK
+    assert [r.sequence_id for r in results] == [*range(1, 31), 99]
+    ids = [MessageId(r.message_id.ledger_id, r.message_id.entry_id) for r in results]
+    assert ids == sorted(ids) and len(set(ids)) == 31
+    found = await stored(processor)
+    assert found[:30] == [b"m%d" % n for n in range(1, 31)]
+    assert processor.stats.protocol("grpc").messages_received == 31
+
+
+async def test_without_registered_producers_only_shared_access_is_had(
+    processor: MessagingProcessor,
+    methods: dict[str, MethodHandler],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(processor, "open_producer", no_registered_producers)
+    call = FakeCall(PRODUCE, {"pulsar-topic": TOPIC, "pulsar-producer-access-mode": "exclusive"})
+    await call.run(methods[PRODUCE])
+    assert call.status is StatusCode.FAILED_PRECONDITION
+    assert "'exclusive' needs a registered producer" in call.message
+
+
+async def test_a_wait_for_exclusive_producer_sends_once_the_topic_is_free(
+    processor: MessagingProcessor, methods: dict[str, MethodHandler]
+) -> None:
+    exclusive = FakeCall(
+        PRODUCE, {"pulsar-topic": TOPIC, "pulsar-producer-access-mode": "exclusive"}
+    )
+    waiting = FakeCall(
+        PRODUCE, {"pulsar-topic": TOPIC, "pulsar-producer-access-mode": "wait_for_exclusive"}
+    )
+    waiting.request(pb.Send(payload=b"after"))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(exclusive.run, methods[PRODUCE])
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        nursery.start_soon(waiting.run, methods[PRODUCE])
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        assert waiting.received == 0  # not reading until it has the topic
+        exclusive.request(pb.Send(payload=b"first"))
+        assert (await exclusive.response(pb.SendResult)).HasField("message_id")
+        exclusive.half_close()
+        assert (await waiting.response(pb.SendResult)).HasField("message_id")
+        waiting.half_close()
+    assert (exclusive.status, waiting.status) == (StatusCode.OK, StatusCode.OK)
+    assert await stored(processor) == [b"first", b"after"]
