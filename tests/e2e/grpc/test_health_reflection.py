@@ -140,3 +140,18 @@ def test_reflection_v1_is_served_too(channel: grpc.Channel) -> None:
         for data in answer.file_descriptor_response.file_descriptor_proto
     ]
     assert names == ["grpc/reflection/v1/reflection.proto"]
+
+
+def test_reflection_describes_mops_service(channel: grpc.Channel) -> None:
+    database = ProtoReflectionDescriptorDatabase(channel)
+    assert "mop.grpc.v1.PulsarGrpcService" in database.get_services()
+    pool = DescriptorPool(database)
+    service = pool.FindServiceByName("mop.grpc.v1.PulsarGrpcService")
+    assert set(service.methods_by_name) == {"produce", "consume", "send"}
+    send = pool.FindMessageTypeByName("mop.grpc.v1.Send")
+    assert send.fields_by_name["payload"].number == 1
+    health = health_pb2_grpc.HealthStub(channel)
+    answer = health.Check(
+        health_pb2.HealthCheckRequest(service="mop.grpc.v1.PulsarGrpcService"), timeout=5
+    )
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING

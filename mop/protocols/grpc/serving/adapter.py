@@ -4,7 +4,7 @@ service, the health service and server reflection."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from typing import Final
 
 import trio
@@ -12,7 +12,6 @@ import trio
 from mop.protocols.base import NodeServices
 from mop.protocols.grpc.overload import rate_refusal
 from mop.protocols.grpc.serving.admin_view import GrpcAdminView
-from mop.protocols.grpc.serving.calls import MethodHandler
 from mop.protocols.grpc.serving.methods import grpc_methods
 from mop.protocols.grpc.serving.server import GrpcServer
 from mop.protocols.introspection import AdminView
@@ -29,11 +28,9 @@ class GrpcProtocol:
     name = "grpc"
     tables: tuple[str, ...] = ()
 
-    def __init__(self, extra_methods: Mapping[str, MethodHandler] | None = None) -> None:
+    def __init__(self) -> None:
         self._settings: Settings | None = None
         self._server: GrpcServer | None = None
-        # Methods served beside the node's own (an embedding application's, a test's).
-        self._extra = extra_methods
 
     @property
     def grpc(self) -> GrpcSettings:
@@ -56,10 +53,21 @@ class GrpcProtocol:
         server: GrpcServer | None = None
 
         def serving() -> bool:
-            return server is not None and not server.closing and not processor.not_ready()
+            # What /readyz says: the backend answers and the node is not over its memory mark.
+            return (
+                server is not None
+                and not server.closing
+                and not processor.not_ready()
+                and not processor.overload.not_ready()
+            )
 
-        methods = grpc_methods(processor, self._settings, serving, extra=self._extra)
-        server = GrpcServer(self.grpc, methods, processor.stats.protocol(self.name))
+        methods = grpc_methods(processor, self._settings, serving)
+        server = GrpcServer(
+            self.grpc,
+            methods,
+            processor.stats.protocol(self.name),
+            max_connections=self._settings.limits.max_connections,
+        )
         self._server = server
 
     @property

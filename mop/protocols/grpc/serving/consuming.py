@@ -247,6 +247,12 @@ class ConsumeCall:
             except GrpcError as exc:
                 self._ending = exc
                 return
+            except BackendError as exc:  # e.g. what a separated proxy's consumer cannot do
+                self._ending = backend_status(exc)
+                return
+            except ConsumerClosed:
+                self._ending = GrpcError(StatusCode.UNAVAILABLE, "the consumer was closed")
+                return
             for leg in self._legs:
                 if leg.owed:
                     self._release(leg, 0)

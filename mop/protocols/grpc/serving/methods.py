@@ -24,13 +24,10 @@ def grpc_methods(
     processor: MessagingProcessor,
     settings: Settings,
     serving: Callable[[], bool],
-    *,
-    extra: Mapping[str, MethodHandler] | None = None,
 ) -> dict[str, MethodHandler]:
     """The server's methods: PulsarGrpcService's, health's and reflection's; `serving()`
-    says whether the node serves now (health). `extra` adds methods (an embedding
-    application's or a test's)."""
-    methods: dict[str, MethodHandler] = {**pulsar_methods(processor, settings), **(extra or {})}
+    says whether the node serves now (health)."""
+    methods = pulsar_methods(processor, settings)
     services = services_of(methods)
     methods.update(health_methods(serving, [*services, HEALTH_SERVICE]))
     methods.update(reflection_methods([*services, HEALTH_SERVICE]))

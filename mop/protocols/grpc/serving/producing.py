@@ -5,9 +5,9 @@ SendResult per Send in their order once each is stored; up to `max_outstanding` 
 flight at once, and past that the call stops reading requests, so the server withholds the
 client's HTTP/2 window (back-pressure, bounded memory). Without registered producers (see
 `producers`), the Sends waiting when the answering task comes round are published together,
-with one wait for durability. A Send the node refuses gets a
-SendResult with an error and the stream goes on; what refuses the producer itself (its name
-or topic is taken, it was fenced) ends the call with a status. `send` stores one Send.
+with one wait for durability. A Send the node refuses gets a SendResult with an error and the
+stream goes on; what refuses the producer itself (its name or topic is taken, it was fenced)
+ends the call with a status. `send` stores one Send.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import trio
 from google.protobuf.message import DecodeError
 
 from mop.clock import now_ms
+from mop.counters import Drop
 from mop.message import Message
 from mop.processor import BackendError, MessagingProcessor, PublishResult
 from mop.processor.tracing import PublishTrace
@@ -269,8 +270,9 @@ class Producing:
             _end(item.trace)
             return stored_result(item.sequence_id, stored.message_id, item.partition)
         assert item.error is not None
-        if item.error.code is not StatusCode.RESOURCE_EXHAUSTED:
-            self.processor.record_dropped()
+        self.processor.record_dropped(
+            Drop.OVERLOADED if item.error is _OVERLOADED else Drop.REFUSED
+        )
         return refused_result(item.sequence_id, item.error)
 
     async def _reply(self, call: Call, result: pb.SendResult) -> None:

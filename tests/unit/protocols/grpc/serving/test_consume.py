@@ -9,11 +9,18 @@ import pytest
 import trio
 import trio.testing
 
-from mop.message import Message
-from mop.processor import ClientContext, MessagingProcessor
+from mop.clock import now_ms
+from mop.message import Message, MessageId
+from mop.processor import (
+    BackendError,
+    ClientContext,
+    Consumer,
+    MessagingProcessor,
+    SubscriptionSpec,
+)
 from mop.protocols.grpc.proto import mop_grpc_pb2 as pb
 from mop.protocols.grpc.serving.calls import MethodHandler
-from mop.protocols.grpc.serving.pulsar_service import CONSUME
+from mop.protocols.grpc.serving.pulsar_service import CONSUME, SEND
 from mop.protocols.grpc.status import StatusCode
 from tests.unit.protocols.grpc.serving.conftest import FakeCall
 
@@ -281,3 +288,53 @@ async def test_a_partitioned_topic_is_consumed_from_every_partition(
         await nothing_more(second)
         second.request(pb.Ack(message_ids=[pb.MessageId(partition=7)]))
     assert second.status is StatusCode.INVALID_ARGUMENT and "partition 7" in second.message
+
+
+async def test_a_deliver_at_time_holds_a_message_back_from_a_shared_subscription(
+    methods: dict[str, MethodHandler],
+) -> None:
+    call = consumer(**{"pulsar-subscription-type": "shared"})
+    send = FakeCall(SEND, {"pulsar-topic": TOPIC})
+    send.request(pb.Send(payload=b"later", deliver_at_time=now_ms() + 300))
+    send.half_close()
+    async with trio.open_nursery() as nursery:
+        await started(nursery, call, methods[CONSUME])
+        await send.run(methods[SEND])
+        start = trio.current_time()
+        (later,) = await take(call, 1)
+        assert later.payload == b"later" and trio.current_time() - start >= 0.2
+        call.half_close()
+
+
+class RefusingAcks:
+    """A consumer whose backend cannot do a cumulative ack (a separated proxy's, for a
+    message it does not hold)."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self._consumer = consumer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
+
+    def ack_through(self, topic: str, message_id: MessageId) -> None:
+        raise BackendError("not here", reason="not_supported")
+
+
+async def test_an_ack_the_backend_refuses_ends_the_call_with_its_status(
+    processor: MessagingProcessor,
+    methods: dict[str, MethodHandler],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    subscribe = processor.subscribe
+
+    async def refusing(ctx: ClientContext, spec: SubscriptionSpec) -> Consumer:
+        return RefusingAcks(await subscribe(ctx, spec))  # type: ignore[return-value]
+
+    monkeypatch.setattr(processor, "subscribe", refusing)
+    call = consumer()
+    async with trio.open_nursery() as nursery:
+        await started(nursery, call, methods[CONSUME])
+        await publish(processor, b"1")
+        (one,) = await take(call, 1)
+        call.request(ack(one, cumulative=True))
+    assert call.status is StatusCode.FAILED_PRECONDITION and "not here" in call.message

@@ -219,3 +219,28 @@ async def test_without_registered_producers_only_shared_access_is_had(
     await call.run(methods[PRODUCE])
     assert call.status is StatusCode.FAILED_PRECONDITION
     assert "'exclusive' needs a registered producer" in call.message
+
+
+async def test_a_wait_for_exclusive_producer_sends_once_the_topic_is_free(
+    processor: MessagingProcessor, methods: dict[str, MethodHandler]
+) -> None:
+    exclusive = FakeCall(
+        PRODUCE, {"pulsar-topic": TOPIC, "pulsar-producer-access-mode": "exclusive"}
+    )
+    waiting = FakeCall(
+        PRODUCE, {"pulsar-topic": TOPIC, "pulsar-producer-access-mode": "wait_for_exclusive"}
+    )
+    waiting.request(pb.Send(payload=b"after"))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(exclusive.run, methods[PRODUCE])
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        nursery.start_soon(waiting.run, methods[PRODUCE])
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        assert waiting.received == 0  # not reading until it has the topic
+        exclusive.request(pb.Send(payload=b"first"))
+        assert (await exclusive.response(pb.SendResult)).HasField("message_id")
+        exclusive.half_close()
+        assert (await waiting.response(pb.SendResult)).HasField("message_id")
+        waiting.half_close()
+    assert (exclusive.status, waiting.status) == (StatusCode.OK, StatusCode.OK)
+    assert await stored(processor) == [b"first", b"after"]

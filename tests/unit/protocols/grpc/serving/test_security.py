@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import datetime
 import time
 from typing import Any
 
 import jwt
 import pytest
 import trio
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from mop.processor import MessagingProcessor
 from mop.protocols.grpc.proto import mop_grpc_pb2 as pb
@@ -37,9 +42,10 @@ def processor_options() -> dict[str, Any]:
     passwords = PasswordFile.parse(update_password_file("", "alice", b"wonderland"))
     authenticator = Authenticator(
         allow_anonymous=False,
-        order=("password_file", "jwt"),
+        order=("password_file", "jwt", "certificate"),
         passwords=passwords,
         tokens=TokenVerifier(JWT, keys=load_key_material(JWT)),
+        certificates="cn",
     )
     policy = SecurityPolicy(authenticator, Authorizer(AclRules.parse(ACL)))
     return {"gatekeeper": Gatekeeper(policy)}
@@ -134,3 +140,38 @@ async def test_a_call_ends_when_its_token_expires(
         await call.run(methods[CONSUME])
     assert call.status is StatusCode.UNAUTHENTICATED and "expired" in call.message
     assert processor.stats.protocol("grpc").closed == {"not_authorized": 1}
+
+
+def certificate(common_name: str) -> bytes:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = datetime.datetime.now(datetime.UTC)
+    built = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    return built.public_bytes(serialization.Encoding.DER)
+
+
+async def test_a_client_certificate_authenticates_the_call(
+    methods: dict[str, MethodHandler],
+) -> None:
+    """The certificate of an mTLS listener proves its common name, with no metadata."""
+    call = FakeCall(SEND, {"pulsar-topic": "open%2Fa"}, peer_certificate=certificate("alice"))
+    call.request(pb.Send(payload=b"x"))
+    call.half_close()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(call.run, methods[SEND])
+        await call.response(pb.SendResult)
+    assert call.status is StatusCode.OK
+    stranger = FakeCall(SEND, {"pulsar-topic": "open%2Fa"}, peer_certificate=certificate("eve"))
+    stranger.request(pb.Send(payload=b"x"))
+    stranger.half_close()
+    await stranger.run(methods[SEND])
+    assert stranger.status is StatusCode.PERMISSION_DENIED
