@@ -489,9 +489,14 @@ class Bench:
             for index, scenario in enumerate(scenarios):
                 order = PROTOCOLS if (rnd + index) % 2 == 0 else PROTOCOLS[::-1]
                 for protocol in order:
-                    records.append(self.run_one(node, rnd, scenario, protocol))
+                    rec = self.run_one(node, rnd, scenario, protocol)
+                    records.append(rec)
+                    shown = ", ".join(f"{k}={_fmt(v)}" for k, v in rec.values.items())
+                    extra = f"  [{'; '.join(rec.notes)}]" if rec.notes else ""
+                    log(f"  round {rnd + 1} {scenario:8} {protocol:6} {shown}{extra}")
         except BrokerError as exc:
             records.append(RunRecord("node", "-", rnd, {}, [f"failed: {str(exc)[:400]}"]))
+            log(f"  round {rnd + 1}: {records[-1].notes[0]}")
         finally:
             code = node.exit_code()
             if code is not None:
@@ -642,11 +647,7 @@ def main(argv: list[str] | None = None) -> int:
     records: list[RunRecord] = []
     t_start = time.monotonic()
     for rnd in range(rounds):
-        for rec in bench.run_round(rnd, scenarios):
-            records.append(rec)
-            shown = ", ".join(f"{k}={_fmt(v)}" for k, v in rec.values.items())
-            extra = f"  [{'; '.join(rec.notes)}]" if rec.notes else ""
-            log(f"  round {rnd + 1} {rec.scenario:8} {rec.protocol:6} {shown}{extra}")
+        records += bench.run_round(rnd, scenarios)
     results = {
         "command": " ".join(["python", "bench/grpc_bench.py", *argv]),
         "mode": mode,
