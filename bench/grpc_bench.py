@@ -642,6 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     import grpc
     import pulsar
 
+    version = mop_version()  # before the runs: the checkout may change while they run
     log(f"{mode} bench: {len(scenarios)} scenarios x 2 protocols x {rounds} rounds -> {args.out}")
     bench = Bench(args, sizes)
     records: list[RunRecord] = []
@@ -653,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
         "mode": mode,
         "rounds": rounds,
         "fsync": args.fsync,
-        "version": mop_version(),
+        "version": version,
         "clients": {"grpcio": grpc.__version__, "pulsar": pulsar.__version__},
         "started": started.strftime("%Y-%m-%d %H:%M UTC"),
         "elapsed_s": time.monotonic() - t_start,
