@@ -237,9 +237,6 @@ class GrpcServerConnection:
                 f"response message of {len(message)} bytes is larger than the limit of"
                 f" {self._limits.max_message_bytes} bytes",
             )
-        if not stream.headers_sent:
-            self._h2.send_headers(stream_id, response_headers())
-            stream.headers_sent = True
         stream.outbound += encode_message(message)
         self._flush(stream_id, stream)
 
@@ -442,15 +439,22 @@ class GrpcServerConnection:
         return [CallAborted(stream_id, code, message)]
 
     def _flush(self, stream_id: int, stream: _Stream) -> None:
-        """Hand h2 what the windows allow of the stream's messages, then its trailers."""
+        """Hand h2 what the windows allow of the stream's messages (after the response
+        headers, once), then its trailers."""
         if self._ended:
             return
+        try:
+            self._send_ready(stream_id, stream)
+        except h2.exceptions.StreamClosedError:
+            # h2 closed the stream (the client reset it): nothing more goes out on it.
+            self._streams.pop(stream_id, None)
+
+    def _send_ready(self, stream_id: int, stream: _Stream) -> None:
+        if stream.outbound and not stream.headers_sent:
+            self._h2.send_headers(stream_id, response_headers())
+            stream.headers_sent = True
         while stream.outbound:
-            try:
-                window = self._h2.local_flow_control_window(stream_id)
-            except h2.exceptions.StreamClosedError:
-                self._streams.pop(stream_id, None)
-                return
+            window = self._h2.local_flow_control_window(stream_id)
             size = min(window, self._h2.max_outbound_frame_size, len(stream.outbound))
             if size <= 0:
                 return

@@ -123,6 +123,8 @@ class ServedConnection:
         self._state.close()
         self._closing = True
         self._kick()
+        with trio.move_on_after(_FLUSH_TIMEOUT):
+            await self._writer_done.wait()
 
     def _abort_calls(self, code: StatusCode, why: str) -> None:
         for call in list(self.calls.values()):
