@@ -157,3 +157,27 @@ def test_connections_over_the_limit_are_refused_and_counted() -> None:
             stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
         stats = node.call(lambda: node.node.processor.stats.protocol("grpc"))
         assert stats.refused.get("limit_reached") == 1
+
+
+def test_calls_over_max_concurrent_streams_wait_at_the_client() -> None:
+    # The limit is announced in SETTINGS: grpcio holds the extra calls until others end.
+    running_at_once: list[int] = []
+    open_calls = [0]
+
+    async def counted(call: Call) -> None:
+        open_calls[0] += 1
+        running_at_once.append(open_calls[0])
+        await trio.sleep(0.05)
+        open_calls[0] -= 1
+        await call.send(b"ok")
+
+    with (
+        serving(
+            {"/test.Conn/counted": counted}, GrpcSettings(port=0, max_concurrent_streams=3)
+        ) as server,
+        grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel,
+    ):
+        call = unary(channel, "/test.Conn/counted")
+        futures = [call.future(b"", timeout=20) for _ in range(12)]
+        assert [future.result() for future in futures] == [b"ok"] * 12
+    assert max(running_at_once) <= 3
