@@ -193,31 +193,30 @@ class ServedConnection:
     # --- events ----------------------------------------------------------------------------------
 
     def _on_event(self, event: Event) -> None:
-        if isinstance(event, MessageReceived):
-            call = self.calls.get(event.stream_id)
-            if call is None:
-                self._state.taken(event.stream_id, event.flow_length)
-            else:
-                self._stats.requests += 1
-                call.deliver(event.message, event.flow_length)
-        elif isinstance(event, CallStarted):
-            self._start_call(event)
-        elif isinstance(event, ClientHalfClosed):
-            call = self.calls.get(event.stream_id)
-            if call is not None:
-                call.half_close()
-        elif isinstance(event, CallAborted):
-            call = self.calls.get(event.stream_id)
-            if call is not None:
-                call.abort(event.code, event.message)
-        elif isinstance(event, WindowOpened):
-            self._window.unpark_all()
-        elif isinstance(event, PingAnswered):
-            self._ping_answered.set()
-        elif isinstance(event, ConnectionEnded):
-            if event.error_code:
-                log.info("%s: %s", self.peer, event.reason)
-            self._closing = True
+        match event:
+            case MessageReceived(stream_id, message, flow_length):
+                call = self.calls.get(stream_id)
+                if call is None:
+                    self._state.taken(stream_id, flow_length)
+                else:
+                    self._stats.requests += 1
+                    call.deliver(message, flow_length)
+            case CallStarted():
+                self._start_call(event)
+            case ClientHalfClosed(stream_id):
+                if (call := self.calls.get(stream_id)) is not None:
+                    call.half_close()
+            case CallAborted(stream_id, code, why):
+                if (call := self.calls.get(stream_id)) is not None:
+                    call.abort(code, why)
+            case WindowOpened():
+                self._window.unpark_all()
+            case PingAnswered():
+                self._ping_answered.set()
+            case ConnectionEnded(error_code, reason):
+                if error_code:
+                    log.info("%s: %s", self.peer, reason)
+                self._closing = True
 
     def _start_call(self, event: CallStarted) -> None:
         handler = self._methods[event.request.method]
