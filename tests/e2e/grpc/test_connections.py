@@ -138,3 +138,22 @@ def test_connections_over_the_rate_are_refused_and_counted() -> None:
         assert b"connection rate" in (goaway.additional_data or b"")
         stats = node.call(lambda: node.node.processor.stats.protocol("grpc"))
         assert stats.refused.get("rate_limited") == 1
+
+
+def test_connections_over_the_limit_are_refused_and_counted() -> None:
+    settings = dataclasses.replace(grpc_node_settings(), limits=LimitsSettings(max_connections=1))
+    with running_node(settings) as node:
+        _, port = node.node.address("grpc")
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as first:
+            stub = health_pb2_grpc.HealthStub(first)
+            stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+            sock, client = _raw_client(port)
+            with sock:
+                events = _read_until_closed(sock, client)
+            (goaway,) = [e for e in events if isinstance(e, h2.events.ConnectionTerminated)]
+            assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+            assert b"limits.max_connections" in (goaway.additional_data or b"")
+            # The connection served goes on.
+            stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+        stats = node.call(lambda: node.node.processor.stats.protocol("grpc"))
+        assert stats.refused.get("limit_reached") == 1

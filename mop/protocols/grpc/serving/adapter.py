@@ -53,10 +53,21 @@ class GrpcProtocol:
         server: GrpcServer | None = None
 
         def serving() -> bool:
-            return server is not None and not server.closing and not processor.not_ready()
+            # What /readyz says: the backend answers and the node is not over its memory mark.
+            return (
+                server is not None
+                and not server.closing
+                and not processor.not_ready()
+                and not processor.overload.not_ready()
+            )
 
         methods = grpc_methods(processor, self._settings, serving)
-        server = GrpcServer(self.grpc, methods, processor.stats.protocol(self.name))
+        server = GrpcServer(
+            self.grpc,
+            methods,
+            processor.stats.protocol(self.name),
+            max_connections=self._settings.limits.max_connections,
+        )
         self._server = server
 
     @property

@@ -270,7 +270,7 @@ class ServedConnection:
         self._kick()
         while self._state.pending(stream_id):
             await self._window.park()
-        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint_if_cancelled()
 
     @property
     def keepalive_interval(self) -> float:

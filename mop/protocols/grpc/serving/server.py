@@ -8,18 +8,21 @@ UNAVAILABLE for the calls left (clients retry those elsewhere).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Final
 
 import trio
 
-from mop.counters import ProtocolStats
+from mop.counters import ProtocolStats, Refusal
 from mop.protocols.grpc.connection import ConnectionLimits, GrpcServerConnection
+from mop.protocols.grpc.overload import LIMIT_REFUSAL
 from mop.protocols.grpc.serving.calls import MethodHandler
 from mop.protocols.grpc.serving.served_connection import ServedConnection
 from mop.settings import GrpcSettings
 from mop.transport import ConnectionInfo
+from mop.transport.linger import end_and_drain
 
 __all__ = ["GrpcServer"]
 
@@ -27,6 +30,8 @@ log = logging.getLogger("mop.grpc")
 
 # How long running calls may go on once the node closes, before they end with UNAVAILABLE.
 _DRAIN_GRACE: Final = 1.0
+# How long a refused connection may take to read its GOAWAY.
+_REFUSAL_TIMEOUT: Final = 1.0
 
 
 def _host_port(address: tuple[str, int]) -> str:
@@ -40,11 +45,16 @@ class GrpcServer:
         settings: GrpcSettings,
         methods: Mapping[str, MethodHandler],
         stats: ProtocolStats,
+        *,
+        max_connections: int = 0,
     ) -> None:
         self.settings = settings
         self.methods = methods
-        # This protocol's counters (bytes and requests), which the connections add to.
+        # This protocol's counters (bytes, requests, refusals), which the connections add to.
         self.stats = stats
+        # The most gRPC connections served at once (0: no limit); each call of a connection
+        # is also a client of the processor, held to the same limit there.
+        self.max_connections = max_connections
         self.limits = ConnectionLimits(
             max_concurrent_streams=settings.max_concurrent_streams,
             max_message_bytes=settings.max_message_bytes,
@@ -55,6 +65,19 @@ class GrpcServer:
     async def handle_connection(self, stream: trio.abc.Stream, info: ConnectionInfo) -> None:
         """Serve one client connection until it ends."""
         if self.closing:
+            return
+        if self.max_connections and len(self.connections) >= self.max_connections:
+            self.stats.refuse(Refusal.LIMIT_REACHED)
+            log.info(
+                "%s: refused, %d connections already", _host_port(info.peer), len(self.connections)
+            )
+            with (
+                trio.move_on_after(_REFUSAL_TIMEOUT),
+                contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+            ):
+                await stream.send_all(LIMIT_REFUSAL)
+            # So that the client reads the GOAWAY rather than a reset.
+            await end_and_drain(stream)
             return
         connection = ServedConnection(
             stream,
