@@ -26,7 +26,6 @@ from google.protobuf.message import DecodeError
 from mop.clock import now_ms
 from mop.counters import Drop, ProtocolStats
 from mop.message import Delivery, MessageId
-from mop.partitioned import partitions_of
 from mop.processor import (
     BackendError,
     ClientContext,
@@ -42,6 +41,7 @@ from mop.protocols.grpc.metadata import ConsumerOpen, consumer_open
 from mop.protocols.grpc.proto import mop_grpc_pb2 as pb
 from mop.protocols.grpc.serving.calls import Call
 from mop.protocols.grpc.serving.clients import Namespaces, open_call_client
+from mop.protocols.grpc.serving.partitions import topics_of
 from mop.protocols.grpc.status import GrpcError, StatusCode
 from mop.protocols.pulsar.mapping import subscription_name
 from mop.security.acl import Access
@@ -109,8 +109,7 @@ class Consuming:
         request = consumer_open(call.metadata)
         async with open_call_client(self.processor, self.namespaces, call) as client:
             topic = client.topic(request.topic, Access.READ)
-            count = await self.processor.partitioned.partitions(topic)
-            topics = partitions_of(topic, count) if count else [topic]
+            topics = await topics_of(self.processor, topic)
             async with self._subscribed(client.ctx, topics, request) as legs:
                 await ConsumeCall(self, call, client.ctx, legs, request).run()
 

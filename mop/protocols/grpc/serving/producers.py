@@ -19,7 +19,6 @@ from contextlib import asynccontextmanager
 import trio
 
 from mop.message import Message
-from mop.partitioned import partitions_of
 from mop.processor import (
     BackendError,
     ClientContext,
@@ -32,6 +31,7 @@ from mop.processor import (
 from mop.protocols.grpc.errors import backend_status
 from mop.protocols.grpc.metadata import ProducerOpen
 from mop.protocols.grpc.routing import PartitionRouter
+from mop.protocols.grpc.serving.partitions import topics_of
 from mop.protocols.grpc.status import GrpcError, StatusCode
 
 # The reason a backend gives for what it does not do (`mop.backends.cluster`).
@@ -116,8 +116,7 @@ async def open_topic_producer(
 ) -> AsyncIterator[TopicProducer]:
     """Register the call's producer(s) on `topic` (a full name) for as long as the block runs;
     the status of a BackendError that refuses one (ALREADY_EXISTS for a busy name or topic)."""
-    count = await processor.partitioned.partitions(topic)
-    topics = partitions_of(topic, count) if count else [topic]
+    topics = await topics_of(processor, topic)
     name = request.producer_name or names.next()
     producers: list[Producer] = []
     unsupported: BackendError | None = None
