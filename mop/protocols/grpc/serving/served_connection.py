@@ -228,13 +228,20 @@ class ServedConnection:
 
     async def _run_call(self, call: ServerCall, handler: MethodHandler) -> None:
         code, message = StatusCode.OK, ""
-        with call.cancel_scope:
-            if call.timeout is not None:
-                call.cancel_scope.deadline = call.started_at + call.timeout
-            try:
-                await handler(call)
-            except Exception as exc:
-                code, message = self._status(call, exc)
+        try:
+            with call.cancel_scope:
+                if call.timeout is not None:
+                    call.cancel_scope.deadline = call.started_at + call.timeout
+                try:
+                    await handler(call)
+                except Exception as exc:
+                    code, message = self._status(call, exc)
+        except BaseException:
+            # Cancelled from outside the call: the node closes the listeners' connection tasks
+            # while `drain` waits for this connection's calls. The call ends all the same, or
+            # the drain would wait for it forever.
+            self._finish(call, StatusCode.UNAVAILABLE, "the node is closing")
+            raise
         if call.aborted is not None:
             code, message = call.aborted
         elif call.cancel_scope.cancelled_caught:
