@@ -36,6 +36,7 @@ from mop.protocols.grpc.serving.calls import MethodHandler
 from mop.protocols.grpc.serving.server_call import ServerCall
 from mop.protocols.grpc.status import GrpcError, StatusCode
 from mop.settings import GrpcSettings
+from mop.transport.linger import end_and_drain
 
 __all__ = ["ServedConnection"]
 
@@ -86,6 +87,8 @@ class ServedConnection:
         self._nursery: trio.Nursery | None = None
         self._closing = False
         self._writer_done = trio.Event()
+        # The reader's, which the writer ends when nothing more can be written.
+        self._reading = trio.CancelScope()
 
     # --- the connection's life -----------------------------------------------------------------
 
@@ -99,7 +102,8 @@ class ServedConnection:
                 nursery.start_soon(self._write_loop)
                 if self._settings.keepalive_interval > 0:
                     nursery.start_soon(self._keepalive)
-                await self._read_loop()
+                with self._reading:
+                    await self._read_loop()
                 # The client is gone or the connection ended: its calls with it.
                 self._abort_calls(StatusCode.CANCELLED, "the connection closed")
                 await self._calls_done.wait()
@@ -107,6 +111,10 @@ class ServedConnection:
                 self._kick()
                 with trio.move_on_after(_FLUSH_TIMEOUT):
                     await self._writer_done.wait()
+                if self._state.ended:
+                    # The node sent GOAWAY: the client is to read it rather than a reset,
+                    # which closing with its later bytes unread would send.
+                    await end_and_drain(self._stream)
                 nursery.cancel_scope.cancel()
         finally:
             self._abort_calls(StatusCode.CANCELLED, "the connection closed")
@@ -160,8 +168,7 @@ class ServedConnection:
             pass
         self._writer_done.set()
         # Nothing more can be written: the connection is over.
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()
+        self._reading.cancel()
 
     def _kick(self) -> None:
         self._wake_writer.set()
