@@ -65,8 +65,10 @@ class ConnectionLimits:
 
     max_concurrent_streams: int = 100
     # Each stream's receive window (SETTINGS_INITIAL_WINDOW_SIZE): what a call may buffer in
-    # whole messages its handler has not taken yet.
-    stream_window: int = 256 * 1024
+    # whole messages its handler has not taken yet. HTTP/2's default: a connection whose
+    # calls all stop reading holds about this times max_concurrent_streams (6.5 MB at 100),
+    # and at most one message too large for the window per call.
+    stream_window: int = 65535
     max_frame_size: int = 16384
     # The largest header block (HPACK-decoded) a request may carry.
     max_header_list_size: int = 16384
