@@ -18,9 +18,14 @@ from dataclasses import dataclass
 import trio
 
 from mop.counters import Closing, Refusal, refusal_of
-from mop.processor import ClientContext, ConnectionLimitReached, MessagingProcessor
+from mop.processor import (
+    BackendError,
+    ClientContext,
+    ConnectionLimitReached,
+    MessagingProcessor,
+)
 from mop.protocols.grpc.authentication import call_credentials, certificate_of
-from mop.protocols.grpc.errors import refused_status
+from mop.protocols.grpc.errors import backend_status, refused_status
 from mop.protocols.grpc.mapping import canonical_topic
 from mop.protocols.grpc.metadata import authorization
 from mop.protocols.grpc.serving.calls import Call
@@ -107,6 +112,9 @@ async def open_call_client(
     except ConnectionLimitReached as exc:
         stats.refuse(Refusal.LIMIT_REACHED)
         raise GrpcError(StatusCode.RESOURCE_EXHAUSTED, str(exc)) from None
+    except BackendError as exc:  # a separated proxy that cannot reach its brokers, say
+        stats.refuse(Refusal.UNAVAILABLE)
+        raise backend_status(exc) from None
     expired = False
     ended: GrpcError | None = None
     try:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from mop.message import MessageId
-from mop.processor import ClientContext, MessagingProcessor, StartPosition, SubscriptionSpec
+from mop.processor import (
+    BackendError,
+    ClientContext,
+    MessagingProcessor,
+    StartPosition,
+    SubscriptionSpec,
+)
 from mop.protocols.grpc.proto import mop_grpc_pb2 as pb
 from mop.protocols.grpc.serving.calls import MethodHandler
 from mop.protocols.grpc.serving.pulsar_service import SEND
@@ -57,3 +64,33 @@ async def test_send_without_a_topic_is_an_invalid_argument(
     await call.run(methods[SEND])
     assert call.status is StatusCode.INVALID_ARGUMENT
     assert "pulsar-topic" in call.message
+
+
+async def test_a_node_that_cannot_admit_clients_answers_unavailable(
+    processor: MessagingProcessor,
+    methods: dict[str, MethodHandler],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def unreachable(client_id: str) -> None:
+        raise BackendError("no broker answers", reason="unavailable")
+
+    monkeypatch.setattr(processor.backend, "open_client", unreachable)
+    call = FakeCall(SEND, {"pulsar-topic": "sent"})
+    call.request(pb.Send(payload=b"x"))
+    call.half_close()
+    await call.run(methods[SEND])
+    assert call.status is StatusCode.UNAVAILABLE and "no broker answers" in call.message
+    stats = processor.stats.protocol("grpc")
+    assert stats.refused == {"unavailable": 1} and stats.connections == 0
+
+
+async def test_a_node_at_its_connection_limit_answers_resource_exhausted(
+    processor: MessagingProcessor, methods: dict[str, MethodHandler]
+) -> None:
+    processor.max_connections = 1
+    processor.stats.protocol("other").connections = 1
+    call = FakeCall(SEND, {"pulsar-topic": "sent"})
+    call.request(pb.Send(payload=b"x"))
+    call.half_close()
+    await call.run(methods[SEND])
+    assert call.status is StatusCode.RESOURCE_EXHAUSTED
