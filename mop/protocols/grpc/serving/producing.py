@@ -112,9 +112,11 @@ class Producing:
                 item = self._store(client, producer, send)
                 await self._publish(client, [item])
                 result = await self._result(item)
-        if result.HasField("error"):
-            raise GrpcError(StatusCode(result.error.code), result.error.message)
-        await self._reply(call, result)
+                if result.HasField("error"):
+                    raise GrpcError(StatusCode(result.error.code), result.error.message)
+                # Before the client and its producer are let go (a separated proxy's release
+                # of the client id is a write on its brokers): the answer does not wait for it.
+                await self._reply(call, result)
 
     # -- produce ---------------------------------------------------------------------------
 
