@@ -20,9 +20,9 @@ client's window and the largest frame it takes; the rest waits for a WINDOW_UPDA
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import h2.config
 import h2.connection
@@ -237,9 +237,6 @@ class GrpcServerConnection:
                 f"response message of {len(message)} bytes is larger than the limit of"
                 f" {self._limits.max_message_bytes} bytes",
             )
-        if not stream.headers_sent:
-            self._h2.send_headers(stream_id, response_headers())
-            stream.headers_sent = True
         stream.outbound += encode_message(message)
         self._flush(stream_id, stream)
 
@@ -326,27 +323,23 @@ class GrpcServerConnection:
         self._extra = self._h2.data_to_send() + self._extra + frame
 
     def _on_event(self, event: h2.events.Event) -> list[Event]:
-        if isinstance(event, h2.events.RequestReceived):
-            return self._on_request(event)
-        if isinstance(event, h2.events.DataReceived):
-            return self._on_data(event)
-        if isinstance(event, h2.events.StreamEnded):
-            return self._on_stream_ended(event.stream_id)
-        if isinstance(event, h2.events.StreamReset):
-            return self._on_reset(event)
-        if isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
-            for stream_id, stream in list(self._streams.items()):
-                self._flush(stream_id, stream)
-            return [WindowOpened()]
-        if isinstance(event, h2.events.PingAckReceived):
-            return [PingAnswered()]
-        if isinstance(event, h2.events.ConnectionTerminated):
-            self._ended = True
-            code = int(event.error_code or 0)
-            return [ConnectionEnded(code, f"the client sent GOAWAY ({code})")]
+        handler = _H2_EVENTS.get(type(event))
         # Settings acknowledged, PINGs h2 answers itself, priority, trailers of a request
         # (gRPC requests have none worth reading): nothing for the calls.
-        return []
+        return [] if handler is None else handler(self, event)
+
+    def _on_window(self, event: h2.events.Event) -> list[Event]:
+        for stream_id, stream in list(self._streams.items()):
+            self._flush(stream_id, stream)
+        return [WindowOpened()]
+
+    def _on_ping_ack(self, event: h2.events.Event) -> list[Event]:
+        return [PingAnswered()]
+
+    def _on_goaway(self, event: h2.events.ConnectionTerminated) -> list[Event]:
+        self._ended = True
+        code = int(event.error_code or 0)
+        return [ConnectionEnded(code, f"the client sent GOAWAY ({code})")]
 
     def _on_request(self, event: h2.events.RequestReceived) -> list[Event]:
         stream_id = event.stream_id
@@ -411,7 +404,8 @@ class GrpcServerConnection:
         self._give_back(stream_id, padding)
         return events
 
-    def _on_stream_ended(self, stream_id: int) -> list[Event]:
+    def _on_stream_ended(self, event: h2.events.StreamEnded) -> list[Event]:
+        stream_id = event.stream_id
         stream = self._streams.get(stream_id)
         if stream is None:
             return []
@@ -442,15 +436,22 @@ class GrpcServerConnection:
         return [CallAborted(stream_id, code, message)]
 
     def _flush(self, stream_id: int, stream: _Stream) -> None:
-        """Hand h2 what the windows allow of the stream's messages, then its trailers."""
+        """Hand h2 what the windows allow of the stream's messages (after the response
+        headers, once), then its trailers."""
         if self._ended:
             return
+        try:
+            self._send_ready(stream_id, stream)
+        except h2.exceptions.StreamClosedError:
+            # h2 closed the stream (the client reset it): nothing more goes out on it.
+            self._streams.pop(stream_id, None)
+
+    def _send_ready(self, stream_id: int, stream: _Stream) -> None:
+        if stream.outbound and not stream.headers_sent:
+            self._h2.send_headers(stream_id, response_headers())
+            stream.headers_sent = True
         while stream.outbound:
-            try:
-                window = self._h2.local_flow_control_window(stream_id)
-            except h2.exceptions.StreamClosedError:
-                self._streams.pop(stream_id, None)
-                return
+            window = self._h2.local_flow_control_window(stream_id)
             size = min(window, self._h2.max_outbound_frame_size, len(stream.outbound))
             if size <= 0:
                 return
@@ -471,3 +472,18 @@ class GrpcServerConnection:
     def _forget_if_done(self, stream_id: int, stream: _Stream) -> None:
         if stream.ended and stream.client_closed and stream.trailers is None:
             self._streams.pop(stream_id, None)
+
+
+# What each h2 event means for the calls (`GrpcServerConnection._on_event`).
+_H2_EVENTS: Final[
+    dict[type[h2.events.Event], Callable[[GrpcServerConnection, Any], list[Event]]]
+] = {
+    h2.events.RequestReceived: GrpcServerConnection._on_request,
+    h2.events.DataReceived: GrpcServerConnection._on_data,
+    h2.events.StreamEnded: GrpcServerConnection._on_stream_ended,
+    h2.events.StreamReset: GrpcServerConnection._on_reset,
+    h2.events.WindowUpdated: GrpcServerConnection._on_window,
+    h2.events.RemoteSettingsChanged: GrpcServerConnection._on_window,
+    h2.events.PingAckReceived: GrpcServerConnection._on_ping_ack,
+    h2.events.ConnectionTerminated: GrpcServerConnection._on_goaway,
+}

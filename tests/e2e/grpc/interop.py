@@ -19,6 +19,7 @@ import queue
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -39,6 +40,8 @@ PRODUCE = f"{SERVICE}/produce"
 CONSUME = f"{SERVICE}/consume"
 SEND = f"{SERVICE}/send"
 TIMEOUT = 10.0
+# How long a node may take to stop once its clients are done.
+STOP_TIMEOUT = 10.0
 
 Metadata = tuple[tuple[str, str], ...]
 
@@ -91,11 +94,18 @@ def grpc_site(topology: Topology) -> Iterator[Site]:
         settings = dataclasses.replace(
             settings, protocols=("mqtt", "pulsar"), pulsar=PulsarSettings(port=0)
         )
-    with running_node(with_grpc(topology.settings(settings))) as node:
+    with contextlib.ExitStack() as stack:
+        node = stack.enter_context(running_node(with_grpc(topology.settings(settings))))
         if topology.mode == "merged":
             yield Site(node, f"pulsar://127.0.0.1:{node.node.address('pulsar')[1]}", "default")
         else:
             yield Site(node, topology.service_url, topology.namespace)
+        # A node closing drains its gRPC calls in about a second; running_node gives up
+        # waiting (silently) after 30 s, so a stuck close must fail here.
+        started = time.monotonic()
+        stack.close()
+        took = time.monotonic() - started
+        assert took < STOP_TIMEOUT, f"the node took {took:.1f} s to stop"
 
 
 def metadata(topic: str, **keys: str) -> Metadata:

@@ -157,3 +157,87 @@ def test_connections_over_the_limit_are_refused_and_counted() -> None:
             stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
         stats = node.call(lambda: node.node.processor.stats.protocol("grpc"))
         assert stats.refused.get("limit_reached") == 1
+
+
+def test_calls_over_max_concurrent_streams_wait_at_the_client() -> None:
+    # The limit is announced in SETTINGS: grpcio holds the extra calls until others end.
+    running_at_once: list[int] = []
+    open_calls = [0]
+
+    async def counted(call: Call) -> None:
+        open_calls[0] += 1
+        running_at_once.append(open_calls[0])
+        await trio.sleep(0.05)
+        open_calls[0] -= 1
+        await call.send(b"ok")
+
+    with (
+        serving(
+            {"/test.Conn/counted": counted}, GrpcSettings(port=0, max_concurrent_streams=3)
+        ) as server,
+        grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel,
+    ):
+        call = unary(channel, "/test.Conn/counted")
+        futures = [call.future(b"", timeout=20) for _ in range(12)]
+        assert [future.result() for future in futures] == [b"ok"] * 12
+    assert max(running_at_once) <= 3
+
+
+def _request(client: h2.connection.H2Connection, path: str) -> int:
+    stream_id: int = client.get_next_available_stream_id()
+    client.send_headers(
+        stream_id,
+        [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", path),
+            (":authority", "localhost"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ],
+    )
+    client.send_data(stream_id, b"\x00\x00\x00\x00\x00", end_stream=True)
+    return stream_id
+
+
+def test_a_call_the_client_does_not_read_leaves_the_others_alone() -> None:
+    async def flood(call: Call) -> None:
+        await call.receive()
+        while True:
+            await call.send(b"f" * 16000)
+
+    methods: dict[str, MethodHandler] = {**METHODS, "/test.Conn/flood": flood}
+    with serving(methods) as server:
+        sock, client = _raw_client(server.port)
+        with sock:
+            flooded = _request(client, "/test.Conn/flood")
+            sock.sendall(client.data_to_send())
+            # The flood fills the stream's window (65535), which the client never opens; the
+            # connection's it does (as clients do for what they have buffered).
+            received = 0
+
+            def take(event: h2.events.DataReceived) -> None:
+                nonlocal received
+                received += len(event.data)
+                client.increment_flow_control_window(event.flow_controlled_length)
+
+            while received < 65535 - 16005:
+                for event in client.receive_data(sock.recv(65536)):
+                    if isinstance(event, h2.events.DataReceived):
+                        take(event)
+            sock.sendall(client.data_to_send())
+            answered = _request(client, "/test.Conn/slow")
+            sock.sendall(client.data_to_send())
+            trailers: list[tuple[bytes, bytes]] = []
+            while not trailers:
+                for event in client.receive_data(sock.recv(65536)):
+                    if isinstance(event, h2.events.TrailersReceived):
+                        assert event.stream_id == answered
+                        trailers = list(event.headers)
+                    elif isinstance(event, h2.events.DataReceived) and event.stream_id == flooded:
+                        take(event)
+                sock.sendall(client.data_to_send())
+            assert (b"grpc-status", b"0") in trailers
+            # The flood stopped at its window, and is still running.
+            assert received <= 65535
+            assert flooded in server.call(lambda: next(iter(server.server.connections)).calls)

@@ -102,6 +102,10 @@ class Producing:
         data = await call.receive()
         if data is None:
             raise GrpcError(StatusCode.INVALID_ARGUMENT, "send takes one Send message")
+        # A unary call is one message then the half-close (which gRPC clients send with the
+        # message): a second message is refused, not stored without an answer.
+        if await call.receive() is not None:
+            raise GrpcError(StatusCode.INVALID_ARGUMENT, "send takes one Send message, not more")
         send = decode_send(data)
         async with open_call_client(self.processor, self.namespaces, call) as client:
             topic = client.topic(request.topic, Access.WRITE)

@@ -36,6 +36,7 @@ from mop.protocols.grpc.serving.calls import MethodHandler
 from mop.protocols.grpc.serving.server_call import ServerCall
 from mop.protocols.grpc.status import GrpcError, StatusCode
 from mop.settings import GrpcSettings
+from mop.transport.linger import end_and_drain
 
 __all__ = ["ServedConnection"]
 
@@ -86,6 +87,8 @@ class ServedConnection:
         self._nursery: trio.Nursery | None = None
         self._closing = False
         self._writer_done = trio.Event()
+        # The reader's, which the writer ends when nothing more can be written.
+        self._reading = trio.CancelScope()
 
     # --- the connection's life -----------------------------------------------------------------
 
@@ -99,7 +102,8 @@ class ServedConnection:
                 nursery.start_soon(self._write_loop)
                 if self._settings.keepalive_interval > 0:
                     nursery.start_soon(self._keepalive)
-                await self._read_loop()
+                with self._reading:
+                    await self._read_loop()
                 # The client is gone or the connection ended: its calls with it.
                 self._abort_calls(StatusCode.CANCELLED, "the connection closed")
                 await self._calls_done.wait()
@@ -107,6 +111,10 @@ class ServedConnection:
                 self._kick()
                 with trio.move_on_after(_FLUSH_TIMEOUT):
                     await self._writer_done.wait()
+                if self._state.ended:
+                    # The node sent GOAWAY: the client is to read it rather than a reset,
+                    # which closing with its later bytes unread would send.
+                    await end_and_drain(self._stream)
                 nursery.cancel_scope.cancel()
         finally:
             self._abort_calls(StatusCode.CANCELLED, "the connection closed")
@@ -123,6 +131,8 @@ class ServedConnection:
         self._state.close()
         self._closing = True
         self._kick()
+        with trio.move_on_after(_FLUSH_TIMEOUT):
+            await self._writer_done.wait()
 
     def _abort_calls(self, code: StatusCode, why: str) -> None:
         for call in list(self.calls.values()):
@@ -158,8 +168,7 @@ class ServedConnection:
             pass
         self._writer_done.set()
         # Nothing more can be written: the connection is over.
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()
+        self._reading.cancel()
 
     def _kick(self) -> None:
         self._wake_writer.set()
@@ -191,31 +200,30 @@ class ServedConnection:
     # --- events ----------------------------------------------------------------------------------
 
     def _on_event(self, event: Event) -> None:
-        if isinstance(event, MessageReceived):
-            call = self.calls.get(event.stream_id)
-            if call is None:
-                self._state.taken(event.stream_id, event.flow_length)
-            else:
-                self._stats.requests += 1
-                call.deliver(event.message, event.flow_length)
-        elif isinstance(event, CallStarted):
-            self._start_call(event)
-        elif isinstance(event, ClientHalfClosed):
-            call = self.calls.get(event.stream_id)
-            if call is not None:
-                call.half_close()
-        elif isinstance(event, CallAborted):
-            call = self.calls.get(event.stream_id)
-            if call is not None:
-                call.abort(event.code, event.message)
-        elif isinstance(event, WindowOpened):
-            self._window.unpark_all()
-        elif isinstance(event, PingAnswered):
-            self._ping_answered.set()
-        elif isinstance(event, ConnectionEnded):
-            if event.error_code:
-                log.info("%s: %s", self.peer, event.reason)
-            self._closing = True
+        match event:
+            case MessageReceived(stream_id, message, flow_length):
+                call = self.calls.get(stream_id)
+                if call is None:
+                    self._state.taken(stream_id, flow_length)
+                else:
+                    self._stats.requests += 1
+                    call.deliver(message, flow_length)
+            case CallStarted():
+                self._start_call(event)
+            case ClientHalfClosed(stream_id):
+                if (call := self.calls.get(stream_id)) is not None:
+                    call.half_close()
+            case CallAborted(stream_id, code, why):
+                if (call := self.calls.get(stream_id)) is not None:
+                    call.abort(code, why)
+            case WindowOpened():
+                self._window.unpark_all()
+            case PingAnswered():
+                self._ping_answered.set()
+            case ConnectionEnded(error_code, reason):
+                if error_code:
+                    log.info("%s: %s", self.peer, reason)
+                self._closing = True
 
     def _start_call(self, event: CallStarted) -> None:
         handler = self._methods[event.request.method]
@@ -227,13 +235,20 @@ class ServedConnection:
 
     async def _run_call(self, call: ServerCall, handler: MethodHandler) -> None:
         code, message = StatusCode.OK, ""
-        with call.cancel_scope:
-            if call.timeout is not None:
-                call.cancel_scope.deadline = call.started_at + call.timeout
-            try:
-                await handler(call)
-            except Exception as exc:
-                code, message = self._status(call, exc)
+        try:
+            with call.cancel_scope:
+                if call.timeout is not None:
+                    call.cancel_scope.deadline = call.started_at + call.timeout
+                try:
+                    await handler(call)
+                except Exception as exc:
+                    code, message = self._status(call, exc)
+        except BaseException:
+            # Cancelled from outside the call: the node closes the listeners' connection tasks
+            # while `drain` waits for this connection's calls. The call ends all the same, or
+            # the drain would wait for it forever.
+            self._finish(call, StatusCode.UNAVAILABLE, "the node is closing")
+            raise
         if call.aborted is not None:
             code, message = call.aborted
         elif call.cancel_scope.cancelled_caught:
