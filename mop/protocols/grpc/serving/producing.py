@@ -4,11 +4,11 @@
 SendResult per Send in their order once each is stored; up to `max_outstanding` Sends, and
 `max_outstanding_bytes` of their payloads, are in flight at once, and past that the call stops
 reading requests, so the server withholds the client's HTTP/2 window (back-pressure, bounded
-memory). Without registered producers (see
-`producers`), the Sends waiting when the answering task comes round are published together,
-with one wait for durability. A Send the node refuses gets a SendResult with an error and the
-stream goes on; what refuses the producer itself (its name or topic is taken, it was fenced)
-ends the call with a status. `send` stores one Send.
+memory). Without registered producers (see `producers`), the Sends waiting when the answering
+task comes round are published together, with one wait for durability. A Send the node
+refuses gets a SendResult with an error and the stream goes on; what refuses the producer
+itself (its name or topic is taken, it was fenced) ends the call with a status. `send` stores
+one Send.
 """
 
 from __future__ import annotations
@@ -124,9 +124,11 @@ class Producing:
                 item = self._store(client, producer, send)
                 await self._publish(client, [item])
                 result = await self._result(item)
-        if result.HasField("error"):
-            raise GrpcError(StatusCode(result.error.code), result.error.message)
-        await self._reply(call, result)
+                if result.HasField("error"):
+                    raise GrpcError(StatusCode(result.error.code), result.error.message)
+                # Before the client and its producer are let go (a separated proxy's release
+                # of the client id is a write on its brokers): the answer does not wait for it.
+                await self._reply(call, result)
 
     # -- produce ---------------------------------------------------------------------------
 
