@@ -233,7 +233,11 @@ class GrpcConsumer:
         self._acks.put(Ack(type=kind, message_ids=list(ids)))
 
     def close(self) -> None:
+        """Half-close the acks, which ends the call once the node has taken those sent before
+        (and closed its consumer, so that the subscription takes another at once); cancel
+        it if it does not end in time."""
         self._acks.put(None)
+        self._reader.join(TIMEOUT)
         self.call.cancel()
         self._reader.join(TIMEOUT)
 
