@@ -6,12 +6,13 @@
   (the client cannot get far ahead of the results), and every send gets its result, in order,
   with a message id: nothing is dropped.
 
-Merged mode only: flow control is the gRPC layer's, in front of either backend; a node process
-of its own, so that its resident memory is the node's alone.
+Both modes, each on node processes of their own (a merged node; a separated proxy in front of
+a broker), so that the resident memory measured is that of the process serving gRPC alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -23,39 +24,55 @@ import pytest
 
 from mop.protocols.grpc.proto.mop_grpc_pb2 import Ack, Send, SendResult
 from tests.e2e.grpc.interop import GrpcClient
-from tests.e2e.nodeproc import GRPC_LISTENING, NodeProcess
+from tests.e2e.nodeproc import GRPC_LISTENING, NodeProcess, broker_process
 
 pytestmark = pytest.mark.e2e
 
 MiB = 1 << 20
-MESSAGE = 64 * 1024
+KiB = 1 << 10
 # The node keeps the last 32 MiB of its log in memory for reads: filled before the baseline,
 # so that the backlog replaces what it holds instead of adding to it.
 WARMUP = 48 * MiB
 BACKLOG = 64 * MiB
-# What the stalled consumer may cost the node: the broker's read-ahead of a stored backlog
-# (at most 16 MiB per subscription), the call's receiver queue (8 messages, 0.5 MiB), the
-# HTTP/2 window and the allocator's noise. Far below BACKLOG: buffering it all cannot pass.
+# The stalled consumer's messages: what may wait for it is bounded in messages as well as
+# bytes (a merged broker reads a stored backlog ahead by up to 1000 messages or 16 MiB per
+# subscription; a separated proxy takes up to 1000 + 500 per consumer from its brokers), so
+# small messages keep that part well under the bound.
+STALL_MESSAGE = 4 * KiB
+# What the stalled consumer may cost the node: that read-ahead, the call's receiver queue (8
+# messages), the HTTP/2 window and the allocator's noise. Far below BACKLOG: buffering it all
+# cannot pass.
 STALL_BOUND = 24 * MiB
+# The producer's messages: large, so that the bound on what a produce call has in flight is
+# met in bytes before it is in count.
+PRODUCE_MESSAGE = 64 * KiB
 FIXED_WINDOW = [("grpc.http2.bdp_probe", 0)]
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    process = NodeProcess(
-        tmp_path_factory.mktemp("flow") / "data",
-        listening=GRPC_LISTENING,
-        MOP_PROTOCOLS='["grpc"]',
-        MOP_GRPC__PORT="0",
-        MOP_STORAGE__FSYNC="always",
-    )
-    process.start()
-    try:
+@pytest.fixture(scope="module", params=["merged", "separated"])
+def node(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[NodeProcess]:
+    """The process that serves gRPC: a merged node, or a separated proxy in front of a broker
+    process (whose storage is then the one that fsyncs)."""
+    workdir = tmp_path_factory.mktemp(f"flow-{request.param}")
+    with contextlib.ExitStack() as stack:
+        settings = {"MOP_PROTOCOLS": '["grpc"]', "MOP_STORAGE__FSYNC": "always"}
+        if request.param == "separated":
+            broker = broker_process(workdir / "broker", MOP_STORAGE__FSYNC="always")
+            stack.callback(_stop, broker)
+            broker.start()
+            settings.update(MOP_MODE="separated", MOP_CLUSTER__SERVICE_URL=broker.service_url)
+        process = NodeProcess(workdir / "node", listening=GRPC_LISTENING, **settings)
+        stack.callback(_stop, process)
+        process.start()
         yield process
-    finally:
-        if process.running:
-            assert process.stop() == 0, process.log()
-        process.close()
+
+
+def _stop(process: NodeProcess) -> None:
+    if process.running:
+        assert process.stop() == 0, process.log()
+    process.close()
 
 
 def rss(node: NodeProcess) -> int:
@@ -63,9 +80,9 @@ def rss(node: NodeProcess) -> int:
     return int(psutil.Process(node.process.pid).memory_info().rss)
 
 
-def payloads(total: int, tag: str) -> list[bytes]:
-    """`total` bytes of distinct messages of MESSAGE bytes, each starting with its number."""
-    return [f"{tag}-{n:08d}-".encode().ljust(MESSAGE, b".") for n in range(total // MESSAGE)]
+def payloads(total: int, tag: str, size: int) -> list[bytes]:
+    """`total` bytes of distinct messages of `size` bytes, each starting with its number."""
+    return [f"{tag}-{n:08d}-".encode().ljust(size, b".") for n in range(total // size)]
 
 
 def produce(client: GrpcClient, topic: str, messages: list[bytes]) -> list[SendResult]:
@@ -77,12 +94,12 @@ def test_a_consumer_that_stops_reading_does_not_make_the_node_buffer_the_backlog
     node: NodeProcess,
 ) -> None:
     topic = f"stall-{uuid.uuid4().hex[:8]}"
-    backlog = payloads(BACKLOG, "b")
+    backlog = payloads(BACKLOG, "b", STALL_MESSAGE)
     with GrpcClient(node.port) as client:
         # Warm up: the same sizes through produce and consume, so that the storage's read
         # cache, the allocator and the HTTP/2 buffers have grown to their working size.
         warm = f"warm-{uuid.uuid4().hex[:8]}"
-        warmup = payloads(WARMUP, "w")
+        warmup = payloads(WARMUP, "w", STALL_MESSAGE)
         produce(client, warm, warmup)
         with client.consumer(warm, "w", pulsar_initial_position="earliest") as reader:
             taken = reader.receive_many(len(warmup), timeout=30)
@@ -133,7 +150,7 @@ def test_a_producer_faster_than_storage_is_held_back_and_loses_nothing(
     only drained as fast as the node takes messages, so at no time is most of the stream in
     flight, and every result arrives, in order."""
     topic = f"fast-{uuid.uuid4().hex[:8]}"
-    messages = payloads(48 * MiB, "p")
+    messages = payloads(48 * MiB, "p", PRODUCE_MESSAGE)
     results: list[SendResult] = []
     ahead: list[int] = []  # messages sent and not yet answered, seen at each send
 
@@ -153,7 +170,10 @@ def test_a_producer_faster_than_storage_is_held_back_and_loses_nothing(
     assert all(r.WhichOneof("result") == "message_id" for r in results), [
         r for r in results if r.WhichOneof("result") != "message_id"
     ][:3]
-    ids = [(r.message_id.ledger_id, r.message_id.entry_id) for r in results]
+    # (A separated proxy stores them in batches: ids differ by their batch index there.)
+    ids = [
+        (r.message_id.ledger_id, r.message_id.entry_id, r.message_id.batch_index) for r in results
+    ]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
     # Held back: the client was never more than a bounded part of the stream ahead.
-    assert max(ahead) * MESSAGE < 24 * MiB, f"{max(ahead)} messages were in flight at once"
+    assert max(ahead) * PRODUCE_MESSAGE < 24 * MiB, f"{max(ahead)} messages were in flight at once"
