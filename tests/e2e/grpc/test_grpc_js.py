@@ -9,17 +9,30 @@ reason when they are missing, an error under tox (REQUIRE_NODE_TESTS=1), which i
 from __future__ import annotations
 
 import base64
+import dataclasses
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mop.protocols.grpc.proto.mop_grpc_pb2 import Send
 from mop.protocols.grpc.status import StatusCode
+from mop.settings import TlsSettings
+from mop.testing import make_test_certificates
+from mop.testing.node import node_settings, running_node
 from tests.e2e.clients import Client
 from tests.e2e.conftest import Topology
-from tests.e2e.grpc.interop import GrpcClient, Site, grpc_site, pairs, run_js, skip_unless_node
+from tests.e2e.grpc.interop import (
+    GrpcClient,
+    Site,
+    grpc_site,
+    pairs,
+    run_js,
+    skip_unless_node,
+    with_grpc,
+)
 
 skip_unless_node()
 
@@ -172,3 +185,58 @@ def test_grpc_js_sees_statuses_with_their_messages(site: Site) -> None:
     answer = js(site, "consume", site.topic("js/no-sub"), count=1, timeout_ms=5000)
     assert answer["status"]["code"] == StatusCode.INVALID_ARGUMENT, answer
     assert "pulsar-subscription" in answer["status"]["details"]
+
+
+@pytest.mark.merged_only(reason="the TLS listener is the adapter's, the same in both modes")
+def test_grpc_js_over_mutual_tls(tmp_path: Path) -> None:
+    """grpc-js negotiates HTTP/2 over TLS (ALPN h2) with mop's TLS listener, trusting the test
+    CA and presenting a client certificate where the listener asks for one."""
+    certificates = make_test_certificates(tmp_path)
+    tls = TlsSettings(
+        certfile=str(certificates.server_cert),
+        keyfile=str(certificates.server_key),
+        cafile=str(certificates.ca_cert),
+        require_client_cert=True,
+    )
+    settings = with_grpc(node_settings())
+    settings = dataclasses.replace(
+        settings, grpc=dataclasses.replace(settings.grpc, tls_port=0, tls=tls)
+    )
+    with running_node(settings) as node:
+        _, port = node.node.address("grpc", "tls")
+        topic = "persistent://public/default/js-tls"
+        client_tls = {
+            "ca": str(certificates.ca_cert),
+            "cert": str(certificates.client_cert),
+            "key": str(certificates.client_key),
+        }
+        request = {"target": f"localhost:{port}", "metadata": {"pulsar-topic": topic}}
+        sent = run_js(
+            {**request, "method": "send", "tls": client_tls, "sends": [{"payload": b64(b"s")}]}
+        )
+        assert sent["status"]["code"] == StatusCode.OK, sent
+        consume = {
+            **request,
+            "method": "consume",
+            "tls": client_tls,
+            "count": 1,
+            "metadata": {
+                "pulsar-topic": topic,
+                "pulsar-subscription": "tls",
+                "pulsar-initial-position": "earliest",
+            },
+        }
+        answer = run_js(consume)
+        assert answer["status"]["code"] == StatusCode.OK, answer
+        assert [base64.b64decode(m["payload"]) for m in answer["messages"]] == [b"s"]
+        # Without a client certificate the mTLS listener refuses the handshake.
+        refused = run_js(
+            {
+                **request,
+                "method": "send",
+                "tls": {"ca": client_tls["ca"]},
+                "sends": [{"payload": b64(b"x")}],
+                "timeout_ms": 10000,
+            }
+        )
+        assert refused["status"]["code"] == StatusCode.UNAVAILABLE, refused

@@ -15,10 +15,13 @@
 //   consume  reads "count" messages, acknowledges them as "ack" says ("individual",
 //            "cumulative", "negative" or "none"), half-closes, prints
 //            {"messages": [Message...], "status": {...}}
+// With "tls": {"ca": PEM file[, "cert": PEM file, "key": PEM file]} the client connects over
+// TLS, trusting that CA, and presents the certificate when given (mTLS).
 // Payloads are base64 in both directions; int64 fields are decimal strings. A call that ends
 // with a status other than OK is still a normal run (exit code 0): the status is the result.
 // The exit code is 2 when the request itself is malformed, 3 on timeout ("timeout_ms").
 
+import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 
@@ -38,6 +41,12 @@ function loadService() {
     oneofs: true,
   });
   return grpc.loadPackageDefinition(definition).mop.grpc.v1.PulsarGrpcService;
+}
+
+function credentialsOf(tls) {
+  if (tls === undefined) return grpc.credentials.createInsecure();
+  const read = (file) => (file === undefined ? null : readFileSync(file));
+  return grpc.credentials.createSsl(read(tls.ca), read(tls.key), read(tls.cert));
 }
 
 function metadataOf(pairs) {
@@ -182,7 +191,7 @@ async function main() {
     process.exit(3);
   }, request.timeout_ms ?? 20000);
   const Service = loadService();
-  const client = new Service(request.target, grpc.credentials.createInsecure());
+  const client = new Service(request.target, credentialsOf(request.tls));
   const result = await method(client, request);
   clearTimeout(timer);
   client.close();
