@@ -232,27 +232,14 @@ class GrpcConsumer:
         kind = Ack.AckType.CUMULATIVE if cumulative else Ack.AckType.INDIVIDUAL
         self._acks.put(Ack(type=kind, message_ids=list(ids)))
 
-    def nack(self, ids: Sequence[MessageId], delay_ms: int = 0) -> None:
-        self._acks.put(Ack(negative_message_ids=list(ids), redelivery_delay_ms=delay_ms))
-
-    def status(self, timeout: float = TIMEOUT) -> grpc.StatusCode:
-        """Half-close the acks and wait for the call's end; its status code."""
-        self._acks.put(None)
-        self._reader.join(timeout)
-        code: grpc.StatusCode = self.call.code()
-        return code
-
     def close(self) -> None:
+        """Half-close the acks, which ends the call once the node has taken those sent before
+        (and closed its consumer, so that the subscription takes another at once); cancel
+        it if it does not end in time."""
         self._acks.put(None)
+        self._reader.join(TIMEOUT)
         self.call.cancel()
         self._reader.join(TIMEOUT)
-
-
-def sends(count: int, prefix: str = "m", **fields: Any) -> list[Send]:
-    """`count` Sends with payloads "{prefix}0", "{prefix}1"... and sequence ids 1..count."""
-    return [
-        Send(payload=f"{prefix}{n}".encode(), sequence_id=n + 1, **fields) for n in range(count)
-    ]
 
 
 def pairs(properties: Iterable[Any]) -> list[tuple[str, str]]:

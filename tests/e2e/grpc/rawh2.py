@@ -21,7 +21,6 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.exceptions
-import h2.settings
 
 TIMEOUT = 10.0
 
@@ -84,9 +83,7 @@ class Outcome:
 class RawH2:
     """One HTTP/2 connection to the node, driven by hand."""
 
-    def __init__(
-        self, port: int, *, preface: bool = True, settings: dict[int, int] | None = None
-    ) -> None:
+    def __init__(self, port: int, *, preface: bool = True) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
         config = h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
         self.h2 = h2.connection.H2Connection(config=config)
@@ -95,8 +92,6 @@ class RawH2:
         self.closed = False
         if preface:
             self.h2.initiate_connection()
-            if settings:
-                self.h2.update_settings(settings)
             self.flush()
 
     def __enter__(self) -> RawH2:
@@ -230,7 +225,3 @@ def _text(headers: list[tuple[str | bytes, str | bytes]]) -> dict[str, str]:
         (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
         for k, v in headers
     }
-
-
-# The HTTP/2 settings ids a test may pass to RawH2(settings=...).
-INITIAL_WINDOW_SIZE = h2.settings.SettingCodes.INITIAL_WINDOW_SIZE

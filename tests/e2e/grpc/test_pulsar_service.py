@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,15 +20,17 @@ import pytest
 from mop.protocols.grpc.proto import mop_grpc_pb2 as pb
 from mop.protocols.grpc.serving.pulsar_service import CONSUME, PRODUCE, SEND
 from mop.security.passwords import update_password_file
-from mop.settings import AuthSettings, JwtSettings, Settings
+from mop.settings import AuthSettings, ClusterSettings, JwtSettings, PulsarSettings, Settings
 from mop.testing.node import RunningNode
 from mop.testing.node import running_node as start_node
 from tests.e2e.conftest import Topology
 from tests.e2e.grpc.server_support import grpc_node_settings
+from tests.e2e.nodeproc import NodeProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.both_modes]
 
 SECRET = "grpc-service-test-secret-32-bytes!"
+ADMIN_LISTENING = re.compile(r"admin listening on tcp (?P<host>\S+):(?P<port>\d+)")
 # Every call of these tests ends well before this (seconds).
 DEADLINE = 20
 
@@ -247,3 +250,49 @@ def test_calls_authenticate_with_bearer_or_basic_and_the_acl_decides(
                 timeout=DEADLINE,
             )
         assert denied.value.code() is grpc.StatusCode.PERMISSION_DENIED
+
+
+def brokers_admin(request: pytest.FixtureRequest, topology: Topology) -> ClusterSettings:
+    """What a separated proxy needs to make partitioned topics: its broker's admin URL."""
+    if topology.mode != "separated":
+        return ClusterSettings()
+    broker: NodeProcess = request.getfixturevalue("broker")
+    # Logged just after its Pulsar listener, so maybe not read from its output yet.
+    (listening,) = broker.find(ADMIN_LISTENING) or [broker.wait_for(ADMIN_LISTENING, 10)]
+    return ClusterSettings(admin_url=f"http://{listening['host']}:{listening['port']}")
+
+
+def test_a_partitioned_topic_is_produced_to_and_consumed_from_every_partition(
+    request: pytest.FixtureRequest, topology: Topology, topic: str
+) -> None:
+    # Declared in settings: a separated proxy declares it on its brokers (in the background).
+    pulsar = PulsarSettings(partitioned_topics={topic: 3})
+    settings = deployed(topology, pulsar=pulsar, cluster=brokers_admin(request, topology))
+    with start_node(settings) as node, open_channel(node) as channel:
+        settings = node.node.settings
+        full = f"persistent://{settings.default_tenant}/{settings.default_namespace}/{topic}"
+        partitioned = node.node.processor.partitioned
+        deadline = time.monotonic() + DEADLINE
+        while node.run(lambda: partitioned.partitions(full)) != 3:
+            assert time.monotonic() < deadline, "the partitioned topic was not declared"
+            time.sleep(0.05)
+        produce, _, _ = stubs(channel)
+        sends = [pb.Send(payload=b"%d" % n, sequence_id=n + 1) for n in range(6)]
+        sends += [pb.Send(payload=b"keyed", key="one-key", sequence_id=7 + n) for n in range(3)]
+        metadata = (("pulsar-topic", topic),)
+        results = list(produce(iter(sends), metadata=metadata, timeout=DEADLINE))
+        assert [r.message_id.partition for r in results[:6]] == [0, 1, 2, 0, 1, 2]
+        assert len({r.message_id.partition for r in results[6:]}) == 1
+
+        acks, messages = consumer(channel, topic)
+        got = [next(messages) for _ in range(9)]
+        assert sorted(m.payload for m in got) == sorted(s.payload for s in sends)
+        for message in got:
+            assert message.topic == f"{full}-partition-{message.message_id.partition}"
+        # Partitions number their messages alike: each ack reaches the partition its id names.
+        acks.put(pb.Ack(message_ids=[m.message_id for m in got]))
+        acks.close()
+        assert list(messages) == []
+        acks, messages = consumer(channel, topic)
+        acks.close()
+        assert list(messages) == []

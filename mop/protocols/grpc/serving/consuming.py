@@ -6,9 +6,10 @@ Each processor consumer works by permits: it is granted its share of
 written, so at most that many messages are taken ahead of the client's reading (the server's
 send waits for the client's HTTP/2 window: a reader that stops reading stops the consumer, and
 memory stays bounded). Messages sent and not acknowledged are bounded too (`max_unacked`, as
-Pulsar brokers bound them per consumer): past it no permit is granted until acknowledgements
-come. Acks are read on the request stream meanwhile; the client half-closing it ends the
-call, and what it did not acknowledge goes back to the subscription, for its next consumer.
+Pulsar brokers bound them per consumer): at the bound the next message waits for
+acknowledgements, and with it the permits. Acks are read on the request stream meanwhile; the
+client half-closing it ends the call, and what it did not acknowledge goes back to the
+subscription, for its next consumer.
 """
 
 from __future__ import annotations
@@ -85,8 +86,6 @@ class Leg:
     partition: int
     topic: str
     consumer: Consumer
-    # Permits held back while `max_unacked` messages are outstanding.
-    owed: int = 0
 
 
 class Consuming:
@@ -156,6 +155,8 @@ class ConsumeCall:
         self._queue = max(1, request.receiver_queue_size // len(legs))
         # Sent and not acknowledged, by leg (partition) and id.
         self.outstanding: dict[tuple[int, MessageId], Delivery] = {}
+        # Set when acknowledgements come, for a writer waiting at `max_unacked`.
+        self._acked = trio.Event()
         self._ending: GrpcError | None = None
 
     async def run(self) -> None:
@@ -200,6 +201,7 @@ class ConsumeCall:
         stats = self._consuming.stats
         processor = self._consuming.processor
         tracing = processor.tracing
+        max_unacked = self._consuming.max_unacked
         partitioned = len(self._legs) > 1
         async for leg, deliveries in taken:
             for delivery in deliveries:
@@ -208,8 +210,11 @@ class ConsumeCall:
                     # Only a Pulsar consumer can read it (mop.message.ENCRYPTED).
                     leg.consumer.ack([delivery])
                     processor.record_dropped(Drop.ENCRYPTED, message.count)
-                    self._release(leg, message.count)
+                    leg.consumer.grant(message.count)
                     continue
+                while len(self.outstanding) >= max_unacked:
+                    self._acked = trio.Event()
+                    await self._acked.wait()
                 self.outstanding[leg.partition, delivery.message_id] = delivery
                 trace = None
                 if tracing is not None and message.properties:
@@ -224,18 +229,9 @@ class ConsumeCall:
                 # The server counts the bytes on the wire and the requests.
                 stats.messages_sent += 1
                 stats.payload_bytes_sent += len(message.payload)
-                self._release(leg, 1)
+                leg.consumer.grant(1)
             if deliveries and stats.delivery_latency.due(len(deliveries)):
                 stats.delivery_latency.record_age(now_ms(), deliveries[-1].message.publish_time)
-
-    def _release(self, leg: Leg, permits: int) -> None:
-        """Give `leg` back `permits` for messages written, unless `max_unacked` are
-        outstanding: then they wait for acknowledgements."""
-        room = self._consuming.max_unacked - len(self.outstanding)
-        granted = max(0, min(permits + leg.owed, room))
-        leg.owed += permits - granted
-        if granted:
-            leg.consumer.grant(granted)
 
     # -- acks in ---------------------------------------------------------------------------
 
@@ -252,9 +248,7 @@ class ConsumeCall:
             except ConsumerClosed:
                 self._ending = GrpcError(StatusCode.UNAVAILABLE, "the consumer was closed")
                 return
-            for leg in self._legs:
-                if leg.owed:
-                    self._release(leg, 0)
+            self._acked.set()
 
     def _leg(self, message_id: pb.MessageId) -> Leg:
         partition = message_id.partition if len(self._legs) > 1 else 0

@@ -1,13 +1,14 @@
 """The produce and send methods: a Pulsar producer per call.
 
 `produce` stores each Send as it arrives, behind those before it, and answers with one
-SendResult per Send in their order once each is stored; up to `max_outstanding` Sends are in
-flight at once, and past that the call stops reading requests, so the server withholds the
-client's HTTP/2 window (back-pressure, bounded memory). Without registered producers (see
-`producers`), the Sends waiting when the answering task comes round are published together,
-with one wait for durability. A Send the node refuses gets a SendResult with an error and the
-stream goes on; what refuses the producer itself (its name or topic is taken, it was fenced)
-ends the call with a status. `send` stores one Send.
+SendResult per Send in their order once each is stored; up to `max_outstanding` Sends, and
+`max_outstanding_bytes` of their payloads, are in flight at once, and past that the call stops
+reading requests, so the server withholds the client's HTTP/2 window (back-pressure, bounded
+memory). Without registered producers (see `producers`), the Sends waiting when the answering
+task comes round are published together, with one wait for durability. A Send the node
+refuses gets a SendResult with an error and the stream goes on; what refuses the producer
+itself (its name or topic is taken, it was fenced) ends the call with a status. `send` stores
+one Send.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ log = logging.getLogger("mop.grpc")
 
 # Sends stored and not yet answered, per produce call, before the call stops reading.
 DEFAULT_MAX_OUTSTANDING: Final = 1000
+# The same bound in bytes (of the Sends as they came): 1000 Sends of the largest size a call
+# may send would be gigabytes.
+DEFAULT_MAX_OUTSTANDING_BYTES: Final = 16 * 1024 * 1024
 # Results sent together at most (the Sends of a run are published with one wait).
 _RUN: Final = 1000
 _OVERLOADED: Final = GrpcError(
@@ -60,6 +64,8 @@ class _Pending:
     for), to publish through the processor (`publish`), or refused (`error`)."""
 
     sequence_id: int
+    # The size of the Send as it came, held against the call's bound until it is answered.
+    size: int = 0
     # The partition it goes to (0 for a topic without partitions).
     partition: int = 0
     stored: Awaitable[PublishResult] | None = None
@@ -89,10 +95,12 @@ class Producing:
         namespaces: Namespaces,
         *,
         max_outstanding: int = DEFAULT_MAX_OUTSTANDING,
+        max_outstanding_bytes: int = DEFAULT_MAX_OUTSTANDING_BYTES,
     ) -> None:
         self.processor = processor
         self.namespaces = namespaces
         self.max_outstanding = max_outstanding
+        self.max_outstanding_bytes = max_outstanding_bytes
         self.names = ProducerNames()
 
     # -- send ------------------------------------------------------------------------------
@@ -116,9 +124,11 @@ class Producing:
                 item = self._store(client, producer, send)
                 await self._publish(client, [item])
                 result = await self._result(item)
-        if result.HasField("error"):
-            raise GrpcError(StatusCode(result.error.code), result.error.message)
-        await self._reply(call, result)
+                if result.HasField("error"):
+                    raise GrpcError(StatusCode(result.error.code), result.error.message)
+                # Before the client and its producer are let go (a separated proxy's release
+                # of the client id is a write on its brokers): the answer does not wait for it.
+                await self._reply(call, result)
 
     # -- produce ---------------------------------------------------------------------------
 
@@ -137,7 +147,7 @@ class Producing:
         half-closed and every result is out, with ABORTED when the producer is fenced, or
         with INVALID_ARGUMENT after the results owed for a request that is no Send."""
         # A result owed holds one of these: the reader waits for one before it reads a Send.
-        owed = trio.Semaphore(self.max_outstanding)
+        owed = _Owed(self.max_outstanding, self.max_outstanding_bytes)
         send, receive = trio.open_memory_channel[_Pending](math.inf)
         fenced = False
         refused: GrpcError | None = None
@@ -169,7 +179,7 @@ class Producing:
         client: CallClient,
         producer: TopicProducer,
         pending: trio.MemorySendChannel[_Pending],
-        owed: trio.Semaphore,
+        owed: _Owed,
     ) -> None:
         overload = self.processor.overload
         budget_key = f"grpc {client.ctx.peer.rpartition(':')[0]} {client.ctx.principal.display}"
@@ -181,7 +191,10 @@ class Producing:
                     data = await call.receive()
                     if data is None:
                         return
-                    pending.send_nowait(self._store(client, producer, decode_send(data)))
+                    item = self._store(client, producer, decode_send(data))
+                    item.size = len(data)
+                    owed.hold(item.size)
+                    pending.send_nowait(item)
                     if rates is not None:
                         pause = rates.charge(1, len(data), trio.current_time())
                         if pause:
@@ -225,7 +238,7 @@ class Producing:
         call: Call,
         client: CallClient,
         pending: trio.MemoryReceiveChannel[_Pending],
-        owed: trio.Semaphore,
+        owed: _Owed,
     ) -> None:
         """Send the results in order, a run at a time: the Sends waiting when one is taken,
         which share one wait for durability."""
@@ -242,9 +255,9 @@ class Producing:
                 # durable at once, before the reader (held at the bound meanwhile) stores
                 # more, which a wait per reply would wait for too (a write per message).
                 results = [await self._result(item) for item in run]
-                for result in results:
+                for item, result in zip(run, results, strict=True):
                     await self._reply(call, result)
-                    owed.release()
+                    owed.release(item.size)
 
     async def _publish(self, client: CallClient, run: list[_Pending]) -> None:
         """Publish the messages of `run` that no registered producer took, in order, and
@@ -281,6 +294,33 @@ class Producing:
 
     async def _reply(self, call: Call, result: pb.SendResult) -> None:
         await call.send(result.SerializeToString())
+
+
+class _Owed:
+    """The results a produce call owes, bounded in count and in the bytes of their Sends: the
+    reader acquires before it reads a Send (waiting while either bound is reached), holds the
+    Send's size once read, and each answer releases both. One Send is always let through, so
+    that one larger than the byte bound is still stored."""
+
+    def __init__(self, count: int, size: int) -> None:
+        self._slots = trio.Semaphore(count)
+        self._max_bytes = size
+        self._bytes = 0
+        self._freed = trio.Event()
+
+    async def acquire(self) -> None:
+        await self._slots.acquire()
+        while self._bytes >= self._max_bytes:
+            self._freed = trio.Event()
+            await self._freed.wait()
+
+    def hold(self, size: int) -> None:
+        self._bytes += size
+
+    def release(self, size: int) -> None:
+        self._bytes -= size
+        self._slots.release()
+        self._freed.set()
 
 
 def _end(trace: PublishTrace | None, error: BaseException | None = None) -> None:

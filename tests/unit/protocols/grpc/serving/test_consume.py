@@ -20,6 +20,8 @@ from mop.processor import (
 )
 from mop.protocols.grpc.proto import mop_grpc_pb2 as pb
 from mop.protocols.grpc.serving.calls import MethodHandler
+from mop.protocols.grpc.serving.clients import Namespaces
+from mop.protocols.grpc.serving.consuming import Consuming
 from mop.protocols.grpc.serving.pulsar_service import CONSUME, SEND
 from mop.protocols.grpc.status import StatusCode
 from tests.unit.protocols.grpc.serving.conftest import FakeCall
@@ -338,3 +340,24 @@ async def test_an_ack_the_backend_refuses_ends_the_call_with_its_status(
         (one,) = await take(call, 1)
         call.request(ack(one, cumulative=True))
     assert call.status is StatusCode.FAILED_PRECONDITION and "not here" in call.message
+
+
+async def test_no_more_is_sent_while_max_unacked_messages_are_outstanding(
+    processor: MessagingProcessor,
+) -> None:
+    consuming = Consuming(
+        processor, Namespaces("public", "default"), processor.stats.protocol("grpc"), max_unacked=3
+    )
+    call = consumer()
+    async with trio.open_nursery() as nursery:
+        await started(nursery, call, consuming.consume)
+        await publish(processor, *(b"%d" % n for n in range(6)))
+        first = await take(call, 3)
+        await nothing_more(call)
+        call.request(ack(first[0]))
+        assert [m.payload for m in await take(call, 1)] == [b"3"]
+        await nothing_more(call)
+        call.request(ack(*first[1:]))
+        assert [m.payload for m in await take(call, 2)] == [b"4", b"5"]
+        call.half_close()
+    assert call.status is StatusCode.OK

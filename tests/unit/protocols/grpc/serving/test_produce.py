@@ -127,6 +127,26 @@ async def test_a_producer_that_outruns_its_reader_stops_being_read(
         nursery.cancel_scope.cancel()
 
 
+async def test_large_sends_are_held_back_by_their_bytes_too(
+    processor: MessagingProcessor, methods: dict[str, MethodHandler]
+) -> None:
+    """Far fewer than `max_outstanding` Sends are taken when they are large: the bytes owed
+    are bounded too (16 MiB; a 1 MiB Send past the bound is read once one is answered)."""
+    payload = b"x" * (1 << 20)
+    call = FakeCall(PRODUCE, {"pulsar-topic": TOPIC}, window=0)
+    for n in range(1, 41):
+        call.request(pb.Send(payload=payload, sequence_id=n))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(call.run, methods[PRODUCE])
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        assert call.received == 16  # 16 MiB of Sends owed: the 17th is not read
+        first = await call.response(pb.SendResult)
+        assert first.sequence_id == 1
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        assert call.received == 17
+        nursery.cancel_scope.cancel()
+
+
 async def test_an_exclusive_producer_refuses_a_second_one(
     methods: dict[str, MethodHandler],
 ) -> None:
