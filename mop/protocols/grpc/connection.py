@@ -9,10 +9,11 @@ server (`serving.server`) carries out the calls and the timers.
 Flow control: the bytes of a request message are given back to the client's window only when
 the handler takes the message (`taken`), so a handler that stops reading back-pressures its
 client. A message larger than half the stream's window could never arrive that way: once the
-handler has taken every message before it, the bytes of one are given back as they come (the
-decoder holds at most `max_message_bytes` of them). A stream therefore buffers at most its
-window plus one message of the largest size, and the connection's window leaves each stream its
-own share so that one stalled call never starves the others. Response messages are split to the
+handler has taken every message before it, the bytes of one are given back as they come, out of
+a budget of two messages of the largest size for the whole connection (repaid as the handlers
+take them). A connection therefore buffers at most its streams' windows plus that budget, and
+the connection's window leaves each stream its own share so that one stalled call never
+starves the others. Response messages are split to the
 client's window and the largest frame it takes; the rest waits for a WINDOW_UPDATE
 (`WindowOpened`).
 """
@@ -32,7 +33,7 @@ import h2.exceptions
 import h2.settings
 from hyperframe.frame import GoAwayFrame
 
-from mop.protocols.grpc.framing import MessageDecoder, encode_message
+from mop.protocols.grpc.framing import PREFIX_SIZE, MessageDecoder, encode_message
 from mop.protocols.grpc.headers import (
     Request,
     RequestRefused,
@@ -154,6 +155,12 @@ class _Stream:
     partial_flow: int = 0
     # Messages received and not taken by the handler yet.
     untaken: int = 0
+    # The budget held for the message being received (all of it, from its prefix), the part
+    # of it already given back early (`_lend`), and what was given back early for received
+    # messages not taken yet; it all returns to the connection's budget once taken.
+    reserved: int = 0
+    lent_partial: int = 0
+    lent_queued: int = 0
 
 
 class GrpcServerConnection:
@@ -170,6 +177,9 @@ class GrpcServerConnection:
             )
         )
         self._streams: dict[int, _Stream] = {}
+        # What may be given back early, on all the calls together, for messages too large for
+        # a stream's window (two of the largest: one arriving while one waits to be taken).
+        self._lendable = 2 * (PREFIX_SIZE + limits.max_message_bytes)
         self._draining = False
         self._ended = False
         # Bytes the server frames itself (the first GOAWAY of a drain), after h2's.
@@ -259,6 +269,7 @@ class GrpcServerConnection:
         # The rest of a message no one will read.
         self._give_back(stream_id, stream.partial_flow)
         stream.partial_flow = 0
+        self._repay(stream)
         stream.trailers = trailers(code, message, trailers_only=not stream.headers_sent)
         self._flush(stream_id, stream)
 
@@ -268,16 +279,45 @@ class GrpcServerConnection:
         stream = self._streams.get(stream_id)
         if stream is not None:
             stream.untaken -= 1
-            if self._lends(stream):
-                # The large message the client is sending may arrive now.
-                flow_length += stream.partial_flow
-                stream.partial_flow = 0
+            if stream.untaken <= 0 and stream.lent_queued:
+                self._lendable += stream.lent_queued
+                stream.lent_queued = 0
+                self._lend_where_waiting()
+            # The large message the client is sending may arrive now.
+            flow_length += self._lend(stream)
         self._give_back(stream_id, flow_length)
 
-    def _lends(self, stream: _Stream) -> bool:
-        """Whether the bytes of the message being received go back as they come: it is too
-        large to arrive within the window, and the handler has taken every message before."""
-        return stream.untaken <= 0 and stream.partial_flow > self._limits.stream_window // 2
+    def _lend(self, stream: _Stream) -> int:
+        """The bytes of the message being received that go back now, though the handler has
+        not taken it: it is too large to arrive within the window, the handler has taken every
+        message before it, and the connection's budget has them. 0 otherwise."""
+        lent = stream.partial_flow
+        if stream.untaken > 0 or lent <= self._limits.stream_window // 2:
+            return 0
+        if not stream.reserved:
+            # The whole message at once: budgets handed out by the piece could leave every
+            # large message part-way, and none able to finish.
+            size = stream.decoder.message_size if stream.decoder is not None else None
+            if size is None or size > self._lendable:
+                return 0
+            self._lendable -= size
+            stream.reserved = size
+        stream.lent_partial += lent
+        stream.partial_flow = 0
+        return lent
+
+    def _repay(self, stream: _Stream) -> None:
+        """Return to the budget what a call that is over had been lent."""
+        if stream.reserved or stream.lent_queued:
+            self._lendable += stream.reserved + stream.lent_queued
+            stream.reserved = stream.lent_partial = stream.lent_queued = 0
+            self._lend_where_waiting()
+
+    def _lend_where_waiting(self) -> None:
+        """Lend to the calls whose large message waited for the budget."""
+        for stream_id, stream in list(self._streams.items()):
+            if not stream.ended:
+                self._give_back(stream_id, self._lend(stream))
 
     def _give_back(self, stream_id: int, flow_length: int) -> None:
         if flow_length > 0 and not self._ended:
@@ -388,7 +428,7 @@ class GrpcServerConnection:
             return self._abort(stream_id, stream, exc.code, exc.message)
         # Padding goes back at once. The bytes of this frame that complete messages go back
         # with the last of them, as the handler takes it; those that begin the next message
-        # wait for it, unless `_lends`.
+        # wait for it, unless `_lend` lets them go back early.
         tail = min(stream.decoder.buffered, len(data))
         padding = flow - len(data)
         events: list[Event] = []
@@ -399,11 +439,12 @@ class GrpcServerConnection:
                 events.append(MessageReceived(stream_id, message, 0))
             events.append(MessageReceived(stream_id, messages[-1], held))
             stream.untaken += len(messages)
+            # The message lent to is complete: what of its budget was not used goes back.
+            self._lendable += stream.reserved - stream.lent_partial
+            stream.lent_queued += stream.lent_partial
+            stream.reserved = stream.lent_partial = 0
         stream.partial_flow += tail
-        if self._lends(stream):
-            padding += stream.partial_flow
-            stream.partial_flow = 0
-        self._give_back(stream_id, padding)
+        self._give_back(stream_id, padding + self._lend(stream))
         return events
 
     def _on_stream_ended(self, event: h2.events.StreamEnded) -> list[Event]:
@@ -426,6 +467,7 @@ class GrpcServerConnection:
         if stream is None:
             return []
         self._give_back(event.stream_id, stream.partial_flow)
+        self._repay(stream)
         if stream.ended:
             return []
         code = int(event.error_code or 0)

@@ -74,6 +74,15 @@ class MessageDecoder:
         """Bytes of a message not complete yet (0 between messages)."""
         return len(self._buffer)
 
+    @property
+    def message_size(self) -> int | None:
+        """The size, prefix included, of the message not complete yet; None before its
+        prefix is complete."""
+        if len(self._buffer) < PREFIX_SIZE:
+            return None
+        length: int = _PREFIX.unpack_from(self._buffer)[1]
+        return PREFIX_SIZE + length
+
     def feed(self, data: bytes) -> list[bytes]:
         """The messages that `data` completes, in order."""
         self._buffer += data

@@ -57,8 +57,14 @@ def test_a_grpc_connection_is_listed_with_its_calls_and_can_be_closed(node: Runn
             metadata=[("pulsar-topic", "admin-view"), ("pulsar-subscription", "watchers")],
             timeout=10,
         )
-        listed = eventually(lambda: api.get("/api/v1/clients", protocol="grpc")["items"])
-        (client,) = listed
+        # Listed once connected; its call a moment later.
+        (client,) = eventually(
+            lambda: [
+                item
+                for item in api.get("/api/v1/clients", protocol="grpc")["items"]
+                if item["subscriptions"]
+            ]
+        )
         assert client["client_id"].startswith("grpc:127.0.0.1:")
         assert client["protocol"] == "grpc"
         assert client["subscriptions"] == 1

@@ -408,3 +408,42 @@ def test_a_large_message_waits_until_the_handler_took_the_ones_before() -> None:
     pair.to_client()
     (arrived,) = push()
     assert isinstance(arrived, MessageReceived) and len(arrived.message) == 200_000
+
+
+def test_large_messages_share_a_budget_of_two_on_a_connection() -> None:
+    window, largest = 65535, 200_000
+    pair = Pair(ConnectionLimits(stream_window=window, max_message_bytes=largest))
+    streams = [pair.open() for _ in range(3)]
+    big = encode_message(b"L" * largest)
+    sent = dict.fromkeys(streams, 0)
+    arrived: dict[int, MessageReceived] = {}
+
+    def push() -> None:
+        moving = True
+        while moving:
+            moving = False
+            for stream_id in streams:
+                size = min(
+                    pair.client.local_flow_control_window(stream_id),
+                    16384,
+                    len(big) - sent[stream_id],
+                )
+                if size > 0:
+                    pair.client.send_data(stream_id, big[sent[stream_id] : sent[stream_id] + size])
+                    sent[stream_id] += size
+                    moving = True
+            for event in pair.to_server():
+                if isinstance(event, MessageReceived):
+                    arrived[event.stream_id] = event
+            pair.to_client()
+
+    push()
+    # Two arrive whole; the third waits within its window for the budget.
+    assert len(arrived) == 2
+    (waiting,) = set(streams) - set(arrived)
+    assert sent[waiting] < len(big)
+    first = next(iter(arrived.values()))
+    pair.server.taken(first.stream_id, first.flow_length)
+    pair.to_client()
+    push()
+    assert waiting in arrived and len(arrived[waiting].message) == largest
