@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mop.protocols.grpc.serving.calls import Call, MethodHandler
 from mop.settings import GrpcSettings, LimitsSettings
+from mop.testing.metrics import scrape_metrics
 from mop.testing.node import running_node
 from tests.e2e.grpc.server_support import ServerUnderTest, grpc_node_settings, serving, unary
 
@@ -157,6 +158,12 @@ def test_connections_over_the_limit_are_refused_and_counted() -> None:
             stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
         stats = node.call(lambda: node.node.processor.stats.protocol("grpc"))
         assert stats.refused.get("limit_reached") == 1
+        # And the metrics show it, with the gRPC connections' bytes.
+        page = scrape_metrics(*node.node.address("admin"))
+        labels = {"protocol": "grpc", "reason": "limit_reached"}
+        assert page.value("mop_connections_rejected_total", **labels) == 1
+        assert page.value("mop_bytes_total", protocol="grpc", direction="in") > 0
+        assert page.value("mop_bytes_total", protocol="grpc", direction="out") > 0
 
 
 def test_calls_over_max_concurrent_streams_wait_at_the_client() -> None:
