@@ -42,6 +42,8 @@ from mop.protocols.mqtt.reason_codes import ReasonCode
 from mop.topics import TopicError, validate_topic_name
 
 # Packets a client may send once connected; anything else is a protocol error.
+# A client sends them as it pleases once connected; nothing to check beyond their decoding.
+_FLOW_ACKS: frozenset[type] = frozenset((Puback, Pubrec, Pubrel, Pubcomp))
 _CLIENT_PACKETS = (
     Publish,
     Puback,
@@ -138,8 +140,12 @@ class ServerConnection:
         if self.state is ConnectionState.CLOSED:
             return NEED_DATA
         packet = self._decoder.next_packet()
-        if type(packet) is Publish and self.state is ConnectionState.CONNECTED:
-            return self._inbound_publish(packet)  # by far the most common case: first
+        if self.state is ConnectionState.CONNECTED:
+            # By far the most common cases first: a message, and the acks of its flow.
+            if type(packet) is Publish:
+                return self._inbound_publish(packet)
+            if type(packet) in _FLOW_ACKS:
+                return packet
         if isinstance(packet, NeedData):
             return packet
         if self.state is ConnectionState.AWAITING_CONNECT:

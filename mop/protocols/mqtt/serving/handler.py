@@ -625,9 +625,7 @@ class ClientHandler:
                     more = False
                     break
                 stats.requests += 1
-                kind = type(event)
-                if kind is Publish:
-                    assert isinstance(event, Publish)
+                if type(event) is Publish:
                     published += 1
                     if rates is not None:
                         pause = rates.charge(1, 0, now())
@@ -639,15 +637,14 @@ class ClientHandler:
                     ):
                         staged.append(event)
                         continue
-                elif kind is Puback:
-                    assert isinstance(event, Puback)
+                elif type(event) is Puback:
                     entry = flow.acked(event.packet_id)  # no reply to write
                     if entry is not None and entry.qos == 2:
                         await flow.forget(entry)
                     continue
                 if staged:
                     await self._commit()
-                await _HANDLERS[kind](self, event)
+                await _HANDLERS[type(event)](self, event)
             if staged:
                 await self._commit()
             flow.flush_acks()
@@ -837,20 +834,27 @@ class ClientHandler:
         acks: list[bytes] = []
         received: list[int] = []  # QoS 2 packet ids to record before their PUBRECs
         failure: _Close | None = None
+        send_puback = conn.send_puback
         for publish, result in zip(staged, results, strict=True):
-            if publish.qos == 0 and not isinstance(result, BackendError):
-                continue  # nothing to answer
-            try:
-                reason = self._ack_reason(publish, result, v5)
-            except _Close as exc:
-                failure = exc  # answered after the acks of the messages before it
-                break
-            if reason is None:
-                continue
+            qos = publish.qos
+            reason: int | None
+            if type(result) is PublishResult:  # stored: `_ack_reason` without the call
+                if qos == 0:
+                    continue  # nothing to answer
+                subscribed = result.subscriptions != 0 or not v5
+                reason = ReasonCode.SUCCESS if subscribed else ReasonCode.NO_MATCHING_SUBSCRIBERS
+            else:
+                try:
+                    reason = self._ack_reason(publish, result, v5)
+                except _Close as exc:
+                    failure = exc  # answered after the acks of the messages before it
+                    break
+                if reason is None:
+                    continue
             pid = publish.packet_id
             assert pid is not None
-            if publish.qos == 1:
-                acks.append(conn.send_puback(pid, reason))
+            if qos == 1:
+                acks.append(send_puback(pid, reason))
             else:
                 if reason < 0x80:
                     received.append(pid)
