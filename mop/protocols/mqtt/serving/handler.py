@@ -637,8 +637,10 @@ class ClientHandler:
                     ):
                         staged.append(event)
                         continue
-                elif type(event) is Puback:
-                    entry = flow.acked(event.packet_id)  # no reply to write
+                elif type(event) is Puback or type(event) is Pubcomp:
+                    # The end of a flow: no reply to write, and what it frees is sent (`drain`)
+                    # and acknowledged to the consumers (`flush_acks`) once for the read.
+                    entry = flow.acked(event.packet_id)
                     if entry is not None and entry.qos == 2:
                         await flow.forget(entry)
                     continue
@@ -673,9 +675,6 @@ class ClientHandler:
             if rates is not None:
                 pause = rates.charge(0, len(data), now())
             conn.receive_data(data)
-
-    async def _on_pubcomp(self, packet: Pubcomp) -> None:
-        await self._outflow().on_ack(packet.packet_id)
 
     async def _on_pubrec(self, packet: Pubrec) -> None:
         await self._outflow().on_pubrec(packet)
@@ -858,16 +857,16 @@ class ClientHandler:
             else:
                 if reason < 0x80:
                     received.append(pid)
-                acks.append(conn.send(Pubrec(pid, reason if v5 else 0)))
+                acks.append(conn.send_pubrec(pid, reason))
         if received:
             state = self.state
             assert state is not None
-            state.inbound_qos2 |= frozenset(received)
+            state.inbound_qos2_mutable().update(received)
             try:
                 await self.server.sessions.save(state)
             except BackendError as exc:
                 # Not answered: the client sends them again (with DUP) after a reconnect.
-                state.inbound_qos2 -= frozenset(received)
+                state.inbound_qos2_mutable().difference_update(received)
                 raise _Close(ReasonCode.UNSPECIFIED_ERROR, f"session not saved: {exc}") from exc
         if acks:
             self.out.add(b"".join(acks))  # pushed by the read loop
@@ -878,8 +877,8 @@ class ClientHandler:
         assert self.state is not None
         v5 = self.conn.protocol_level == 5
         pid = publish.packet_id
-        if publish.qos == 2 and pid in self.state.inbound_qos2:
-            self.out.write(self.conn.send(Pubrec(pid)))  # a resend: received once already
+        if publish.qos == 2 and pid is not None and pid in self.state.inbound_qos2:
+            self.out.write(self.conn.send_pubrec(pid))  # a resend: received once already
             return
         reason = await self._publish(publish)
         if reason is None:
@@ -888,9 +887,9 @@ class ClientHandler:
             self.out.write(self.conn.send(Puback(pid, reason if v5 else 0)))
         elif publish.qos == 2 and pid is not None:
             if reason < 0x80:
-                self.state.inbound_qos2 |= {pid}
+                self.state.inbound_qos2_mutable().add(pid)
                 await self.server.sessions.save(self.state)
-            self.out.write(self.conn.send(Pubrec(pid, reason if v5 else 0)))
+            self.out.write(self.conn.send_pubrec(pid, reason))
 
     async def _publish(self, publish: Publish) -> int | None:
         """Publish; the reason code for the ack, or None when nothing is to be answered."""
@@ -959,12 +958,10 @@ class ClientHandler:
         assert self.state is not None
         known = packet.packet_id in self.state.inbound_qos2
         if known:
-            self.state.inbound_qos2 -= {packet.packet_id}
+            self.state.inbound_qos2_mutable().discard(packet.packet_id)
             await self.server.sessions.save(self.state)
-        reason = (
-            0 if known or self.conn.protocol_level != 5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
-        )
-        self.out.write(self.conn.send(Pubcomp(packet.packet_id, reason)))
+        reason = 0 if known else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+        self.out.add(self.conn.send_pubcomp(packet.packet_id, reason))  # pushed by the read loop
 
     # -- subscriptions ---------------------------------------------------------------------
 
@@ -1016,7 +1013,6 @@ _Handler = Callable[[ClientHandler, Any], Awaitable[None]]
 _HANDLERS: dict[type, _Handler] = {
     Publish: ClientHandler._on_publish,
     Pubrec: ClientHandler._on_pubrec,
-    Pubcomp: ClientHandler._on_pubcomp,
     Pubrel: ClientHandler._on_pubrel,
     Subscribe: ClientHandler._on_subscribe,
     Unsubscribe: ClientHandler._on_unsubscribe,

@@ -488,18 +488,9 @@ class Outflow:
             # Durable before PUBREL: after a crash the flow resumes at PUBREL instead of
             # sending the message a second time.
             await self._context.record_flow(self._state, entry)
-            self._finish(entry)
-            self.flush_acks()
-        self._out.write(
-            self._conn.send(
-                Pubrel(
-                    packet.packet_id,
-                    0
-                    if entry is not None or self._conn.protocol_level != 5
-                    else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND,
-                )
-            )
-        )
+            self._finish(entry)  # acknowledged with the rest of the read (`flush_acks`)
+        reason = 0 if entry is not None else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+        self._out.add(self._conn.send_pubrel(packet.packet_id, reason))  # pushed by the reader
 
     def _finish(self, entry: Outbound) -> None:
         """The client has the message: acknowledge it to its consumer (once), with the other
