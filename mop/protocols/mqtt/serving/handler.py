@@ -722,9 +722,11 @@ class ClientHandler:
     def _may_write(self, topic: str) -> bool:
         """Whether this client may publish to `topic` (also a will): not a `$` or system
         topic, and allowed by the ACL under its MQTT name, however the client spelt it."""
-        if topic.startswith(_SPELT_SPECIALLY) and self._reserved(topic):  # `$`, a Pulsar name
-            return False
-        return self._acl_allows_write(topic)
+        if topic.startswith(_SPELT_SPECIALLY):  # `$`, a Pulsar name
+            return not self._reserved(topic) and self._acl_allows_write(topic)
+        permissions = self.permissions  # `_acl_allows_write` inline: once per message
+        assert permissions is not None
+        return not permissions.restricted or permissions.may(Access.WRITE, topic)
 
     def _acl_allows_write(self, topic: str) -> bool:
         """Whether the ACL lets this client write to `topic` (under its MQTT name, however
