@@ -519,7 +519,7 @@ class DurableStorage:
                     # The interval's fsync is not a write's: records keep being written (and
                     # their publishers answered) while the disk works on what came before.
                     await self.flush(self._tail.end, fsync=policy == "always")
-                    if policy == "interval" and self._fsync_due():
+                    if policy == "interval" and not self._closed and self._fsync_due():
                         await self._fsync_written()
                     await self._upkeep.run_if_due()
                 except StorageError as exc:

@@ -237,8 +237,10 @@ class SegmentFiles:
         records that wait for no fsync) do not wait for it. The descriptors are duplicated,
         so that a segment closed meanwhile is still fsynced."""
         with self._lock:
-            if self._damaged is not None or self._closed:
-                raise OSError(errno.EIO, self._damaged or "the log is closed")
+            if self._closed:
+                return  # closing the log fsynced it first
+            if self._damaged is not None:
+                raise OSError(errno.EIO, self._damaged)
             dirty = {
                 base: (os.dup(self._fds[base]), run)
                 for base, run in self._dirty.items()
