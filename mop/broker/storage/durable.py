@@ -140,8 +140,8 @@ class DurableStorage:
         self._lock = lock
         self._synced = recovered.end
         self._last_fsync = time.monotonic()
-        # How long each write that fsyncs takes, from handing it to a worker thread until
-        # the records are durable (read by the metrics).
+        # How long each fsync takes, from handing it to a worker thread until the records
+        # are durable: a write's that fsyncs, or the interval's (read by the metrics).
         self.sync_latency = LatencyHistogram()
         self._flight: _Flight | None = None
         self._full_until = 0.0
