@@ -330,11 +330,17 @@ class Broker:
         for cursor in node.cursors:
             if cursor.catching_up or not (persistent or cursor.sub.attachments):
                 continue  # one catching up reads these from storage in turn
-            # A cursor made since the messages were held starts after them.
+            # A cursor made since the messages were held starts after them. Their ids go up
+            # (one topic's, in order): when the first is past the start, so are the rest.
             start = cursor.ids[-1] if cursor.ids else cursor.mark_delete
-            for entry in entries:
-                if start is None or entry.message_id > start:
-                    cursor.sub.offer(cursor, entry)
+            offer = cursor.sub.offer
+            if start is None or entries[0].message_id > start:
+                for entry in entries:
+                    offer(cursor, entry)
+            else:
+                for entry in entries:
+                    if entry.message_id > start:
+                        offer(cursor, entry)
         if self._books.changed:
             self._flush()
 
