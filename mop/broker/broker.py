@@ -1062,6 +1062,17 @@ class Broker:
 
     # -- stats -----------------------------------------------------------------------------
 
+    def note_behind(self) -> None:
+        """Start collecting the subscriptions with consumers that the messages routed from
+        now on had to queue for (`take_behind`): who a publisher's messages wait for."""
+        self._books.behind = set()
+
+    def take_behind(self) -> set[Subscription]:
+        """The subscriptions collected since `note_behind`, which stops collecting."""
+        behind = self._books.behind
+        self._books.behind = None
+        return behind if behind is not None else set()
+
     def on_dropped(self, callback: Callable[[str, str, int], None] | None) -> None:
         """Call `callback(subscription, reason, count)` for each message a subscription drops
         (the `max_backlog` rule), as well as counting it in `stats().messages_dropped`."""

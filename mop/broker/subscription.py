@@ -34,9 +34,20 @@ class Bookkeeping:
     """What the subscription logic reports to the broker: cursors whose state changed since the
     broker last looked (to save them and to consider their topic for trimming) and drop
     counters. `clock` gives the wall clock in milliseconds, for message expiry.
-    `on_dropped(subscription, reason, count)`, when set, hears of each drop as it happens."""
+    `on_dropped(subscription, reason, count)`, when set, hears of each drop as it happens.
+    `behind`, while a caller notes it (`Broker.note_behind`), collects the subscriptions with
+    consumers that a message had to queue for: their consumers' receive queues are full."""
 
-    __slots__ = ("changed", "clock", "dropped", "expired", "held", "on_dropped", "wanting")
+    __slots__ = (
+        "behind",
+        "changed",
+        "clock",
+        "dropped",
+        "expired",
+        "held",
+        "on_dropped",
+        "wanting",
+    )
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
@@ -48,6 +59,7 @@ class Bookkeeping:
         self.expired = 0
         # Messages held back until their `deliver_at` (on `clock`).
         self.held = DelayQueue()
+        self.behind: set[Subscription] | None = None
 
 
 def wants_chunk(cursor: Cursor) -> bool:
@@ -199,6 +211,14 @@ class Subscription:
         if entry.message.qos == 0:
             cursor.qos0 += 1
         self._mark_ready(cursor)
+        behind = self.books.behind
+        if behind is not None and self.attachments:
+            behind.add(self)
+
+    def queued_bytes(self) -> int:
+        """Payload bytes waiting in the backlogs of its cursors: beyond what its consumers'
+        receive queues hold (a cursor still loading its stored backlog does not count)."""
+        return sum(cursor.backlog_bytes for cursor in self.ready if not cursor.loading)
 
     def _evict_qos0(self, cursor: Cursor) -> bool:
         if not cursor.qos0:
