@@ -1062,16 +1062,21 @@ class Broker:
 
     # -- stats -----------------------------------------------------------------------------
 
-    def note_behind(self) -> None:
+    def note_behind(self, waits_for: Callable[[Subscription], bool]) -> None:
         """Start collecting the subscriptions with consumers that the messages routed from
-        now on had to queue for (`take_behind`): who a publisher's messages wait for."""
-        self._books.behind = set()
+        now on had to queue for (`take_behind`); `waits_for(subscription)` says whether the
+        publisher will wait for one, in which case its `max_backlog` rule drops nothing."""
+        self._books.behind = {}
+        self._books.waits_for = waits_for
 
-    def take_behind(self) -> set[Subscription]:
-        """The subscriptions collected since `note_behind`, which stops collecting."""
+    def take_behind(self) -> list[Subscription]:
+        """The subscriptions collected since `note_behind` that the publisher waits for;
+        collecting stops."""
         behind = self._books.behind
         self._books.behind = None
-        return behind if behind is not None else set()
+        if not behind:
+            return []
+        return [sub for sub, waited in behind.items() if waited]
 
     def on_dropped(self, callback: Callable[[str, str, int], None] | None) -> None:
         """Call `callback(subscription, reason, count)` for each message a subscription drops

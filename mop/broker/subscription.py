@@ -36,7 +36,9 @@ class Bookkeeping:
     counters. `clock` gives the wall clock in milliseconds, for message expiry.
     `on_dropped(subscription, reason, count)`, when set, hears of each drop as it happens.
     `behind`, while a caller notes it (`Broker.note_behind`), collects the subscriptions with
-    consumers that a message had to queue for: their consumers' receive queues are full."""
+    consumers that a message had to queue for (their consumers' receive queues are full), each
+    with whether the publisher waits for it (`waits_for`, asked once per subscription): while
+    it does, the `max_backlog` rule does not drop for it, the publisher is held back instead."""
 
     __slots__ = (
         "behind",
@@ -46,6 +48,7 @@ class Bookkeeping:
         "expired",
         "held",
         "on_dropped",
+        "waits_for",
         "wanting",
     )
 
@@ -59,7 +62,12 @@ class Bookkeeping:
         self.expired = 0
         # Messages held back until their `deliver_at` (on `clock`).
         self.held = DelayQueue()
-        self.behind: set[Subscription] | None = None
+        self.behind: dict[Subscription, bool] | None = None
+        self.waits_for: Callable[[Subscription], bool] = _waits_for_none
+
+
+def _waits_for_none(sub: Subscription) -> bool:
+    return False
 
 
 def wants_chunk(cursor: Cursor) -> bool:
@@ -202,7 +210,12 @@ class Subscription:
             cursor.backlog_bytes += payload_size(entry.message)
             return
         limit = self.max_backlog
-        if limit and len(backlog) >= limit and not self._evict_qos0(cursor):
+        if (
+            limit
+            and len(backlog) >= limit
+            and not self._waited_for()
+            and not self._evict_qos0(cursor)
+        ):
             self._dropped()
             cursor.ack(entry.message_id)
             return
@@ -211,9 +224,21 @@ class Subscription:
         if entry.message.qos == 0:
             cursor.qos0 += 1
         self._mark_ready(cursor)
-        behind = self.books.behind
-        if behind is not None and self.attachments:
-            behind.add(self)
+        books = self.books
+        if books.behind is not None and self.attachments and self not in books.behind:
+            books.behind[self] = books.waits_for(self)
+
+    def _waited_for(self) -> bool:
+        """Whether the publisher of the message being routed waits for this subscription
+        (`Bookkeeping.behind`)."""
+        books = self.books
+        behind = books.behind
+        if behind is None or not self.attachments:
+            return False
+        waited = behind.get(self)
+        if waited is None:
+            waited = behind[self] = books.waits_for(self)
+        return waited
 
     def queued_bytes(self) -> int:
         """Payload bytes waiting in the backlogs of its cursors: beyond what its consumers'

@@ -274,7 +274,7 @@ class LocalBackend:
             return [exc] * len(items)
         pressure = self.pressure
         if pressure.enabled:
-            self.broker.note_behind()
+            self.broker.note_behind(pressure.may_hold_back)
         try:
             results, durable, delays = self._route_batch(items)
         finally:

@@ -40,9 +40,15 @@ class SubscriberPressure:
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
+    def may_hold_back(self, sub: Subscription) -> bool:
+        """Whether a publisher whose messages queue for `sub` is to wait for it: it has
+        consumers, is not stalled and its backlog is within `max_bytes`."""
+        if not sub.attachments or sub in self._stalled:
+            return False
+        return sub.queued_bytes() <= self.max_bytes
+
     def holds_back(self, sub: Subscription) -> bool:
-        """Whether a publisher waits for `sub`: it has consumers, a backlog within
-        `max_bytes`, and is not stalled."""
+        """Whether a publisher still waits for `sub`: as `may_hold_back`, with a backlog."""
         if not sub.attachments or sub in self._stalled:
             return False
         queued = sub.queued_bytes()
