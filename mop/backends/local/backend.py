@@ -566,6 +566,8 @@ async def open_local_backend(
     retention: RetentionPolicies | None = None,
     retention_check: float = 10.0,
     backlog_quotas: BacklogQuotas | None = None,
+    subscriber_max_bytes: int = DEFAULT_SUBSCRIBER_MAX_BYTES,
+    subscriber_stall_timeout: float = DEFAULT_SUBSCRIBER_STALL_TIMEOUT,
 ) -> AsyncIterator[LocalBackend]:
     """Run a `LocalBackend` over `storage` for the duration of the block, then close it."""
     backend = LocalBackend(
@@ -580,6 +582,8 @@ async def open_local_backend(
         retention=retention,
         retention_check=retention_check,
         backlog_quotas=backlog_quotas,
+        subscriber_max_bytes=subscriber_max_bytes,
+        subscriber_stall_timeout=subscriber_stall_timeout,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(backend.serve)
