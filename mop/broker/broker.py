@@ -1062,21 +1062,29 @@ class Broker:
 
     # -- stats -----------------------------------------------------------------------------
 
-    def note_behind(self, waits_for: Callable[[Subscription], bool]) -> None:
-        """Start collecting the subscriptions with consumers that the messages routed from
-        now on had to queue for (`take_behind`); `waits_for(subscription)` says whether the
-        publisher will wait for one, in which case its `max_backlog` rule drops nothing."""
-        self._books.behind = {}
+    def wait_for_subscribers(self, waits_for: Callable[[Subscription], bool]) -> None:
+        """`waits_for(subscription)`: whether a publisher whose message has to queue for the
+        subscription's consumers (their receive queues are full) will wait for them, in which
+        case its `max_backlog` rule drops nothing. Asked while publishers are noted
+        (`note_behind`), once per subscription and publisher."""
         self._books.waits_for = waits_for
+
+    def note_behind(self) -> None:
+        """Start collecting the subscriptions that the messages routed from now on had to
+        queue for (`take_behind`)."""
+        self._books.noting = True
 
     def take_behind(self) -> list[Subscription]:
         """The subscriptions collected since `note_behind` that the publisher waits for;
         collecting stops."""
-        behind = self._books.behind
-        self._books.behind = None
+        books = self._books
+        books.noting = False
+        behind = books.behind
         if not behind:
             return []
-        return [sub for sub, waited in behind.items() if waited]
+        waited = [sub for sub, waits in behind.items() if waits]
+        behind.clear()
+        return waited
 
     def on_dropped(self, callback: Callable[[str, str, int], None] | None) -> None:
         """Call `callback(subscription, reason, count)` for each message a subscription drops

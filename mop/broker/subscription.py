@@ -35,10 +35,11 @@ class Bookkeeping:
     broker last looked (to save them and to consider their topic for trimming) and drop
     counters. `clock` gives the wall clock in milliseconds, for message expiry.
     `on_dropped(subscription, reason, count)`, when set, hears of each drop as it happens.
-    `behind`, while a caller notes it (`Broker.note_behind`), collects the subscriptions with
-    consumers that a message had to queue for (their consumers' receive queues are full), each
-    with whether the publisher waits for it (`waits_for`, asked once per subscription): while
-    it does, the `max_backlog` rule does not drop for it, the publisher is held back instead."""
+    `behind`, while a caller notes it (`noting`, see `Broker.note_behind`), collects the
+    subscriptions with consumers that a message had to queue for (their consumers' receive
+    queues are full), each with whether the publisher waits for it (`waits_for`, asked once per
+    subscription): while it does, the `max_backlog` rule does not drop for it, the publisher is
+    held back instead."""
 
     __slots__ = (
         "behind",
@@ -47,6 +48,7 @@ class Bookkeeping:
         "dropped",
         "expired",
         "held",
+        "noting",
         "on_dropped",
         "waits_for",
         "wanting",
@@ -62,7 +64,8 @@ class Bookkeeping:
         self.expired = 0
         # Messages held back until their `deliver_at` (on `clock`).
         self.held = DelayQueue()
-        self.behind: dict[Subscription, bool] | None = None
+        self.noting = False
+        self.behind: dict[Subscription, bool] = {}  # emptied by whoever notes it
         self.waits_for: Callable[[Subscription], bool] = _waits_for_none
 
 
@@ -225,19 +228,18 @@ class Subscription:
             cursor.qos0 += 1
         self._mark_ready(cursor)
         books = self.books
-        if books.behind is not None and self.attachments and self not in books.behind:
+        if books.noting and self.attachments and self not in books.behind:
             books.behind[self] = books.waits_for(self)
 
     def _waited_for(self) -> bool:
         """Whether the publisher of the message being routed waits for this subscription
         (`Bookkeeping.behind`)."""
         books = self.books
-        behind = books.behind
-        if behind is None or not self.attachments:
+        if not books.noting or not self.attachments:
             return False
-        waited = behind.get(self)
+        waited = books.behind.get(self)
         if waited is None:
-            waited = behind[self] = books.waits_for(self)
+            waited = books.behind[self] = books.waits_for(self)
         return waited
 
     def queued_bytes(self) -> int:

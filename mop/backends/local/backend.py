@@ -129,6 +129,7 @@ class LocalBackend:
         self.receiver_queue = receiver_queue
         # Publishers wait for subscribers that keep up, rather than their messages dropping.
         self.pressure = SubscriberPressure(subscriber_max_bytes, subscriber_stall_timeout)
+        self.broker.wait_for_subscribers(self.pressure.may_hold_back)
         # `$SYS`: delivered in memory to the consumers that follow it, never stored.
         self.local = LocalTopics(tenant=tenant, namespace=namespace)
         self.fence_timeout = fence_timeout
@@ -272,13 +273,13 @@ class LocalBackend:
             self._check_running()
         except BackendError as exc:
             return [exc] * len(items)
-        pressure = self.pressure
-        if pressure.enabled:
-            self.broker.note_behind(pressure.may_hold_back)
+        waits = self.pressure.max_bytes > 0
+        if waits:
+            self.broker.note_behind()
         try:
             results, durable, delays = self._route_batch(items)
         finally:
-            behind = self.broker.take_behind() if pressure.enabled else None
+            behind = self.broker.take_behind() if waits else None
         if delays:
             self._delays_changed()
         if durable:
@@ -290,7 +291,7 @@ class LocalBackend:
                     results[index] = error
         if behind:
             # Not read from again until the subscribers these messages queued for took them.
-            await pressure.wait_for(behind)
+            await self.pressure.wait_for(behind)
         return results
 
     def _route_batch(

@@ -36,10 +36,6 @@ class SubscriberPressure:
         self._progress: dict[Subscription, trio.Event] = {}
         self._stalled: set[Subscription] = set()
 
-    @property
-    def enabled(self) -> bool:
-        return self.max_bytes > 0
-
     def may_hold_back(self, sub: Subscription) -> bool:
         """Whether a publisher whose messages queue for `sub` is to wait for it: it has
         consumers, is not stalled and its backlog is within `max_bytes`."""

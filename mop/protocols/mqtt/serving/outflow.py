@@ -157,6 +157,8 @@ class Outflow:
             # consumers are `auto_ack_qos0`).
             done: list[Delivery] = []
             traces: list[DeliveryTrace] | None = None
+            # No drain can start or end before the next await (a delivery may still queue).
+            draining = self._draining
             for delivery in deliveries:
                 if self._released_ids and self._was_released(delivery):
                     done.append(delivery)
@@ -181,7 +183,7 @@ class Outflow:
                         if traces is None:
                             traces = []
                         traces.append(trace)
-                if qos == 0 and plain and not self._waiting and not self._draining:
+                if qos == 0 and plain and not draining and not self._waiting:
                     chunks.append(encoded_qos0(topic, message, retain, level))
                     payload += len(message.payload)
                     if message.qos:
