@@ -1062,11 +1062,12 @@ class Broker:
 
     # -- stats -----------------------------------------------------------------------------
 
-    def wait_for_subscribers(self, waits_for: Callable[[Subscription], bool]) -> None:
-        """`waits_for(subscription)`: whether a publisher whose message has to queue for the
-        subscription's consumers (their receive queues are full) will wait for them, in which
-        case its `max_backlog` rule drops nothing. Asked while publishers are noted
-        (`note_behind`), once per subscription and publisher."""
+    def wait_for_subscribers(self, waits_for: Callable[[Subscription, str], bool]) -> None:
+        """`waits_for(subscription, producer)`: whether the publisher (the message's
+        `producer`) of a message that has to queue for the subscription's consumers (their
+        receive queues are full) will wait for them, in which case its `max_backlog` rule
+        drops nothing. Asked while publishers are noted (`note_behind`), once per
+        subscription and publish."""
         self._books.waits_for = waits_for
 
     def note_behind(self) -> None:

@@ -37,9 +37,9 @@ class Bookkeeping:
     `on_dropped(subscription, reason, count)`, when set, hears of each drop as it happens.
     `behind`, while a caller notes it (`noting`, see `Broker.note_behind`), collects the
     subscriptions with consumers that a message had to queue for (their consumers' receive
-    queues are full), each with whether the publisher waits for it (`waits_for`, asked once per
-    subscription): while it does, the `max_backlog` rule does not drop for it, the publisher is
-    held back instead."""
+    queues are full), each with whether the publisher waits for it (`waits_for(subscription,
+    producer)`, asked once per subscription): while it does, the `max_backlog` rule does not
+    drop for it, the publisher is held back instead."""
 
     __slots__ = (
         "behind",
@@ -66,10 +66,10 @@ class Bookkeeping:
         self.held = DelayQueue()
         self.noting = False
         self.behind: dict[Subscription, bool] = {}  # emptied by whoever notes it
-        self.waits_for: Callable[[Subscription], bool] = _waits_for_none
+        self.waits_for: Callable[[Subscription, str], bool] = _waits_for_none
 
 
-def _waits_for_none(sub: Subscription) -> bool:
+def _waits_for_none(sub: Subscription, producer: str) -> bool:
     return False
 
 
@@ -216,7 +216,7 @@ class Subscription:
         if (
             limit
             and len(backlog) >= limit
-            and not self._waited_for()
+            and not self._waited_for(entry)
             and not self._evict_qos0(cursor)
         ):
             self._dropped()
@@ -229,9 +229,9 @@ class Subscription:
         self._mark_ready(cursor)
         books = self.books
         if books.noting and self.attachments and self not in books.behind:
-            books.behind[self] = books.waits_for(self)
+            books.behind[self] = books.waits_for(self, entry.message.producer)
 
-    def _waited_for(self) -> bool:
+    def _waited_for(self, entry: Entry) -> bool:
         """Whether the publisher of the message being routed waits for this subscription
         (`Bookkeeping.behind`)."""
         books = self.books
@@ -239,7 +239,7 @@ class Subscription:
             return False
         waited = books.behind.get(self)
         if waited is None:
-            waited = books.behind[self] = books.waits_for(self)
+            waited = books.behind[self] = books.waits_for(self, entry.message.producer)
         return waited
 
     def queued_bytes(self) -> int:
