@@ -154,10 +154,12 @@ class LocalConsumer:
                     await trio.lowlevel.cancel_shielded_checkpoint()
                 return deliveries
             event = self._wakeup = trio.Event()
+            att.receiving = True  # not stalled, whatever waits: see `SubscriberPressure`
             try:
                 await event.wait()
             finally:
                 self._wakeup = None
+                att.receiving = False
             waited = True
 
     def ack(self, deliveries: Iterable[Delivery]) -> None:

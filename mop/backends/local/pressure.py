@@ -5,8 +5,9 @@ A message that finds a subscription's consumers with full receive queues waits i
 subscription's backlog. While that backlog holds at most `max_bytes` (of payloads), the publish
 that put it there returns only once the subscriber took it down to nothing; the publisher's
 connection is not read meanwhile, so TCP pushes back on the client. A subscriber that takes
-nothing for `stall_timeout` seconds while publishers wait is stalled: nobody waits for it until
-it takes messages again, and its backlog is bounded by the subscription's `max_backlog` rule
+nothing for `stall_timeout` seconds while publishers wait, and is not waiting to (its consumer
+busy with what it took: its client does not read), is stalled: nobody waits for it until it
+takes messages again, and its backlog is bounded by the subscription's `max_backlog` rule
 as before (the drops are counted there). So a stalled subscriber holds publishers back once,
 for `stall_timeout`, and a subscriber that disconnects releases them at once. A publisher never
 waits for its own subscriptions: it would not read the acknowledgements they wait for.
@@ -71,9 +72,16 @@ class SubscriberPressure:
                     await drained.wait()
                 if drained.is_set():
                     continue
-                if trio.current_time() >= self._progress[sub] + self.stall_timeout:
-                    self._stalled.add(sub)
-                    self._release(sub)
+                now = trio.current_time()
+                if now < self._progress[sub] + self.stall_timeout:
+                    continue  # it took messages meanwhile
+                if any(att.receiving for att in sub.attachments):
+                    # Woken for its messages, but not run yet: the loop is busy (with the
+                    # publishers of one round, say), the subscriber is not stalled.
+                    self._progress[sub] = now
+                    continue
+                self._stalled.add(sub)
+                self._release(sub)
 
     def taken(self, sub: Subscription) -> None:
         """`sub`'s consumer took messages: it is not stalled, and who waits for it goes on
