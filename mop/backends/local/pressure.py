@@ -15,6 +15,7 @@ waits for its own subscriptions: it would not read the acknowledgements they wai
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import trio
@@ -22,6 +23,8 @@ import trio
 from mop.broker import Subscription
 
 __all__ = ["DEFAULT_SUBSCRIBER_MAX_BYTES", "DEFAULT_SUBSCRIBER_STALL_TIMEOUT", "SubscriberPressure"]
+
+log = logging.getLogger("mop.local")
 
 # The defaults of `limits.subscriber_backlog_bytes` and `limits.subscriber_stall_timeout`.
 DEFAULT_SUBSCRIBER_MAX_BYTES = 8 * 1024 * 1024
@@ -82,6 +85,14 @@ class SubscriberPressure:
                     continue
                 self._stalled.add(sub)
                 self._release(sub)
+                # Once per stall (it ends with a take), not per message: its drops are
+                # counted and logged where the backlog rule drops.
+                log.info(
+                    "subscription %r took nothing for %.1f s: stalled, publishers no longer "
+                    "wait for it",
+                    sub.name,
+                    self.stall_timeout,
+                )
 
     def taken(self, sub: Subscription) -> None:
         """`sub`'s consumer took messages: it is not stalled, and who waits for it goes on
