@@ -121,8 +121,8 @@ class LimitsSettings:
     # which the publishers whose messages it has not taken yet wait for it, their reads paused,
     # instead of its QoS 0 messages being dropped (0: nobody waits) ...
     subscriber_backlog_bytes: int = 8 * 1024 * 1024
-    # ... unless it took nothing for this many seconds while they waited: then it is stalled,
-    # and nobody waits for it again until its queue is empty.
+    # ... unless it took nothing for this many seconds while they waited (its client reads
+    # nothing): then it is stalled, and nobody waits for it until it takes messages again.
     subscriber_stall_timeout: float = 1.0
 
 
