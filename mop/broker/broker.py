@@ -1060,7 +1060,7 @@ class Broker:
         self._trim_dirty.update(self._topics.values())
         self._flush()
 
-    # -- stats -----------------------------------------------------------------------------
+    # -- publishers that wait for subscribers ---------------------------------------------
 
     def wait_for_subscribers(self, waits_for: Callable[[Subscription, str], bool]) -> None:
         """`waits_for(subscription, producer)`: whether the publisher (the message's
@@ -1086,6 +1086,8 @@ class Broker:
         waited = [sub for sub, waits in behind.items() if waits]
         behind.clear()
         return waited
+
+    # -- stats -----------------------------------------------------------------------------
 
     def on_dropped(self, callback: Callable[[str, str, int], None] | None) -> None:
         """Call `callback(subscription, reason, count)` for each message a subscription drops
