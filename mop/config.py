@@ -275,6 +275,7 @@ _INT_BOUNDS: Final[Mapping[str, _Bounds]] = {
     "limits.connection_burst": _Bounds(0),
     "limits.client_message_burst": _Bounds(0),
     "limits.client_byte_burst": _Bounds(0),
+    "limits.subscriber_backlog_bytes": _Bounds(0),
     "telemetry.backlog_top": _Bounds(0, 1000),
     "telemetry.latency_sampling": _Bounds(1, 1_000_000),
     "pulsar.partitioned_topics": _Bounds(1, MAX_PARTITIONS),

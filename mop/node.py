@@ -143,6 +143,8 @@ async def start_backend(
         schema_compatibility=Compatibility(settings.pulsar.schema_compatibility),
         schema_max_bytes=settings.pulsar.schema_max_bytes,
         other_members=others,
+        subscriber_max_bytes=settings.limits.subscriber_backlog_bytes,
+        subscriber_stall_timeout=settings.limits.subscriber_stall_timeout,
     )
     try:
         await nursery.start(storage.serve)

@@ -117,6 +117,13 @@ class LimitsSettings:
     memory_low_watermark: float = 0.0
     # Seconds between samples of the node's memory.
     memory_check_interval: float = 0.5
+    # Merged mode: payload bytes queued for one subscriber (beyond its receive queue) up to
+    # which the publishers whose messages it has not taken yet wait for it, their reads paused,
+    # instead of its QoS 0 messages being dropped (0: nobody waits) ...
+    subscriber_backlog_bytes: int = 8 * 1024 * 1024
+    # ... unless it took nothing for this many seconds while they waited (its client reads
+    # nothing): then it is stalled, and nobody waits for it until it takes messages again.
+    subscriber_stall_timeout: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

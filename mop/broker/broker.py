@@ -1066,6 +1066,33 @@ class Broker:
         self._trim_dirty.update(self._topics.values())
         self._flush()
 
+    # -- publishers that wait for subscribers ---------------------------------------------
+
+    def wait_for_subscribers(self, waits_for: Callable[[Subscription, str], bool]) -> None:
+        """`waits_for(subscription, producer)`: whether the publisher (the message's
+        `producer`) of a message that has to queue for the subscription's consumers (their
+        receive queues are full) will wait for them, in which case its `max_backlog` rule
+        drops nothing. Asked while publishers are noted (`note_behind`), once per
+        subscription and publish."""
+        self._books.waits_for = waits_for
+
+    def note_behind(self) -> None:
+        """Start collecting the subscriptions that the messages routed from now on had to
+        queue for (`take_behind`)."""
+        self._books.noting = True
+
+    def take_behind(self) -> list[Subscription]:
+        """The subscriptions collected since `note_behind` that the publisher waits for;
+        collecting stops."""
+        books = self._books
+        books.noting = False
+        behind = books.behind
+        if not behind:
+            return []
+        waited = [sub for sub, waits in behind.items() if waits]
+        behind.clear()
+        return waited
+
     # -- stats -----------------------------------------------------------------------------
 
     def on_dropped(self, callback: Callable[[str, str, int], None] | None) -> None:

@@ -226,6 +226,12 @@ def test_dump_loads_back(tmp_path: Path) -> None:
         ({"MOP_LIMITS__CONNECTION_RATE": "-1"}, "limits.connection_rate", "positive number"),
         ({"MOP_LIMITS__CLIENT_BYTE_BURST": "-1"}, "limits.client_byte_burst", ">= 0"),
         ({"MOP_LIMITS__MEMORY_CHECK_INTERVAL": "0"}, "limits.memory_check_interval", "positive"),
+        ({"MOP_LIMITS__SUBSCRIBER_BACKLOG_BYTES": "-1"}, "limits.subscriber_backlog_bytes", ">= 0"),
+        (
+            {"MOP_LIMITS__SUBSCRIBER_STALL_TIMEOUT": "0"},
+            "limits.subscriber_stall_timeout",
+            "positive",
+        ),
         (
             {"MOP_LIMITS__MEMORY_HIGH_WATERMARK": "0.8", "MOP_LIMITS__MEMORY_LOW_WATERMARK": "0.9"},
             "limits",
