@@ -182,7 +182,10 @@ class GrpcServerConnection:
         self._lendable = 2 * (PREFIX_SIZE + limits.max_message_bytes)
         self._draining = False
         self._ended = False
-        # Bytes the server frames itself (the first GOAWAY of a drain), after h2's.
+        # What is queued to go out and not taken by `data_to_send` yet: h2's output, moved
+        # here as it is asked for (so that it can be counted), then the frames the server
+        # frames itself (the first GOAWAY of a drain) after it.
+        self._outbox = bytearray()
         self._extra = b""
 
     # --- setup and input -----------------------------------------------------------------------
@@ -231,9 +234,19 @@ class GrpcServerConnection:
         return events
 
     def data_to_send(self) -> bytes:
-        data = self._h2.data_to_send() + self._extra
+        self._outbox += self._h2.data_to_send()
+        data = bytes(self._outbox) + self._extra
+        self._outbox.clear()
         self._extra = b""
         return data
+
+    @property
+    def unsent_bytes(self) -> int:
+        """How much is queued to go out and not taken by `data_to_send` yet. Every frame a
+        client sends may queue an answer (PING, SETTINGS, a refused call): the server stops
+        reading while this is large, or a client that never reads would grow it unbounded."""
+        self._outbox += self._h2.data_to_send()
+        return len(self._outbox) + len(self._extra)
 
     # --- the calls -----------------------------------------------------------------------------
 
@@ -362,7 +375,8 @@ class GrpcServerConnection:
     # --- internals -----------------------------------------------------------------------------
 
     def _h2_flush_then(self, frame: bytes) -> None:
-        self._extra = self._h2.data_to_send() + self._extra + frame
+        self._outbox += self._h2.data_to_send()
+        self._extra += frame
 
     def _on_event(self, event: h2.events.Event) -> list[Event]:
         handler = _H2_EVENTS.get(type(event))

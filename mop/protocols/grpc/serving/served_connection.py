@@ -45,6 +45,10 @@ log = logging.getLogger("mop.grpc")
 _READ_SIZE: Final = 65536
 # How long the last frames (trailers, GOAWAY) may take to go out once the connection ends.
 _FLUSH_TIMEOUT: Final = 2.0
+# Over this much queued and not written, the reader waits for the writer: the frames a client
+# sends may each queue an answer (PING ACK, SETTINGS ACK, a refused call), and a client that
+# sends them and never reads must meet TCP back-pressure rather than grow the queue.
+_MAX_UNSENT: Final = 1024 * 1024
 
 
 def _status_of(exc: BaseException) -> GrpcError | None:
@@ -78,6 +82,8 @@ class ServedConnection:
         self.calls: dict[int, ServerCall] = {}
         self.connected_at = time.time()
         self._wake_writer = trio.Event()
+        # Set by the writer after each write, for a reader waiting for the queue to go down.
+        self._written = trio.Event()
         # Woken when the client's windows open, for sends that wait for them.
         self._window = trio.lowlevel.ParkingLot()
         self._last_heard = trio.current_time()
@@ -140,6 +146,7 @@ class ServedConnection:
 
     async def _read_loop(self) -> None:
         while not self._state.ended:
+            await self._wait_for_the_writer()
             try:
                 data = await self._stream.receive_some(_READ_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -152,6 +159,12 @@ class ServedConnection:
                 self._on_event(event)
             self._kick()
 
+    async def _wait_for_the_writer(self) -> None:
+        while self._state.unsent_bytes > _MAX_UNSENT:
+            self._written = trio.Event()
+            self._kick()
+            await self._written.wait()
+
     async def _write_loop(self) -> None:
         try:
             while True:
@@ -160,6 +173,7 @@ class ServedConnection:
                 if data:
                     self._stats.bytes_sent += len(data)
                     await self._stream.send_all(data)
+                    self._written.set()
                     continue
                 if self._closing or self._state.ended:
                     break

@@ -14,8 +14,10 @@ import trio
 import trio.testing
 
 from mop.counters import ProtocolStats
+from mop.protocols.grpc.connection import GrpcServerConnection
 from mop.protocols.grpc.framing import encode_message
 from mop.protocols.grpc.serving.calls import Call
+from mop.protocols.grpc.serving.served_connection import ServedConnection
 from mop.protocols.grpc.serving.server import GrpcServer
 from mop.settings import GrpcSettings
 from mop.transport import ConnectionInfo
@@ -117,3 +119,33 @@ async def test_the_deadline_ends_a_hanging_call(autojump_clock: trio.testing.Moc
         headers = dict(response.headers or ())
         assert headers[b"grpc-status"] == b"4"  # DEADLINE_EXCEEDED, trailers-only
         assert trio.current_time() - start == pytest.approx(5, abs=0.1)
+
+
+async def test_a_client_that_floods_and_never_reads_is_not_read_either(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # 200k PINGs queue 3.4 MB of answers: the server stops reading at about 1 MiB queued, and
+    # the client meets the back-pressure (the lockstep stream writes only what is read).
+    client_stream, server_stream = trio.testing.lockstep_stream_pair()
+    server = GrpcServer(GrpcSettings(), {"/t.S/hang": _hang}, ProtocolStats("grpc"))
+    state = GrpcServerConnection(server.limits, server.methods)
+    connection = ServedConnection(
+        server_stream,
+        peer="127.0.0.1:40000",
+        peer_certificate=None,
+        state=state,
+        methods=server.methods,
+        settings=server.settings,
+        stats=server.stats,
+    )
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    for _ in range(200_000):
+        client.ping(b"12345678")
+    flood = client.data_to_send()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(connection.run)
+        with trio.move_on_after(10):
+            await client_stream.send_all(flood)
+        assert state.unsent_bytes <= 1024 * 1024 + 65536
+        nursery.cancel_scope.cancel()
