@@ -295,10 +295,15 @@ class ConsumeCall:
         through = from_proto_id(ack.message_ids[0])
         if through.ledger < 0 or through.entry < 0:
             return
-        # Up to this message of its partition (pulsar-client acknowledges a partitioned
-        # topic cumulatively one partition at a time, too).
-        leg.consumer.ack_through(leg.topic, through)
         done = [key for key in self.outstanding if key[0] == leg.partition and key[1] <= through]
+        if not done:
+            # Repeated or stale: everything through it is acknowledged already (a no-op, as
+            # in Pulsar; a remote broker refuses an id it no longer holds).
+            return
+        # Up to the last message of its partition the client was given through this one
+        # (pulsar-client acknowledges a partitioned topic cumulatively one partition at a time,
+        # too).
+        leg.consumer.ack_through(leg.topic, max(key[1] for key in done))
         for key in done:
             del self.outstanding[key]
 

@@ -342,6 +342,58 @@ async def test_an_ack_the_backend_refuses_ends_the_call_with_its_status(
     assert call.status is StatusCode.FAILED_PRECONDITION and "not here" in call.message
 
 
+class HoldingAcks:
+    """A consumer whose backend, like a separated node's, refuses a cumulative ack for a
+    message it no longer holds (acknowledged already), and records the ones it does."""
+
+    def __init__(self, consumer: Consumer, acked: list[MessageId]) -> None:
+        self._consumer = consumer
+        self._acked = acked
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
+
+    def ack_through(self, topic: str, message_id: MessageId) -> None:
+        if self._acked and message_id <= self._acked[-1]:
+            raise BackendError("no longer held", reason="not_supported")
+        self._acked.append(message_id)
+        self._consumer.ack_through(topic, message_id)
+
+
+async def test_a_repeated_or_stale_cumulative_ack_is_a_no_op(
+    processor: MessagingProcessor,
+    methods: dict[str, MethodHandler],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    subscribe = processor.subscribe
+    acked: list[MessageId] = []
+
+    async def holding(ctx: ClientContext, spec: SubscriptionSpec) -> Consumer:
+        return HoldingAcks(await subscribe(ctx, spec), acked)  # type: ignore[return-value]
+
+    monkeypatch.setattr(processor, "subscribe", holding)
+    call = consumer()
+    async with trio.open_nursery() as nursery:
+        await started(nursery, call, methods[CONSUME])
+        await publish(processor, b"1", b"2", b"3")
+        one, two, three = await take(call, 3)
+        call.request(ack(two, cumulative=True))
+        call.request(ack(two, cumulative=True))
+        call.request(ack(one, cumulative=True))
+        # Past the last message given: through the last one given.
+        beyond = pb.Message()
+        beyond.CopyFrom(three)
+        beyond.message_id.entry_id += 100
+        call.request(ack(beyond, cumulative=True))
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        call.half_close()
+    assert call.status is StatusCode.OK, call.message
+    assert [(m.ledger, m.entry) for m in acked] == [
+        (two.message_id.ledger_id, two.message_id.entry_id),
+        (three.message_id.ledger_id, three.message_id.entry_id),
+    ]
+
+
 async def test_no_more_is_sent_while_max_unacked_messages_are_outstanding(
     processor: MessagingProcessor,
 ) -> None:
