@@ -54,10 +54,15 @@ __all__ = [
     "GrpcServerConnection",
     "MessageReceived",
     "PingAnswered",
+    "RESPONSE_HEADROOM",
     "WindowOpened",
 ]
 
 _MAX_STREAM_ID: Final = 2**31 - 1
+# What a response message may carry beyond `max_message_bytes`: a consumed message holds a
+# payload of up to that size plus its id, topic, producer name and properties, and one that
+# could never be sent would block its subscription (redelivered, refused, again).
+RESPONSE_HEADROOM: Final = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,11 +261,12 @@ class GrpcServerConnection:
         stream = self._streams.get(stream_id)
         if stream is None or stream.ended or self._ended:
             return
-        if len(message) > self._limits.max_message_bytes:
+        limit = self._limits.max_message_bytes + RESPONSE_HEADROOM
+        if len(message) > limit:
             raise GrpcError(
                 StatusCode.RESOURCE_EXHAUSTED,
                 f"response message of {len(message)} bytes is larger than the limit of"
-                f" {self._limits.max_message_bytes} bytes",
+                f" {limit} bytes",
             )
         stream.outbound += encode_message(message)
         self._flush(stream_id, stream)

@@ -25,6 +25,7 @@ from mop.protocols.grpc.connection import (
     GrpcServerConnection,
     MessageReceived,
     PingAnswered,
+    RESPONSE_HEADROOM,
     WindowOpened,
 )
 from mop.protocols.grpc.framing import encode_message
@@ -264,13 +265,22 @@ def test_a_message_over_the_limit_aborts_the_call_alone() -> None:
     )
 
 
-def test_a_response_over_the_limit_is_refused() -> None:
+def test_a_response_over_the_limit_and_its_headroom_is_refused() -> None:
     pair = Pair(ConnectionLimits(max_message_bytes=10))
     stream_id = pair.open()
     pair.to_server()
     with pytest.raises(GrpcError) as refused:
-        pair.server.send_message(stream_id, b"x" * 11)
+        pair.server.send_message(stream_id, b"x" * (10 + RESPONSE_HEADROOM + 1))
     assert refused.value.code == StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_a_response_may_carry_a_message_of_the_limit_with_its_envelope() -> None:
+    # A consumed message of max_message_bytes, plus its id, topic and producer name.
+    pair = Pair(ConnectionLimits(max_message_bytes=10))
+    stream_id = pair.open()
+    pair.to_server()
+    pair.server.send_message(stream_id, b"x" * (10 + 500))
+    assert pair.server.pending(stream_id) == 0
 
 
 def test_a_truncated_last_message_is_internal() -> None:
