@@ -199,25 +199,33 @@ class GrpcServerConnection:
         """Queue the server's connection preface (its SETTINGS) and widen the connection's
         receive window so that each stream may fill its own."""
         limits = self._limits
-        self._h2.local_settings = h2.settings.Settings(
-            client=False,
-            initial_values={
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: limits.stream_window,
-                h2.settings.SettingCodes.MAX_FRAME_SIZE: limits.max_frame_size,
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
-                h2.settings.SettingCodes.ENABLE_CONNECT_PROTOCOL: 0,
-            },
-        )
+        self._h2.local_settings = self._settings(limits.max_concurrent_streams)
         # Values given at construction count as acknowledged, so h2 does not apply them to
         # what it reads itself: the header list limit (what fuzzers try first) and the frame
         # size are set here.
         self._h2.decoder.max_header_list_size = limits.max_header_list_size
         self._h2.max_inbound_frame_size = limits.max_frame_size
         self._h2.initiate_connection()
+        # h2 ends the whole connection (GOAWAY PROTOCOL_ERROR) for a stream over its limit;
+        # RFC 9113 5.1.2 refuses just that stream. So h2's own limit, never sent, is above the
+        # announced one, and `_on_request` refuses the streams between the two.
+        self._h2.local_settings = self._settings(2 * limits.max_concurrent_streams)
         # The connection window starts at 65535 whatever the settings say.
         shared = limits.stream_window * limits.max_concurrent_streams
         self._h2.increment_flow_control_window(min(shared, _MAX_STREAM_ID - 65535))
+
+    def _settings(self, max_concurrent_streams: int) -> h2.settings.Settings:
+        limits = self._limits
+        return h2.settings.Settings(
+            client=False,
+            initial_values={
+                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: max_concurrent_streams,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: limits.stream_window,
+                h2.settings.SettingCodes.MAX_FRAME_SIZE: limits.max_frame_size,
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
+                h2.settings.SettingCodes.ENABLE_CONNECT_PROTOCOL: 0,
+            },
+        )
 
     def receive_data(self, data: bytes) -> list[Event]:
         """The call events in `data`. After `ConnectionEnded` there are no more."""
@@ -405,7 +413,9 @@ class GrpcServerConnection:
 
     def _on_request(self, event: h2.events.RequestReceived) -> list[Event]:
         stream_id = event.stream_id
-        if self._draining:
+        if self._draining or len(self._streams) >= self._limits.max_concurrent_streams:
+            # Clients retry a refused stream (on this connection once a call ends, or
+            # elsewhere when draining).
             self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return []
         try:

@@ -354,6 +354,32 @@ def test_the_settings_announce_the_limits() -> None:
     assert pair.client.outbound_flow_control_window >= 7 * 100_000
 
 
+def test_a_stream_over_the_limit_is_refused_alone() -> None:
+    pair = Pair(ConnectionLimits(max_concurrent_streams=2))
+    first, second = pair.open(), pair.open()
+    pair.to_server()
+    # A client that has not applied the limit yet (or ignores it).
+    pair.client.remote_settings = h2.settings.Settings(
+        client=True, initial_values={h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 100}
+    )
+    third = pair.open()
+    assert pair.to_server() == []
+    pair.to_client()
+    refused = [e for e in pair.client_events if isinstance(e, h2.events.StreamReset)]
+    assert [(e.stream_id, e.error_code) for e in refused] == [
+        (third, h2.errors.ErrorCodes.REFUSED_STREAM)
+    ]
+    assert not any(isinstance(e, h2.events.ConnectionTerminated) for e in pair.client_events)
+    # The calls running go on, and once one ends another may start.
+    pair.server.end_call(first, StatusCode.OK)
+    pair.to_client()
+    pair.client.end_stream(second)
+    pair.to_server()
+    fourth = pair.open()
+    assert [type(e) for e in pair.to_server()] == [CallStarted]
+    assert fourth > third
+
+
 def test_draining_lets_running_calls_finish_and_refuses_new_ones() -> None:
     pair = Pair()
     running = pair.open()
