@@ -34,6 +34,7 @@ import h2.settings
 from hyperframe.frame import GoAwayFrame
 
 from mop.protocols.grpc.framing import PREFIX_SIZE, MessageDecoder, encode_message
+from mop.protocols.grpc.graceful_goaway import GracefulGoawayFilter
 from mop.protocols.grpc.headers import (
     Request,
     RequestRefused,
@@ -47,6 +48,7 @@ from mop.protocols.grpc.status import GrpcError, StatusCode
 __all__ = [
     "CallAborted",
     "CallStarted",
+    "ClientGoingAway",
     "ClientHalfClosed",
     "ConnectionEnded",
     "ConnectionLimits",
@@ -126,6 +128,11 @@ class PingAnswered:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientGoingAway:
+    """The client sent GOAWAY NO_ERROR: it opens no more calls, the running ones go on."""
+
+
+@dataclass(frozen=True, slots=True)
 class ConnectionEnded:
     """No more calls: the client sent GOAWAY, or it broke HTTP/2 and the server sent one
     with `error_code` (to be written before closing)."""
@@ -141,6 +148,7 @@ Event = (
     | CallAborted
     | WindowOpened
     | PingAnswered
+    | ClientGoingAway
     | ConnectionEnded
 )
 
@@ -187,6 +195,8 @@ class GrpcServerConnection:
         self._lendable = 2 * (PREFIX_SIZE + limits.max_message_bytes)
         self._draining = False
         self._ended = False
+        self._goaways = GracefulGoawayFilter(limits.max_frame_size)
+        self._client_going_away = False
         # What is queued to go out and not taken by `data_to_send` yet: h2's output, moved
         # here as it is asked for (so that it can be counted), then the frames the server
         # frames itself (the first GOAWAY of a drain) after it.
@@ -231,6 +241,7 @@ class GrpcServerConnection:
         """The call events in `data`. After `ConnectionEnded` there are no more."""
         if self._ended:
             return []
+        data, graceful = self._goaways.feed(data)
         try:
             h2_events = self._h2.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
@@ -244,6 +255,10 @@ class GrpcServerConnection:
         events: list[Event] = []
         for h2_event in h2_events:
             events.extend(self._on_event(h2_event))
+        if graceful and not self._client_going_away:
+            # After the frames before it (a client's GOAWAY names the last stream it opened).
+            self._client_going_away = True
+            events.append(ClientGoingAway())
         return events
 
     def data_to_send(self) -> bytes:
@@ -413,7 +428,11 @@ class GrpcServerConnection:
 
     def _on_request(self, event: h2.events.RequestReceived) -> list[Event]:
         stream_id = event.stream_id
-        if self._draining or len(self._streams) >= self._limits.max_concurrent_streams:
+        if (
+            self._draining
+            or self._client_going_away
+            or len(self._streams) >= self._limits.max_concurrent_streams
+        ):
             # Clients retry a refused stream (on this connection once a call ends, or
             # elsewhere when draining).
             self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)

@@ -24,6 +24,7 @@ from mop.exception_groups import leaves
 from mop.protocols.grpc.connection import (
     CallAborted,
     CallStarted,
+    ClientGoingAway,
     ClientHalfClosed,
     ConnectionEnded,
     Event,
@@ -234,6 +235,10 @@ class ServedConnection:
                 self._window.unpark_all()
             case PingAnswered():
                 self._ping_answered.set()
+            case ClientGoingAway():
+                # Its running calls finish; then the connection has nothing more to do.
+                if self._nursery is not None:
+                    self._nursery.start_soon(self._close_when_calls_end)
             case ConnectionEnded(error_code, reason):
                 if error_code:
                     log.info("%s: %s", self.peer, reason)

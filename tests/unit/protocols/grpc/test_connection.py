@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from mop.protocols.grpc.connection import (
     CallAborted,
     CallStarted,
+    ClientGoingAway,
     ClientHalfClosed,
     ConnectionEnded,
     ConnectionLimits,
@@ -378,6 +379,40 @@ def test_a_stream_over_the_limit_is_refused_alone() -> None:
     fourth = pair.open()
     assert [type(e) for e in pair.to_server()] == [CallStarted]
     assert fourth > third
+
+
+def test_a_clients_graceful_goaway_lets_its_running_calls_finish() -> None:
+    pair = Pair()
+    running = pair.open()
+    pair.to_server()
+    pair.client.close_connection()
+    assert pair.to_server() == [ClientGoingAway()]
+    pair.server.send_message(running, b"done")
+    pair.server.end_call(running, StatusCode.OK)
+    data = pair.server.data_to_send()
+    assert encode_message(b"done") in data
+    # The trailers went out (h2 refuses any frame once it has read a GOAWAY).
+    assert pair.server.open_calls == 0 and not pair.server.ended
+
+
+def test_a_clients_graceful_goaway_is_found_in_bytes_split_anywhere() -> None:
+    pair = Pair()
+    running = pair.open()
+    pair.client.send_data(running, encode_message(b"before"))
+    pair.client.close_connection()
+    events: list[Event] = []
+    for byte in pair.client.data_to_send():
+        events += pair.server.receive_data(bytes([byte]))
+    assert [type(e) for e in events] == [CallStarted, MessageReceived, ClientGoingAway]
+
+
+def test_a_clients_goaway_with_an_error_ends_the_connection() -> None:
+    pair = Pair()
+    pair.open()
+    pair.to_server()
+    pair.client.close_connection(error_code=h2.errors.ErrorCodes.INTERNAL_ERROR)
+    (ended,) = pair.to_server()
+    assert isinstance(ended, ConnectionEnded) and ended.error_code == 2
 
 
 def test_draining_lets_running_calls_finish_and_refuses_new_ones() -> None:

@@ -12,6 +12,7 @@ import h2.events
 import pytest
 import trio
 import trio.testing
+from hyperframe.frame import GoAwayFrame
 
 from mop.counters import ProtocolStats
 from mop.protocols.grpc.connection import GrpcServerConnection
@@ -25,6 +26,12 @@ from mop.transport import ConnectionInfo
 
 async def _hang(call: Call) -> None:
     await trio.sleep_forever()
+
+
+async def _slow_echo(call: Call) -> None:
+    message = await call.receive()
+    await trio.sleep(1)
+    await call.send(message or b"")
 
 
 class Client:
@@ -45,7 +52,9 @@ class Client:
 
 @asynccontextmanager
 async def connected(settings: GrpcSettings) -> AsyncIterator[Client]:
-    server = GrpcServer(settings, {"/t.S/hang": _hang}, ProtocolStats("grpc"))
+    server = GrpcServer(
+        settings, {"/t.S/hang": _hang, "/t.S/echo": _slow_echo}, ProtocolStats("grpc")
+    )
     client_stream, server_stream = trio.testing.memory_stream_pair()
     info = ConnectionInfo("tcp", ("127.0.0.1", 50051), ("127.0.0.1", 40000))
     async with trio.open_nursery() as nursery:
@@ -149,3 +158,38 @@ async def test_a_client_that_floods_and_never_reads_is_not_read_either(
             await client_stream.send_all(flood)
         assert state.unsent_bytes <= 1024 * 1024 + 65536
         nursery.cancel_scope.cancel()
+
+
+async def test_a_clients_graceful_goaway_lets_its_calls_finish_then_closes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with connected(GrpcSettings(keepalive_interval=0)) as client:
+        stream_id = client.h2.get_next_available_stream_id()
+        client.h2.send_headers(
+            stream_id,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", "/t.S/echo"),
+                (":authority", "x"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+            ],
+        )
+        client.h2.send_data(stream_id, encode_message(b"hi"), end_stream=True)
+        await client.flush()
+        # GOAWAY NO_ERROR framed by hand: the client's h2 would read nothing after its own.
+        goaway = GoAwayFrame(0)
+        goaway.last_stream_id = stream_id
+        await client.stream.send_all(goaway.serialize())
+        data = b""
+        status = None
+        terminated = False
+        while not terminated:
+            for event in await client.events():
+                if isinstance(event, h2.events.DataReceived):
+                    data += event.data or b""
+                if isinstance(event, h2.events.TrailersReceived):
+                    status = dict(event.headers or ())[b"grpc-status"]
+                terminated = terminated or isinstance(event, h2.events.ConnectionTerminated)
+        assert (data, status) == (encode_message(b"hi"), b"0")
