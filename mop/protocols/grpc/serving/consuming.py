@@ -5,11 +5,13 @@ Each processor consumer works by permits: it is granted its share of
 `pulsar-receiver-queue-size` at first and one more for each of its messages `Call.send` has
 written, so at most that many messages are taken ahead of the client's reading (the server's
 send waits for the client's HTTP/2 window: a reader that stops reading stops the consumer, and
-memory stays bounded). Messages sent and not acknowledged are bounded too (`max_unacked`, as
-Pulsar brokers bound them per consumer): at the bound the next message waits for
-acknowledgements, and with it the permits. Acks are read on the request stream meanwhile; the
-client half-closing it ends the call, and what it did not acknowledge goes back to the
-subscription, for its next consumer.
+memory stays bounded). Large messages are bounded by bytes as well: a call takes the next
+messages from its consumers only while those taken and not written yet hold less than
+`max_unwritten_bytes` of payload (16 MiB, as a produce call's Sends in flight). Messages sent
+and not acknowledged are bounded too (`max_unacked`, as Pulsar brokers bound them per
+consumer): at the bound the next message waits for acknowledgements, and with it the permits.
+Acks are read on the request stream meanwhile; the client half-closing it ends the call, and
+what it did not acknowledge goes back to the subscription, for its next consumer.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ log = logging.getLogger("mop.grpc")
 # Messages sent to one call and not acknowledged, past which it is sent no more until some
 # are (Pulsar brokers' maxUnackedMessagesPerConsumer).
 DEFAULT_MAX_UNACKED: Final = 50_000
+# Payload bytes taken from a call's consumers ahead of the client's reading, past which it
+# takes no more until some are written (the receiver queue alone, in messages, would let a
+# call hold a thousand messages of 5 MiB).
+DEFAULT_MAX_UNWRITTEN_BYTES: Final = 16 * 1024 * 1024
 _CUMULATIVE_KINDS: Final = frozenset({SubscriptionKind.EXCLUSIVE, SubscriptionKind.FAILOVER})
 
 
@@ -98,11 +104,13 @@ class Consuming:
         stats: ProtocolStats,
         *,
         max_unacked: int = DEFAULT_MAX_UNACKED,
+        max_unwritten_bytes: int = DEFAULT_MAX_UNWRITTEN_BYTES,
     ) -> None:
         self.processor = processor
         self.namespaces = namespaces
         self.stats = stats
         self.max_unacked = max_unacked
+        self.max_unwritten_bytes = max_unwritten_bytes
 
     async def consume(self, call: Call) -> None:
         request = consumer_open(call.metadata)
@@ -157,6 +165,10 @@ class ConsumeCall:
         self.outstanding: dict[tuple[int, MessageId], Delivery] = {}
         # Set when acknowledgements come, for a writer waiting at `max_unacked`.
         self._acked = trio.Event()
+        # Payload bytes taken from the consumers and not written yet, and where the takers
+        # wait while they are over `max_unwritten_bytes`.
+        self._unwritten_bytes = 0
+        self._room = trio.lowlevel.ParkingLot()
         self._ending: GrpcError | None = None
 
     async def run(self) -> None:
@@ -188,50 +200,61 @@ class ConsumeCall:
         ready: trio.MemorySendChannel[tuple[Leg, list[Delivery]]],
         scope: trio.CancelScope,
     ) -> None:
+        budget = self._consuming.max_unwritten_bytes
         async with ready:
             while True:
+                while self._unwritten_bytes >= budget:
+                    await self._room.park()
                 try:
                     deliveries = await leg.consumer.receive(self._queue)
                 except ConsumerClosed:
                     self._end(GrpcError(StatusCode.UNAVAILABLE, "the consumer was closed"), scope)
                     return
+                self._unwritten_bytes += sum(len(d.message.payload) for d in deliveries)
                 ready.send_nowait((leg, deliveries))
 
     async def _write(self, taken: trio.MemoryReceiveChannel[tuple[Leg, list[Delivery]]]) -> None:
         stats = self._consuming.stats
-        processor = self._consuming.processor
-        tracing = processor.tracing
         max_unacked = self._consuming.max_unacked
         partitioned = len(self._legs) > 1
         async for leg, deliveries in taken:
             for delivery in deliveries:
                 message = delivery.message
-                if not readable(message):
-                    # Only a Pulsar consumer can read it (mop.message.ENCRYPTED).
-                    leg.consumer.ack([delivery])
-                    processor.record_dropped(Drop.ENCRYPTED, message.count)
-                    leg.consumer.grant(message.count)
-                    continue
-                while len(self.outstanding) >= max_unacked:
-                    self._acked = trio.Event()
-                    await self._acked.wait()
-                self.outstanding[leg.partition, delivery.message_id] = delivery
-                trace = None
-                if tracing is not None and message.properties:
-                    trace = tracing.delivering(
-                        self._ctx, delivery.topic, message.qos, message.properties
-                    )
-                partition = leg.partition if partitioned else 0
-                data = proto_message(delivery, partition).SerializeToString()
-                await self._call.send(data)
-                if trace is not None:
-                    trace.sent()
-                # The server counts the bytes on the wire and the requests.
-                stats.messages_sent += 1
-                stats.payload_bytes_sent += len(message.payload)
-                leg.consumer.grant(1)
+                await self._write_one(leg, delivery, partitioned, max_unacked)
+                self._unwritten_bytes -= len(message.payload)
+                self._room.unpark_all()
             if deliveries and stats.delivery_latency.due(len(deliveries)):
                 stats.delivery_latency.record_age(now_ms(), deliveries[-1].message.publish_time)
+
+    async def _write_one(
+        self, leg: Leg, delivery: Delivery, partitioned: bool, max_unacked: int
+    ) -> None:
+        stats = self._consuming.stats
+        processor = self._consuming.processor
+        tracing = processor.tracing
+        message = delivery.message
+        if not readable(message):
+            # Only a Pulsar consumer can read it (mop.message.ENCRYPTED).
+            leg.consumer.ack([delivery])
+            processor.record_dropped(Drop.ENCRYPTED, message.count)
+            leg.consumer.grant(message.count)
+            return
+        while len(self.outstanding) >= max_unacked:
+            self._acked = trio.Event()
+            await self._acked.wait()
+        self.outstanding[leg.partition, delivery.message_id] = delivery
+        trace = None
+        if tracing is not None and message.properties:
+            trace = tracing.delivering(self._ctx, delivery.topic, message.qos, message.properties)
+        partition = leg.partition if partitioned else 0
+        data = proto_message(delivery, partition).SerializeToString()
+        await self._call.send(data)
+        if trace is not None:
+            trace.sent()
+        # The server counts the bytes on the wire and the requests.
+        stats.messages_sent += 1
+        stats.payload_bytes_sent += len(message.payload)
+        leg.consumer.grant(1)
 
     # -- acks in ---------------------------------------------------------------------------
 
@@ -308,4 +331,11 @@ class ConsumeCall:
             del self.outstanding[key]
 
 
-__all__ = ["DEFAULT_MAX_UNACKED", "ConsumeCall", "Consuming", "Leg", "subscription_spec"]
+__all__ = [
+    "DEFAULT_MAX_UNACKED",
+    "DEFAULT_MAX_UNWRITTEN_BYTES",
+    "ConsumeCall",
+    "Consuming",
+    "Leg",
+    "subscription_spec",
+]

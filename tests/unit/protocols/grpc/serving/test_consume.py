@@ -394,6 +394,53 @@ async def test_a_repeated_or_stale_cumulative_ack_is_a_no_op(
     ]
 
 
+class CountingReceives:
+    """A consumer that counts the messages taken from it."""
+
+    def __init__(self, consumer: Consumer, taken: list[int]) -> None:
+        self._consumer = consumer
+        self._taken = taken
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
+
+    async def receive(self, max_messages: int) -> list[Any]:
+        deliveries = await self._consumer.receive(max_messages)
+        self._taken.append(len(deliveries))
+        return deliveries
+
+
+async def test_no_more_is_taken_while_max_unwritten_bytes_wait_for_the_client(
+    processor: MessagingProcessor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    subscribe = processor.subscribe
+    taken: list[int] = []
+
+    async def counting(ctx: ClientContext, spec: SubscriptionSpec) -> Consumer:
+        return CountingReceives(await subscribe(ctx, spec), taken)  # type: ignore[return-value]
+
+    monkeypatch.setattr(processor, "subscribe", counting)
+    consuming = Consuming(
+        processor,
+        Namespaces("public", "default"),
+        processor.stats.protocol("grpc"),
+        max_unwritten_bytes=1000,
+    )
+    call = consumer()
+    async with trio.open_nursery() as nursery:
+        await started(nursery, call, consuming.consume)
+        # The client reads nothing: the first message waits to be written, the second takes
+        # the call over its budget, and the others stay with the consumer.
+        for n in range(4):
+            await publish(processor, b"%d" % n * 600)
+            await trio.testing.wait_all_tasks_blocked(0.05)
+        assert sum(taken) == 2
+        assert [m.payload[:1] for m in await take(call, 4)] == [b"0", b"1", b"2", b"3"]
+        assert sum(taken) == 4
+        call.half_close()
+    assert call.status is StatusCode.OK
+
+
 async def test_no_more_is_sent_while_max_unacked_messages_are_outstanding(
     processor: MessagingProcessor,
 ) -> None:
