@@ -107,16 +107,20 @@ class Producing:
 
     async def send(self, call: Call) -> None:
         request = producer_open(call.metadata)
-        data = await call.receive()
-        if data is None:
-            raise GrpcError(StatusCode.INVALID_ARGUMENT, "send takes one Send message")
-        # A unary call is one message then the half-close (which gRPC clients send with the
-        # message): a second message is refused, not stored without an answer.
-        if await call.receive() is not None:
-            raise GrpcError(StatusCode.INVALID_ARGUMENT, "send takes one Send message, not more")
-        send = decode_send(data)
+        # Credentials and the ACL first, as for produce and consume: the body of a call that
+        # may not write is not read (up to max_message_bytes of it).
         async with open_call_client(self.processor, self.namespaces, call) as client:
             topic = client.topic(request.topic, Access.WRITE)
+            data = await call.receive()
+            if data is None:
+                raise GrpcError(StatusCode.INVALID_ARGUMENT, "send takes one Send message")
+            # A unary call is one message then the half-close (which gRPC clients send with
+            # the message): a second message is refused, not stored without an answer.
+            if await call.receive() is not None:
+                raise GrpcError(
+                    StatusCode.INVALID_ARGUMENT, "send takes one Send message, not more"
+                )
+            send = decode_send(data)
             async with open_topic_producer(
                 self.processor, client.ctx, topic, request, self.names
             ) as producer:

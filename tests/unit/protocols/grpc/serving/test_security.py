@@ -118,6 +118,24 @@ async def test_the_acl_refuses_topics_it_does_not_allow(
     assert refused.status is StatusCode.PERMISSION_DENIED
 
 
+@pytest.mark.parametrize(
+    ("topic", "authorization", "status"),
+    [
+        ("open%2Fa", None, StatusCode.UNAUTHENTICATED),
+        ("closed", f"Bearer {token()}", StatusCode.PERMISSION_DENIED),
+    ],
+)
+async def test_send_refuses_before_reading_the_message(
+    methods: dict[str, MethodHandler], topic: str, authorization: str | None, status: StatusCode
+) -> None:
+    metadata = {} if authorization is None else {"authorization": authorization}
+    call = FakeCall(SEND, {"pulsar-topic": topic, **metadata})
+    call.request(pb.Send(payload=b"x"))
+    call.half_close()
+    await call.run(methods[SEND])
+    assert (call.status, call.received) == (status, 0)
+
+
 async def test_the_deployments_own_topics_are_refused_to_users(
     methods: dict[str, MethodHandler],
 ) -> None:
