@@ -83,6 +83,16 @@ class ConnectionLimits:
     max_message_bytes: int = 5 * 1024 * 1024
 
 
+# How much of a request's path an error message quotes: a path may be as long as the header
+# list allows, and percent-encoded in the trailers it could pass gRPC clients' metadata limit
+# (8 KiB in grpc-java), which would hide the status itself.
+_QUOTED_PATH: Final = 200
+
+
+def _shortened(path: str) -> str:
+    return path if len(path) <= _QUOTED_PATH else path[:_QUOTED_PATH] + "..."
+
+
 # --- events ----------------------------------------------------------------------------------
 
 
@@ -447,7 +457,7 @@ class GrpcServerConnection:
                 stream_id,
                 trailers(
                     StatusCode.UNIMPLEMENTED,
-                    f"unknown method {request.method}",
+                    f"unknown method {_shortened(request.method)}",
                     trailers_only=True,
                 ),
             )

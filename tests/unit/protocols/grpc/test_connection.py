@@ -153,6 +153,18 @@ def test_an_unknown_method_is_answered_without_a_call() -> None:
     assert _status(only) == str(int(StatusCode.UNIMPLEMENTED))
 
 
+def test_an_unknown_methods_status_quotes_a_long_path_shortened() -> None:
+    pair = Pair(ConnectionLimits(max_header_list_size=65536))
+    stream_id = pair.open(end=True, path="/x." + "%" * 20_000 + "/m")
+    assert pair.to_server() == []
+    pair.to_client()
+    (headers,) = pair.client_headers(stream_id)
+    message = dict(headers)["grpc-message"]
+    # Percent-encoded: 3 bytes a character.
+    assert message.startswith("unknown method /x.%25%25") and message.endswith("...")
+    assert len(message) < 1000
+
+
 def test_a_content_type_that_is_not_grpc_is_415() -> None:
     pair = Pair()
     stream_id = pair.client.get_next_available_stream_id()
