@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mop.protocols.grpc.connection import (
+    RESPONSE_HEADROOM,
     CallAborted,
     CallStarted,
     ClientGoingAway,
@@ -26,7 +27,6 @@ from mop.protocols.grpc.connection import (
     GrpcServerConnection,
     MessageReceived,
     PingAnswered,
-    RESPONSE_HEADROOM,
     WindowOpened,
 )
 from mop.protocols.grpc.framing import encode_message
