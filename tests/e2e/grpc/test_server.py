@@ -13,6 +13,7 @@ import grpc
 import pytest
 import trio
 
+from mop.protocols.grpc.connection import RESPONSE_HEADROOM
 from mop.protocols.grpc.serving.calls import Call, MethodHandler
 from mop.protocols.grpc.status import GrpcError, StatusCode
 from mop.settings import GrpcSettings
@@ -178,9 +179,16 @@ def test_a_request_over_the_message_limit_is_resource_exhausted(channel: grpc.Ch
     assert failed.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-def test_a_response_over_the_message_limit_is_resource_exhausted(channel: grpc.Channel) -> None:
+def test_a_response_over_the_message_limit_and_its_headroom_is_resource_exhausted(
+    channel: grpc.Channel,
+) -> None:
+    # A response carries a message of the limit plus its envelope (id, topic...).
+    assert len(unary(channel, "/test.Echo/large")(str(_MAX_MESSAGE + 1).encode(), timeout=5)) > (
+        _MAX_MESSAGE
+    )
     with pytest.raises(grpc.RpcError) as failed:
-        unary(channel, "/test.Echo/large")(str(_MAX_MESSAGE + 1).encode(), timeout=5)
+        too_large = _MAX_MESSAGE + RESPONSE_HEADROOM + 1
+        unary(channel, "/test.Echo/large")(str(too_large).encode(), timeout=5)
     assert failed.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
