@@ -296,3 +296,39 @@ def test_a_partitioned_topic_is_produced_to_and_consumed_from_every_partition(
         acks, messages = consumer(channel, topic)
         acks.close()
         assert list(messages) == []
+
+
+def test_a_repeated_or_stale_cumulative_ack_is_ignored(channel: grpc.Channel, topic: str) -> None:
+    _, _, send = stubs(channel)
+    for payload in (b"a", b"b", b"c"):
+        send(pb.Send(payload=payload), metadata=(("pulsar-topic", topic),), timeout=DEADLINE)
+    acks, messages = consumer(channel, topic)
+    a, b, _ = next(messages), next(messages), next(messages)
+    for through in (b, b, a):
+        acks.put(pb.Ack(type=pb.Ack.CUMULATIVE, message_ids=[through.message_id]))
+    acks.close()
+    # The call ends as the client closed it, not on an ack a separated node's broker refuses.
+    assert list(messages) == []
+    acks, messages = consumer(channel, topic)
+    assert next(messages).payload == b"c"
+    acks.close()
+
+
+def test_a_message_of_the_size_limit_reaches_a_consumer(topology: Topology, topic: str) -> None:
+    limit = 1024 * 1024
+    base = grpc_node_settings(max_message_bytes=limit)
+    settings = dataclasses.replace(topology.settings(base), protocols=base.protocols)
+    with start_node(settings) as node:
+        _, port = node.node.address("grpc")
+        # The response is the payload plus its id, topic and producer name: over the limit.
+        options = [("grpc.max_receive_message_length", 2 * limit)]
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+            _, _, send = stubs(channel)
+            payload = b"x" * (limit - 64)
+            send(pb.Send(payload=payload), metadata=(("pulsar-topic", topic),), timeout=DEADLINE)
+            acks, messages = consumer(channel, topic)
+            message = next(messages)
+            assert message.payload == payload and message.ByteSize() > limit
+            acks.put(pb.Ack(message_ids=[message.message_id]))
+            acks.close()
+            assert list(messages) == []
