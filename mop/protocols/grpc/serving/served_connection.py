@@ -83,7 +83,8 @@ class ServedConnection:
         self.calls: dict[int, ServerCall] = {}
         self.connected_at = time.time()
         self._wake_writer = trio.Event()
-        # Set by the writer after each write, for a reader waiting for the queue to go down.
+        # Set after each write, and on each kick (the connection may have ended), for a reader
+        # waiting for the queue to go down.
         self._written = trio.Event()
         # Woken when the client's windows open, for sends that wait for them.
         self._window = trio.lowlevel.ParkingLot()
@@ -161,9 +162,9 @@ class ServedConnection:
             self._kick()
 
     async def _wait_for_the_writer(self) -> None:
-        while self._state.unsent_bytes > _MAX_UNSENT:
+        while self._state.unsent_bytes > _MAX_UNSENT and not self._state.ended:
+            self._wake_writer.set()
             self._written = trio.Event()
-            self._kick()
             await self._written.wait()
 
     async def _write_loop(self) -> None:
@@ -187,6 +188,7 @@ class ServedConnection:
 
     def _kick(self) -> None:
         self._wake_writer.set()
+        self._written.set()
 
     async def _keepalive(self) -> None:
         """PING a connection silent for keepalive_interval; close it when the answer does not

@@ -152,11 +152,21 @@ async def test_a_client_that_floods_and_never_reads_is_not_read_either(
     for _ in range(200_000):
         client.ping(b"12345678")
     flood = client.data_to_send()
+    closed = trio.Event()
+
+    async def serve() -> None:
+        await connection.run()
+        closed.set()
+
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(connection.run)
+        nursery.start_soon(serve)
         with trio.move_on_after(10):
             await client_stream.send_all(flood)
         assert state.unsent_bytes <= 1024 * 1024 + 65536
+        # Not read since, so silent: it is PINGed, and closed when no answer comes.
+        with trio.move_on_after(200):
+            await closed.wait()
+        assert closed.is_set()
         nursery.cancel_scope.cancel()
 
 
