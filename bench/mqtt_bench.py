@@ -2,7 +2,7 @@
 front of mop broker nodes) next to mosquitto, aedes and amqtt on loopback, runs interleaved broker
 by broker, medians, ratios to mosquitto, a chart.
 
-    python bench/mqtt_bench.py --quick            # about 3 minutes, one run each, smaller sizes
+    python bench/mqtt_bench.py --quick            # about 4 minutes, one run each, smaller sizes
     python bench/mqtt_bench.py                    # the full comparison, median of 3 (~15 minutes)
     python bench/mqtt_bench.py --brokers mop-never,mosquitto --scenarios qos0,fanout
     python bench/mqtt_bench.py --brokers mop-never,mop-sep-1x1,mop-sep-2x2,mosquitto
