@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import tomllib
 from collections.abc import Callable
@@ -212,9 +213,35 @@ class MopSource:
 
     root: Path = REPO_DIR
     commit: str | None = None  # set for a snapshot
+    # Set by `use_installed_mop`: mop as installed in the bench's Python, not from `root`.
+    installed: bool = False
 
 
 MOP_SOURCE = MopSource()
+
+
+def use_installed_mop() -> str:
+    """Run every mop process of this bench from the mop installed in the bench's Python (say,
+    a compiled build: `COMPILE_MOP=1 pip install .`) rather than from this checkout; returns
+    where it is installed and how many of its modules run compiled."""
+    MOP_SOURCE.installed = True
+    probe = (
+        "import mop, mop.compiled as c; "
+        "print(mop.__path__[0], len(c.compiled_modules()), len(c.COMPILED_MODULES))"
+    )
+    # `-P` and a neutral directory: the checkout must not shadow the installed package.
+    out = _run(
+        [sys.executable, "-P", "-c", probe],
+        "installed mop",
+        cwd=Path(tempfile.gettempdir()),
+        env=mop_environ(Path(tempfile.gettempdir())),
+    ).split()
+    if len(out) != 3:
+        raise BrokerError(f"no mop installed in {sys.executable}")
+    path, compiled, compilable = out
+    if Path(path).resolve().is_relative_to(REPO_DIR):
+        raise BrokerError(f"{sys.executable} imports mop from this checkout ({path})")
+    return f"{path}, {compiled} of {compilable} modules compiled"
 
 
 def snapshot_mop(rev: str, into: Path) -> str:
@@ -272,12 +299,15 @@ def _dynamic_version(commit: str, pyproject: dict[str, Any]) -> str:
 def version(spec: BrokerSpec, deps_dir: Path) -> str:
     """The version of the broker as the bench runs it, for the report."""
     if spec.kind == "mop":
+        installed = MOP_SOURCE.installed
         out = _run(
             [sys.executable, "-m", "mop", "--version"],
             "mop --version",
-            cwd=MOP_SOURCE.root,
+            cwd=Path(tempfile.gettempdir()) if installed else MOP_SOURCE.root,
             env=mop_environ(MOP_SOURCE.root / "data"),
         ).strip()
+        if installed:
+            return f"{out} (installed)"
         if MOP_SOURCE.commit:
             return f"{out} (commit {MOP_SOURCE.commit}, as committed)"
         rev = _git("rev-parse", "--short", "HEAD")
@@ -341,11 +371,10 @@ def mop_environ(data_dir: Path, **settings: str) -> dict[str, str]:
     (every one is a setting to mop, so none may leak in), mop from this checkout, `data_dir`,
     an admin port of its own and `settings` (MOP_* names)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOP_")}
-    env.update(
-        PYTHONPATH=os.pathsep.join(filter(None, [str(MOP_SOURCE.root), env.get("PYTHONPATH")])),
-        MOP_DATA_DIR=str(data_dir),
-        MOP_ADMIN__PORT="0",
-    )
+    if not MOP_SOURCE.installed:
+        path = os.pathsep.join(filter(None, [str(MOP_SOURCE.root), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = path
+    env.update(MOP_DATA_DIR=str(data_dir), MOP_ADMIN__PORT="0")
     env.update(settings)
     return env
 

@@ -43,6 +43,7 @@ from brokers import (
     install,
     snapshot_mop,
     stop_on_sigterm,
+    use_installed_mop,
     version,
 )
 from loadgen import LoadgenError, build, relay
@@ -114,11 +115,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-chart", action="store_true", help="skip the PNG chart (no matplotlib)"
     )
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
         "--mop-commit",
         metavar="REV",
         help="run mop as committed in REV (extracted with git archive into the output "
         "directory) instead of from the working tree, which others may edit during a long run",
+    )
+    source.add_argument(
+        "--mop-installed",
+        action="store_true",
+        help="run mop as installed in this Python (e.g. a compiled build, "
+        "`COMPILE_MOP=1 pip install .`) instead of from the working tree",
     )
     publish = parser.add_mutually_exclusive_group()
     publish.add_argument(
@@ -562,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
             out = args.report_from.resolve().parent
             write_reports(results, out, chart_png=not args.no_chart, publish_to=args.publish_to)
             return 0
+        if args.mop_installed:
+            log(f"mop as installed: {use_installed_mop()}")
         return run_profile(args) if args.profile else run_bench(args)
     except (LoadgenError, BrokerError, ProfileError) as exc:
         print(f"mqtt_bench: {exc}", file=sys.stderr)

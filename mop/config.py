@@ -275,10 +275,15 @@ _INT_BOUNDS: Final[Mapping[str, _Bounds]] = {
     "limits.connection_burst": _Bounds(0),
     "limits.client_message_burst": _Bounds(0),
     "limits.client_byte_burst": _Bounds(0),
+    "limits.subscriber_backlog_bytes": _Bounds(0),
     "telemetry.backlog_top": _Bounds(0, 1000),
     "telemetry.latency_sampling": _Bounds(1, 1_000_000),
     "pulsar.partitioned_topics": _Bounds(1, MAX_PARTITIONS),
     "pulsar.schema_max_bytes": _Bounds(1, 16 * 1024 * 1024),
+    # A gRPC message's length is a uint32; above 1 GiB the node would hold far too much.
+    "grpc.max_message_bytes": _Bounds(1, 1024 * 1024 * 1024),
+    # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS is a uint31; a connection's calls are tasks.
+    "grpc.max_concurrent_streams": _Bounds(1, 100_000),
 }
 
 _NAMESPACE: Final = re.compile(r"[-=:.\w]+/[-=:.\w]+", re.ASCII)
@@ -492,6 +497,7 @@ _ZERO_DISABLES: Final = frozenset(
         "limits.client_byte_rate",
         "limits.memory_high_watermark",
         "limits.memory_low_watermark",
+        "grpc.keepalive_interval",
     }
 )
 

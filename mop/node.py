@@ -49,7 +49,13 @@ from mop.overload.memory import open_guard, serve_memory_watch
 from mop.partitioned import OtherMembers
 from mop.partitioned_declare import declare_count, declare_until_done
 from mop.processor import Backend, BackendError, MessagingProcessor
-from mop.protocols.base import NodeServices, ProtocolHandler, UnknownProtocol, load_protocol
+from mop.protocols.base import (
+    NodeServices,
+    ProtocolHandler,
+    UnknownProtocol,
+    load_protocol,
+    protocol_data,
+)
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth, cluster_client_auth
 from mop.retention import RetentionControl, RetentionPolicies, RetentionPolicy
 from mop.schemas import Compatibility
@@ -94,6 +100,10 @@ class Node:
                 return bound.host, bound.port
         raise LookupError(f"no {protocol} listener over {kind}")
 
+    def protocol_data(self) -> dict[str, dict[str, str]]:
+        """What each protocol advertises to its clients (PIP-41), with the ports bound."""
+        return protocol_data(self.protocols, self.listeners)
+
 
 async def start_backend(
     settings: Settings,
@@ -133,6 +143,8 @@ async def start_backend(
         schema_compatibility=Compatibility(settings.pulsar.schema_compatibility),
         schema_max_bytes=settings.pulsar.schema_max_bytes,
         other_members=others,
+        subscriber_max_bytes=settings.limits.subscriber_backlog_bytes,
+        subscriber_stall_timeout=settings.limits.subscriber_stall_timeout,
     )
     try:
         await nursery.start(storage.serve)

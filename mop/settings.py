@@ -117,6 +117,13 @@ class LimitsSettings:
     memory_low_watermark: float = 0.0
     # Seconds between samples of the node's memory.
     memory_check_interval: float = 0.5
+    # Merged mode: payload bytes queued for one subscriber (beyond its receive queue) up to
+    # which the publishers whose messages it has not taken yet wait for it, their reads paused,
+    # instead of its QoS 0 messages being dropped (0: nobody waits) ...
+    subscriber_backlog_bytes: int = 8 * 1024 * 1024
+    # ... unless it took nothing for this many seconds while they waited (its client reads
+    # nothing): then it is stalled, and nobody waits for it until it takes messages again.
+    subscriber_stall_timeout: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +152,25 @@ class PulsarSettings:
     # each, comma-separated). A lookup naming a listener (pulsar-client's listener_name) gets
     # its URLs; a lookup naming no listener gets the URL of the listener it came in on.
     advertised_listeners: Mapping[str, str] = field(default_factory=_no_table, hash=False)
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcSettings:
+    host: str = "127.0.0.1"
+    port: int = 50051
+    # gRPC over TLS (HTTP/2 negotiated with ALPN "h2"); used when `tls` has a certfile and a
+    # keyfile, with client certificates (mTLS) when it has a cafile.
+    tls_port: int = 50052
+    tls: TlsSettings = field(default_factory=TlsSettings)
+    # The largest message (bytes, after decompression) a call may send or receive; larger
+    # ones end the call with RESOURCE_EXHAUSTED. Pulsar's default message size.
+    max_message_bytes: int = 5 * 1024 * 1024
+    # How many calls (HTTP/2 streams) one connection may have open at once.
+    max_concurrent_streams: int = 100
+    # Seconds a connection may stay silent before the node PINGs it (0: never), and how long
+    # the node then waits for the answer before it closes the connection.
+    keepalive_interval: float = 60.0
+    keepalive_timeout: float = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +376,7 @@ class Settings:
     log_format: LogFormat = "text"
     mqtt: MqttSettings = field(default_factory=MqttSettings)
     pulsar: PulsarSettings = field(default_factory=PulsarSettings)
+    grpc: GrpcSettings = field(default_factory=GrpcSettings)
     admin: AdminSettings = field(default_factory=AdminSettings)
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)

@@ -404,6 +404,9 @@ class _TopicNode:
         self.children: dict[str, _TopicNode] | None = None
         self.topic: str | None = None
 
+    def is_empty(self) -> bool:
+        return self.topic is None and self.children is None
+
 
 class TopicTree:
     """A set of topic names (e.g. those with a retained message) that can be queried by filter.
@@ -467,7 +470,10 @@ class TopicTree:
             return False
         node.topic = None
         self._count -= 1
-        while path and node.topic is None and node.children is None:
+        # A method rather than the test inline: after `node.topic = None` the type checker
+        # takes `node.topic` for None through the loop, though `node` moves up, and a compiled
+        # build would enforce that.
+        while path and node.is_empty():
             parent, level = path.pop()
             children = parent.children
             assert children is not None

@@ -38,7 +38,7 @@ def _matches(client: ClientInfo, q: str, protocol: str | None, username: str | N
 
 
 # The protocols a client may be listed under (openapi.yaml's), whether enabled here or not.
-PROTOCOLS: Final = ("mqtt", "pulsar")
+PROTOCOLS: Final = ("mqtt", "pulsar", "grpc")
 
 
 def add_clients_routes(router: Router, context: AdminContext) -> None:

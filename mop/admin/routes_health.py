@@ -6,6 +6,7 @@ import time
 
 from mop.admin.context import AdminContext
 from mop.admin.http import Request, Response, Router, json_response
+from mop.protocols.base import protocol_data
 from mop.version import VERSION
 
 
@@ -44,6 +45,8 @@ def add_health_routes(router: Router, context: AdminContext) -> None:
                     }
                     for bound in context.listeners()
                 ],
+                # What each protocol advertises to clients (PIP-41's protocol data).
+                "protocol_data": protocol_data(context.protocols, context.listeners()),
             }
         )
 

@@ -330,11 +330,17 @@ class Broker:
         for cursor in node.cursors:
             if cursor.catching_up or not (persistent or cursor.sub.attachments):
                 continue  # one catching up reads these from storage in turn
-            # A cursor made since the messages were held starts after them.
+            # A cursor made since the messages were held starts after them. Their ids go up
+            # (one topic's, in order): when the first is past the start, so are the rest.
             start = cursor.ids[-1] if cursor.ids else cursor.mark_delete
-            for entry in entries:
-                if start is None or entry.message_id > start:
-                    cursor.sub.offer(cursor, entry)
+            offer = cursor.sub.offer
+            if start is None or entries[0].message_id > start:
+                for entry in entries:
+                    offer(cursor, entry)
+            else:
+                for entry in entries:
+                    if entry.message_id > start:
+                        offer(cursor, entry)
         if self._books.changed:
             self._flush()
 
@@ -1059,6 +1065,33 @@ class Broker:
             await self._load(cursor, state)
         self._trim_dirty.update(self._topics.values())
         self._flush()
+
+    # -- publishers that wait for subscribers ---------------------------------------------
+
+    def wait_for_subscribers(self, waits_for: Callable[[Subscription, str], bool]) -> None:
+        """`waits_for(subscription, producer)`: whether the publisher (the message's
+        `producer`) of a message that has to queue for the subscription's consumers (their
+        receive queues are full) will wait for them, in which case its `max_backlog` rule
+        drops nothing. Asked while publishers are noted (`note_behind`), once per
+        subscription and publish."""
+        self._books.waits_for = waits_for
+
+    def note_behind(self) -> None:
+        """Start collecting the subscriptions that the messages routed from now on had to
+        queue for (`take_behind`)."""
+        self._books.noting = True
+
+    def take_behind(self) -> list[Subscription]:
+        """The subscriptions collected since `note_behind` that the publisher waits for;
+        collecting stops."""
+        books = self._books
+        books.noting = False
+        behind = books.behind
+        if not behind:
+            return []
+        waited = [sub for sub, waits in behind.items() if waits]
+        behind.clear()
+        return waited
 
     # -- stats -----------------------------------------------------------------------------
 

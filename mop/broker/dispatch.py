@@ -32,6 +32,8 @@ class Attachment:
     `rank` orders the consumers of a failover subscription (the first is active) and
     `on_active` is called when this one becomes or stops being the active one; with
     `ack_qos0` a message of qos 0 is acknowledged when the consumer takes it (at most once).
+    `receiving` is the consumer's to set while it waits for messages to take (a consumer that
+    does not, with messages queued, is busy with those it took: its client is slow).
     """
 
     __slots__ = (
@@ -46,6 +48,7 @@ class Attachment:
         "on_ready",
         "queue",
         "rank",
+        "receiving",
         "seed",
         "seq",
         "sub",
@@ -75,6 +78,7 @@ class Attachment:
         self.on_active = on_active
         self.ack_qos0 = spec.auto_ack_qos0
         self.active = False
+        self.receiving = False
         self.queue: deque[Entry] = deque()
         self.unacked: dict[tuple[str, MessageId], Entry] = {}
         self.closed = False

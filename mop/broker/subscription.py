@@ -34,9 +34,25 @@ class Bookkeeping:
     """What the subscription logic reports to the broker: cursors whose state changed since the
     broker last looked (to save them and to consider their topic for trimming) and drop
     counters. `clock` gives the wall clock in milliseconds, for message expiry.
-    `on_dropped(subscription, reason, count)`, when set, hears of each drop as it happens."""
+    `on_dropped(subscription, reason, count)`, when set, hears of each drop as it happens.
+    `behind`, while a caller notes it (`noting`, see `Broker.note_behind`), collects the
+    subscriptions with consumers that a message had to queue for (their consumers' receive
+    queues are full), each with whether the publisher waits for it (`waits_for(subscription,
+    producer)`, asked once per subscription): while it does, the `max_backlog` rule does not
+    drop for it, the publisher is held back instead."""
 
-    __slots__ = ("changed", "clock", "dropped", "expired", "held", "on_dropped", "wanting")
+    __slots__ = (
+        "behind",
+        "changed",
+        "clock",
+        "dropped",
+        "expired",
+        "held",
+        "noting",
+        "on_dropped",
+        "waits_for",
+        "wanting",
+    )
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
@@ -48,6 +64,13 @@ class Bookkeeping:
         self.expired = 0
         # Messages held back until their `deliver_at` (on `clock`).
         self.held = DelayQueue()
+        self.noting = False
+        self.behind: dict[Subscription, bool] = {}  # emptied by whoever notes it
+        self.waits_for: Callable[[Subscription, str], bool] = _waits_for_none
+
+
+def _waits_for_none(sub: Subscription, producer: str) -> bool:
+    return False
 
 
 def wants_chunk(cursor: Cursor) -> bool:
@@ -190,7 +213,12 @@ class Subscription:
             cursor.backlog_bytes += payload_size(entry.message)
             return
         limit = self.max_backlog
-        if limit and len(backlog) >= limit and not self._evict_qos0(cursor):
+        if (
+            limit
+            and len(backlog) >= limit
+            and not self._waited_for(entry)
+            and not self._evict_qos0(cursor)
+        ):
             self._dropped()
             cursor.ack(entry.message_id)
             return
@@ -199,6 +227,25 @@ class Subscription:
         if entry.message.qos == 0:
             cursor.qos0 += 1
         self._mark_ready(cursor)
+        books = self.books
+        if books.noting and self.attachments and self not in books.behind:
+            books.behind[self] = books.waits_for(self, entry.message.producer)
+
+    def _waited_for(self, entry: Entry) -> bool:
+        """Whether the publisher of the message being routed waits for this subscription
+        (`Bookkeeping.behind`)."""
+        books = self.books
+        if not books.noting or not self.attachments:
+            return False
+        waited = books.behind.get(self)
+        if waited is None:
+            waited = books.behind[self] = books.waits_for(self, entry.message.producer)
+        return waited
+
+    def queued_bytes(self) -> int:
+        """Payload bytes waiting in the backlogs of its cursors: beyond what its consumers'
+        receive queues hold (a cursor still loading its stored backlog does not count)."""
+        return sum(cursor.backlog_bytes for cursor in self.ready if not cursor.loading)
 
     def _evict_qos0(self, cursor: Cursor) -> bool:
         if not cursor.qos0:

@@ -489,5 +489,8 @@ class BatchPublisher(Protocol):
         One result per item, in order: its PublishResult, or the BackendError that refused it
         (at once, or because the write that was to make it durable failed). A refused item
         does not stop the items after it; messages with `qos` 0 never wait for durability.
+        A backend may also return only once subscribers that the messages had to queue for
+        took them (the merged node does, `limits.subscriber_backlog_bytes`): its caller does
+        not read more from the publisher meanwhile, so that TCP pushes back on it.
         """
         ...

@@ -9,9 +9,11 @@ Handlers are found through the `mop.protocols` entry-point group, so a package c
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Protocol
+from typing import Final, Protocol
+from urllib.parse import urlsplit
 
 import trio
 
@@ -20,7 +22,7 @@ from mop.processor import MessagingProcessor
 from mop.protocols.introspection import AdminView
 from mop.protocols.pulsar.client import NO_AUTH, ClientAuth
 from mop.settings import Settings
-from mop.transport import Handler, ListenerSpec
+from mop.transport import BoundListener, Handler, ListenerSpec
 
 ENTRY_POINT_GROUP = "mop.protocols"
 
@@ -69,6 +71,36 @@ class ProtocolHandler(Protocol):
     async def close(self) -> None:
         """Stop: finish or refuse in-flight work; the node closes connections afterwards."""
         ...
+
+
+# The listener kind behind each URL scheme protocol handlers advertise (others: "tcp").
+_SCHEME_KINDS: Final = {
+    "mqtts": "tls",
+    "ws": "ws",
+    "wss": "wss",
+    "pulsar+ssl": "tls",
+    "grpc+tls": "tls",
+}
+
+
+def protocol_data(
+    handlers: Mapping[str, ProtocolHandler], bound: Iterable[BoundListener]
+) -> dict[str, dict[str, str]]:
+    """What each handler advertises (PIP-41's protocol data), by handler name, with the port
+    its listener bound where a URL says port 0 ("pick a free port")."""
+    ports = {(entry.spec.name, entry.spec.kind): entry.port for entry in bound}
+    data: dict[str, dict[str, str]] = {}
+    for name, handler in handlers.items():
+        urls = {}
+        for key, url in handler.advertised_data().items():
+            parts = urlsplit(url)
+            port = ports.get((name, _SCHEME_KINDS.get(parts.scheme, "tcp")))
+            if parts.port == 0 and port is not None and parts.hostname is not None:
+                host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+                url = parts._replace(netloc=f"{host}:{port}").geturl()
+            urls[key] = url
+        data[name] = urls
+    return data
 
 
 class UnknownProtocol(LookupError):

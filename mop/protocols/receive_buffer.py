@@ -3,9 +3,14 @@ whole packet or frame is there, and a failure that sticks once the stream cannot
 
 from __future__ import annotations
 
+from mypy_extensions import mypyc_attr
+
 __all__ = ["ReceiveBuffer"]
 
 
+# A compiled build compiles this class (`mop.compiled`); decoders that are not compiled subclass
+# it too, which a compiled class allows only when it says so.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ReceiveBuffer:
     """Bytes received and not yet decoded, for a decoder that subclasses it.
 

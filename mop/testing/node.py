@@ -20,7 +20,14 @@ from typing import Any, TypeVar
 import trio
 
 from mop.node import Node, open_node
-from mop.settings import AdminSettings, LimitsSettings, MqttSettings, Settings, StorageSettings
+from mop.settings import (
+    AdminSettings,
+    GrpcSettings,
+    LimitsSettings,
+    MqttSettings,
+    Settings,
+    StorageSettings,
+)
 
 T = TypeVar("T")
 
@@ -36,8 +43,9 @@ def node_settings(
     limits: LimitsSettings | None = None,
     **mqtt: Any,
 ) -> Settings:
-    """Settings for a throw-away merged node on free loopback ports (MQTT and the admin API),
-    with its data in a fresh temporary directory unless `data_dir` is given."""
+    """Settings for a throw-away merged node on free loopback ports (MQTT and the admin API;
+    gRPC too once added to `protocols`), with its data in a fresh temporary directory unless
+    `data_dir` is given."""
     mqtt.setdefault("port", 0)
     mqtt.setdefault("sys_interval", 0)
     if data_dir is None:
@@ -50,6 +58,7 @@ def node_settings(
         storage=storage or StorageSettings(),
         limits=limits or LimitsSettings(),
         admin=AdminSettings(port=0),
+        grpc=GrpcSettings(port=0, tls_port=0),
     )
 
 

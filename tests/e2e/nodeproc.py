@@ -33,6 +33,7 @@ STARTUP_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
 LISTENING = re.compile(r"mqtt listening on tcp (?P<host>\S+):(?P<port>\d+)")
 PULSAR_LISTENING = re.compile(r"pulsar listening on tcp (?P<host>\S+):(?P<port>\d+)")
+GRPC_LISTENING = re.compile(r"grpc listening on tcp (?P<host>\S+):(?P<port>\d+)")
 RECOVERED = re.compile(
     r"recovered (?P<topics>\d+) topics, (?P<messages>\d+) messages, (?P<cursors>\d+) cursors"
     r" and (?P<table_keys>\d+) table keys .*; truncated (?P<truncated>\d+) torn bytes"
@@ -57,6 +58,8 @@ def node_environ(data_dir: Path, **overrides: str) -> dict[str, str]:
         MOP_MQTT__WS_PORT="0",
         MOP_MQTT__TLS_PORT="0",
         MOP_PULSAR__PORT="0",
+        MOP_GRPC__PORT="0",
+        MOP_GRPC__TLS_PORT="0",
         MOP_ADMIN__PORT="0",
         MOP_MQTT__SYS_INTERVAL="0",
         MOP_STORAGE__FSYNC="always",

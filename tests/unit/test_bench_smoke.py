@@ -146,3 +146,29 @@ def test_pulsar_bench_smoke_run_reports_rates_for_mop(tmp_path: Path) -> None:
             assert 0 < values["p50_us"] <= values["p99_us"], values
     report = (out / "report.md").read_text()
     assert "| batched, send_async: msgs/s |" in report
+
+
+def test_hot_path_bench_reports_every_part() -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "hot_path.py"), "--messages", "300", "--repeat", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    first, *parts = done.stdout.splitlines()
+    assert first.startswith("compiled modules: "), first
+    timed = [re.fullmatch(r"\s*(\w+):\s+(\d+) ns per message", line) for line in parts]
+    assert all(timed), parts
+    assert [match.group(1) for match in timed if match] == [
+        "decode",
+        "encode",
+        "match",
+        "record",
+        "pulsar",
+        "node0",
+        "node1",
+    ]
+    assert all(int(match.group(2)) > 0 for match in timed if match), parts

@@ -226,6 +226,12 @@ def test_dump_loads_back(tmp_path: Path) -> None:
         ({"MOP_LIMITS__CONNECTION_RATE": "-1"}, "limits.connection_rate", "positive number"),
         ({"MOP_LIMITS__CLIENT_BYTE_BURST": "-1"}, "limits.client_byte_burst", ">= 0"),
         ({"MOP_LIMITS__MEMORY_CHECK_INTERVAL": "0"}, "limits.memory_check_interval", "positive"),
+        ({"MOP_LIMITS__SUBSCRIBER_BACKLOG_BYTES": "-1"}, "limits.subscriber_backlog_bytes", ">= 0"),
+        (
+            {"MOP_LIMITS__SUBSCRIBER_STALL_TIMEOUT": "0"},
+            "limits.subscriber_stall_timeout",
+            "positive",
+        ),
         (
             {"MOP_LIMITS__MEMORY_HIGH_WATERMARK": "0.8", "MOP_LIMITS__MEMORY_LOW_WATERMARK": "0.9"},
             "limits",
@@ -241,6 +247,13 @@ def test_dump_loads_back(tmp_path: Path) -> None:
         ({"MOP_ADMIN__ALLOWED_HOSTS": '[""]'}, "admin.allowed_hosts", "host names"),
         ({"MOP_ADMIN__ALLOWED_HOSTS": '["a b"]'}, "admin.allowed_hosts", "host names"),
         ({"MOP_ADMIN__ALLOWED_HOSTS": '["[::1]:80"]'}, "admin.allowed_hosts", "host names"),
+        ({"MOP_GRPC__PORT": "70000"}, "grpc.port", "between 0 and 65535"),
+        ({"MOP_GRPC__MAX_MESSAGE_BYTES": "0"}, "grpc.max_message_bytes", "between 1 and"),
+        ({"MOP_GRPC__MAX_MESSAGE_BYTES": "2147483648"}, "grpc.max_message_bytes", "1073741824"),
+        ({"MOP_GRPC__MAX_CONCURRENT_STREAMS": "0"}, "grpc.max_concurrent_streams", "between 1"),
+        ({"MOP_GRPC__KEEPALIVE_INTERVAL": "-1"}, "grpc.keepalive_interval", "number"),
+        ({"MOP_GRPC__KEEPALIVE_TIMEOUT": "0"}, "grpc.keepalive_timeout", "positive number"),
+        ({"MOP_GRPC__TLS__CERTFILE": "/c"}, "grpc.tls", "certfile and keyfile must be set"),
     ],
 )
 def test_invalid_values(environ: dict[str, str], key: str, problem: str) -> None:
@@ -248,6 +261,12 @@ def test_invalid_values(environ: dict[str, str], key: str, problem: str) -> None
     assert error.key == key
     assert problem in error.problem
     assert str(error) == f"{key}: {error.problem}"
+
+
+def test_grpc_keepalive_may_be_off() -> None:
+    settings = load_settings(environ={"MOP_GRPC__KEEPALIVE_INTERVAL": "0"})
+    assert settings.grpc.keepalive_interval == 0
+    assert settings.grpc.max_message_bytes == 5 * 1024 * 1024
 
 
 def test_admin_url_takes_one_url_or_several() -> None:

@@ -19,6 +19,11 @@ from mop.backends.local.consumer import LocalConsumer
 from mop.backends.local.errors import translate, translated
 from mop.backends.local.lease import LocalLease
 from mop.backends.local.partitioned import PARTITIONED_TABLE, LocalPartitionedTopics
+from mop.backends.local.pressure import (
+    DEFAULT_SUBSCRIBER_MAX_BYTES,
+    DEFAULT_SUBSCRIBER_STALL_TIMEOUT,
+    SubscriberPressure,
+)
 from mop.backends.local.producer import LocalProducer
 from mop.backends.local.role import LocalRole
 from mop.backends.local.stats import topic_stats
@@ -104,6 +109,8 @@ class LocalBackend:
         schema_compatibility: Compatibility = Compatibility.FULL,
         schema_max_bytes: int = DEFAULT_SCHEMA_MAX_BYTES,
         other_members: OtherMembers | None = None,
+        subscriber_max_bytes: int = DEFAULT_SUBSCRIBER_MAX_BYTES,
+        subscriber_stall_timeout: float = DEFAULT_SUBSCRIBER_STALL_TIMEOUT,
     ) -> None:
         self.storage = storage
         self.broker = Broker(
@@ -120,6 +127,9 @@ class LocalBackend:
         # This broker's URL, and the members of its cluster (none or one: it owns every topic).
         self.membership = membership or Membership((), DEFAULT_URL)
         self.receiver_queue = receiver_queue
+        # Publishers wait for subscribers that keep up, rather than their messages dropping.
+        self.pressure = SubscriberPressure(subscriber_max_bytes, subscriber_stall_timeout)
+        self.broker.wait_for_subscribers(self.pressure.may_hold_back)
         # `$SYS`: delivered in memory to the consumers that follow it, never stored.
         self.local = LocalTopics(tenant=tenant, namespace=namespace)
         self.fence_timeout = fence_timeout
@@ -263,6 +273,32 @@ class LocalBackend:
             self._check_running()
         except BackendError as exc:
             return [exc] * len(items)
+        waits = self.pressure.max_bytes > 0
+        if waits:
+            self.broker.note_behind()
+        try:
+            results, durable, delays = self._route_batch(items)
+        finally:
+            behind = self.broker.take_behind() if waits else None
+        if delays:
+            self._delays_changed()
+        if durable:
+            try:
+                await self.storage.sync()
+            except StorageError as exc:
+                error = translate(exc)
+                for index in durable:
+                    results[index] = error
+        if behind:
+            # Not read from again until the subscribers these messages queued for took them.
+            await self.pressure.wait_for(behind)
+        return results
+
+    def _route_batch(
+        self, items: Sequence[tuple[str, Message]]
+    ) -> tuple[list[PublishResult | BackendError], list[int], bool]:
+        """Store and route every message in order: the results, the indexes of those that
+        wait for the storage sync, and whether any is held back until its `deliver_at`."""
         store_many = self.broker.store_many
         results: list[PublishResult | BackendError] = []
         durable: list[int] = []  # indexes of the results that wait for the sync
@@ -300,16 +336,7 @@ class LocalBackend:
                         delays = True
             results += outcomes
             start = stop
-        if delays:
-            self._delays_changed()
-        if durable:
-            try:
-                await self.storage.sync()
-            except StorageError as exc:
-                error = translate(exc)
-                for index in durable:
-                    results[index] = error
-        return results
+        return results, durable, delays
 
     def _store_one(self, topic: str, message: Message) -> PublishResult | BackendError:
         try:
@@ -540,6 +567,8 @@ async def open_local_backend(
     retention: RetentionPolicies | None = None,
     retention_check: float = 10.0,
     backlog_quotas: BacklogQuotas | None = None,
+    subscriber_max_bytes: int = DEFAULT_SUBSCRIBER_MAX_BYTES,
+    subscriber_stall_timeout: float = DEFAULT_SUBSCRIBER_STALL_TIMEOUT,
 ) -> AsyncIterator[LocalBackend]:
     """Run a `LocalBackend` over `storage` for the duration of the block, then close it."""
     backend = LocalBackend(
@@ -554,6 +583,8 @@ async def open_local_backend(
         retention=retention,
         retention_check=retention_check,
         backlog_quotas=backlog_quotas,
+        subscriber_max_bytes=subscriber_max_bytes,
+        subscriber_stall_timeout=subscriber_stall_timeout,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(backend.serve)

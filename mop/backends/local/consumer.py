@@ -146,6 +146,7 @@ class LocalConsumer:
             except (StorageError, BrokerError) as exc:
                 raise translate(exc) from exc
             if deliveries:
+                self._backend.pressure.taken(att.sub)
                 if not waited:
                     # Messages were there at once: still let other tasks run (a long backlog
                     # must not keep the loop to itself), without a cancellation point that
@@ -153,10 +154,12 @@ class LocalConsumer:
                     await trio.lowlevel.cancel_shielded_checkpoint()
                 return deliveries
             event = self._wakeup = trio.Event()
+            att.receiving = True  # not stalled, whatever waits: see `SubscriberPressure`
             try:
                 await event.wait()
             finally:
                 self._wakeup = None
+                att.receiving = False
             waited = True
 
     def ack(self, deliveries: Iterable[Delivery]) -> None:
@@ -254,6 +257,7 @@ class LocalConsumer:
         if self._att is not None:
             with translated():
                 self._backend.broker.close(self._att)
+            self._backend.pressure.detached(self._att.sub)
         if self._wakeup is not None:
             self._wakeup.set()
         self._active_event.set()

@@ -140,8 +140,8 @@ class DurableStorage:
         self._lock = lock
         self._synced = recovered.end
         self._last_fsync = time.monotonic()
-        # How long each write that fsyncs takes, from handing it to a worker thread until
-        # the records are durable (read by the metrics).
+        # How long each fsync takes, from handing it to a worker thread until the records
+        # are durable: a write's that fsyncs, or the interval's (read by the metrics).
         self.sync_latency = LatencyHistogram()
         self._flight: _Flight | None = None
         self._full_until = 0.0
@@ -423,8 +423,12 @@ class DurableStorage:
         batch = tail.take()
         flight = self._flight = _Flight(batch.end)
         now = time.monotonic()
-        if settings.fsync == "interval" and now - self._last_fsync >= settings.fsync_interval:
-            fsync = True
+        if (
+            settings.fsync == "interval"
+            and not self._serving
+            and now - self._last_fsync >= settings.fsync_interval
+        ):
+            fsync = True  # no `serve()` keeps the interval: the write that finds it due does
         inline = False
         settled = 0
         try:
@@ -512,12 +516,33 @@ class DurableStorage:
                 if self._closed:
                     break
                 try:
-                    await self.flush(self._tail.end, fsync=policy != "never")
+                    # The interval's fsync is not a write's: records keep being written (and
+                    # their publishers answered) while the disk works on what came before.
+                    await self.flush(self._tail.end, fsync=policy == "always")
+                    if policy == "interval" and not self._closed and self._fsync_due():
+                        await self._fsync_written()
                     await self._upkeep.run_if_due()
                 except StorageError as exc:
                     _failures.warning(type(exc).__name__, "background write failed: %s", exc)
         finally:
             self._serving = False
+
+    def _fsync_due(self) -> bool:
+        return time.monotonic() - self._last_fsync >= self.settings.fsync_interval
+
+    async def _fsync_written(self) -> None:
+        """Fsync what is written (for "interval"), beside the writes rather than as one: no
+        `sync()` waits for it, as none needs it."""
+        through = self._tail.written
+        now = time.monotonic()
+        started = time.perf_counter()
+        try:
+            await trio.to_thread.run_sync(self._files.fsync_written)
+        except OSError as exc:
+            raise _storage_error(exc) from exc
+        self.sync_latency.record(time.perf_counter() - started)
+        self._synced = max(self._synced, through)
+        self._last_fsync = now
 
     async def start(self) -> None:
         """Begin this opening's epoch durably, before any id of it is handed out."""

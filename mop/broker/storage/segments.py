@@ -123,7 +123,11 @@ class SegmentFiles:
         self._seal_fsync = seal_fsync  # fsync a segment when the log moves past it
         self._lock = threading.Lock()
         self._fds: dict[int, int] = {}
-        self._dirty: set[int] = set()
+        # Segments written since their last fsync -> the number of runs written to the files
+        # when each last was (`fsync_written` keeps a segment dirty that was written again
+        # while its fsync ran).
+        self._dirty: dict[int, int] = {}
+        self._runs = 0
         self._directory_dirty = False
         self._damaged: str | None = None
         self._closed = False
@@ -182,7 +186,7 @@ class SegmentFiles:
         """Delete a reclaimed segment and make the deletion durable."""
         with self._lock:
             self._close(base)
-            self._dirty.discard(base)
+            self._dirty.pop(base, None)
             with contextlib.suppress(FileNotFoundError):
                 segment_path(self.directory, base).unlink()
             _fsync_directory(self.directory)
@@ -209,7 +213,8 @@ class SegmentFiles:
             while chunk:
                 written = os.pwrite(fd, chunk, offset)
                 chunk, offset = chunk[written:], offset + written
-            self._dirty.add(base)
+            self._runs += 1
+            self._dirty[base] = self._runs
 
     def _open(self, base: int, *, create: bool) -> int:
         fd = self._fds.get(base)
@@ -222,9 +227,46 @@ class SegmentFiles:
     def _seal(self, base: int) -> None:
         if self._seal_fsync and base in self._dirty:
             os.fsync(self._fds[base])
-            self._dirty.discard(base)
+            self._dirty.pop(base, None)
         if base not in self._dirty:
             self._close(base)
+
+    def fsync_written(self) -> None:
+        """Fsync everything written so far, holding the files only to look up what is dirty:
+        writes made while the disk works (`write_now` on the event loop's thread, for
+        records that wait for no fsync) do not wait for it. The descriptors are duplicated,
+        so that a segment closed meanwhile is still fsynced."""
+        with self._lock:
+            if self._closed:
+                return  # closing the log fsynced it first
+            if self._damaged is not None:
+                raise OSError(errno.EIO, self._damaged)
+            dirty = {
+                base: (os.dup(self._fds[base]), run)
+                for base, run in self._dirty.items()
+                if base in self._fds
+            }
+            directory = self._directory_dirty
+            self._directory_dirty = False
+        try:
+            for base in sorted(dirty):
+                os.fsync(dirty[base][0])
+            if directory:
+                _fsync_directory(self.directory)
+        except OSError:
+            with self._lock:
+                self._directory_dirty |= directory
+            raise
+        finally:
+            for fd, _ in dirty.values():
+                os.close(fd)
+        with self._lock:
+            newest = max(self._fds, default=-1)
+            for base, (_, run) in dirty.items():
+                if self._dirty.get(base) == run:  # not written since
+                    del self._dirty[base]
+                    if base != newest:
+                        self._close(base)  # sealed: never written again
 
     def _fsync_dirty(self) -> None:
         for base in sorted(self._dirty):
@@ -247,7 +289,7 @@ class SegmentFiles:
             for base, size in reversed(undo):
                 if size == 0:
                     self._close(base)
-                    self._dirty.discard(base)
+                    self._dirty.pop(base, None)
                     with contextlib.suppress(FileNotFoundError):
                         segment_path(self.directory, base).unlink()
                 else:

@@ -42,6 +42,8 @@ from mop.protocols.mqtt.reason_codes import ReasonCode
 from mop.topics import TopicError, validate_topic_name
 
 # Packets a client may send once connected; anything else is a protocol error.
+# A client sends them as it pleases once connected; nothing to check beyond their decoding.
+_FLOW_ACKS: frozenset[type] = frozenset((Puback, Pubrec, Pubrel, Pubcomp))
 _CLIENT_PACKETS = (
     Publish,
     Puback,
@@ -138,8 +140,12 @@ class ServerConnection:
         if self.state is ConnectionState.CLOSED:
             return NEED_DATA
         packet = self._decoder.next_packet()
-        if type(packet) is Publish and self.state is ConnectionState.CONNECTED:
-            return self._inbound_publish(packet)  # by far the most common case: first
+        if self.state is ConnectionState.CONNECTED:
+            # By far the most common cases first: a message, and the acks of its flow.
+            if type(packet) is Publish:
+                return self._inbound_publish(packet)
+            if type(packet) in _FLOW_ACKS:
+                return packet
         if isinstance(packet, NeedData):
             return packet
         if self.state is ConnectionState.AWAITING_CONNECT:
@@ -281,6 +287,27 @@ class ServerConnection:
         if reason and self.protocol_level == 5:
             return bytes((0x40, 3, packet_id >> 8, packet_id & 0xFF, reason))
         return bytes((0x40, 2, packet_id >> 8, packet_id & 0xFF))
+
+    # `send` of the acks of a QoS 2 flow without properties, without building the packet:
+    # three of them for every QoS 2 message. `reason` must be valid for the packet; it is
+    # left out below MQTT 5, and when 0.
+
+    def send_pubrec(self, packet_id: int, reason: int = 0) -> bytes:
+        if reason >= 0x80:
+            self._inbound_unacked.discard(packet_id)
+        return self._flow_ack(0x50, packet_id, reason)
+
+    def send_pubrel(self, packet_id: int, reason: int = 0) -> bytes:
+        return self._flow_ack(0x62, packet_id, reason)
+
+    def send_pubcomp(self, packet_id: int, reason: int = 0) -> bytes:
+        self._inbound_unacked.discard(packet_id)
+        return self._flow_ack(0x70, packet_id, reason)
+
+    def _flow_ack(self, first_byte: int, packet_id: int, reason: int) -> bytes:
+        if reason and self.protocol_level == 5:
+            return bytes((first_byte, 3, packet_id >> 8, packet_id & 0xFF, reason))
+        return bytes((first_byte, 2, packet_id >> 8, packet_id & 0xFF))
 
     def send_publish(self, publish: Publish) -> bytes | None:
         """Encode an outbound PUBLISH, using a topic alias when the client allows them.

@@ -108,28 +108,29 @@ class Publish:
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+# The acks of QoS 1/2 flows: one or more made for every such message (value classes too).
+@value
 class Puback:
     packet_id: int
     reason_code: int = 0
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Pubrec:
     packet_id: int
     reason_code: int = 0
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Pubrel:
     packet_id: int
     reason_code: int = 0
     properties: Properties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Pubcomp:
     packet_id: int
     reason_code: int = 0

@@ -54,9 +54,11 @@ class SessionState:
     expiry_interval: int = 0
     subscriptions: dict[str, SubscriptionOptions] = field(default_factory=dict)
     will: Will | None = None
-    # Packet ids of QoS 2 messages received and not yet released (PUBREL). Replaced on each
-    # change rather than changed: most sessions never have one, and share the empty set.
-    inbound_qos2: frozenset[int] = frozenset()
+    # Packet ids of QoS 2 messages received and not yet released (PUBREL). Most sessions
+    # never have one, and share the empty frozenset; one that does gets a set of its own on
+    # the first change (`inbound_qos2_mutable`), changed in place from then on (a QoS 2
+    # message changes it twice).
+    inbound_qos2: frozenset[int] | set[int] = frozenset()
     outbound: dict[int, Outbound] = field(default_factory=dict)
     # When the last connection ended (ms since epoch); None while a client is connected.
     disconnected_at: int | None = None
@@ -110,6 +112,13 @@ class SessionState:
         if self.node is not None and self.disconnected_at is None:
             doc["node"] = self.node
         return json.dumps(doc, separators=(",", ":")).encode()
+
+    def inbound_qos2_mutable(self) -> set[int]:
+        """`inbound_qos2`, as a set of this session's own to change in place."""
+        ids = self.inbound_qos2
+        if type(ids) is not set:
+            ids = self.inbound_qos2 = set(ids)
+        return ids
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SessionState:

@@ -10,6 +10,7 @@ import pytest
 from mop.broker import (
     Broker,
     ConsumerBusy,
+    Subscription,
     SubscriptionMismatch,
 )
 from mop.broker.storage import IdRanges, MemoryStorage, StorageFull
@@ -696,3 +697,29 @@ async def test_a_retained_message_without_subscribers_is_not_counted_unrouted() 
     await broker.publish(topic("nobody"), retained)
     broker.store_many(topic("nobody"), [retained, msg("gone")])
     assert broker.stats().messages_unrouted == 1
+
+
+async def test_a_subscription_its_publisher_waits_for_queues_beyond_max_backlog() -> None:
+    broker = new_broker()
+    asked: list[tuple[str, str]] = []
+
+    def waits_for(sub: Subscription, producer: str) -> bool:
+        asked.append((sub.name, producer))
+        return producer == "patient"
+
+    broker.wait_for_subscribers(waits_for)
+    att = await subscribe(broker, "c1", ["a"], max_backlog=2, capacity=1)
+    broker.note_behind()
+    broker.store_many(topic("a"), [msg(str(n), qos=0) for n in range(5)])
+    assert [sub.name for sub in broker.take_behind()] == []  # nobody waited: "" is not patient
+    assert broker.stats().messages_dropped == 2  # 1 taken by the consumer, 2 queued
+    broker.note_behind()
+    patient = [Message(b"p%d" % n, qos=0, producer="patient") for n in range(5)]
+    broker.store_many(topic("a"), patient)
+    assert [sub.name for sub in broker.take_behind()] == ["c1"]
+    assert broker.stats().messages_dropped == 2  # queued beyond max_backlog instead
+    assert asked == [("c1", ""), ("c1", "patient")]  # once per subscription and publish
+    assert att.sub.queued_bytes() == 2 + 10
+    # Not noting: the rule applies again.
+    broker.store_many(topic("a"), [msg("late", qos=0)])
+    assert broker.stats().messages_dropped == 3

@@ -9,6 +9,7 @@ from collections import deque
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -177,3 +178,26 @@ def test_compaction_changes_no_acknowledgement(
         reference.ack(message_id)
         assert cursor.state() == reference.state()
     assert not cursor.ids and not reference.ids
+
+
+def test_message_ids_are_ordered_by_ledger_then_entry_then_batch_index() -> None:
+    ids = [
+        MessageId(ledger, entry, index)
+        for ledger in (1, 2)
+        for entry in (3, 4)
+        for index in (-1, 0, 1)
+    ]
+    for a in ids:
+        for b in ids:
+            fields_a = (a.ledger, a.entry, a.batch_index)
+            fields_b = (b.ledger, b.entry, b.batch_index)
+            assert (a < b, a > b, a <= b, a >= b, a == b) == (
+                fields_a < fields_b,
+                fields_a > fields_b,
+                fields_a <= fields_b,
+                fields_a >= fields_b,
+                fields_a == fields_b,
+            )
+    assert sorted(reversed(ids)) == ids
+    with pytest.raises(TypeError):
+        assert MessageId(1, 2) < (1, 3)  # type: ignore[operator]

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'mop/protocols/grpc/proto/mop_grpc.proto\x12\x0bmop.grpc.v1\"E\n\tMessageId\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x13\n\x0b\x62\x61tch_index\x18\x03 \x01(\x05\"&\n\x08Property\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\x9e\x01\n\x04Send\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x10\n\x03key\x18\x02 \x01(\tH\x00\x88\x01\x01\x12)\n\nproperties\x18\x03 \x03(\x0b\x32\x15.mop.grpc.v1.Property\x12\x12\n\nevent_time\x18\x04 \x01(\x03\x12\x17\n\x0f\x64\x65liver_at_time\x18\x05 \x01(\x03\x12\x13\n\x0bsequence_id\x18\x06 \x01(\x04\x42\x06\n\x04_key\"~\n\nSendResult\x12\x13\n\x0bsequence_id\x18\x01 \x01(\x04\x12,\n\nmessage_id\x18\x02 \x01(\x0b\x32\x16.mop.grpc.v1.MessageIdH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.mop.grpc.v1.ErrorH\x00\x42\x08\n\x06result\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xf5\x01\n\x07Message\x12*\n\nmessage_id\x18\x01 \x01(\x0b\x32\x16.mop.grpc.v1.MessageId\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x10\n\x03key\x18\x03 \x01(\tH\x00\x88\x01\x01\x12)\n\nproperties\x18\x04 \x03(\x0b\x32\x15.mop.grpc.v1.Property\x12\x14\n\x0cpublish_time\x18\x05 \x01(\x03\x12\x12\n\nevent_time\x18\x06 \x01(\x03\x12\x15\n\rproducer_name\x18\x07 \x01(\t\x12\x18\n\x10redelivery_count\x18\x08 \x01(\r\x12\r\n\x05topic\x18\t \x01(\tB\x06\n\x04_key\"\xd8\x01\n\x03\x41\x63k\x12&\n\x04type\x18\x01 \x01(\x0e\x32\x18.mop.grpc.v1.Ack.AckType\x12+\n\x0bmessage_ids\x18\x02 \x03(\x0b\x32\x16.mop.grpc.v1.MessageId\x12\x34\n\x14negative_message_ids\x18\x03 \x03(\x0b\x32\x16.mop.grpc.v1.MessageId\x12\x1b\n\x13redelivery_delay_ms\x18\x04 \x01(\x04\")\n\x07\x41\x63kType\x12\x0e\n\nINDIVIDUAL\x10\x00\x12\x0e\n\nCUMULATIVE\x10\x01\x32\xb9\x01\n\x11PulsarGrpcService\x12\x39\n\x07produce\x12\x11.mop.grpc.v1.Send\x1a\x17.mop.grpc.v1.SendResult(\x01\x30\x01\x12\x35\n\x07\x63onsume\x12\x10.mop.grpc.v1.Ack\x1a\x14.mop.grpc.v1.Message(\x01\x30\x01\x12\x32\n\x04send\x12\x11.mop.grpc.v1.Send\x1a\x17.mop.grpc.v1.SendResultB*\n\x0eio.mop.grpc.v1P\x01Z\x16mop.io/grpc/v1;mopgrpcb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'mop/protocols/grpc/proto/mop_grpc.proto\x12\x0bmop.grpc.v1\"X\n\tMessageId\x12\x11\n\tledger_id\x18\x01 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x13\n\x0b\x62\x61tch_index\x18\x03 \x01(\x05\x12\x11\n\tpartition\x18\x04 \x01(\x05\"&\n\x08Property\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\x9e\x01\n\x04Send\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x10\n\x03key\x18\x02 \x01(\tH\x00\x88\x01\x01\x12)\n\nproperties\x18\x03 \x03(\x0b\x32\x15.mop.grpc.v1.Property\x12\x12\n\nevent_time\x18\x04 \x01(\x03\x12\x17\n\x0f\x64\x65liver_at_time\x18\x05 \x01(\x03\x12\x13\n\x0bsequence_id\x18\x06 \x01(\x04\x42\x06\n\x04_key\"~\n\nSendResult\x12\x13\n\x0bsequence_id\x18\x01 \x01(\x04\x12,\n\nmessage_id\x18\x02 \x01(\x0b\x32\x16.mop.grpc.v1.MessageIdH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.mop.grpc.v1.ErrorH\x00\x42\x08\n\x06result\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xf5\x01\n\x07Message\x12*\n\nmessage_id\x18\x01 \x01(\x0b\x32\x16.mop.grpc.v1.MessageId\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x10\n\x03key\x18\x03 \x01(\tH\x00\x88\x01\x01\x12)\n\nproperties\x18\x04 \x03(\x0b\x32\x15.mop.grpc.v1.Property\x12\x14\n\x0cpublish_time\x18\x05 \x01(\x03\x12\x12\n\nevent_time\x18\x06 \x01(\x03\x12\x15\n\rproducer_name\x18\x07 \x01(\t\x12\x18\n\x10redelivery_count\x18\x08 \x01(\r\x12\r\n\x05topic\x18\t \x01(\tB\x06\n\x04_key\"\xd8\x01\n\x03\x41\x63k\x12&\n\x04type\x18\x01 \x01(\x0e\x32\x18.mop.grpc.v1.Ack.AckType\x12+\n\x0bmessage_ids\x18\x02 \x03(\x0b\x32\x16.mop.grpc.v1.MessageId\x12\x34\n\x14negative_message_ids\x18\x03 \x03(\x0b\x32\x16.mop.grpc.v1.MessageId\x12\x1b\n\x13redelivery_delay_ms\x18\x04 \x01(\x04\")\n\x07\x41\x63kType\x12\x0e\n\nINDIVIDUAL\x10\x00\x12\x0e\n\nCUMULATIVE\x10\x01\x32\xb9\x01\n\x11PulsarGrpcService\x12\x39\n\x07produce\x12\x11.mop.grpc.v1.Send\x1a\x17.mop.grpc.v1.SendResult(\x01\x30\x01\x12\x35\n\x07\x63onsume\x12\x10.mop.grpc.v1.Ack\x1a\x14.mop.grpc.v1.Message(\x01\x30\x01\x12\x32\n\x04send\x12\x11.mop.grpc.v1.Send\x1a\x17.mop.grpc.v1.SendResultB*\n\x0eio.mop.grpc.v1P\x01Z\x16mop.io/grpc/v1;mopgrpcb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,21 +33,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\016io.mop.grpc.v1P\001Z\026mop.io/grpc/v1;mopgrpc'
   _globals['_MESSAGEID']._serialized_start=56
-  _globals['_MESSAGEID']._serialized_end=125
-  _globals['_PROPERTY']._serialized_start=127
-  _globals['_PROPERTY']._serialized_end=165
-  _globals['_SEND']._serialized_start=168
-  _globals['_SEND']._serialized_end=326
-  _globals['_SENDRESULT']._serialized_start=328
-  _globals['_SENDRESULT']._serialized_end=454
-  _globals['_ERROR']._serialized_start=456
-  _globals['_ERROR']._serialized_end=494
-  _globals['_MESSAGE']._serialized_start=497
-  _globals['_MESSAGE']._serialized_end=742
-  _globals['_ACK']._serialized_start=745
-  _globals['_ACK']._serialized_end=961
-  _globals['_ACK_ACKTYPE']._serialized_start=920
-  _globals['_ACK_ACKTYPE']._serialized_end=961
-  _globals['_PULSARGRPCSERVICE']._serialized_start=964
-  _globals['_PULSARGRPCSERVICE']._serialized_end=1149
+  _globals['_MESSAGEID']._serialized_end=144
+  _globals['_PROPERTY']._serialized_start=146
+  _globals['_PROPERTY']._serialized_end=184
+  _globals['_SEND']._serialized_start=187
+  _globals['_SEND']._serialized_end=345
+  _globals['_SENDRESULT']._serialized_start=347
+  _globals['_SENDRESULT']._serialized_end=473
+  _globals['_ERROR']._serialized_start=475
+  _globals['_ERROR']._serialized_end=513
+  _globals['_MESSAGE']._serialized_start=516
+  _globals['_MESSAGE']._serialized_end=761
+  _globals['_ACK']._serialized_start=764
+  _globals['_ACK']._serialized_end=980
+  _globals['_ACK_ACKTYPE']._serialized_start=939
+  _globals['_ACK_ACKTYPE']._serialized_end=980
+  _globals['_PULSARGRPCSERVICE']._serialized_start=983
+  _globals['_PULSARGRPCSERVICE']._serialized_end=1168
 # @@protoc_insertion_point(module_scope)

@@ -8,14 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class MessageId(_message.Message):
-    __slots__ = ("ledger_id", "entry_id", "batch_index")
+    __slots__ = ("ledger_id", "entry_id", "batch_index", "partition")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     entry_id: int
     batch_index: int
-    def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., batch_index: _Optional[int] = ...) -> None: ...
+    partition: int
+    def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., batch_index: _Optional[int] = ..., partition: _Optional[int] = ...) -> None: ...
 
 class Property(_message.Message):
     __slots__ = ("key", "value")

@@ -627,9 +627,7 @@ class ClientHandler:
                     more = False
                     break
                 stats.requests += 1
-                kind = type(event)
-                if kind is Publish:
-                    assert isinstance(event, Publish)
+                if type(event) is Publish:
                     published += 1
                     if rates is not None:
                         pause = rates.charge(1, 0, now())
@@ -641,15 +639,16 @@ class ClientHandler:
                     ):
                         staged.append(event)
                         continue
-                elif kind is Puback:
-                    assert isinstance(event, Puback)
-                    entry = flow.acked(event.packet_id)  # no reply to write
+                elif type(event) is Puback or type(event) is Pubcomp:
+                    # The end of a flow: no reply to write, and what it frees is sent (`drain`)
+                    # and acknowledged to the consumers (`flush_acks`) once for the read.
+                    entry = flow.acked(event.packet_id)
                     if entry is not None and entry.qos == 2:
                         await flow.forget(entry)
                     continue
                 if staged:
                     await self._commit()
-                await _HANDLERS[kind](self, event)
+                await _HANDLERS[type(event)](self, event)
             if staged:
                 await self._commit()
             flow.flush_acks()
@@ -678,9 +677,6 @@ class ClientHandler:
             if rates is not None:
                 pause = rates.charge(0, len(data), now())
             conn.receive_data(data)
-
-    async def _on_pubcomp(self, packet: Pubcomp) -> None:
-        await self._outflow().on_ack(packet.packet_id)
 
     async def _on_pubrec(self, packet: Pubrec) -> None:
         await self._outflow().on_pubrec(packet)
@@ -728,9 +724,11 @@ class ClientHandler:
     def _may_write(self, topic: str) -> bool:
         """Whether this client may publish to `topic` (also a will): not a `$` or system
         topic, and allowed by the ACL under its MQTT name, however the client spelt it."""
-        if topic.startswith(_SPELT_SPECIALLY) and self._reserved(topic):  # `$`, a Pulsar name
-            return False
-        return self._acl_allows_write(topic)
+        if topic.startswith(_SPELT_SPECIALLY):  # `$`, a Pulsar name
+            return not self._reserved(topic) and self._acl_allows_write(topic)
+        permissions = self.permissions  # `_acl_allows_write` inline: once per message
+        assert permissions is not None
+        return not permissions.restricted or permissions.may(Access.WRITE, topic)
 
     def _acl_allows_write(self, topic: str) -> bool:
         """Whether the ACL lets this client write to `topic` (under its MQTT name, however
@@ -845,33 +843,40 @@ class ClientHandler:
         acks: list[bytes] = []
         received: list[int] = []  # QoS 2 packet ids to record before their PUBRECs
         failure: _Close | None = None
+        send_puback = conn.send_puback
         for publish, result in zip(staged, results, strict=True):
-            if publish.qos == 0 and not isinstance(result, BackendError):
-                continue  # nothing to answer
-            try:
-                reason = self._ack_reason(publish, result, v5)
-            except _Close as exc:
-                failure = exc  # answered after the acks of the messages before it
-                break
-            if reason is None:
-                continue
+            qos = publish.qos
+            reason: int | None
+            if type(result) is PublishResult:  # stored: `_ack_reason` without the call
+                if qos == 0:
+                    continue  # nothing to answer
+                subscribed = result.subscriptions != 0 or not v5
+                reason = ReasonCode.SUCCESS if subscribed else ReasonCode.NO_MATCHING_SUBSCRIBERS
+            else:
+                try:
+                    reason = self._ack_reason(publish, result, v5)
+                except _Close as exc:
+                    failure = exc  # answered after the acks of the messages before it
+                    break
+                if reason is None:
+                    continue
             pid = publish.packet_id
             assert pid is not None
-            if publish.qos == 1:
-                acks.append(conn.send_puback(pid, reason))
+            if qos == 1:
+                acks.append(send_puback(pid, reason))
             else:
                 if reason < 0x80:
                     received.append(pid)
-                acks.append(conn.send(Pubrec(pid, reason if v5 else 0)))
+                acks.append(conn.send_pubrec(pid, reason))
         if received:
             state = self.state
             assert state is not None
-            state.inbound_qos2 |= frozenset(received)
+            state.inbound_qos2_mutable().update(received)
             try:
                 await self.server.sessions.save(state)
             except BackendError as exc:
                 # Not answered: the client sends them again (with DUP) after a reconnect.
-                state.inbound_qos2 -= frozenset(received)
+                state.inbound_qos2_mutable().difference_update(received)
                 raise _Close(ReasonCode.UNSPECIFIED_ERROR, f"session not saved: {exc}") from exc
         if acks:
             self.out.add(b"".join(acks))  # pushed by the read loop
@@ -882,8 +887,8 @@ class ClientHandler:
         assert self.state is not None
         v5 = self.conn.protocol_level == 5
         pid = publish.packet_id
-        if publish.qos == 2 and pid in self.state.inbound_qos2:
-            self.out.write(self.conn.send(Pubrec(pid)))  # a resend: received once already
+        if publish.qos == 2 and pid is not None and pid in self.state.inbound_qos2:
+            self.out.write(self.conn.send_pubrec(pid))  # a resend: received once already
             return
         reason = await self._publish(publish)
         if reason is None:
@@ -892,9 +897,9 @@ class ClientHandler:
             self.out.write(self.conn.send(Puback(pid, reason if v5 else 0)))
         elif publish.qos == 2 and pid is not None:
             if reason < 0x80:
-                self.state.inbound_qos2 |= {pid}
+                self.state.inbound_qos2_mutable().add(pid)
                 await self.server.sessions.save(self.state)
-            self.out.write(self.conn.send(Pubrec(pid, reason if v5 else 0)))
+            self.out.write(self.conn.send_pubrec(pid, reason))
 
     async def _publish(self, publish: Publish) -> int | None:
         """Publish; the reason code for the ack, or None when nothing is to be answered."""
@@ -963,12 +968,10 @@ class ClientHandler:
         assert self.state is not None
         known = packet.packet_id in self.state.inbound_qos2
         if known:
-            self.state.inbound_qos2 -= {packet.packet_id}
+            self.state.inbound_qos2_mutable().discard(packet.packet_id)
             await self.server.sessions.save(self.state)
-        reason = (
-            0 if known or self.conn.protocol_level != 5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
-        )
-        self.out.write(self.conn.send(Pubcomp(packet.packet_id, reason)))
+        reason = 0 if known else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+        self.out.add(self.conn.send_pubcomp(packet.packet_id, reason))  # pushed by the read loop
 
     # -- subscriptions ---------------------------------------------------------------------
 
@@ -1020,7 +1023,6 @@ _Handler = Callable[[ClientHandler, Any], Awaitable[None]]
 _HANDLERS: dict[type, _Handler] = {
     Publish: ClientHandler._on_publish,
     Pubrec: ClientHandler._on_pubrec,
-    Pubcomp: ClientHandler._on_pubcomp,
     Pubrel: ClientHandler._on_pubrel,
     Subscribe: ClientHandler._on_subscribe,
     Unsubscribe: ClientHandler._on_unsubscribe,

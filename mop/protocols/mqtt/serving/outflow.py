@@ -157,6 +157,8 @@ class Outflow:
             # consumers are `auto_ack_qos0`).
             done: list[Delivery] = []
             traces: list[DeliveryTrace] | None = None
+            # No drain can start or end before the next await (a delivery may still queue).
+            draining = self._draining
             for delivery in deliveries:
                 if self._released_ids and self._was_released(delivery):
                     done.append(delivery)
@@ -181,7 +183,7 @@ class Outflow:
                         if traces is None:
                             traces = []
                         traces.append(trace)
-                if qos == 0 and plain and not self._waiting and not self._draining:
+                if qos == 0 and plain and not draining and not self._waiting:
                     chunks.append(encoded_qos0(topic, message, retain, level))
                     payload += len(message.payload)
                     if message.qos:
@@ -488,18 +490,9 @@ class Outflow:
             # Durable before PUBREL: after a crash the flow resumes at PUBREL instead of
             # sending the message a second time.
             await self._context.record_flow(self._state, entry)
-            self._finish(entry)
-            self.flush_acks()
-        self._out.write(
-            self._conn.send(
-                Pubrel(
-                    packet.packet_id,
-                    0
-                    if entry is not None or self._conn.protocol_level != 5
-                    else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND,
-                )
-            )
-        )
+            self._finish(entry)  # acknowledged with the rest of the read (`flush_acks`)
+        reason = 0 if entry is not None else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+        self._out.add(self._conn.send_pubrel(packet.packet_id, reason))  # pushed by the reader
 
     def _finish(self, entry: Outbound) -> None:
         """The client has the message: acknowledge it to its consumer (once), with the other

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -454,6 +455,67 @@ async def test_fsync_policies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, p
     store.append("t", _messages("c"))
     await store.aclose()
     assert fsyncs  # closing always makes the log durable
+
+
+async def test_interval_fsyncs_on_its_timer_not_on_every_background_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Segments large enough that no write seals one (which fsyncs it).
+    settings = small_settings(fsync="interval", fsync_interval=60, segment_bytes=64 << 20)
+    store = await open_durable_storage(tmp_path, settings)
+    fsyncs: list[int] = []
+    real = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        fsyncs.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.serve)
+        for _ in range(3):  # each over the background flush size: `serve` writes it
+            store.append("t", [Message(b"q" * 1000)] * 1100)
+            for _ in range(500):
+                if store.tail.written == store.tail.end:
+                    break
+                await trio.sleep(0.01)
+            assert store.tail.written == store.tail.end
+        assert not fsyncs  # the interval has not passed
+        nursery.cancel_scope.cancel()
+    await store.aclose()
+    assert fsyncs
+
+
+async def test_sync_does_not_wait_for_the_interval_fsync(tmp_path: Path) -> None:
+    store = await open_durable_storage(
+        tmp_path, small_settings(fsync="interval", fsync_interval=0.01)
+    )
+    started, release = threading.Event(), threading.Event()
+    real = store.files.fsync_written
+
+    def slow_fsync() -> None:
+        started.set()
+        release.wait(10)
+        real()
+
+    store.files.fsync_written = slow_fsync  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.serve)
+        store.append("t", _messages("a"))
+        await store.sync()
+        await trio.to_thread.run_sync(started.wait, 5)
+        assert started.is_set()
+        # The disk is busy with the interval's fsync; later records are written meanwhile.
+        store.append("t", _messages("b"))
+        with trio.fail_after(5):
+            await store.sync()
+        assert store.tail.written == store.tail.end
+        release.set()
+        nursery.cancel_scope.cancel()
+    await store.aclose()
+    store = await open_durable_storage(tmp_path, small_settings())
+    assert _payloads(await store.read("t", None, 10)) == [b"a", b"b"]
+    await store.aclose()
 
 
 async def test_serve_writes_queued_records_and_stops_on_close(durable: DurableStorage) -> None:

@@ -118,6 +118,38 @@ def test_receive_maximum_is_enforced_and_released_by_acks() -> None:
     assert isinstance(feed(conn, Publish("t", b"", qos=1, packet_id=2)), Publish)
 
 
+@pytest.mark.parametrize("level", [4, 5])
+@pytest.mark.parametrize("reason", [0, ReasonCode.NO_MATCHING_SUBSCRIBERS, 0x80, 0x92])
+def test_the_acks_of_a_qos2_flow_encode_as_send_does(level: int, reason: int) -> None:
+    conn = connected(level)
+    pid = 0x1234
+    if reason != 0x92:
+        assert conn.send_pubrec(pid, reason) == conn.send(Pubrec(pid, reason))
+    if reason in (0, 0x92):
+        assert conn.send_pubrel(pid, reason) == conn.send(Pubrel(pid, reason))
+        assert conn.send_pubcomp(pid, reason) == conn.send(Pubcomp(pid, reason))
+
+
+def test_the_qos2_acks_that_end_a_flow_release_its_receive_maximum_slot() -> None:
+    conn = connected(limits=ConnectionLimits(receive_maximum=1))
+    feed(conn, Publish("t", b"", qos=2, packet_id=1))
+    conn.send_pubrec(1)  # the flow goes on: PUBREL, PUBCOMP
+    with pytest.raises(RemoteProtocolError):
+        feed(conn, Publish("t", b"", qos=2, packet_id=2))
+    conn = connected(limits=ConnectionLimits(receive_maximum=1))
+    feed(conn, Publish("t", b"", qos=2, packet_id=1))
+    conn.send_pubcomp(1)
+    assert isinstance(feed(conn, Publish("t", b"", qos=2, packet_id=2)), Publish)
+    conn.send_pubrec(2, 0x80)  # refused: the flow ends there
+    assert isinstance(feed(conn, Publish("t", b"", qos=2, packet_id=3)), Publish)
+
+
+def test_a_connected_clients_acks_pass_through() -> None:
+    conn = connected()
+    for packet in (Puback(1), Pubrec(2), Pubrel(3), Pubcomp(4)):
+        assert feed(conn, packet) == packet
+
+
 def test_receive_maximum_does_not_apply_to_level_4_clients() -> None:
     # A 3.1.1 client never learns the server's Receive Maximum, so it cannot be held to it.
     conn = connected(level=4, limits=ConnectionLimits(receive_maximum=2))

@@ -65,3 +65,16 @@ def test_no_packet_id_when_all_are_in_flight() -> None:
     for pid in range(1, 65536):
         state.outbound[pid] = Outbound(pid, 1, "t", None)
     assert state.allocate_packet_id() is None
+
+
+def test_inbound_qos2_becomes_the_sessions_own_set_on_its_first_change() -> None:
+    first, second = SessionState("a"), SessionState("b")
+    assert first.inbound_qos2 is second.inbound_qos2  # shared while empty
+    first.inbound_qos2_mutable().add(7)
+    first.inbound_qos2_mutable().add(8)
+    assert first.inbound_qos2 == {7, 8}
+    assert not second.inbound_qos2
+    back = SessionState.from_bytes(first.to_bytes())
+    back.inbound_qos2_mutable().discard(7)
+    assert back.inbound_qos2 == {8}
+    assert first.inbound_qos2 == {7, 8}
