@@ -139,3 +139,24 @@ async def test_a_non_persistent_topic_is_not_spilled() -> None:
     sub = broker.subscription("n")
     assert sub is not None
     assert len(sub.cursors[name].backlog) == 2 * SPILL_AT - 8
+
+
+async def test_a_subscription_without_consumers_spills_and_a_new_one_gets_everything() -> None:
+    broker = new_broker()
+    broker.close(await subscribe(broker, "s", ["a"], capacity=8))
+    await _publish(broker, 0, PUBLISHED, "s")
+    assert _cursor(broker, "s").catching_up
+    att = await subscribe(broker, "s", ["a"], capacity=8)
+    got = await _drain(broker, att, "s")
+    assert payloads(got) == [str(n) for n in range(PUBLISHED)]
+
+
+async def test_messages_larger_than_half_a_chunk_are_all_read_back() -> None:
+    broker = new_broker()
+    att = await subscribe(broker, "s", ["a"], capacity=1)
+    payload = b"x" * (SPILL_AT_BYTES // 2 + 1)  # none is kept in memory past the first
+    for n in range(6):
+        await broker.publish(topic("a"), Message(payload, key=str(n), qos=1))
+        assert _cursor(broker, "s").backlog_bytes <= SPILL_AT_BYTES
+    got = await _drain(broker, att, "s")
+    assert [d.message.key for d in got] == [str(n) for n in range(6)]
