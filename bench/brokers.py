@@ -49,7 +49,7 @@ class BrokerError(RuntimeError):
 @dataclass(frozen=True)
 class BrokerSpec:
     name: str  # what --brokers selects
-    kind: str  # mop | mosquitto | aedes | amqtt
+    kind: str  # mop | mosquitto | aedes | amqtt | floor (bench/floor_server.py)
     fsync: str | None = None  # mop's storage.fsync
     nodes: int = 0  # separated mop: broker nodes of the cluster (0: merged, one process)
     proxies: int = 0  # separated mop: MQTT proxies in front of them
@@ -62,6 +62,8 @@ class BrokerSpec:
     def label(self) -> str:
         if self.separated:
             return f"mop sep {self.proxies}x{self.nodes} ({self.fsync})"
+        if self.kind == "floor":
+            return "trio floor"
         return f"mop ({self.fsync})" if self.kind == "mop" else self.name
 
     @property
@@ -82,9 +84,20 @@ BROKERS: dict[str, BrokerSpec] = {
         BrokerSpec("mosquitto-nodelay", "mosquitto"),
         BrokerSpec("aedes", "aedes"),
         BrokerSpec("amqtt", "amqtt"),
+        # Not a broker: the least a trio server does for a connection (bench/floor_server.py),
+        # run in the connection scenarios only.
+        BrokerSpec("trio-floor", "floor"),
     )
 }
-DEFAULT_BROKERS = ("mop-never", "mop-interval", "mop-always", "mosquitto", "aedes", "amqtt")
+DEFAULT_BROKERS = (
+    "mop-never",
+    "mop-interval",
+    "mop-always",
+    "mosquitto",
+    "aedes",
+    "amqtt",
+    "trio-floor",
+)
 REFERENCE = "mosquitto"
 
 
@@ -166,6 +179,7 @@ def _install_amqtt(deps_dir: Path, log: Callable[[str], None]) -> None:
 
 _INSTALLERS: dict[str, Callable[[Path, Callable[[str], None]], None]] = {
     "mop": lambda deps_dir, log: None,
+    "floor": lambda deps_dir, log: None,  # trio is one of mop's own dependencies
     "mosquitto": _install_mosquitto,
     "aedes": _install_aedes,
     "amqtt": _install_amqtt,
@@ -303,6 +317,17 @@ def version(spec: BrokerSpec, deps_dir: Path) -> str:
         done = subprocess.run(["mosquitto", "-h"], capture_output=True, text=True, check=False)
         first = (done.stdout or done.stderr).splitlines()[0]
         return first.replace("mosquitto version", "mosquitto").strip()
+    if spec.kind == "floor":
+        out = _run(
+            [
+                sys.executable,
+                "-c",
+                "import trio, sys; print(trio.__version__, sys.version.split()[0])",
+            ],
+            "trio version",
+        )
+        trio_version, python = out.split()
+        return f"bench/floor_server.py (trio {trio_version}, Python {python})"
     if spec.kind == "aedes":
         package = _aedes_dir(deps_dir) / "node_modules" / "aedes" / "package.json"
         node = _run(["node", "--version"], "node --version").strip()
@@ -379,6 +404,8 @@ def _command(
         return [sys.executable, "-m", "mop", "run"], env
     if spec.kind == "mosquitto":
         return ["mosquitto", "-c", str(_mosquitto_conf(spec, port, workdir))], env
+    if spec.kind == "floor":
+        return [sys.executable, str(BENCH_DIR / "floor_server.py"), str(port)], env
     if spec.kind == "aedes":
         script = BENCH_DIR / "aedes_broker.mjs"
         return ["node", str(script), str(port), str(_aedes_dir(deps_dir))], env

@@ -2,7 +2,7 @@
 front of mop broker nodes) next to mosquitto, aedes and amqtt on loopback, runs interleaved broker
 by broker, medians, ratios to mosquitto, a chart.
 
-    python bench/mqtt_bench.py --quick            # about 3 minutes, one run each, smaller sizes
+    python bench/mqtt_bench.py --quick            # about 4 minutes, one run each, smaller sizes
     python bench/mqtt_bench.py                    # the full comparison, median of 3 (~15 minutes)
     python bench/mqtt_bench.py --brokers mop-never,mosquitto --scenarios qos0,fanout
     python bench/mqtt_bench.py --brokers mop-never,mop-sep-1x1,mop-sep-2x2,mosquitto
@@ -49,7 +49,7 @@ from brokers import (
 from loadgen import LoadgenError, build, relay
 from loadgen import run as run_load
 from profile_mop import ProfileError, record, summarize
-from report import RunRecord, chart, markdown
+from report import RunRecord, chart, markdown, medians
 from scenarios import (
     DEFAULT_SCENARIOS,
     FULL,
@@ -64,6 +64,7 @@ from scenarios import (
 )
 from scrape import Scraper
 from separated import SeparatedBroker
+from targets import section as targets_section
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 MODES = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
@@ -350,7 +351,10 @@ def run_bench(args: argparse.Namespace) -> int:
     bench = Bench(args, sizes)
     versions = {s.name: version(s, bench.deps) for s in specs}
     ceiling = "C, one epoll thread (bench/loadgen.c)" if mode == "smoke" else bench.ceiling()
-    estimate = sum(sc.expected_s + 2 for sc in scenarios) * runs * len(specs)
+    estimate = (
+        sum((sc.expected_s + 2) * sum(1 for spec in specs if _serves(spec, sc)) for sc in scenarios)
+        * runs
+    )
     log(
         f"{mode} bench: {len(scenarios)} scenarios x {len(specs)} brokers x {runs} runs, "
         f"about {estimate / 60:.0f} minutes; output in {args.out}"
@@ -362,6 +366,8 @@ def run_bench(args: argparse.Namespace) -> int:
     for sc in scenarios:
         for rnd in range(runs):
             for spec in specs:
+                if not _serves(spec, sc):
+                    continue
                 try:
                     rec = bench.run_one(sc, spec, rnd)
                 except Skipped as exc:
@@ -398,6 +404,11 @@ def run_bench(args: argparse.Namespace) -> int:
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     write_reports(results, args.out, chart_png=not args.no_chart, publish_to=args.publish_to)
     return 0
+
+
+def _serves(spec: BrokerSpec, sc: Scenario) -> bool:
+    """Whether `spec` runs `sc`: the trio floor server runs only the connection scenarios."""
+    return spec.kind != "floor" or sc.floor
 
 
 def write_reports(
@@ -440,6 +451,15 @@ def write_reports(
         command=results["command"],
         hop=_hop(brokers),
         notes=_separated_notes(brokers, results["scenarios"], sizes),
+        targets=targets_section(
+            medians(records),
+            brokers,
+            labels,
+            REFERENCE,
+            sizes,
+            results["scenarios"],
+            results["skipped"],
+        ),
     )
     (out / "report.md").write_text(markdown(**report, chart=chart_name))
     if publish_to is not None:

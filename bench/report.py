@@ -54,6 +54,7 @@ def label(metric: Metric, sizes: Sizes) -> str:
         idle=k(sizes.idle_conns),
         many=k(sizes.many_conns),
         rate=k(sizes.latency_rate),
+        low_rate=k(sizes.latency_low_rate),
         rsubs=k(sizes.retained_subs),
         rtopics=k(sizes.retained_topics),
         queued=k(sizes.queued),
@@ -75,6 +76,8 @@ def fmt(value: float | None, kind: str) -> str:
         return f"{value:,.0f}"
     if kind == "kb":
         return f"{value:.1f}"
+    if kind == "count":
+        return f"{value:,.0f}"
     return f"{value:.2f}" if value < 100 else f"{value:.0f}"
 
 
@@ -137,9 +140,11 @@ def markdown(
     chart: str | None,
     hop: tuple[str, Sequence[str]] | None = None,
     notes: Sequence[str] = (),
+    targets: Sequence[str] = (),
 ) -> str:
     """The report; `hop` = (merged broker, separated brokers) adds the section on what the
-    proxy hop costs, `notes` are lines for the list under the main table."""
+    proxy hop costs, `notes` are lines for the list under the main table, `targets` the lines
+    of the section on the targets (bench/targets.py), which follows it."""
     med = medians(records)
     marked = {(r.scenario, r.broker, key) for r in records for key in r.marked}
     lines = [
@@ -181,6 +186,7 @@ def markdown(
         lines += [f"- {key}: {why}" for key, why in skipped.items()]
     if notes:
         lines += [""] + [f"- {note}" for note in notes]
+    lines += targets
     if chart:
         lines += ["", f"![chart]({chart})"]
     if hop:

@@ -26,6 +26,7 @@ class Sizes:
     fanout_subs: int = 100
     fanin_pubs: int = 100
     latency_rate: float = 5000.0
+    latency_low_rate: float = 1000.0  # the paced QoS 1 flow's other, lighter rate
     latency_duration: float = 3.0
     latency_warmup: float = 0.5
     idle_conns: int = 10_000
@@ -68,6 +69,7 @@ SMOKE = Sizes(
     fanout_subs=10,
     fanin_pubs=10,
     latency_rate=1000.0,
+    latency_low_rate=500.0,
     latency_duration=0.5,
     latency_warmup=0.1,
     idle_conns=100,
@@ -86,7 +88,7 @@ SMOKE = Sizes(
 class Metric:
     key: str
     label: str  # the row of the table
-    kind: str  # rate | us | s | kb: how values are printed
+    kind: str  # rate | us | s | kb | count: how values are printed
     higher_is_better: bool
 
 
@@ -124,6 +126,9 @@ class Scenario:
     metrics: tuple[Metric, ...]
     run: Callable[[RunContext], RunResult]
     expected_s: float  # rough wall time of one run, for the plan printed before the bench
+    # Whether the trio floor server (bench/floor_server.py) runs it: it only answers CONNECT,
+    # so only the connection scenarios.
+    floor: bool = False
 
 
 def _loss_notes(out: dict[str, Any]) -> list[str]:
@@ -159,7 +164,19 @@ def _flow(ctx: RunContext, **options: Any) -> dict[str, Any]:
     )
 
 
-def _throughput(key: str, **options: Any) -> Callable[[RunContext], RunResult]:
+def _dropped(out: dict[str, Any]) -> float | None:
+    """QoS 0 messages the broker did not deliver (sent to the subscribers, never received)."""
+    if out.get("error") or "expected" not in out:
+        return None
+    return float(max(0, int(out["expected"]) - int(out.get("delivered", 0))))
+
+
+def _throughput(
+    key: str, *, count_dropped: bool = False, **options: Any
+) -> Callable[[RunContext], RunResult]:
+    """A flow's rate as `key` ("deliveries": deliveries/s, else msgs/s); with `count_dropped`
+    also the QoS 0 messages lost on the way, as "dropped"."""
+
     def scenario(ctx: RunContext) -> RunResult:
         if options.get("subs") == "fanout":
             opts = {**options, "subs": ctx.sizes.fanout_subs}
@@ -169,40 +186,57 @@ def _throughput(key: str, **options: Any) -> Callable[[RunContext], RunResult]:
             opts = dict(options)
         out = _flow(ctx, **opts)
         value = out.get("deliveries_per_s" if key == "deliveries" else "msgs_per_s")
-        return RunResult({key: value if not out.get("error") else None}, out, _loss_notes(out))
+        values = {key: value if not out.get("error") else None}
+        if count_dropped:
+            values["dropped"] = _dropped(out)
+        return RunResult(values, out, _loss_notes(out))
 
     return scenario
 
 
-def _latency(ctx: RunContext) -> RunResult:
-    s = ctx.sizes
-    total = s.latency_duration + s.latency_warmup
-    out = _flow(
-        ctx,
-        qos=1,
-        inflight=100,
-        window=int(s.latency_rate),
-        rate=s.latency_rate,
-        count=int(s.latency_rate * total),
-        duration=total,
-        warmup=s.latency_warmup,
-    )
-    achieved = float(out.get("msgs_per_s", 0.0))
-    notes = _loss_notes(out)
-    marked = []
-    if achieved < 0.95 * s.latency_rate:
-        notes.append(f"cannot sustain {s.latency_rate:.0f} msgs/s: reached {achieved:.0f}")
-        marked = ["lat_p50", "lat_p99"]
-    ok = not out.get("error") and out.get("lat_count", 0) > 0
-    return RunResult(
-        {
-            "lat_rate": achieved,
-            "lat_p50": out["lat_p50_us"] if ok else None,
-            "lat_p99": out["lat_p99_us"] if ok else None,
-        },
-        out,
-        notes,
-        marked,
+def _latency(rate_of: Callable[[Sizes], float]) -> Callable[[RunContext], RunResult]:
+    """QoS 1 paced at `rate_of(sizes)` msgs/s: the rate reached, p50 and p99 latency."""
+
+    def scenario(ctx: RunContext) -> RunResult:
+        s = ctx.sizes
+        rate = rate_of(s)
+        total = s.latency_duration + s.latency_warmup
+        out = _flow(
+            ctx,
+            qos=1,
+            inflight=100,
+            window=int(rate),
+            rate=rate,
+            count=int(rate * total),
+            duration=total,
+            warmup=s.latency_warmup,
+        )
+        achieved = float(out.get("msgs_per_s", 0.0))
+        notes = _loss_notes(out)
+        marked = []
+        if achieved < 0.95 * rate:
+            notes.append(f"cannot sustain {rate:.0f} msgs/s: reached {achieved:.0f}")
+            marked = ["lat_p50", "lat_p99"]
+        ok = not out.get("error") and out.get("lat_count", 0) > 0
+        return RunResult(
+            {
+                "lat_rate": achieved,
+                "lat_p50": out["lat_p50_us"] if ok else None,
+                "lat_p99": out["lat_p99_us"] if ok else None,
+            },
+            out,
+            notes,
+            marked,
+        )
+
+    return scenario
+
+
+def _latency_metrics(rate: str) -> tuple[Metric, ...]:
+    return (
+        _rate("lat_rate", f"QoS 1 at {rate} msgs/s: msgs/s reached"),
+        Metric("lat_p50", f"QoS 1 at {rate} msgs/s: p50 latency, us", "us", False),
+        Metric("lat_p99", f"QoS 1 at {rate} msgs/s: p99 latency, us", "us", False),
     )
 
 
@@ -415,11 +449,21 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "fanin",
             "fan-in QoS 0, 100 pubs -> 1 wildcard sub",
-            (_rate("msgs", "fan-in QoS 0, {fanin} pubs -> 1 wildcard sub, msgs/s"),),
+            (
+                _rate("msgs", "fan-in QoS 0, {fanin} pubs -> 1 wildcard sub, msgs/s"),
+                Metric("dropped", "fan-in QoS 0: messages dropped", "count", False),
+            ),
             # Primed: measured once the wildcard subscription knows every publisher's topic
             # (a separated proxy finds new topics by polling, within cluster.pattern_discovery).
             _throughput(
-                "msgs", qos=0, pubs="fanin", topic_per_pub=1, wildcard=1, window=2000, prime=1
+                "msgs",
+                count_dropped=True,
+                qos=0,
+                pubs="fanin",
+                topic_per_pub=1,
+                wildcard=1,
+                window=2000,
+                prime=1,
             ),
             4,
         ),
@@ -436,14 +480,17 @@ SCENARIOS: dict[str, Scenario] = {
             6,
         ),
         Scenario(
+            "latency1k",
+            "QoS 1 at a fixed 1k msgs/s",
+            _latency_metrics("{low_rate}"),
+            _latency(lambda s: s.latency_low_rate),
+            5,
+        ),
+        Scenario(
             "latency",
             "QoS 1 at a fixed 5k msgs/s",
-            (
-                _rate("lat_rate", "QoS 1 at {rate} msgs/s: msgs/s reached"),
-                Metric("lat_p50", "QoS 1 at {rate} msgs/s: p50 latency, us", "us", False),
-                Metric("lat_p99", "QoS 1 at {rate} msgs/s: p99 latency, us", "us", False),
-            ),
-            _latency,
+            _latency_metrics("{rate}"),
+            _latency(lambda s: s.latency_rate),
             5,
         ),
         Scenario(
@@ -455,6 +502,7 @@ SCENARIOS: dict[str, Scenario] = {
             ),
             _connections(lambda s: s.idle_conns, src_ips=1),
             4,
+            floor=True,
         ),
         Scenario(
             "qos2",
@@ -501,6 +549,7 @@ SCENARIOS: dict[str, Scenario] = {
             ),
             _connections(lambda s: s.many_conns, src_ips=8),
             10,
+            floor=True,
         ),
         Scenario(
             "stalled",

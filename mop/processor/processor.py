@@ -6,6 +6,7 @@ and delegates storage and routing to exactly one Backend, chosen by `mop.node`.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -168,7 +169,8 @@ class MessagingProcessor:
     def permissions(self, ctx: ClientContext) -> ClientPermissions:
         """What the client of `ctx` may do with topics (MQTT-style names and filters; see
         `mop.security.acl`), remembered per topic until the rules change."""
-        address = ctx.peer.rpartition(":")[0] or ctx.peer
+        # Interned: kept for as long as the client stays, one string per client host.
+        address = sys.intern(ctx.peer.rpartition(":")[0] or ctx.peer)
         return self.gatekeeper.permissions(ctx.principal, ctx.client_id, address)
 
     def credential_valid(self, ctx: ClientContext) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -319,7 +320,10 @@ def _bind_error(spec: ListenerSpec, port: int, exc: OSError, address: str | None
 
 def _address(sockaddr: Any) -> tuple[str, int]:
     # IPv6 socket addresses carry flow info and scope id too; callers want host and port.
-    return str(sockaddr[0]), int(sockaddr[1])
+    # The host is interned: every connection to a listener keeps its local address, and
+    # those of one client host its peer address, for as long as it lasts; one string each
+    # then serves them all instead of one per connection.
+    return sys.intern(str(sockaddr[0])), int(sockaddr[1])
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, cast
 
 import trio
@@ -173,7 +173,8 @@ class ClientHandler:
         self._linger = False
         # PUBLISHes of the current read waiting for one publish of them all (`_commit`).
         self._staged: list[Publish] = []
-        self._staged_qos2: set[int] = set()  # the packet ids of the QoS 2 ones
+        # The packet ids of the QoS 2 ones; made with the first, as most clients send none.
+        self._staged_qos2: set[int] | None = None
         # The client's budgets of messages and bytes (None: no per-client rates), kept for
         # its client id when it goes (`_budget_key`), so that connecting again does not
         # refill them.
@@ -501,8 +502,9 @@ class ClientHandler:
     def _budget_key(self) -> str:
         return f"mqtt {self.ctx.client_id}"
 
-    def _keep_alive_key(self) -> str:
-        return f"keep-alive {id(self)}"
+    def _keep_alive_key(self) -> Hashable:
+        # The connection itself: a connection keeps no key string of its own for it.
+        return self
 
     def _watch_keep_alive(self, delay: float) -> None:
         self.server.timers.schedule(self._keep_alive_key(), delay, self._check_keep_alive)
@@ -812,9 +814,14 @@ class ClientHandler:
         assert self.state is not None
         pid = publish.packet_id
         assert pid is not None  # the codec refuses a QoS 2 PUBLISH without one
-        if pid in self.state.inbound_qos2 or pid in self._staged_qos2:
+        staged = self._staged_qos2
+        if staged is None:
+            staged = self._staged_qos2 = set()
+        elif pid in staged:
             return False
-        self._staged_qos2.add(pid)
+        if pid in self.state.inbound_qos2:
+            return False
+        staged.add(pid)
         return True
 
     async def _commit(self) -> None:
@@ -827,7 +834,8 @@ class ClientHandler:
         it."""
         staged = self._staged[:]
         self._staged.clear()
-        self._staged_qos2.clear()
+        if self._staged_qos2 is not None:
+            self._staged_qos2.clear()
         self.messages_in += len(staged)
         results = await self.server.publish_batch(self.ctx, staged)
         conn = self.conn

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from itertools import count
 
 import trio
@@ -19,12 +19,13 @@ Callback = Callable[[], Awaitable[None]]
 
 class Timers:
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, str]] = []
-        self._live: dict[str, tuple[int, Callback]] = {}
+        # Keys are names, or an object that is its own key (no string made per timer).
+        self._heap: list[tuple[float, int, Hashable]] = []
+        self._live: dict[Hashable, tuple[int, Callback]] = {}
         self._seq = count()
         self._wake = trio.Event()
 
-    def schedule(self, key: str, delay: float, callback: Callback) -> None:
+    def schedule(self, key: Hashable, delay: float, callback: Callback) -> None:
         """Run `callback` after `delay` seconds, replacing any timer with the same key."""
         seq = next(self._seq)
         self._live[key] = (seq, callback)
@@ -43,10 +44,10 @@ class Timers:
         heapq.heapify(self._heap)
         self._wake.set()
 
-    def cancel(self, key: str) -> bool:
+    def cancel(self, key: Hashable) -> bool:
         return self._live.pop(key, None) is not None
 
-    def __contains__(self, key: str) -> bool:
+    def __contains__(self, key: Hashable) -> bool:
         return key in self._live
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
