@@ -36,6 +36,7 @@ from mop.broker.subscription import (
     READ_AHEAD_BYTES,
     Bookkeeping,
     Subscription,
+    over_spill_bound,
     wants_chunk,
 )
 from mop.broker.topic import NON_PERSISTENT, Topic, Topics, payload_size
@@ -341,6 +342,14 @@ class Broker:
                 for entry in entries:
                     if entry.message_id > start:
                         offer(cursor, entry)
+            if (
+                persistent
+                and over_spill_bound(cursor)
+                and not cursor.sub.max_backlog  # bounded by its own rule (MQTT sessions)
+                and not cursor.loading
+                and node.name not in self.compacted
+            ):
+                cursor.sub.spill(cursor)
         if self._books.changed:
             self._flush()
 

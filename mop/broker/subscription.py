@@ -18,7 +18,14 @@ from mop.broker.topic import Topic, payload_size
 from mop.message import Delivery, MessageId
 from mop.messaging import QUEUE_FULL, SubscriptionKind
 
-__all__ = ["READ_AHEAD", "READ_AHEAD_BYTES", "Bookkeeping", "Subscription", "wants_chunk"]
+__all__ = [
+    "READ_AHEAD",
+    "READ_AHEAD_BYTES",
+    "Bookkeeping",
+    "Subscription",
+    "over_spill_bound",
+    "wants_chunk",
+]
 
 # A cursor catching up with its stored backlog reads it in chunks of this many entries, the
 # next one once its backlog holds less than half a chunk: what it holds stays under 1.5 chunks.
@@ -26,6 +33,11 @@ READ_AHEAD = 1000
 # ... and of about this many bytes at most, by the same rule (a chunk of 1000 entries of large
 # batches could be gigabytes).
 READ_AHEAD_BYTES = 16 * 1024 * 1024
+# A cursor that has caught up is handed what is published in memory; once its backlog (what its
+# consumers have no room for) is past this many entries or payload bytes, it keeps half a chunk
+# and reads the rest back from storage as one catching up does (`Subscription.spill`).
+SPILL_AT = 2 * READ_AHEAD
+SPILL_AT_BYTES = READ_AHEAD_BYTES
 # What a batch delivery acknowledged already, when nothing was (the usual case).
 _NONE_ACKED: frozenset[int] = frozenset()
 
@@ -80,6 +92,11 @@ def wants_chunk(cursor: Cursor) -> bool:
     return len(backlog) < READ_AHEAD // 2 and (
         not backlog or cursor.backlog_bytes < READ_AHEAD_BYTES // 2
     )
+
+
+def over_spill_bound(cursor: Cursor) -> bool:
+    """Whether a cursor's backlog is past what it holds in memory before it spills."""
+    return len(cursor.backlog) > SPILL_AT or cursor.backlog_bytes > SPILL_AT_BYTES
 
 
 def _by_id(entry: Entry) -> MessageId:
@@ -389,6 +406,43 @@ class Subscription:
         if caught_up:
             cursor.catching_up = False
         self.books.changed.add(cursor)
+
+    def spill(self, cursor: Cursor) -> int:
+        """Bound the backlog of a cursor that has caught up but whose consumers fall behind:
+        drop its entries past the first half chunk and catch up from storage after the last
+        id it keeps, so that what is published next is not routed to it either. Only the
+        entries routed last (the tail of `ids`: none held back, with a consumer or
+        acknowledged after them) of QoS >= 1 (routed once written, so storage reads them
+        back) go: their redelivery counts and acknowledged batch messages stay with the
+        cursor. The caller checks that the topic's messages are stored. Returns how many
+        entries were dropped."""
+        backlog = cursor.backlog
+        ids = cursor.ids
+        kept = kept_bytes = 0
+        for entry in backlog:
+            size = payload_size(entry.message)
+            if kept >= READ_AHEAD // 2 or kept_bytes + size > READ_AHEAD_BYTES // 2:
+                break
+            kept += 1
+            kept_bytes += size
+        droppable = len(backlog) - kept
+        dropped = 0
+        for entry, message_id in zip(reversed(backlog), reversed(ids), strict=False):
+            if dropped >= droppable or entry.message.qos == 0 or entry.message_id != message_id:
+                break
+            dropped += 1
+        if not dropped:
+            return 0
+        for _ in range(dropped):
+            entry = backlog.pop()
+            ids.pop()
+            cursor.backlog_bytes -= payload_size(entry.message)
+        if cursor.returned > len(backlog):
+            cursor.returned = len(backlog)
+        cursor.read_after = ids[-1] if ids else cursor.mark_delete
+        cursor.catching_up = True
+        self._read_on(cursor)
+        return dropped
 
     # -- consumers -------------------------------------------------------------------------
 
