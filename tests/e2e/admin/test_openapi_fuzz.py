@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import logging
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
@@ -97,6 +98,25 @@ def make_data(node: RunningNode, publisher: Client) -> None:
     # when the operations look, not offline for some and online for others.
     api = Api(node)
     eventually(lambda: api.get("/api/v1/sessions", q="fuzz-offline", connected="false")["items"])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def log_levels_restored() -> Iterator[None]:
+    """The nodes run in this process, and generated requests to `PUT /api/v1/logging` set its
+    log levels (a `CRITICAL` process level hides every later test's warnings from caplog):
+    the levels the module found are put back after it."""
+    manager = logging.Logger.manager
+    before = {
+        name: logger.level
+        for name, logger in manager.loggerDict.items()
+        if isinstance(logger, logging.Logger)
+    }
+    root = logging.getLogger().level
+    yield
+    logging.getLogger().setLevel(root)
+    for name, logger in list(manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger):
+            logger.setLevel(before.get(name, logging.NOTSET))
 
 
 @pytest.fixture(scope="module")
