@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,3 +165,63 @@ class AdminView(Protocol):
 
     @property
     def publisher(self) -> Publisher | None: ...
+
+
+class ListedConnection(Protocol):
+    """A connection an adapter lists as one admin client, under its own id."""
+
+    @property
+    def admin_id(self) -> str: ...
+
+
+_C = TypeVar("_C", bound=ListedConnection)
+
+
+class ConnectionsView(Generic[_C]):
+    """An `AdminView` for an adapter whose clients are its connections and that keeps no
+    sessions or retained messages of its own (publishing goes through the MQTT view): what
+    such adapters share. A subclass says how a connection is described, which subscriptions
+    it holds and how it is closed."""
+
+    sessions = None
+    retained = None
+    publisher = None
+
+    def _connections(self) -> Iterable[_C]:
+        raise NotImplementedError
+
+    def _describe(self, connection: _C) -> ClientInfo:
+        raise NotImplementedError
+
+    def _subscriptions_of(self, connection: _C) -> list[SubscriptionInfo]:
+        raise NotImplementedError
+
+    def _close(self, connection: _C) -> None:
+        raise NotImplementedError
+
+    def connected(self) -> int:
+        return sum(1 for _ in self._connections())
+
+    def clients(self) -> list[ClientInfo]:
+        return [self._describe(connection) for connection in list(self._connections())]
+
+    def _find(self, client_id: str) -> _C | None:
+        for connection in self._connections():
+            if connection.admin_id == client_id:
+                return connection
+        return None
+
+    def client(self, client_id: str) -> ClientInfo | None:
+        connection = self._find(client_id)
+        return self._describe(connection) if connection is not None else None
+
+    def subscriptions(self, client_id: str) -> list[SubscriptionInfo] | None:
+        connection = self._find(client_id)
+        return self._subscriptions_of(connection) if connection is not None else None
+
+    def kick(self, client_id: str) -> bool:
+        connection = self._find(client_id)
+        if connection is None:
+            return False
+        self._close(connection)
+        return True

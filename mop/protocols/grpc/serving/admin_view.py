@@ -4,10 +4,12 @@ a subscription (its topic and subscription name from the call's metadata)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from mop.protocols.grpc.serving.pulsar_service import CONSUME
 from mop.protocols.grpc.serving.served_connection import ServedConnection
 from mop.protocols.grpc.serving.server import GrpcServer
-from mop.protocols.introspection import ClientInfo, SubscriptionInfo
+from mop.protocols.introspection import ClientInfo, ConnectionsView, SubscriptionInfo
 
 __all__ = ["GrpcAdminView"]
 
@@ -31,14 +33,10 @@ def _describe(connection: ServedConnection) -> ClientInfo:
     )
 
 
-class GrpcAdminView:
+class GrpcAdminView(ConnectionsView[ServedConnection]):
     """What `GrpcProtocol.admin_view()` returns. gRPC keeps no sessions or retained messages,
     and publishing goes through the MQTT view. `inflight` of a client is its running calls,
     `queued` the request messages its handlers have not taken yet."""
-
-    sessions = None
-    retained = None
-    publisher = None
 
     def __init__(self, server: GrpcServer) -> None:
         self._server = server
@@ -46,23 +44,13 @@ class GrpcAdminView:
     def connected(self) -> int:
         return len(self._server.connections)
 
-    def clients(self) -> list[ClientInfo]:
-        return [_describe(connection) for connection in list(self._server.connections)]
+    def _connections(self) -> Iterable[ServedConnection]:
+        return self._server.connections
 
-    def _find(self, client_id: str) -> ServedConnection | None:
-        for connection in self._server.connections:
-            if connection.admin_id == client_id:
-                return connection
-        return None
+    def _describe(self, connection: ServedConnection) -> ClientInfo:
+        return _describe(connection)
 
-    def client(self, client_id: str) -> ClientInfo | None:
-        connection = self._find(client_id)
-        return _describe(connection) if connection is not None else None
-
-    def subscriptions(self, client_id: str) -> list[SubscriptionInfo] | None:
-        connection = self._find(client_id)
-        if connection is None:
-            return None
+    def _subscriptions_of(self, connection: ServedConnection) -> list[SubscriptionInfo]:
         found = []
         for call in list(connection.calls.values()):
             if call.method != CONSUME:
@@ -70,7 +58,7 @@ class GrpcAdminView:
             metadata = dict(call.metadata)
             found.append(
                 SubscriptionInfo(
-                    client_id,
+                    connection.admin_id,
                     metadata.get("pulsar-topic", ""),
                     1,
                     metadata.get("pulsar-subscription"),
@@ -78,9 +66,5 @@ class GrpcAdminView:
             )
         return found
 
-    def kick(self, client_id: str) -> bool:
-        connection = self._find(client_id)
-        if connection is None:
-            return False
+    def _close(self, connection: ServedConnection) -> None:
         connection.kick()
-        return True

@@ -4,18 +4,16 @@ connections. A Pulsar client names no connection, so a connection is listed as
 
 from __future__ import annotations
 
-from mop.protocols.introspection import ClientInfo, SubscriptionInfo
+from collections.abc import Iterable
+
+from mop.protocols.introspection import ClientInfo, ConnectionsView, SubscriptionInfo
 from mop.protocols.pulsar.serving.handler import PulsarConnection
 from mop.protocols.pulsar.serving.server import PulsarServer
 
 
-class PulsarAdminView:
+class PulsarAdminView(ConnectionsView[PulsarConnection]):
     """What `PulsarProtocol.admin_view()` returns. Pulsar keeps no sessions or retained
     messages of its own, and publishing goes through the MQTT view."""
-
-    sessions = None
-    retained = None
-    publisher = None
 
     def __init__(self, server: PulsarServer) -> None:
         self._server = server
@@ -23,26 +21,14 @@ class PulsarAdminView:
     def connected(self) -> int:
         return len(self._server.connections)
 
-    def clients(self) -> list[ClientInfo]:
-        return [connection.describe() for connection in list(self._server.connections)]
+    def _connections(self) -> Iterable[PulsarConnection]:
+        return self._server.connections
 
-    def _find(self, client_id: str) -> PulsarConnection | None:
-        for connection in self._server.connections:
-            if connection.admin_id == client_id:
-                return connection
-        return None
+    def _describe(self, connection: PulsarConnection) -> ClientInfo:
+        return connection.describe()
 
-    def client(self, client_id: str) -> ClientInfo | None:
-        connection = self._find(client_id)
-        return connection.describe() if connection is not None else None
+    def _subscriptions_of(self, connection: PulsarConnection) -> list[SubscriptionInfo]:
+        return connection.subscriptions()
 
-    def subscriptions(self, client_id: str) -> list[SubscriptionInfo] | None:
-        connection = self._find(client_id)
-        return connection.subscriptions() if connection is not None else None
-
-    def kick(self, client_id: str) -> bool:
-        connection = self._find(client_id)
-        if connection is None:
-            return False
+    def _close(self, connection: PulsarConnection) -> None:
         connection.close()
-        return True
