@@ -2,6 +2,7 @@
 ``trio.abc.Stream`` and a ``ConnectionInfo``; the only layer that deals with sockets.
 """
 
+from mop.transport.connection_tasks import ConnectionTasks
 from mop.transport.direct import Receive, Send, read_ready, receiver, sender
 from mop.transport.listeners import (
     BoundListener,
@@ -25,6 +26,7 @@ from mop.transport.websocket import WebSocketHandshakeError, WebSocketStream, ac
 __all__ = [
     "BoundListener",
     "ConnectionInfo",
+    "ConnectionTasks",
     "Handler",
     "ListenerSpec",
     "OpenListeners",

@@ -5,7 +5,7 @@ the stream's `send_all` themselves.
 
 Everything a connection sends is appended here and leaves in as few `send_all` calls as
 possible, from one writer at a time: a task the owner runs for the life of the connection
-(`run`); or, after `write_from(nursery)`, a task started whenever there is something to send
+(`run`); or, after `write_from(tasks)`, a task started whenever there is something to send
 and ending once all is sent, so that an idle connection holds no writer task at all; or the
 task that `add`s bytes and then `push`es them itself, which saves starting one.
 Producers of optional traffic (message deliveries) wait for space, so a slow reader makes the
@@ -14,9 +14,18 @@ broker keep messages in the subscription's bounded backlog instead of in memory 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
 import trio
 
 from mop.transport.direct import sender
+
+
+class TaskStarter(Protocol):
+    """Where on-demand writers run: a nursery, or a connection's `ConnectionTasks`."""
+
+    def start_soon(self, async_fn: Callable[[], Awaitable[object]], /) -> None: ...
 
 
 class OutboundBuffer:
@@ -43,7 +52,7 @@ class OutboundBuffer:
         self._drained: trio.Event | None = None  # set after each send
         self._sending = False  # a `send_all` is in progress
         self._writer = False  # a writer is alive: the `run` task, or an on-demand one
-        self._nursery: trio.Nursery | None = None
+        self._nursery: TaskStarter | None = None
         self.bytes_sent = 0
 
     def write(self, data: bytes) -> None:
@@ -72,9 +81,9 @@ class OutboundBuffer:
         finally:
             self._writer = False
 
-    def write_from(self, nursery: trio.Nursery | None) -> None:
-        """Send from tasks started in `nursery` when there is data (instead of `run`); None
-        when the nursery closes (what is written later waits for `flush`)."""
+    def write_from(self, nursery: TaskStarter | None) -> None:
+        """Send from tasks started in `nursery` (or any `TaskStarter`) when there is data
+        (instead of `run`); None when it closes (what is written later waits for `flush`)."""
         self._nursery = nursery
         if nursery is not None and self._buffer and not self._writer:
             self._writer = True

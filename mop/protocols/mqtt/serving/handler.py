@@ -79,7 +79,13 @@ from mop.security.acl import Access
 from mop.security.authorization import ClientPermissions
 from mop.security.identity import AuthenticationError, Credentials, certificate_identity
 from mop.topic_names import FULL_NAME_SCHEMES
-from mop.transport import ConnectionInfo, OutboundBuffer, read_ready, receiver
+from mop.transport import (
+    ConnectionInfo,
+    ConnectionTasks,
+    OutboundBuffer,
+    read_ready,
+    receiver,
+)
 from mop.transport.linger import end_and_drain
 
 log = logging.getLogger("mop.mqtt")
@@ -194,48 +200,58 @@ class ClientHandler:
         assert self.subs is not None and self.flow is not None
         flow = self.flow
         self.server.clients.add(self)
+        # The connection's other tasks (deliveries, writers) run beside this one, not in a
+        # nursery of its own: an idle connection starts none.
+        tasks = ConnectionTasks(self._read_scope)
         try:
             # CONNACK goes out from this task: a connection that then stays idle never
             # starts a writer task.
             await self.out.flush()
-            async with trio.open_nursery() as nursery:
-                self.out.write_from(nursery)
-                # A lease that calls back when fenced saves a task per connection.
-                if self.server.processor.capabilities.fence_callbacks:
-                    cast("FenceNotifier", self.lease).on_fenced(self._on_fenced)
-                else:
-                    nursery.start_soon(self._watch_fence)
-                self.subs.start(nursery, flow.deliver)
-                # The reads are served right here: a frame less for every idle connection.
-                try:
-                    flow.resend_inflight()
-                    with self._read_scope:
-                        await self._read_loop()
-                    if self._close_reason is None:  # nothing arrived within the keep alive
-                        raise _Close(
-                            ReasonCode.KEEP_ALIVE_TIMEOUT,
-                            f"nothing received for {self.keep_alive * 1.5:g}s",
-                        )
-                except (
-                    _Close,
-                    RemoteProtocolError,
-                    trio.BrokenResourceError,
-                    trio.ClosedResourceError,
-                ) as exc:
-                    self._reads_ended(exc)
-                finally:
-                    self.server.timers.cancel(self._keep_alive_key())
-                    self.server.timers.cancel(self._credential_key())
-                if self._close_reason is not None and self.conn.protocol_level == 5:
-                    self.out.write(self.conn.send(Disconnect(reason_code=self._close_reason)))
-                    self._linger = True
-                await self._flush_quietly()
-                nursery.cancel_scope.cancel()
-                self.out.write_from(None)
+            self.out.write_from(tasks)
+            # A lease that calls back when fenced saves a task per connection.
+            if self.server.processor.capabilities.fence_callbacks:
+                cast("FenceNotifier", self.lease).on_fenced(self._on_fenced)
+            else:
+                tasks.start_soon(self._watch_fence)
+            self.subs.start(tasks, flow.deliver)
+            # The reads are served right here: a frame less for every idle connection.
+            try:
+                flow.resend_inflight()
+                with self._read_scope:
+                    await self._read_loop()
+                if tasks.error is not None:  # one of them failed: as a nursery ends
+                    raise tasks.error
+                if self._close_reason is None:  # nothing arrived within the keep alive
+                    raise _Close(
+                        ReasonCode.KEEP_ALIVE_TIMEOUT,
+                        f"nothing received for {self.keep_alive * 1.5:g}s",
+                    )
+            except (
+                _Close,
+                RemoteProtocolError,
+                trio.BrokenResourceError,
+                trio.ClosedResourceError,
+            ) as exc:
+                if exc is tasks.error:
+                    raise
+                self._reads_ended(exc)
+            finally:
+                self.server.timers.cancel(self._keep_alive_key())
+                self.server.timers.cancel(self._credential_key())
+            if self._close_reason is not None and self.conn.protocol_level == 5:
+                self.out.write(self.conn.send(Disconnect(reason_code=self._close_reason)))
+                self._linger = True
+            await self._flush_quietly()
+            await tasks.aclose()
+            self.out.write_from(None)
+            if tasks.error is not None:
+                raise tasks.error
         except* trio.Cancelled:
-            # The node is stopping: tell MQTT 5 clients why before the socket closes.
+            # The node is stopping: tell MQTT 5 clients why before the socket closes, once
+            # no other task of the connection is sending.
             self._disconnect_reason = NODE_STOPPING
             with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await tasks.aclose()
                 await self._say_goodbye(ReasonCode.SERVER_SHUTTING_DOWN)
             raise
         finally:
@@ -249,8 +265,12 @@ class ClientHandler:
                 reason=self._disconnect_reason or disconnect_reason(self._close_reason),
             )
             try:
-                with trio.CancelScope(shield=True), trio.move_on_after(10):
-                    await self._close_session()
+                with trio.CancelScope(shield=True):
+                    # Its tasks end before the session is let go of (they use it), with no
+                    # time limit, as a nursery's end waits for its tasks.
+                    await tasks.aclose()
+                    with trio.move_on_after(10):
+                        await self._close_session()
             finally:
                 if self._closed is not None:
                     self._closed.set()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
@@ -24,6 +25,7 @@ from mop.protocols.mqtt.session import SessionState, SubscriptionOptions
 from mop.security.acl import Access
 from mop.security.authorization import ClientPermissions
 from mop.topics import SubscriptionTrie, TopicError, parse_shared, validate_topic_filter
+from mop.transport import ConnectionTasks
 
 log = logging.getLogger("mop.mqtt")
 
@@ -68,13 +70,13 @@ class SessionSubscriptions:
         "_ctx",
         "_deliver",
         "_normal",
-        "_nursery",
         "_permissions",
         "_routes",
         "_routes_generation",
         "_server",
         "_shared",
         "_state",
+        "_tasks",
         "_trie",
     )
 
@@ -97,7 +99,7 @@ class SessionSubscriptions:
         self._routes: dict[str, _Route] = {}
         self._normal: Consumer | None = None
         self._shared: dict[str, tuple[Consumer, trio.CancelScope]] = {}
-        self._nursery: trio.Nursery | None = None
+        self._tasks: ConnectionTasks | None = None
         self._deliver: Deliver | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -117,8 +119,8 @@ class SessionSubscriptions:
         if normal:
             self._normal = await self._subscribe_normal(frozenset(normal))
 
-    def start(self, nursery: trio.Nursery, deliver: Deliver) -> None:
-        self._nursery, self._deliver = nursery, deliver
+    def start(self, tasks: ConnectionTasks, deliver: Deliver) -> None:
+        self._tasks, self._deliver = tasks, deliver
         if self._normal is not None:
             self._run(self._normal, None, trio.CancelScope())
         for topic_filter, (consumer, scope) in self._shared.items():
@@ -127,14 +129,8 @@ class SessionSubscriptions:
     def _run(
         self, consumer: Consumer, options: SubscriptionOptions | None, scope: trio.CancelScope
     ) -> None:
-        assert self._nursery is not None and self._deliver is not None
-        deliver = self._deliver
-
-        async def loop() -> None:
-            with scope:
-                await deliver(consumer, options)
-
-        self._nursery.start_soon(loop)
+        assert self._tasks is not None and self._deliver is not None
+        self._tasks.start_soon(partial(self._deliver, consumer, options), scope)
 
     async def detach(self, *, unsubscribe: bool) -> None:
         """The connection ends: close the consumers, or delete them when the session ends.
@@ -353,7 +349,7 @@ class SessionSubscriptions:
     async def _add_normal(self, topic_filter: str) -> None:
         if self._normal is None:
             self._normal = await self._subscribe_normal(frozenset([topic_filter]))
-            if self._nursery is not None:
+            if self._tasks is not None:
                 self._run(self._normal, None, trio.CancelScope())
         else:
             await self._normal.add_selector(topic_filter)
