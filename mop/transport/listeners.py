@@ -5,6 +5,7 @@ protocol adapter a plain ``trio.abc.Stream`` plus a ``ConnectionInfo`` describin
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import ssl
 import sys
@@ -48,6 +49,10 @@ _CLOSE_TIMEOUT = 2.0
 _REFUSAL_TIMEOUT = 0.5
 # The most of those first bytes read.
 _REFUSAL_READ = 4096
+# What accept() fails with when the process or the system is out of file descriptors or
+# memory: the listener keeps going, trying again after `_ACCEPT_PAUSE` seconds.
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+_ACCEPT_PAUSE = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,15 +232,9 @@ async def serve_open_listeners(
     async with trio.open_nursery() as nursery:
         for spec, sockets in listening:
             gate = _Gate(spec, on_refused) if spec.connection_rate > 0 else None
-            # trio.serve_listeners keeps accepting through EMFILE and similar overload errors.
-            nursery.start_soon(
-                partial(
-                    trio.serve_listeners,
-                    partial(_serve_connection, spec, handler, gate),
-                    sockets,
-                    handler_nursery=nursery,
-                )
-            )
+            serve = partial(_serve_connection, spec, handler, gate)
+            for listener in sockets:
+                nursery.start_soon(_accept, listener, serve, nursery)
         for entry in bound:
             # The node announces its listeners itself; this is for transport-level debugging.
             logger.debug(
@@ -357,6 +356,32 @@ class _Gate:
         return False
 
 
+async def _accept(
+    listener: trio.abc.Listener[trio.SocketStream],
+    serve: Callable[[trio.SocketStream], Awaitable[None]],
+    nursery: trio.Nursery,
+) -> NoReturn:
+    """Accept connections on `listener` (closed when this ends) and start `serve(stream)` for
+    each in `nursery`: the connection's task is that call itself, with no wrapper frame that
+    every idle connection would keep. Running out of file descriptors or memory does not
+    stop the listener: it tries again a moment later."""
+    async with listener:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in _OUT_OF_RESOURCES:
+                    raise
+                logger.error(
+                    "accepting a connection failed (%s), trying again in %gs",
+                    errno.errorcode.get(exc.errno, exc.errno),
+                    _ACCEPT_PAUSE,
+                )
+                await trio.sleep(_ACCEPT_PAUSE)
+            else:
+                nursery.start_soon(serve, stream)
+
+
 async def _refuse(spec: ListenerSpec, tcp: trio.SocketStream) -> None:
     """Answer a connection over the listener's rate without a handshake: on plain TCP, what
     `spec.refusal` makes of the first bytes it sends.
@@ -385,11 +410,11 @@ async def _refuse(spec: ListenerSpec, tcp: trio.SocketStream) -> None:
 async def _serve_connection(
     spec: ListenerSpec, handler: Handler, gate: _Gate | None, tcp: trio.SocketStream
 ) -> None:
-    if gate is not None and not gate.admit():
-        await _refuse(spec, tcp)
-        return  # trio.serve_listeners closes the socket
     layers = _Layers(tcp)
     try:
+        if gate is not None and not gate.admit():
+            await _refuse(spec, tcp)
+            return
         info = await _open_connection(spec, tcp, layers)
         if info is not None:
             peer = info.peer
@@ -410,7 +435,8 @@ async def _serve_connection(
                     trio.BrokenResourceError, trio.ClosedResourceError, OSError
                 ):
                     await layers.stream.aclose()
-        # A plain TCP stream closes at once: trio.serve_listeners closes it after this.
+        # A plain TCP stream closes at once (so does what is left of the others).
+        await trio.aclose_forcefully(tcp)
 
 
 async def _open_connection(

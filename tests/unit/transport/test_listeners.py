@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 from functools import partial
@@ -16,6 +17,7 @@ from mop.transport import (
     serve_listeners,
     serve_open_listeners,
 )
+from mop.transport.listeners import _accept
 
 from .servers import Recorder, exchange, running
 
@@ -293,3 +295,66 @@ async def test_a_refused_client_is_not_read_from_without_end() -> None:
                 with trio.fail_after(5), pytest.raises(trio.BrokenResourceError):
                     while True:
                         await client.send_all(b"x" * 65536)
+
+
+class _RunsOutOfDescriptors(trio.abc.Listener[trio.SocketStream]):
+    """Fails its first accepts as a process out of file descriptors does, then hands out one
+    end of a real connection."""
+
+    def __init__(self, failures: int, stream: trio.SocketStream) -> None:
+        self.failures = failures
+        self.stream: trio.SocketStream | None = stream
+        self.closed = False
+
+    async def accept(self) -> trio.SocketStream:
+        await trio.lowlevel.checkpoint()
+        if self.failures:
+            self.failures -= 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        if self.stream is None:
+            await trio.sleep_forever()
+        stream, self.stream = self.stream, None
+        assert stream is not None
+        return stream
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_accept_keeps_going_when_out_of_file_descriptors(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    a, b = socket.socketpair()
+    served = trio.Event()
+
+    async def serve(stream: trio.SocketStream) -> None:
+        served.set()
+
+    listener = _RunsOutOfDescriptors(2, trio.SocketStream(trio.socket.from_stdlib_socket(a)))
+    with caplog.at_level(logging.ERROR, logger="mop.transport"), trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_accept, listener, serve, nursery)
+            await served.wait()
+            nursery.cancel_scope.cancel()
+    b.close()
+    a.close()
+    assert listener.closed
+    assert sum("EMFILE" in record.getMessage() for record in caplog.records) == 2
+
+
+async def test_accept_stops_on_other_errors() -> None:
+    class Broken(trio.abc.Listener[trio.SocketStream]):
+        async def accept(self) -> trio.SocketStream:
+            await trio.lowlevel.checkpoint()
+            raise OSError(errno.EBADF, "Bad file descriptor")
+
+        async def aclose(self) -> None:
+            pass
+
+    async def serve(stream: trio.SocketStream) -> None:
+        raise AssertionError("nothing was accepted")
+
+    with pytest.raises(BaseExceptionGroup) as caught:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_accept, Broken(), serve, nursery)
+    assert caught.value.subgroup(OSError) is not None
