@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
 import trio
 import trio.testing
 
 from mop.backends.local import open_local_backend
 from mop.broker.storage.memory import MemoryStorage
 from mop.message import Message
-from mop.processor import MessagingProcessor
+from mop.processor import Consumer, MessagingProcessor
 from mop.protocols.mqtt.codec import encode
 from mop.protocols.mqtt.packets import (
     Connack,
@@ -31,7 +32,9 @@ from mop.protocols.mqtt.packets import (
 )
 from mop.protocols.mqtt.reason_codes import ReasonCode
 from mop.protocols.mqtt.serving.handler import ClientHandler
+from mop.protocols.mqtt.serving.outflow import Outflow
 from mop.protocols.mqtt.serving.server import MqttServer
+from mop.protocols.mqtt.session import SubscriptionOptions
 from mop.settings import MqttSettings, Settings
 
 from .test_server import INFO, Peer
@@ -197,3 +200,63 @@ async def test_keep_alive_allows_one_and_a_half_intervals(autojump_clock: trio.a
         assert await peer.recv() == Disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT)
         assert 3.0 <= trio.current_time() - start < 3.5
         assert await peer.recv() is None
+
+
+async def test_a_subscriber_is_told_when_the_node_stops() -> None:
+    # Its delivery task runs beside its connection: the goodbye waits for it to end.
+    async with mqtt_server(MemoryStorage()) as (server, nursery):
+        sub = await connect(server, nursery, "sub")
+        await sub.send(Subscribe(1, (SubscriptionRequest("t", 1),)))
+        assert await sub.recv() == Suback(1, (1,))
+        nursery.cancel_scope.cancel()
+    assert await sub.recv() == Disconnect(ReasonCode.SERVER_SHUTTING_DOWN)
+    assert await sub.recv() is None
+
+
+async def test_a_failing_delivery_ends_its_own_connection_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    deliver = Outflow.deliver
+
+    async def failing(
+        self: Outflow, consumer: Consumer, shared: SubscriptionOptions | None
+    ) -> None:
+        if self._ctx.client_id == "bad":
+            raise RuntimeError("delivery failed")
+        await deliver(self, consumer, shared)
+
+    monkeypatch.setattr(Outflow, "deliver", failing)
+    failures: list[BaseException] = []
+    async with mqtt_server(MemoryStorage()) as (server, nursery):
+        good = await connect(server, nursery, "good")
+        await good.send(Subscribe(1, (SubscriptionRequest("t", 0),)))
+        assert await good.recv() == Suback(1, (0,))
+
+        client_end, server_end = trio.testing.memory_stream_pair()
+
+        async def serve() -> None:
+            async with server_end:
+                try:
+                    await ClientHandler(server, server_end, INFO).run()
+                except RuntimeError as exc:
+                    failures.append(exc)
+
+        nursery.start_soon(serve)
+        bad = Peer(client_end, 5)
+        await bad.send(Connect("bad", protocol_level=5))
+        assert isinstance(await bad.recv(), Connack)
+        await bad.send(Subscribe(1, (SubscriptionRequest("t", 0),)))
+        # Ended as a failing task in its nursery would end it: closed, without a DISCONNECT
+        # (whether its SUBACK got out first is a race, as it was).
+        answers = []
+        while (packet := await bad.recv()) is not None:
+            answers.append(packet)
+        assert answers in ([], [Suback(1, (0,))])
+        assert [str(exc) for exc in failures] == ["delivery failed"]
+        assert [client.ctx.client_id for client in server.clients] == ["good"]
+        assert server.sessions.connected == 1
+        # The other connection goes on.
+        pub = await connect(server, nursery, "pub")
+        await pub.send(Publish("t", b"still here"))
+        got = await good.recv()
+        assert isinstance(got, Publish) and got.payload == b"still here"
