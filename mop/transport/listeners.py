@@ -11,7 +11,7 @@ import ssl
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, NoReturn
 
 import trio
@@ -325,6 +325,13 @@ def _address(sockaddr: Any) -> tuple[str, int]:
     return sys.intern(str(sockaddr[0])), int(sockaddr[1])
 
 
+@lru_cache(maxsize=256)
+def _local_address(sockaddr: Any) -> tuple[str, int]:
+    """`_address` of the local end of a connection: every connection to a listener has the
+    same one (one per interface for a wildcard host), so they all share one tuple."""
+    return _address(sockaddr)
+
+
 @dataclass(slots=True)
 class _Layers:
     """The stream of a connection being opened; ``stream`` is always the outermost layer so
@@ -447,7 +454,7 @@ async def _open_connection(
     connection is served."""
     # TCP_NODELAY, which MQTT's small packets depend on, is set by trio.SocketStream itself.
     try:
-        local = _address(tcp.socket.getsockname())
+        local = _local_address(tcp.socket.getsockname())
         peer = _address(tcp.socket.getpeername())
     except OSError as exc:
         # The client reset the connection before we looked at it.

@@ -358,3 +358,15 @@ async def test_accept_stops_on_other_errors() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_accept, Broken(), serve, nursery)
     assert caught.value.subgroup(OSError) is not None
+
+
+async def test_connections_to_a_listener_share_one_local_address() -> None:
+    recorder = Recorder()
+    async with running([tcp_spec("shared")], recorder) as bound:
+        for _ in range(2):
+            async with await trio.open_tcp_stream("127.0.0.1", bound[0].port) as client:
+                assert await exchange(client, b"x") == b"x"
+    first, second = recorder.infos
+    assert first.local == ("127.0.0.1", bound[0].port)
+    assert first.local is second.local  # one tuple, not one per connection
+    assert first.peer != second.peer
