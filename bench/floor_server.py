@@ -35,6 +35,7 @@ from __future__ import annotations
 import itertools
 import signal
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -217,7 +218,9 @@ class Client:
     gone: bool = False
     last_id: int = 0  # the packet id of the last QoS 1/2 PUBLISH sent to it
     filters: dict[str, int] = field(default_factory=dict)  # filter -> options byte
-    received_qos2: set[bytes] = field(default_factory=set)  # packet ids until their PUBREL
+    # The packet ids of QoS 2 messages received until their PUBREL; made at the first one, as
+    # an empty set is most of what an idle connection of this server holds.
+    received_qos2: set[bytes] | None = None
 
     def next_id(self) -> bytes:
         self.last_id = self.last_id % 0xFFFF + 1
@@ -315,7 +318,8 @@ def forward(batch: Batch, relay: Relay, first: int, data: bytes, body: int, end:
     packet_id = b""
     if qos:
         packet_id, pos = data[pos : pos + 2], pos + 2
-        if qos == 2 and packet_id in batch.reader.received_qos2:
+        received = batch.reader.received_qos2
+        if qos == 2 and received is not None and packet_id in received:
             return packet_id  # a resend before its PUBREL: delivered already
     properties = b"\x00"
     if batch.reader.version == MQTT_5:
@@ -324,6 +328,8 @@ def forward(batch: Batch, relay: Relay, first: int, data: bytes, body: int, end:
     if pos > end:
         raise Malformed("PUBLISH shorter than its header")
     if qos == 2:
+        if batch.reader.received_qos2 is None:
+            batch.reader.received_qos2 = set()
         batch.reader.received_qos2.add(packet_id)
     payload = data[pos:end]
     topic_field = data[body : body + 2 + len(topic)]
@@ -369,7 +375,8 @@ def handle(batch: Batch, relay: Relay, data: bytes, start: int, body: int, end: 
             batch.to(client, ack(0x62, packet_id))
         return True
     if kind == PUBREL:
-        client.received_qos2.discard(packet_id)
+        if client.received_qos2 is not None:
+            client.received_qos2.discard(packet_id)
         batch.to(client, ack(0x70, packet_id))
         return True
     if kind == SUBSCRIBE:
@@ -401,33 +408,39 @@ def handle(batch: Batch, relay: Relay, data: bytes, start: int, body: int, end: 
     return False  # DISCONNECT, a second CONNECT, or a packet no client sends
 
 
-async def serve_client(relay: Relay, ids: itertools.count[int], stream: trio.SocketStream) -> None:
+async def on_read(client: Client, relay: Relay, ids: Iterator[int], data: bytes) -> bytes | None:
+    """Act on the packets of one read and write what they call for; the bytes of a packet not
+    complete yet, None when the connection is to end."""
+    batch = Batch(client)
+    pos, going = 0, True
+    while going and (frame := frame_at(data, pos)) is not None:
+        body, end = frame
+        if client.version:
+            going = handle(batch, relay, data, pos, body, end)
+        elif data[pos] >> 4 == CONNECT:
+            level, anonymous = parse_connect(data, body, end)
+            if level not in (MQTT_311, MQTT_5):
+                batch.to(client, b"\x20\x02\x00\x01")  # unacceptable protocol version
+                going = False
+            else:
+                client.version = level
+                assigned = f"floor-{next(ids)}".encode() if anonymous else None
+                batch.to(client, connack(level, assigned))
+        else:
+            raise Malformed("the first packet is not CONNECT")
+        pos = end
+    await batch.flush()
+    return data[pos:] if going else None
+
+
+async def serve_client(relay: Relay, ids: Iterator[int], stream: trio.SocketStream) -> None:
+    # Only the client and the bytes of a packet not complete yet stay while it waits to read.
     client = Client(stream)
-    pending = b""
+    pending: bytes | None = b""
     try:
         while data := await stream.receive_some(READ_SIZE):
-            data = pending + data if pending else data
-            batch = Batch(client)
-            pos, going = 0, True
-            while going and (frame := frame_at(data, pos)) is not None:
-                body, end = frame
-                if client.version:
-                    going = handle(batch, relay, data, pos, body, end)
-                elif data[pos] >> 4 == CONNECT:
-                    level, anonymous = parse_connect(data, body, end)
-                    if level not in (MQTT_311, MQTT_5):
-                        batch.to(client, b"\x20\x02\x00\x01")  # unacceptable protocol version
-                        going = False
-                    else:
-                        client.version = level
-                        assigned = f"floor-{next(ids)}".encode() if anonymous else None
-                        batch.to(client, connack(level, assigned))
-                else:
-                    raise Malformed("the first packet is not CONNECT")
-                pos = end
-            pending = data[pos:]
-            await batch.flush()
-            if not going or client.gone:
+            pending = await on_read(client, relay, ids, pending + data if pending else data)
+            if pending is None or client.gone:
                 return
     except (trio.BrokenResourceError, trio.ClosedResourceError, Malformed):
         return
