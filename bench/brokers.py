@@ -84,8 +84,8 @@ BROKERS: dict[str, BrokerSpec] = {
         BrokerSpec("mosquitto-nodelay", "mosquitto"),
         BrokerSpec("aedes", "aedes"),
         BrokerSpec("amqtt", "amqtt"),
-        # Not a broker: the least a trio server does for a connection (bench/floor_server.py),
-        # run in the connection scenarios only.
+        # Not a broker: the least MQTT relay in plain trio (bench/floor_server.py), run in the
+        # connection scenarios and the message flows only (no retained messages, no sessions).
         BrokerSpec("trio-floor", "floor"),
     )
 }

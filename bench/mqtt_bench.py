@@ -407,7 +407,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _serves(spec: BrokerSpec, sc: Scenario) -> bool:
-    """Whether `spec` runs `sc`: the trio floor server runs only the connection scenarios."""
+    """Whether `spec` runs `sc`: the trio floor runs only the scenarios marked `floor`."""
     return spec.kind != "floor" or sc.floor
 
 

@@ -85,35 +85,47 @@ def test_smoke_run_of_separated_mode_reports_the_hop(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("mosquitto") is None, reason="the targets compare to mosquitto")
 def test_smoke_run_reports_the_targets_with_the_trio_floor(tmp_path: Path) -> None:
-    """The floor server runs the connection scenario only; the targets section has mop next to
-    mosquitto, and in the connection row next to the floor, with a verdict."""
+    """The floor relay runs a message flow (delivering every message) and the connection
+    scenario; the targets section has mop next to mosquitto and next to the floor, with a
+    verdict."""
     out = tmp_path / "report"
     brokers = ["--brokers", "mop-never,mosquitto,trio-floor"]
     paths = ["--out", str(out), "--deps-dir", str(tmp_path)]
+    scenarios = ["--scenarios", "qos1,fanin,conns"]
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--smoke", *brokers, "--scenarios", "qos0,conns", *paths],
+        [sys.executable, str(BENCH), "--smoke", *brokers, *scenarios, *paths],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=240,
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
     results = json.loads((out / "results.json").read_text())
-    floor_runs = [run for run in results["runs"] if run["broker"] == "trio-floor"]
-    assert [run["scenario"] for run in floor_runs] == ["conns"], floor_runs
-    assert floor_runs[0]["values"]["conn_rate"] > 0, floor_runs
+    floor_runs = {run["scenario"]: run for run in results["runs"] if run["broker"] == "trio-floor"}
+    assert list(floor_runs) == ["qos1", "fanin", "conns"], floor_runs
+    for flow in ("qos1", "fanin"):
+        run = floor_runs[flow]
+        assert not run["notes"], run
+        assert run["detail"]["delivered"] == run["detail"]["expected"] > 0, run
+        assert run["values"]["msgs"] > 0, run
+    assert floor_runs["fanin"]["values"]["dropped"] == 0, floor_runs["fanin"]
+    assert floor_runs["qos1"]["detail"]["acked"] == floor_runs["qos1"]["detail"]["sent"]
+    assert floor_runs["conns"]["values"]["conn_rate"] > 0, floor_runs
 
     targets = (out / "report.md").read_text().split("## Targets", 1)[1].split("\n## ", 1)[0]
     table = [line.split("|") for line in targets.splitlines() if line.startswith("| ")]
     rows = {cells[1].strip(): cells[2:-1] for cells in table}
-    qos0 = [cell.strip() for cell in rows["QoS 0 1 -> 1 msgs/s"]]
-    assert re.fullmatch(r"\d+(\.\d+)?x", qos0[2]), qos0
-    assert qos0[3] == qos0[4] == "", qos0  # no floor numbers outside the connection rows
-    assert qos0[-1] in ("met", "missed"), qos0
+    qos1 = [cell.strip() for cell in rows["QoS 1 1 -> 1 msgs/s"]]
+    assert re.fullmatch(r"\d+(\.\d+)?x", qos1[2]), qos1
+    assert re.fullmatch(r"\d+(\.\d+)?k?", qos1[3]), qos1  # the floor's number
+    assert re.fullmatch(r"\d+(\.\d+)?x", qos1[4]), qos1  # mop / floor
+    assert qos1[-1] in ("met", "missed"), qos1
+    fanin = [c.strip() for c in rows["fan-in 10 -> 1 wildcard msgs/s / QoS 0 messages dropped"]]
+    assert re.fullmatch(r"[\d.]+k? / 0", fanin[3]), fanin
     conns = [c.strip() for c in rows["100 idle connections: connects/s / KB per connection"]]
-    assert re.fullmatch(r"[\d.]+k? / [\d.]+", conns[3]), conns  # the floor's numbers
+    assert re.fullmatch(r"[\d.]+k? / [\d.]+", conns[3]), conns
     assert conns[-2] == ">= 15.0k/s, <= 5.0 KB", conns
     assert conns[-1] in ("met", "missed") or conns[-1].startswith("missed: "), conns
 
