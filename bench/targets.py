@@ -13,8 +13,11 @@ from scenarios import SCENARIOS, Metric, Sizes
 
 Medians = dict[tuple[str, str, str], tuple[float | None, int, int]]
 
-# Which mop node the rows are about, first present first: the issue measured fsync interval.
-MOP_PREFERENCE = ("mop-interval", "mop-never", "mop-always")
+# Which mop node the rows are about, first present first: the issue measured fsync interval, and
+# asked for the per-message path in compiled form. With the compiled build, the checkout's mop
+# with the same settings gets a column of its own (`PURE`).
+MOP_PREFERENCE = ("mop-compiled", "mop-interval", "mop-never", "mop-always")
+PURE = "mop-interval"
 FLOOR = "trio-floor"
 
 
@@ -167,8 +170,11 @@ def section(
     if mop is None or reference not in brokers:
         return []
     floor = FLOOR in brokers
+    pure = PURE if mop != PURE and PURE in brokers else None
     ref, mine = labels[reference], labels[mop]
     header = f"| target row | {ref} | {mine} | {mine} / {ref} |"
+    if pure:
+        header += f" {labels[pure]} | {labels[pure]} / {ref} |"
     if floor:
         header += f" {labels[FLOOR]} | {mine} / {labels[FLOOR]} |"
     header += " target | |"
@@ -180,7 +186,8 @@ def section(
         f"{labels[FLOOR] if floor else 'the trio floor'}: the least MQTT relay in plain trio, "
         "which forwards each PUBLISH at once and keeps no session, queue or retained message, "
         "bench/floor_server.py; what any trio broker pays at least). Relative targets are on "
-        f"{mine} / {ref}; the latency targets are on p99.",
+        f"{mine} / {ref}; the latency targets are on p99."
+        + (f" {labels[pure]} is the same node from the source, not compiled." if pure else ""),
         "",
         header,
         "|---|" + "---:|" * (header.count("|") - 3) + "---|",
@@ -193,6 +200,8 @@ def section(
             _values(med, mop, row),
             _ratios(med, mop, reference, row),
         ]
+        if pure:
+            cells += [_values(med, pure, row), _ratios(med, pure, reference, row)]
         if floor:
             cells += (
                 [_values(med, FLOOR, row), _ratios(med, mop, FLOOR, row)] if row.floor else ["", ""]

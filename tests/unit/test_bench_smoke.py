@@ -184,3 +184,25 @@ def test_hot_path_bench_reports_every_part() -> None:
         "node1",
     ]
     assert all(int(match.group(2)) > 0 for match in timed if match), parts
+
+
+def test_the_compiled_column_needs_a_compiled_build(tmp_path: Path) -> None:
+    """`mop-compiled` runs the mop installed in the Python given with `--mop-compiled`: without
+    one, or with a Python whose mop is this checkout (not a compiled build), the bench says so
+    and stops before running anything."""
+    base = [sys.executable, str(BENCH), "--smoke", "--brokers", "mop-compiled", "--no-chart"]
+    missing = subprocess.run(
+        [*base, "--out", str(tmp_path / "a")], capture_output=True, text=True, timeout=120
+    )
+    assert missing.returncode == 1
+    assert "give its Python with --mop-compiled" in missing.stderr
+    checkout = subprocess.run(
+        [*base, "--mop-compiled", sys.executable, "--out", str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert checkout.returncode == 1
+    assert "this checkout" in checkout.stderr or "not a compiled build" in checkout.stderr
+    assert not (tmp_path / "b" / "results.json").exists()
