@@ -206,3 +206,37 @@ def test_the_compiled_column_needs_a_compiled_build(tmp_path: Path) -> None:
     assert checkout.returncode == 1
     assert "this checkout" in checkout.stderr or "not a compiled build" in checkout.stderr
     assert not (tmp_path / "b" / "results.json").exists()
+
+
+def test_loop_trace_reports_the_anatomy_of_a_message(tmp_path: Path) -> None:
+    """bench/loop_trace.py traces the event loop of mop and of the trio floor under a paced
+    QoS 1 flow and counts, per message, the scheduler passes and task steps."""
+    out = tmp_path / "trace.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "loop_trace.py"),
+            "--brokers",
+            "mop,floor",
+            "--rate",
+            "200",
+            "--seconds",
+            "0.5",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    results = json.loads(out.read_text())
+    for kind in ("mop", "floor"):
+        result = results[kind]
+        assert result["lat_p50_us"] > 0
+        # A message wakes the loop at least once (the PUBLISH) and its steps took time.
+        assert result["passes_per_msg"] >= 1
+        assert result["busy_per_msg_us"] > 0
+    # mop's publisher and its subscriber's delivery are different tasks: both step per message.
+    assert len([n for n in results["mop"]["steps_per_msg"].values() if n >= 0.5]) >= 2
+    assert "scheduler passes" in done.stdout
