@@ -160,6 +160,24 @@ def test_pulsar_bench_smoke_run_reports_rates_for_mop(tmp_path: Path) -> None:
     assert "| batched, send_async: msgs/s |" in report
 
 
+def test_idle_memory_bench_reports_bytes_per_connection() -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "idle_memory.py"), "50"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    first = done.stdout.splitlines()[0]
+    found = re.fullmatch(r"50 idle connections: (\d+) B per connection", first)
+    assert found, first
+    # Far more than nothing (a connection is a task, sockets, a session), far less than 50 KB.
+    assert 1000 < int(found.group(1)) < 50_000, first
+    assert "by where mop made it" in done.stdout and "ClientHandler" in done.stdout
+
+
 def test_hot_path_bench_reports_every_part() -> None:
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "hot_path.py"), "--messages", "300", "--repeat", "1"],
