@@ -53,6 +53,9 @@ class BrokerSpec:
     fsync: str | None = None  # mop's storage.fsync
     nodes: int = 0  # separated mop: broker nodes of the cluster (0: merged, one process)
     proxies: int = 0  # separated mop: MQTT proxies in front of them
+    # mop as installed in another Python, a compiled build (`--mop-compiled PYTHON`), beside
+    # the one this bench runs from its checkout.
+    compiled: bool = False
 
     @property
     def separated(self) -> bool:
@@ -64,6 +67,8 @@ class BrokerSpec:
             return f"mop sep {self.proxies}x{self.nodes} ({self.fsync})"
         if self.kind == "floor":
             return "trio floor"
+        if self.compiled:
+            return f"mop ({self.fsync}, compiled)"
         return f"mop ({self.fsync})" if self.kind == "mop" else self.name
 
     @property
@@ -78,14 +83,15 @@ BROKERS: dict[str, BrokerSpec] = {
         BrokerSpec("mop-never", "mop", "never"),
         BrokerSpec("mop-interval", "mop", "interval"),
         BrokerSpec("mop-always", "mop", "always"),
+        BrokerSpec("mop-compiled", "mop", "interval", compiled=True),
         BrokerSpec("mop-sep-1x1", "mop", "never", nodes=1, proxies=1),
         BrokerSpec("mop-sep-2x2", "mop", "never", nodes=2, proxies=2),
         BrokerSpec("mosquitto", "mosquitto"),
         BrokerSpec("mosquitto-nodelay", "mosquitto"),
         BrokerSpec("aedes", "aedes"),
         BrokerSpec("amqtt", "amqtt"),
-        # Not a broker: the least a trio server does for a connection (bench/floor_server.py),
-        # run in the connection scenarios only.
+        # Not a broker: the least MQTT relay in plain trio (bench/floor_server.py), run in the
+        # connection scenarios and the message flows only (no retained messages, no sessions).
         BrokerSpec("trio-floor", "floor"),
     )
 }
@@ -215,6 +221,8 @@ class MopSource:
     commit: str | None = None  # set for a snapshot
     # Set by `use_installed_mop`: mop as installed in the bench's Python, not from `root`.
     installed: bool = False
+    # Set by `use_compiled_mop`: the Python whose installed (compiled) mop `mop-compiled` runs.
+    compiled_python: Path | None = None
 
 
 MOP_SOURCE = MopSource()
@@ -225,22 +233,38 @@ def use_installed_mop() -> str:
     a compiled build: `COMPILE_MOP=1 pip install .`) rather than from this checkout; returns
     where it is installed and how many of its modules run compiled."""
     MOP_SOURCE.installed = True
+    path, compiled, compilable = _probe_installed(Path(sys.executable))
+    return f"{path}, {compiled} of {compilable} modules compiled"
+
+
+def _probe_installed(python: Path) -> tuple[str, int, int]:
+    """Where `python` imports mop from, and how many of its compilable modules run compiled."""
     probe = (
         "import mop, mop.compiled as c; "
         "print(mop.__path__[0], len(c.compiled_modules()), len(c.COMPILED_MODULES))"
     )
     # `-P` and a neutral directory: the checkout must not shadow the installed package.
+    env = mop_environ(Path(tempfile.gettempdir()))
+    env.pop("PYTHONPATH", None)
     out = _run(
-        [sys.executable, "-P", "-c", probe],
-        "installed mop",
-        cwd=Path(tempfile.gettempdir()),
-        env=mop_environ(Path(tempfile.gettempdir())),
+        [str(python), "-P", "-c", probe], "installed mop", cwd=Path(tempfile.gettempdir()), env=env
     ).split()
     if len(out) != 3:
-        raise BrokerError(f"no mop installed in {sys.executable}")
+        raise BrokerError(f"no mop installed in {python}")
     path, compiled, compilable = out
     if Path(path).resolve().is_relative_to(REPO_DIR):
-        raise BrokerError(f"{sys.executable} imports mop from this checkout ({path})")
+        raise BrokerError(f"{python} imports mop from this checkout ({path})")
+    return path, int(compiled), int(compilable)
+
+
+def use_compiled_mop(python: Path) -> str:
+    """Run the `mop-compiled` broker with the mop installed in `python`, which must be a
+    compiled build (`COMPILE_MOP=1 pip install .` into another environment); returns where it
+    is installed and how many of its modules run compiled."""
+    path, compiled, compilable = _probe_installed(python)
+    if not compiled:
+        raise BrokerError(f"the mop installed in {python} ({path}) is not a compiled build")
+    MOP_SOURCE.compiled_python = python
     return f"{path}, {compiled} of {compilable} modules compiled"
 
 
@@ -298,6 +322,17 @@ def _dynamic_version(commit: str, pyproject: dict[str, Any]) -> str:
 
 def version(spec: BrokerSpec, deps_dir: Path) -> str:
     """The version of the broker as the bench runs it, for the report."""
+    if spec.compiled:
+        python = _compiled_python()
+        env = mop_environ(MOP_SOURCE.root / "data")
+        env.pop("PYTHONPATH", None)
+        out = _run(
+            [str(python), "-P", "-m", "mop", "--version"],
+            "mop --version",
+            cwd=Path(tempfile.gettempdir()),
+            env=env,
+        ).strip()
+        return f"{out} (compiled, installed for {python})"
     if spec.kind == "mop":
         installed = MOP_SOURCE.installed
         out = _run(
@@ -388,6 +423,12 @@ MOP_MQTT_SETTINGS = {
 }
 
 
+def _compiled_python() -> Path:
+    if MOP_SOURCE.compiled_python is None:
+        raise BrokerError("mop-compiled runs a compiled build: give its Python with --mop-compiled")
+    return MOP_SOURCE.compiled_python
+
+
 def _command(
     spec: BrokerSpec, port: int, workdir: Path, deps_dir: Path
 ) -> tuple[list[str], dict[str, str]]:
@@ -401,6 +442,9 @@ def _command(
             MOP_PULSAR__PORT="0",
             MOP_STORAGE__FSYNC=spec.fsync or "always",
         )
+        if spec.compiled:
+            env.pop("PYTHONPATH", None)  # the installed package only
+            return [str(_compiled_python()), "-P", "-m", "mop", "run"], env
         return [sys.executable, "-m", "mop", "run"], env
     if spec.kind == "mosquitto":
         return ["mosquitto", "-c", str(_mosquitto_conf(spec, port, workdir))], env

@@ -7,6 +7,8 @@ by broker, medians, ratios to mosquitto, a chart.
     python bench/mqtt_bench.py --brokers mop-never,mosquitto --scenarios qos0,fanout
     python bench/mqtt_bench.py --brokers mop-never,mop-sep-1x1,mop-sep-2x2,mosquitto
     python bench/mqtt_bench.py --profile          # py-spy profile of mop under qos0, fanout, qos1
+    python bench/mqtt_bench.py --brokers mop-interval,mop-compiled,mosquitto,trio-floor \
+        --mop-compiled /path/to/venv/bin/python   # a compiled build beside the checkout's mop
 
 See bench/README.md for what each scenario does and how the numbers are taken.
 """
@@ -43,6 +45,7 @@ from brokers import (
     install,
     snapshot_mop,
     stop_on_sigterm,
+    use_compiled_mop,
     use_installed_mop,
     version,
 )
@@ -127,6 +130,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="run mop as installed in this Python (e.g. a compiled build, "
         "`COMPILE_MOP=1 pip install .`) instead of from the working tree",
+    )
+    parser.add_argument(
+        "--mop-compiled",
+        metavar="PYTHON",
+        type=Path,
+        help="the Python of an environment with a compiled build of mop "
+        "(`COMPILE_MOP=1 pip install .`), which the broker mop-compiled (fsync interval) runs, "
+        "beside mop from this checkout",
     )
     publish = parser.add_mutually_exclusive_group()
     publish.add_argument(
@@ -344,6 +355,12 @@ def run_bench(args: argparse.Namespace) -> int:
     args.out = (args.out or BENCH_DIR / "results" / started.strftime("%Y%m%d-%H%M%S")).resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     raise_fd_limit()
+    if "mop-compiled" in broker_names:
+        if args.mop_compiled is None:
+            raise BrokerError(
+                "mop-compiled runs a compiled build: give its Python with --mop-compiled"
+            )
+        log(f"mop-compiled: {use_compiled_mop(args.mop_compiled)}")
     if args.mop_commit:
         commit = snapshot_mop(args.mop_commit, args.out / "mop-source")
         log(f"mop from commit {commit}, extracted into {args.out / 'mop-source'}")
@@ -407,7 +424,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _serves(spec: BrokerSpec, sc: Scenario) -> bool:
-    """Whether `spec` runs `sc`: the trio floor server runs only the connection scenarios."""
+    """Whether `spec` runs `sc`: the trio floor runs only the scenarios marked `floor`."""
     return spec.kind != "floor" or sc.floor
 
 
@@ -477,7 +494,9 @@ def _hop(brokers: list[str]) -> tuple[str, list[str]] | None:
     against the merged node with the same storage settings as the separated brokers."""
     separated = [b for b in brokers if BROKERS[b].separated]
     merged = {
-        BROKERS[b].fsync: b for b in brokers if BROKERS[b].kind == "mop" and b not in separated
+        BROKERS[b].fsync: b
+        for b in brokers
+        if BROKERS[b].kind == "mop" and b not in separated and not BROKERS[b].compiled
     }
     fsyncs = {BROKERS[b].fsync for b in separated}
     if not separated or len(fsyncs) != 1 or fsyncs.isdisjoint(merged):

@@ -126,8 +126,9 @@ class Scenario:
     metrics: tuple[Metric, ...]
     run: Callable[[RunContext], RunResult]
     expected_s: float  # rough wall time of one run, for the plan printed before the bench
-    # Whether the trio floor server (bench/floor_server.py) runs it: it only answers CONNECT,
-    # so only the connection scenarios.
+    # Whether the trio floor (bench/floor_server.py) runs it: the connection scenarios and the
+    # message flows it relays; not those that need retained messages or sessions, which it
+    # does not keep.
     floor: bool = False
 
 
@@ -431,6 +432,7 @@ SCENARIOS: dict[str, Scenario] = {
             (_rate("msgs", "QoS 0, 1 pub -> 1 sub, msgs/s"),),
             _throughput("msgs", qos=0, window=2000),
             4,
+            floor=True,
         ),
         Scenario(
             "qos1",
@@ -438,6 +440,7 @@ SCENARIOS: dict[str, Scenario] = {
             (_rate("msgs", "QoS 1, 1 pub (100 in flight) -> 1 sub, msgs/s"),),
             _throughput("msgs", qos=1, inflight=100, window=1000),
             4,
+            floor=True,
         ),
         Scenario(
             "fanout",
@@ -445,6 +448,7 @@ SCENARIOS: dict[str, Scenario] = {
             (_rate("deliveries", "fan-out QoS 0, 1 pub -> {fanout} subs, deliveries/s"),),
             _throughput("deliveries", qos=0, subs="fanout", window=200),
             4,
+            floor=True,
         ),
         Scenario(
             "fanin",
@@ -466,6 +470,7 @@ SCENARIOS: dict[str, Scenario] = {
                 prime=1,
             ),
             4,
+            floor=True,
         ),
         Scenario(
             "fanin-flat",
@@ -478,6 +483,7 @@ SCENARIOS: dict[str, Scenario] = {
                 "msgs", qos=0, pubs="fanin", topic_per_pub=1, wildcard=1, window=1_000_000, prime=1
             ),
             6,
+            floor=True,
         ),
         Scenario(
             "latency1k",
@@ -485,6 +491,7 @@ SCENARIOS: dict[str, Scenario] = {
             _latency_metrics("{low_rate}"),
             _latency(lambda s: s.latency_low_rate),
             5,
+            floor=True,
         ),
         Scenario(
             "latency",
@@ -492,6 +499,7 @@ SCENARIOS: dict[str, Scenario] = {
             _latency_metrics("{rate}"),
             _latency(lambda s: s.latency_rate),
             5,
+            floor=True,
         ),
         Scenario(
             "conns",
@@ -510,6 +518,7 @@ SCENARIOS: dict[str, Scenario] = {
             (_rate("msgs", "QoS 2, 1 pub (100 in flight) -> 1 sub, msgs/s"),),
             _throughput("msgs", qos=2, inflight=100, window=1000),
             4,
+            floor=True,
         ),
         Scenario(
             "retained",

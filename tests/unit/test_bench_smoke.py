@@ -85,35 +85,47 @@ def test_smoke_run_of_separated_mode_reports_the_hop(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("mosquitto") is None, reason="the targets compare to mosquitto")
 def test_smoke_run_reports_the_targets_with_the_trio_floor(tmp_path: Path) -> None:
-    """The floor server runs the connection scenario only; the targets section has mop next to
-    mosquitto, and in the connection row next to the floor, with a verdict."""
+    """The floor relay runs a message flow (delivering every message) and the connection
+    scenario; the targets section has mop next to mosquitto and next to the floor, with a
+    verdict."""
     out = tmp_path / "report"
     brokers = ["--brokers", "mop-never,mosquitto,trio-floor"]
     paths = ["--out", str(out), "--deps-dir", str(tmp_path)]
+    scenarios = ["--scenarios", "qos1,fanin,conns"]
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--smoke", *brokers, "--scenarios", "qos0,conns", *paths],
+        [sys.executable, str(BENCH), "--smoke", *brokers, *scenarios, *paths],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=240,
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
     results = json.loads((out / "results.json").read_text())
-    floor_runs = [run for run in results["runs"] if run["broker"] == "trio-floor"]
-    assert [run["scenario"] for run in floor_runs] == ["conns"], floor_runs
-    assert floor_runs[0]["values"]["conn_rate"] > 0, floor_runs
+    floor_runs = {run["scenario"]: run for run in results["runs"] if run["broker"] == "trio-floor"}
+    assert list(floor_runs) == ["qos1", "fanin", "conns"], floor_runs
+    for flow in ("qos1", "fanin"):
+        run = floor_runs[flow]
+        assert not run["notes"], run
+        assert run["detail"]["delivered"] == run["detail"]["expected"] > 0, run
+        assert run["values"]["msgs"] > 0, run
+    assert floor_runs["fanin"]["values"]["dropped"] == 0, floor_runs["fanin"]
+    assert floor_runs["qos1"]["detail"]["acked"] == floor_runs["qos1"]["detail"]["sent"]
+    assert floor_runs["conns"]["values"]["conn_rate"] > 0, floor_runs
 
     targets = (out / "report.md").read_text().split("## Targets", 1)[1].split("\n## ", 1)[0]
     table = [line.split("|") for line in targets.splitlines() if line.startswith("| ")]
     rows = {cells[1].strip(): cells[2:-1] for cells in table}
-    qos0 = [cell.strip() for cell in rows["QoS 0 1 -> 1 msgs/s"]]
-    assert re.fullmatch(r"\d+(\.\d+)?x", qos0[2]), qos0
-    assert qos0[3] == qos0[4] == "", qos0  # no floor numbers outside the connection rows
-    assert qos0[-1] in ("met", "missed"), qos0
+    qos1 = [cell.strip() for cell in rows["QoS 1 1 -> 1 msgs/s"]]
+    assert re.fullmatch(r"\d+(\.\d+)?x", qos1[2]), qos1
+    assert re.fullmatch(r"\d+(\.\d+)?k?", qos1[3]), qos1  # the floor's number
+    assert re.fullmatch(r"\d+(\.\d+)?x", qos1[4]), qos1  # mop / floor
+    assert qos1[-1] in ("met", "missed"), qos1
+    fanin = [c.strip() for c in rows["fan-in 10 -> 1 wildcard msgs/s / QoS 0 messages dropped"]]
+    assert re.fullmatch(r"[\d.]+k? / 0", fanin[3]), fanin
     conns = [c.strip() for c in rows["100 idle connections: connects/s / KB per connection"]]
-    assert re.fullmatch(r"[\d.]+k? / [\d.]+", conns[3]), conns  # the floor's numbers
+    assert re.fullmatch(r"[\d.]+k? / [\d.]+", conns[3]), conns
     assert conns[-2] == ">= 15.0k/s, <= 5.0 KB", conns
     assert conns[-1] in ("met", "missed") or conns[-1].startswith("missed: "), conns
 
@@ -172,3 +184,59 @@ def test_hot_path_bench_reports_every_part() -> None:
         "node1",
     ]
     assert all(int(match.group(2)) > 0 for match in timed if match), parts
+
+
+def test_the_compiled_column_needs_a_compiled_build(tmp_path: Path) -> None:
+    """`mop-compiled` runs the mop installed in the Python given with `--mop-compiled`: without
+    one, or with a Python whose mop is this checkout (not a compiled build), the bench says so
+    and stops before running anything."""
+    base = [sys.executable, str(BENCH), "--smoke", "--brokers", "mop-compiled", "--no-chart"]
+    missing = subprocess.run(
+        [*base, "--out", str(tmp_path / "a")], capture_output=True, text=True, timeout=120
+    )
+    assert missing.returncode == 1
+    assert "give its Python with --mop-compiled" in missing.stderr
+    checkout = subprocess.run(
+        [*base, "--mop-compiled", sys.executable, "--out", str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert checkout.returncode == 1
+    assert "this checkout" in checkout.stderr or "not a compiled build" in checkout.stderr
+    assert not (tmp_path / "b" / "results.json").exists()
+
+
+def test_loop_trace_reports_the_anatomy_of_a_message(tmp_path: Path) -> None:
+    """bench/loop_trace.py traces the event loop of mop and of the trio floor under a paced
+    QoS 1 flow and counts, per message, the scheduler passes and task steps."""
+    out = tmp_path / "trace.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "loop_trace.py"),
+            "--brokers",
+            "mop,floor",
+            "--rate",
+            "200",
+            "--seconds",
+            "0.5",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    results = json.loads(out.read_text())
+    for kind in ("mop", "floor"):
+        result = results[kind]
+        assert result["lat_p50_us"] > 0
+        # A message wakes the loop at least once (the PUBLISH) and its steps took time.
+        assert result["passes_per_msg"] >= 1
+        assert result["busy_per_msg_us"] > 0
+    # mop's publisher and its subscriber's delivery are different tasks: both step per message.
+    assert len([n for n in results["mop"]["steps_per_msg"].values() if n >= 0.5]) >= 2
+    assert "scheduler passes" in done.stdout

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,6 +24,7 @@ from mop.broker.storage.api import (
     StorageStats,
 )
 from mop.broker.storage.index import LogIndex, Run, TopicIndex
+from mop.broker.storage.interval_sync import IntervalSyncer
 from mop.broker.storage.log import Batch, LogTail
 from mop.broker.storage.reads import LogReader
 from mop.broker.storage.records import (
@@ -138,11 +140,13 @@ class DurableStorage:
         )
         self._files = SegmentFiles(directory, seal_fsync=settings.fsync != "never")
         self._lock = lock
+        # How far the log is fsynced, when the last fsync began and how long each takes (read
+        # by the metrics): a write's that fsyncs, or the interval's, which runs on a thread of
+        # its own (`IntervalSyncer`), hence the lock.
         self._synced = recovered.end
         self._last_fsync = time.monotonic()
-        # How long each fsync takes, from handing it to a worker thread until the records
-        # are durable: a write's that fsyncs, or the interval's (read by the metrics).
         self.sync_latency = LatencyHistogram()
+        self._sync_lock = threading.Lock()
         self._flight: _Flight | None = None
         self._full_until = 0.0
         # Appends and `when_written` callbacks waiting for their write, oldest first.
@@ -446,7 +450,7 @@ class DurableStorage:
                 # positions, so a write given up because its caller was cancelled (a client
                 # that disconnects while its publish waits) would leave a hole that later
                 # writes step over, and recovery would cut the log there. It finishes.
-                started = time.perf_counter()
+                started = time.monotonic()
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(
                         self._files.write,
@@ -457,7 +461,7 @@ class DurableStorage:
                         self._announcer(batch),
                     )
                 if fsync:
-                    self.sync_latency.record(time.perf_counter() - started)
+                    self._note_synced(batch.end, now, time.monotonic() - started)
         except OSError as exc:
             # One outcome for the whole batch: its publishers are told it failed, so none of
             # its messages may be stored by a later write (the publishers send them again).
@@ -474,9 +478,6 @@ class DurableStorage:
             tail.done(batch)
             self._written(batch)  # a worker thread's write: announced already, but for fresh
             self._full_until = 0.0
-            if fsync:
-                self._synced = batch.end
-                self._last_fsync = now
             if self._outcomes:
                 self._wakeup.set()  # records queued since wait for their outcome: write soon
         finally:
@@ -486,6 +487,14 @@ class DurableStorage:
             # Consumers of the messages this write released deliver them before the caller
             # (a publisher) acknowledges its own. Not a cancellation point: it is written.
             await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def _note_synced(self, through: int, started: float, seconds: float) -> None:
+        """An fsync that began at `started` (monotonic) made the log durable up to `through`
+        in `seconds`; called by a write that fsyncs and by the interval's thread."""
+        with self._sync_lock:
+            self._synced = max(self._synced, through)
+            self._last_fsync = max(self._last_fsync, started)
+            self.sync_latency.record(seconds)
 
     def _announcer(self, batch: Batch) -> Callable[[], None]:
         """For a worker thread's write: once the bytes are written, and while the fsync runs,
@@ -506,7 +515,10 @@ class DurableStorage:
             raise RuntimeError("serve() is already running")
         policy = self.settings.fsync
         tick = self.settings.fsync_interval if policy == "interval" else 1.0
+        syncer = self._interval_syncer() if policy == "interval" else None
         self._serving = True
+        if syncer is not None:
+            syncer.start()
         task_status.started()
         try:
             while not self._closed:
@@ -516,33 +528,35 @@ class DurableStorage:
                 if self._closed:
                     break
                 try:
-                    # The interval's fsync is not a write's: records keep being written (and
-                    # their publishers answered) while the disk works on what came before.
-                    await self.flush(self._tail.end, fsync=policy == "always")
-                    if policy == "interval" and not self._closed and self._fsync_due():
-                        await self._fsync_written()
+                    # Records that no `sync()` asked for (QoS 0 messages, cursors, tables)
+                    # reach the operating system within a tick; the interval's fsync follows
+                    # them on its own thread.
+                    end = self._tail.end
+                    if (self._synced if policy == "always" else self._tail.written) < end:
+                        await self.flush(end, fsync=policy == "always")
                     await self._upkeep.run_if_due()
                 except StorageError as exc:
                     _failures.warning(type(exc).__name__, "background write failed: %s", exc)
         finally:
             self._serving = False
+            if syncer is not None:
+                syncer.stop()
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(syncer.join)
 
-    def _fsync_due(self) -> bool:
-        return time.monotonic() - self._last_fsync >= self.settings.fsync_interval
+    def _interval_syncer(self) -> IntervalSyncer:
+        def failed(exc: OSError) -> None:
+            error = _storage_error(exc)
+            _failures.warning(type(error).__name__, "interval fsync failed: %s", error)
 
-    async def _fsync_written(self) -> None:
-        """Fsync what is written (for "interval"), beside the writes rather than as one: no
-        `sync()` waits for it, as none needs it."""
-        through = self._tail.written
-        now = time.monotonic()
-        started = time.perf_counter()
-        try:
-            await trio.to_thread.run_sync(self._files.fsync_written)
-        except OSError as exc:
-            raise _storage_error(exc) from exc
-        self.sync_latency.record(time.perf_counter() - started)
-        self._synced = max(self._synced, through)
-        self._last_fsync = now
+        return IntervalSyncer(
+            self.settings.fsync_interval,
+            written=lambda: self._tail.written,
+            synced=lambda: self._synced,
+            fsync=self._files.fsync_written,
+            done=self._note_synced,
+            failed=failed,
+        )
 
     async def start(self) -> None:
         """Begin this opening's epoch durably, before any id of it is handed out."""
