@@ -133,6 +133,31 @@ class Cursor:
                 self.compact()
         self.sub.books.changed.add(self)
 
+    def ack_taken(self, message_ids: list[MessageId]) -> None:
+        """`ack` each of `message_ids` in turn (messages acknowledged as a consumer takes
+        them, in the order routed): those first in `ids`, as they usually are, move
+        `mark_delete` once for them all."""
+        if self.redeliveries or self.partial or self.acked:
+            for message_id in message_ids:
+                self.ack(message_id)
+            return
+        ids = self.ids
+        done = 0
+        for message_id in message_ids:
+            if not ids or not (ids[0] is message_id or ids[0] == message_id):
+                break
+            ids.popleft()
+            done += 1
+        if done:
+            # `ids` is in id order, so the last one taken off is the highest. Nothing else
+            # is acknowledged (`acked` was empty and stays so): nothing to settle.
+            last = message_ids[done - 1]
+            if self.mark_delete is None or last > self.mark_delete:
+                self.mark_delete = last
+            self.sub.books.changed.add(self)
+        for message_id in message_ids[done:]:
+            self.ack(message_id)
+
     def owed(self) -> int:
         """How many messages routed here the subscription has not acknowledged (Pulsar's
         msgBacklog): waiting for dispatch, with a consumer, or delayed. O(len(ids)), walked

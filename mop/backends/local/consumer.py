@@ -125,8 +125,20 @@ class LocalConsumer:
         if self._wakeup is not None:
             raise trio.BusyResourceError("another task is already receiving from this consumer")
         await trio.lowlevel.checkpoint_if_cancelled()
+        att = self._att
+        if att is not None and (att.queue or self._local):
+            # Messages are there: other tasks run before the take rather than after it, so
+            # that what they publish meanwhile (a round of many publishers' reads) goes out
+            # with this batch, in this turn, instead of waiting taken for the next. It also
+            # keeps a long backlog from holding the loop. Meanwhile the consumer counts as
+            # receiving, as it does while it waits (see `SubscriberPressure`). With nothing
+            # there, the wait below is what lets others run.
+            att.receiving = True
+            try:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            finally:
+                att.receiving = False
         broker = self._backend.broker
-        waited = False
         while True:
             att = self._attachment()
             if broker.wants_reading_for(att):
@@ -139,7 +151,6 @@ class LocalConsumer:
             if self._local:
                 deliveries = self._take_local(max_messages)
                 if deliveries:
-                    await trio.lowlevel.cancel_shielded_checkpoint()
                     return deliveries
             try:
                 deliveries = broker.take(att, max_messages)
@@ -147,11 +158,6 @@ class LocalConsumer:
                 raise translate(exc) from exc
             if deliveries:
                 self._backend.pressure.taken(att.sub)
-                if not waited:
-                    # Messages were there at once: still let other tasks run (a long backlog
-                    # must not keep the loop to itself), without a cancellation point that
-                    # would lose what was just taken.
-                    await trio.lowlevel.cancel_shielded_checkpoint()
                 return deliveries
             event = self._wakeup = trio.Event()
             att.receiving = True  # not stalled, whatever waits: see `SubscriberPressure`
@@ -160,7 +166,6 @@ class LocalConsumer:
             finally:
                 self._wakeup = None
                 att.receiving = False
-            waited = True
 
     def ack(self, deliveries: Iterable[Delivery]) -> None:
         # Acknowledging after close is a no-op: the messages went back to the subscription.

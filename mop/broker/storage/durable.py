@@ -23,6 +23,7 @@ from mop.broker.storage.api import (
     StorageFull,
     StorageStats,
 )
+from mop.broker.storage.grouping import WriteGrouping
 from mop.broker.storage.index import LogIndex, Run, TopicIndex
 from mop.broker.storage.interval_sync import IntervalSyncer
 from mop.broker.storage.log import Batch, LogTail
@@ -148,6 +149,10 @@ class DurableStorage:
         self.sync_latency = LatencyHistogram()
         self._sync_lock = threading.Lock()
         self._flight: _Flight | None = None
+        # Whether a write waits a turn for other publishers' records, and the callers that
+        # asked for the next write so far.
+        self._grouping = WriteGrouping()
+        self._callers = 0
         self._full_until = 0.0
         # Appends and `when_written` callbacks waiting for their write, oldest first.
         self._fresh: deque[_Fresh] = deque()
@@ -409,13 +414,20 @@ class DurableStorage:
             return
         # The tasks that are ready run before the write, not after it: publishers that are
         # ready add their records to this same write, and consumers deliver what was routed
-        # at once (QoS 0). Messages that wait for `when_written` are released by the write,
-        # before its fsync. Not a cancellation point, as the write never was: the caller's
-        # records are queued already.
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        # at once (QoS 0). An fsync always waits for them; a write to the page cache only
+        # while others join it (`WriteGrouping`). Messages that wait for `when_written` are
+        # released by the write, before its fsync. Not a cancellation point, as the write never
+        # was: the caller's records are queued already.
+        self._callers += 1
+        waited = fsync or self._grouping.should_wait()
+        if waited:
+            await trio.lowlevel.cancel_shielded_checkpoint()
         while (self._synced if fsync else tail.written) < target:
             flight = self._flight
             if flight is None:
+                callers, self._callers = self._callers, 0
+                if callers and not fsync:
+                    self._grouping.written(callers, waited=waited)
                 await self._write(fsync)
                 continue
             await flight.done.wait()

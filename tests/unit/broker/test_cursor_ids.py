@@ -201,3 +201,42 @@ def test_message_ids_are_ordered_by_ledger_then_entry_then_batch_index() -> None
     assert sorted(reversed(ids)) == ids
     with pytest.raises(TypeError):
         assert MessageId(1, 2) < (1, 3)  # type: ignore[operator]
+
+
+@settings(max_examples=400)
+@given(
+    st.integers(0, 30),
+    st.lists(st.integers(0, 40), max_size=4),
+    st.integers(0, 30),
+    st.lists(st.integers(0, 40), max_size=4),
+    st.sampled_from([None, MessageId(1, 0), MessageId(1, 12)]),
+)
+def test_acknowledging_taken_messages_together_is_acknowledging_each(
+    routed: int,
+    acked_before: list[int],
+    from_front: int,
+    out_of_line: list[int],
+    mark_delete: MessageId | None,
+) -> None:
+    # Two cursors in the same state: ids routed, some acknowledged already (then a take's
+    # acknowledgements may not be first in line); one acknowledges what a consumer took one
+    # at a time, the other all together.
+    each, together = new_cursor(mark_delete), new_cursor(mark_delete)
+    ids = [MessageId(1, entry) for entry in range(1, routed + 1)]
+    for cursor in (each, together):
+        cursor.ids.extend(ids)
+        for number in acked_before:
+            cursor.ack(MessageId(1, number))
+    # The usual take: the first ids of those routed, in order; then maybe others, routed or
+    # not, later in line.
+    front = list(each.ids)[:from_front]
+    rest = [MessageId(1, number) for number in sorted(set(out_of_line))]
+    message_ids = front + [m for m in rest if not front or m > front[-1]]
+    for message_id in message_ids:
+        each.ack(message_id)
+    together.ack_taken(message_ids)
+    assert together.mark_delete == each.mark_delete
+    assert together.state() == each.state()
+    assert list(together.ids) == list(each.ids)
+    # Marked as changed (to be saved) alike.
+    assert (together in together.sub.books.changed) == (each in each.sub.books.changed)

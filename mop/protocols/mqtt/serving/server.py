@@ -26,11 +26,10 @@ from mop.processor import (
     PublishResult,
 )
 from mop.processor.tracing import MessageTracing, PublishTrace
-from mop.protocols.mqtt.codec import encode_publish
 from mop.protocols.mqtt.connection import ConnectionLimits
 from mop.protocols.mqtt.mapping import publish_to_message, with_properties
 from mop.protocols.mqtt.negotiation import JWT_METHOD, ConnectPolicy
-from mop.protocols.mqtt.packets import NO_PROPERTIES, Publish, Will
+from mop.protocols.mqtt.packets import Publish, Will
 from mop.protocols.mqtt.reason_codes import ReasonCode
 from mop.protocols.mqtt.serving.client_events import ClientEvents, default_node_name
 from mop.protocols.mqtt.serving.outflow import OutflowContext
@@ -39,6 +38,7 @@ from mop.protocols.mqtt.serving.retained import RetainedStore
 from mop.protocols.mqtt.serving.session_registry import SessionRegistry
 from mop.protocols.mqtt.serving.sys_topics import SysPublisher
 from mop.protocols.mqtt.serving.timers import Timers
+from mop.protocols.mqtt.shared_encodings import SharedQos0Encodings
 from mop.settings import MqttSettings, Settings
 from mop.topic_names import FULL_NAME_SCHEMES, is_system_topic, mqtt_to_pulsar, pulsar_to_mqtt
 from mop.topics import matches
@@ -55,10 +55,6 @@ RESERVED_DOLLAR_LEVELS = frozenset({"$SYS", "$share"})
 # Where mosquitto bridges report their state (`notifications`, on by default), their will
 # included: mosquitto lets any client write there. mop takes such messages and drops them.
 BRIDGE_STATE_FILTER = "$SYS/broker/connection/+/state"
-
-# Bounds of the memory of encoded QoS 0 PUBLISHes: it only needs to outlive one fan-out.
-_ENCODED_COUNT = 4096
-_ENCODED_BYTES = 8 << 20
 
 
 class MqttServer:
@@ -90,10 +86,9 @@ class MqttServer:
             lambda topic: pulsar_to_mqtt(topic, tenant=tenant, namespace=namespace)
         )
         self._tenant = tenant
-        # QoS 0 PUBLISH bytes by (message, topic, retain, protocol level), so that a message
-        # fanned out to many clients is encoded once (`encoded_qos0`).
-        self._encoded: dict[tuple[int, str, bool, int], tuple[Message, bytes]] = {}
-        self._encoded_bytes = 0
+        # QoS 0 PUBLISH bytes, so that a message fanned out to many clients is encoded once
+        # (`encoded_qos0`).
+        self._encoded = SharedQos0Encodings()
         self.timers = Timers()
         self.retained = RetainedStore(processor.table(RETAINED_TABLE))
         self.sessions = SessionRegistry(
@@ -212,26 +207,7 @@ class MqttServer:
     def encoded_qos0(self, topic: str, message: Message, retain: bool, level: int) -> bytes:
         """A QoS 0 PUBLISH of `message` without properties, as sent to every client at
         protocol `level`: encoded once, then the same bytes for each subscriber."""
-        key = (id(message), topic, retain, level)
-        hit = self._encoded.get(key)
-        if hit is not None and hit[0] is message:  # the id is only valid with the object
-            return hit[1]
-        data = encode_publish(
-            topic,
-            message.payload,
-            qos=0,
-            retain=retain,
-            dup=False,
-            packet_id=None,
-            properties=NO_PROPERTIES,
-            protocol_level=level,
-        )
-        if self._encoded_bytes > _ENCODED_BYTES or len(self._encoded) >= _ENCODED_COUNT:
-            self._encoded.clear()
-            self._encoded_bytes = 0
-        self._encoded[key] = (message, data)
-        self._encoded_bytes += len(data)
-        return data
+        return self._encoded.encoded(topic, message, retain, level)
 
     async def publish(self, ctx: ClientContext, publish: Publish) -> PublishResult:
         """Publish an MQTT message (and update the retained table when it is retained)."""
