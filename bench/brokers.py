@@ -257,10 +257,12 @@ def _probe_installed(python: Path) -> tuple[str, int, int]:
     return path, int(compiled), int(compilable)
 
 
-def use_compiled_mop(python: Path) -> str:
+def use_compiled_mop(python: Path | None) -> str:
     """Run the `mop-compiled` broker with the mop installed in `python`, which must be a
     compiled build (`COMPILE_MOP=1 pip install .` into another environment); returns where it
     is installed and how many of its modules run compiled."""
+    if python is None:
+        raise BrokerError(_NO_COMPILED_PYTHON)
     path, compiled, compilable = _probe_installed(python)
     if not compiled:
         raise BrokerError(f"the mop installed in {python} ({path}) is not a compiled build")
@@ -423,9 +425,12 @@ MOP_MQTT_SETTINGS = {
 }
 
 
+_NO_COMPILED_PYTHON = "mop-compiled runs a compiled build: give its Python with --mop-compiled"
+
+
 def _compiled_python() -> Path:
     if MOP_SOURCE.compiled_python is None:
-        raise BrokerError("mop-compiled runs a compiled build: give its Python with --mop-compiled")
+        raise BrokerError(_NO_COMPILED_PYTHON)
     return MOP_SOURCE.compiled_python
 
 
@@ -457,7 +462,8 @@ def _command(
     return [str(_amqtt_python(deps_dir)), str(script), str(port)], env
 
 
-def _accepts(port: int) -> bool:
+def accepts(port: int) -> bool:
+    """Whether something accepts connections on the loopback `port`."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
             return True
@@ -563,7 +569,7 @@ class Broker:
         """Until the port accepts connections; stops the process and raises if it ends or the
         deadline (time.monotonic()) passes first."""
         assert self.proc is not None
-        while not _accepts(self.port):
+        while not accepts(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise BrokerError(f"{self.name} did not start:\n{self.log_tail()}")

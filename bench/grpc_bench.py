@@ -130,7 +130,7 @@ class Node(brokers.Broker):
 
     def wait_ready(self, deadline: float) -> None:
         super().wait_ready(deadline)  # the Pulsar port
-        while not brokers._accepts(self.grpc_port):
+        while not brokers.accepts(self.grpc_port):
             if self.exit_code() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise BrokerError(f"the gRPC port did not open:\n{self.log_tail()}")

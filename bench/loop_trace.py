@@ -13,7 +13,7 @@ task, background ones included (timers, storage upkeep).
     python bench/loop_trace.py [--brokers mop,floor] [--rate 1000] [--seconds 4] [--fsync interval]
 
 mop runs from this checkout unless `--mop-source` names another (to compare two trees) or
-`--mop-python` another environment's Python (a compiled build). The instrument costs a
+`--mop-compiled` another environment's Python (a compiled build). The instrument costs a
 microsecond or two per step, so the times are a little above those of bench/mqtt_bench.py; the
 counts are exact.
 """
@@ -35,7 +35,7 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
-from brokers import REPO_DIR, _accepts, free_port  # noqa: E402
+from brokers import REPO_DIR, accepts, free_port  # noqa: E402
 from loadgen import build, run  # noqa: E402
 
 # Steps and waits recorded at most (a few seconds at 5k msgs/s); recording stops after.
@@ -176,9 +176,9 @@ def _run_one(kind: str, args: argparse.Namespace, loadgen: Path) -> dict[str, An
     port = free_port()
     work = Path(tempfile.mkdtemp(prefix=f"loop-trace-{kind}-"))
     trace = work / "trace.json"
-    python = str(args.mop_python) if kind == "mop" and args.mop_python else sys.executable
+    python = str(args.mop_compiled) if kind == "mop" and args.mop_compiled else sys.executable
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOP_")}
-    if kind == "mop" and not args.mop_python:
+    if kind == "mop" and not args.mop_compiled:
         source = str(args.mop_source or REPO_DIR)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
     env.update(
@@ -200,7 +200,7 @@ def _run_one(kind: str, args: argparse.Namespace, loadgen: Path) -> dict[str, An
     log = (work / "broker.log").open("wb")
     proc = subprocess.Popen(argv, env=env, cwd=work, stdout=log, stderr=log)
     try:
-        while not _accepts(port):
+        while not accepts(port):
             if proc.poll() is not None or time.monotonic() - started > 60:
                 raise RuntimeError(f"{kind} did not start; see {work / 'broker.log'}")
             time.sleep(0.05)
@@ -261,7 +261,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds")
     parser.add_argument("--fsync", default="interval", help="mop's storage.fsync")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--mop-python", type=Path, help="a Python with mop installed (compiled)")
+    source.add_argument("--mop-compiled", type=Path, help="a Python with mop installed (compiled)")
     source.add_argument(
         "--mop-source", type=Path, help="a checkout to run mop from (default: this one)"
     )

@@ -356,10 +356,6 @@ def run_bench(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     raise_fd_limit()
     if "mop-compiled" in broker_names:
-        if args.mop_compiled is None:
-            raise BrokerError(
-                "mop-compiled runs a compiled build: give its Python with --mop-compiled"
-            )
         log(f"mop-compiled: {use_compiled_mop(args.mop_compiled)}")
     if args.mop_commit:
         commit = snapshot_mop(args.mop_commit, args.out / "mop-source")

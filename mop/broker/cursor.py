@@ -136,8 +136,9 @@ class Cursor:
     def ack_taken(self, message_ids: list[MessageId]) -> None:
         """`ack` each of `message_ids` in turn (messages acknowledged as a consumer takes
         them, in the order routed): those first in `ids`, as they usually are, move
-        `mark_delete` once for them all."""
-        if self.redeliveries or self.partial or self.acked:
+        `mark_delete` once for them all. A run of one (topics taken in turn) is `ack` alone,
+        which costs least."""
+        if len(message_ids) == 1 or self.redeliveries or self.partial or self.acked:
             for message_id in message_ids:
                 self.ack(message_id)
             return

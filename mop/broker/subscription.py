@@ -520,11 +520,7 @@ class Subscription:
                     counted.bytes_out += out_bytes
                     out = out_bytes = 0
                     if auto_acked:
-                        # A run of one (topics taken in turn) as `ack` alone costs least.
-                        if len(auto_acked) == 1:
-                            counted.ack(auto_acked[0])
-                        else:
-                            counted.ack_taken(auto_acked)
+                        counted.ack_taken(auto_acked)
                         auto_acked.clear()
                 counted = cursor
             message = entry.message

@@ -19,7 +19,7 @@ __all__ = ["ConnectionTasks"]
 
 
 class ConnectionTasks:
-    __slots__ = ("_cancel_on_error", "_ended", "_nursery", "_scopes", "error")
+    __slots__ = ("_cancel_on_error", "_closing", "_ended", "_nursery", "_scopes", "error")
 
     def __init__(self, cancel_on_error: trio.CancelScope) -> None:
         """Tasks of the calling task's connection, started beside it (in its parent
@@ -35,6 +35,9 @@ class ConnectionTasks:
         self._ended: trio.Event | None = None
         # What the first task that failed raised.
         self.error: Exception | None = None
+        # Set by `cancel`: a task started later starts cancelled, as in a nursery whose scope
+        # is cancelled, so that none outlives the connection in the shared nursery.
+        self._closing = False
 
     def start_soon(
         self, async_fn: Callable[[], Awaitable[object]], scope: trio.CancelScope | None = None
@@ -45,9 +48,10 @@ class ConnectionTasks:
         if self._scopes is None:
             self._scopes = set()
         self._scopes.add(scope)
-        if self.error is not None:  # the connection is ending: nothing new runs
+        if self._closing:  # the connection is ending: nothing new runs
             scope.cancel()
-        self._nursery.start_soon(self._run, async_fn, scope)
+        # Named after what it runs (a delivery, a writer), not after this wrapper.
+        self._nursery.start_soon(self._run, async_fn, scope, name=async_fn)
 
     async def _run(
         self, async_fn: Callable[[], Awaitable[object]], scope: trio.CancelScope
@@ -68,7 +72,8 @@ class ConnectionTasks:
                 self._ended.set()
 
     def cancel(self) -> None:
-        """Cancel every task still running."""
+        """Cancel every task still running, and any started from now on."""
+        self._closing = True
         for scope in self._scopes or ():
             scope.cancel()
 

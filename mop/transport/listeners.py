@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 import trio
 
+from mop.log_limit import LimitedLog
 from mop.overload.buckets import Rate, TokenBucket
 from mop.transport.direct import read_ready
 from mop.transport.linger import end_and_drain
@@ -53,6 +54,7 @@ _REFUSAL_READ = 4096
 # memory: the listener keeps going, trying again after `_ACCEPT_PAUSE` seconds.
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _ACCEPT_PAUSE = 0.1
+_accept_failures = LimitedLog(logger)
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,9 +381,12 @@ async def _accept(
             except OSError as exc:
                 if exc.errno not in _OUT_OF_RESOURCES:
                     raise
-                logger.error(
+                reason = errno.errorcode.get(exc.errno, str(exc.errno))
+                # Ten times a second while it lasts: one line per kind per interval.
+                _accept_failures.error(
+                    reason,
                     "accepting a connection failed (%s), trying again in %gs",
-                    errno.errorcode.get(exc.errno, exc.errno),
+                    reason,
                     _ACCEPT_PAUSE,
                 )
                 await trio.sleep(_ACCEPT_PAUSE)

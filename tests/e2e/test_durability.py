@@ -257,6 +257,12 @@ def test_a_session_connected_at_shutdown_resumes_after_restart(restartable: Rest
         sub.subscribe("conn/t", 1)
         Client(node.mqtt_port, "conn-pub").publish("conn/t", b"delivered before", 1)
         assert sub.expect(1)[0].payload == b"delivered before"
+        # Its PUBACK reached the node before it stops (the client sends it after the
+        # message is handed over): only then is the message acknowledged.
+        wait_until(
+            lambda: node.call(lambda: mqtt_server(node).counts().inflight) == 0,
+            what="the PUBACK to be taken",
+        )
     sub.disconnects.get(timeout=5)
     sub.close()
 

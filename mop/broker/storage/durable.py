@@ -110,7 +110,9 @@ class DurableStorage:
       nothing that a returned `sync()` covered.
     - "interval": `sync()` returns after the records are written to the operating system (they
       survive a crash of the process, not of the machine); they are fsynced within
-      `fsync_interval` by `serve()`, or failing that by the next write after the interval.
+      `fsync_interval` by `serve()` (on a thread of its own, at each of its ticks, after it
+      has written the records no `sync()` asked for), or failing that by the next write after
+      the interval.
     - "never": like "interval" without the timed fsync; the operating system decides.
     Whatever the policy, `aclose()` and the reclaim of a segment fsync the log first.
 
@@ -531,6 +533,7 @@ class DurableStorage:
         self._serving = True
         if syncer is not None:
             syncer.start()
+        poked = time.monotonic()
         task_status.started()
         try:
             while not self._closed:
@@ -541,14 +544,19 @@ class DurableStorage:
                     break
                 try:
                     # Records that no `sync()` asked for (QoS 0 messages, cursors, tables)
-                    # reach the operating system within a tick; the interval's fsync follows
-                    # them on its own thread.
+                    # reach the operating system within a tick; the interval's fsync, on its
+                    # own thread, follows at once.
                     end = self._tail.end
                     if (self._synced if policy == "always" else self._tail.written) < end:
                         await self.flush(end, fsync=policy == "always")
                     await self._upkeep.run_if_due()
                 except StorageError as exc:
                     _failures.warning(type(exc).__name__, "background write failed: %s", exc)
+                if syncer is not None and time.monotonic() - poked >= tick:
+                    # Once an interval (not at every write that a wakeup asked for): what is
+                    # written by now, what this tick wrote included, is fsynced.
+                    poked = time.monotonic()
+                    syncer.poke()
         finally:
             self._serving = False
             if syncer is not None:

@@ -132,3 +132,41 @@ async def test_an_outbound_buffer_writes_from_connection_tasks() -> None:
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(connection)
+
+
+async def test_a_task_started_once_the_tasks_are_closing_starts_cancelled() -> None:
+    """As in a nursery whose scope is cancelled: nothing started late outlives its connection
+    in the shared nursery."""
+    ran_to_the_end: list[str] = []
+
+    async def late() -> None:
+        await trio.sleep(10)
+        ran_to_the_end.append("late")
+
+    async def connection(nursery: trio.Nursery) -> None:
+        tasks = ConnectionTasks(trio.CancelScope())
+        await tasks.aclose()
+        tasks.start_soon(late)
+        with trio.fail_after(1):
+            await tasks.aclose()  # the late one ends at once, cancelled
+        assert len(nursery.child_tasks) == 1  # this connection's own task only
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(connection, nursery)
+    assert ran_to_the_end == []
+
+
+async def test_tasks_are_named_after_what_they_run() -> None:
+    async def deliver() -> None:
+        await trio.sleep_forever()
+
+    async def connection(nursery: trio.Nursery) -> None:
+        tasks = ConnectionTasks(trio.CancelScope())
+        tasks.start_soon(deliver)
+        await trio.testing.wait_all_tasks_blocked()
+        names = {task.name for task in nursery.child_tasks}
+        assert any(name.endswith("deliver") for name in names), names
+        await tasks.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(connection, nursery)

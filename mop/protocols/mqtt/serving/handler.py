@@ -98,6 +98,15 @@ _refusals = LimitedLog(log)
 _VERSIONS = {3: "3.1", 4: "3.1.1", 5: "5.0"}
 
 
+def _log_task_failure(peer: str, exc: Exception) -> None:
+    """Log the failure of a connection's delivery or writer task as the transport logs a
+    connection's own: a peer that vanished briefly, anything else with its traceback."""
+    if isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError)):
+        log.info("%s: connection lost: %s", peer, exc)
+    else:
+        log.error("%s: a task of the connection failed", peer, exc_info=exc)
+
+
 class _Close(Exception):
     """Stop serving this connection; `reason` goes into a v5 DISCONNECT when not None."""
 
@@ -203,6 +212,7 @@ class ClientHandler:
         # The connection's other tasks (deliveries, writers) run beside this one, not in a
         # nursery of its own: an idle connection starts none.
         tasks = ConnectionTasks(self._read_scope)
+        reported = False  # whether the failure of one of them went up (or into the log)
         try:
             # CONNACK goes out from this task: a connection that then stays idle never
             # starts a writer task.
@@ -220,6 +230,7 @@ class ClientHandler:
                 with self._read_scope:
                     await self._read_loop()
                 if tasks.error is not None:  # one of them failed: as a nursery ends
+                    reported = True
                     raise tasks.error
                 if self._close_reason is None:  # nothing arrived within the keep alive
                     raise _Close(
@@ -244,7 +255,10 @@ class ClientHandler:
             await self._flush_quietly()
             await tasks.aclose()
             self.out.write_from(None)
-            if tasks.error is not None:
+            # Once a DISCONNECT is on its way the client is given time to read it
+            # (`end_and_drain` below): the failure goes into the log instead.
+            if tasks.error is not None and not self._linger:
+                reported = True
                 raise tasks.error
         except* trio.Cancelled:
             # The node is stopping: tell MQTT 5 clients why before the socket closes, once
@@ -255,6 +269,7 @@ class ClientHandler:
                 await self._say_goodbye(ReasonCode.SERVER_SHUTTING_DOWN)
             raise
         finally:
+            self.out.write_from(None)  # what is written from now on starts no writer task
             self.server.clients.discard(self)
             self.server.processor.overload.client_left(self._budget_key(), self._rates)
             self.server.timers.cancel(self._credential_key())
@@ -269,6 +284,10 @@ class ClientHandler:
                     # Its tasks end before the session is let go of (they use it), with no
                     # time limit, as a nursery's end waits for its tasks.
                     await tasks.aclose()
+                    if tasks.error is not None and not reported:
+                        # Not what ends the connection (a node stopping, another error, a
+                        # DISCONNECT sent), yet worth the log as it would have been.
+                        _log_task_failure(self.ctx.peer, tasks.error)
                     with trio.move_on_after(10):
                         await self._close_session()
             finally:

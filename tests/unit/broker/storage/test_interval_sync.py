@@ -145,3 +145,23 @@ async def test_the_interval_fsync_runs_on_its_own_thread_not_the_event_loop(
         nursery.cancel_scope.cancel()
     await store.aclose()
     assert not any(t.name == "mop-log-fsync" and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_poke_fsyncs_at_once_whatever_the_interval() -> None:
+    log = _Log()
+    syncer = IntervalSyncer(
+        3600,
+        written=lambda: log.written,
+        synced=lambda: log.synced,
+        fsync=log.fsync,
+        done=log.done,
+        failed=log.failed,
+    )
+    syncer.start()
+    try:
+        log.written = 42
+        syncer.poke()
+        log.wait_for(lambda: log.synced == 42)
+    finally:
+        syncer.stop()
+        syncer.join()  # a stop wakes it too: no hour-long wait
