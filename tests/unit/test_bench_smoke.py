@@ -25,18 +25,27 @@ pytestmark = [
 ]
 
 
+def _bench(
+    script: str, *args: str, timeout: float, ok: bool = True, cwd: Path = REPO
+) -> subprocess.CompletedProcess[str]:
+    """Run `bench/<script>` with this Python; with `ok`, assert it succeeded."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / script), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if ok:
+        assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
 def test_smoke_run_reports_a_rate_for_mop(tmp_path: Path) -> None:
     out = tmp_path / "report"
     options = ["--smoke", "--brokers", "mop-never", "--scenarios", "qos0", "--no-chart"]
-    done = subprocess.run(
-        [sys.executable, str(BENCH), *options, "--out", str(out), "--deps-dir", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    _bench("mqtt_bench.py", *options, "--out", str(out), "--deps-dir", str(tmp_path), timeout=180)
 
     results = json.loads((out / "results.json").read_text())
     [run] = results["runs"]
@@ -55,15 +64,7 @@ def test_smoke_run_of_separated_mode_reports_the_hop(tmp_path: Path) -> None:
     out = tmp_path / "report"
     options = ["--smoke", "--brokers", "mop-never,mop-sep-1x1", "--scenarios", "qos1"]
     paths = ["--out", str(out), "--deps-dir", str(tmp_path)]
-    done = subprocess.run(
-        [sys.executable, str(BENCH), *options, "--no-chart", *paths],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    _bench("mqtt_bench.py", *options, "--no-chart", *paths, timeout=180)
 
     results = json.loads((out / "results.json").read_text())
     runs = {run["broker"]: run for run in results["runs"]}
@@ -92,15 +93,7 @@ def test_smoke_run_reports_the_targets_with_the_trio_floor(tmp_path: Path) -> No
     brokers = ["--brokers", "mop-never,mosquitto,trio-floor"]
     paths = ["--out", str(out), "--deps-dir", str(tmp_path)]
     scenarios = ["--scenarios", "qos1,fanin,conns"]
-    done = subprocess.run(
-        [sys.executable, str(BENCH), "--smoke", *brokers, *scenarios, *paths],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    _bench("mqtt_bench.py", "--smoke", *brokers, *scenarios, *paths, timeout=240)
 
     results = json.loads((out / "results.json").read_text())
     floor_runs = {run["scenario"]: run for run in results["runs"] if run["broker"] == "trio-floor"}
@@ -132,20 +125,12 @@ def test_smoke_run_reports_the_targets_with_the_trio_floor(tmp_path: Path) -> No
 
 def test_pulsar_bench_smoke_run_reports_rates_for_mop(tmp_path: Path) -> None:
     out = tmp_path / "pulsar-report"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "bench" / "pulsar_bench.py"),
-            *("--smoke", "--brokers", "mop-never", "--no-chart"),
-            *("--out", str(out), "--deps-dir", str(tmp_path)),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    _bench(
+        "pulsar_bench.py",
+        *("--smoke", "--brokers", "mop-never", "--no-chart"),
+        *("--out", str(out), "--deps-dir", str(tmp_path)),
         timeout=180,
-        check=False,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
 
     results = json.loads((out / "results.json").read_text())
     scenarios = {run["scenario"]: run["values"] for run in results["runs"]}
@@ -161,15 +146,7 @@ def test_pulsar_bench_smoke_run_reports_rates_for_mop(tmp_path: Path) -> None:
 
 
 def test_idle_memory_bench_reports_bytes_per_connection() -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "idle_memory.py"), "50"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = _bench("idle_memory.py", "50", timeout=120)
     first = done.stdout.splitlines()[0]
     found = re.fullmatch(r"50 idle connections: (\d+) B per connection", first)
     assert found, first
@@ -179,15 +156,7 @@ def test_idle_memory_bench_reports_bytes_per_connection() -> None:
 
 
 def test_hot_path_bench_reports_every_part() -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "hot_path.py"), "--messages", "300", "--repeat", "1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = _bench("hot_path.py", "--messages", "300", "--repeat", "1", timeout=120)
     first, *parts = done.stdout.splitlines()
     assert first.startswith("compiled modules: "), first
     timed = [re.fullmatch(r"\s*(\w+):\s+(\d+) ns per message", line) for line in parts]
@@ -208,17 +177,16 @@ def test_the_compiled_column_needs_a_compiled_build(tmp_path: Path) -> None:
     """`mop-compiled` runs the mop installed in the Python given with `--mop-compiled`: without
     one, or with a Python whose mop is this checkout (not a compiled build), the bench says so
     and stops before running anything."""
-    base = [sys.executable, str(BENCH), "--smoke", "--brokers", "mop-compiled", "--no-chart"]
-    missing = subprocess.run(
-        [*base, "--out", str(tmp_path / "a")], capture_output=True, text=True, timeout=120
-    )
+    base = ("--smoke", "--brokers", "mop-compiled", "--no-chart")
+    missing = _bench("mqtt_bench.py", *base, "--out", str(tmp_path / "a"), timeout=120, ok=False)
     assert missing.returncode == 1
     assert "give its Python with --mop-compiled" in missing.stderr
-    checkout = subprocess.run(
-        [*base, "--mop-compiled", sys.executable, "--out", str(tmp_path / "b")],
-        capture_output=True,
-        text=True,
+    checkout = _bench(
+        "mqtt_bench.py",
+        *base,
+        *("--mop-compiled", sys.executable, "--out", str(tmp_path / "b")),
         timeout=120,
+        ok=False,
         cwd=tmp_path,
     )
     assert checkout.returncode == 1
@@ -230,24 +198,11 @@ def test_loop_trace_reports_the_anatomy_of_a_message(tmp_path: Path) -> None:
     """bench/loop_trace.py traces the event loop of mop and of the trio floor under a paced
     QoS 1 flow and counts, per message, the scheduler passes and task steps."""
     out = tmp_path / "trace.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "bench" / "loop_trace.py"),
-            "--brokers",
-            "mop,floor",
-            "--rate",
-            "200",
-            "--seconds",
-            "0.5",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    done = _bench(
+        "loop_trace.py",
+        *("--brokers", "mop,floor", "--rate", "200", "--seconds", "0.5", "--json", str(out)),
         timeout=300,
     )
-    assert done.returncode == 0, done.stderr
     results = json.loads(out.read_text())
     for kind in ("mop", "floor"):
         result = results[kind]

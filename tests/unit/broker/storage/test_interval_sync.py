@@ -50,9 +50,9 @@ class _Log:
         with self.changed:
             assert self.changed.wait_for(predicate, timeout=5)  # type: ignore[arg-type]
 
-    def syncer(self) -> IntervalSyncer:
+    def syncer(self, interval: float = 0.005) -> IntervalSyncer:
         return IntervalSyncer(
-            0.005,
+            interval,
             written=lambda: self.written,
             synced=lambda: self.synced,
             fsync=self.fsync,
@@ -149,14 +149,7 @@ async def test_the_interval_fsync_runs_on_its_own_thread_not_the_event_loop(
 
 def test_a_poke_fsyncs_at_once_whatever_the_interval() -> None:
     log = _Log()
-    syncer = IntervalSyncer(
-        3600,
-        written=lambda: log.written,
-        synced=lambda: log.synced,
-        fsync=log.fsync,
-        done=log.done,
-        failed=log.failed,
-    )
+    syncer = log.syncer(3600)
     syncer.start()
     try:
         log.written = 42
