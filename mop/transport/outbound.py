@@ -30,6 +30,7 @@ class TaskStarter(Protocol):
 
 class OutboundBuffer:
     __slots__ = (
+        "_broken",
         "_buffer",
         "_data_ready",
         "_drained",
@@ -51,6 +52,9 @@ class OutboundBuffer:
         self._data_ready: trio.Event | None = None  # `run` waits on it for data
         self._drained: trio.Event | None = None  # set after each send
         self._sending = False  # a `send_all` is in progress
+        # A `send_all` was broken off (cancelled, or failed) once it may have begun to write:
+        # the stream may end inside a packet.
+        self._broken = False
         self._writer = False  # a writer is alive: the `run` task, or an on-demand one
         self._nursery: TaskStarter | None = None
         self.bytes_sent = 0
@@ -96,9 +100,10 @@ class OutboundBuffer:
         return data
 
     @property
-    def sending(self) -> bool:
-        """Whether bytes are on their way to the stream right now (nobody else may send)."""
-        return self._sending
+    def unframed(self) -> bool:
+        """Whether the stream may end inside a packet: a send is under way, or one was broken
+        off. Nothing else may be sent on it then (a DISCONNECT at shutdown, say)."""
+        return self._sending or self._broken
 
     @property
     def has_space(self) -> bool:
@@ -123,11 +128,18 @@ class OutboundBuffer:
         await self._drained.wait()
 
     async def _send_buffered(self) -> None:
+        # A cancellation that is there already ends the send before its first byte (and the
+        # bytes stay buffered); nothing suspends between this and the sender's own check, so
+        # a send that raises after it may have written part of the chunk.
+        await trio.lowlevel.checkpoint_if_cancelled()
         chunk = bytes(self._buffer)
         self._buffer.clear()
         self._sending = True
         try:
             await self._send(chunk)
+        except BaseException:
+            self._broken = True
+            raise
         finally:
             self._sending = False
         self.bytes_sent += len(chunk)

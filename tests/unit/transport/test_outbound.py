@@ -57,3 +57,43 @@ async def test_flush_and_space_with_the_run_task() -> None:
             await out.flush()
         assert out.has_space and out.bytes_sent == 5
         nursery.cancel_scope.cancel()
+
+
+class _HalfSender(trio.abc.SendStream):
+    """Writes the first half of what it is given, then waits for room that never comes."""
+
+    def __init__(self) -> None:
+        self.written = b""
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await trio.lowlevel.checkpoint()
+        self.written += bytes(data[: len(data) // 2])
+        await trio.sleep_forever()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+async def test_a_send_broken_off_halfway_leaves_the_stream_unframed() -> None:
+    stream = _HalfSender()
+    out = OutboundBuffer(stream)
+    out.write(b"0123456789")
+    assert not out.unframed
+    with trio.move_on_after(0.1):
+        await out.flush()
+    assert stream.written == b"01234"
+    assert out.unframed  # nothing else may follow the half packet
+
+
+async def test_a_send_cancelled_before_its_first_byte_keeps_the_stream_framed() -> None:
+    stream = _HalfSender()
+    out = OutboundBuffer(stream)
+    out.write(b"0123456789")
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await out.flush()
+    assert stream.written == b""
+    assert not out.unframed

@@ -299,7 +299,7 @@ class ClientHandler:
     async def _say_goodbye(self, reason: int) -> None:
         if self.conn.protocol_level != 5 or self.conn.state is not ConnectionState.CONNECTED:
             return
-        if self.out.sending:  # a send broken off halfway: the stream is no longer framed
+        if self.out.unframed:  # a send broken off halfway: the stream may end in a packet
             return
         with contextlib.suppress(
             trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError
