@@ -226,7 +226,7 @@ class SegmentFiles:
 
     def _seal(self, base: int) -> None:
         if self._seal_fsync and base in self._dirty:
-            os.fsync(self._fds[base])
+            self._fsync(self._fds[base])
             self._dirty.pop(base, None)
         if base not in self._dirty:
             self._close(base)
@@ -250,7 +250,7 @@ class SegmentFiles:
             self._directory_dirty = False
         try:
             for base in sorted(dirty):
-                os.fsync(dirty[base][0])
+                self._fsync(dirty[base][0])
             if directory:
                 _fsync_directory(self.directory)
         except OSError:
@@ -272,7 +272,7 @@ class SegmentFiles:
         for base in sorted(self._dirty):
             fd = self._fds.get(base)
             if fd is not None:
-                os.fsync(fd)
+                self._fsync(fd)
         if self._directory_dirty:
             _fsync_directory(self.directory)
             self._directory_dirty = False
@@ -297,6 +297,19 @@ class SegmentFiles:
         except OSError as exc:
             # The files may now hold a partial record before later writes: refuse to go on.
             self._damaged = f"could not undo a failed write: {exc}"
+
+    def _fsync(self, fd: int) -> None:
+        """fsync a segment. When that fails for any reason but a full disk, Linux may have
+        dropped the pages it could not write and marked them clean, so a later fsync would
+        succeed without them: the log refuses every write from then on rather than go on as
+        if the records were safe (a restart recovers it from what is on disk)."""
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                # A plain assignment: the interval's thread fsyncs without the lock.
+                self._damaged = f"fsync failed, records written before may be lost: {exc}"
+            raise
 
     def _close(self, base: int) -> None:
         fd = self._fds.pop(base, None)

@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -686,3 +687,48 @@ async def test_a_cancelled_sync_leaves_no_hole_in_the_log(tmp_path: Path) -> Non
         ]
     finally:
         await store.aclose()
+
+
+def _failing_fsync(error: int) -> Callable[[int], None]:
+    def fsync(fd: int) -> None:
+        raise OSError(error, os.strerror(error))
+
+    return fsync
+
+
+async def test_a_failed_fsync_stops_the_log_taking_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an fsync error Linux may have dropped what it could not write: a later fsync
+    would succeed without it, so the log refuses every write rather than claim them safe."""
+    store = await open_durable_storage(tmp_path, small_settings(fsync="always"))
+    store.append("t", _messages("safe"))
+    await store.sync()
+    monkeypatch.setattr(os, "fsync", _failing_fsync(errno.EIO))
+    store.append("t", _messages("refused"))
+    with pytest.raises(StorageError):
+        await store.sync()
+    monkeypatch.undo()  # the disk answers again: still refused
+    store.append("t", _messages("after"))
+    with pytest.raises(StorageError, match="fsync failed"):
+        await store.sync()
+    store.abandon()
+    store = await open_durable_storage(tmp_path, small_settings())
+    assert _payloads(await store.read("t", None, 10)) == [b"safe"]
+    await store.aclose()
+
+
+async def test_a_full_disk_at_fsync_is_a_full_disk_not_a_damaged_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(durable_module, "_FULL_BACKOFF", 0.0)
+    store = await open_durable_storage(tmp_path, small_settings(fsync="always"))
+    monkeypatch.setattr(os, "fsync", _failing_fsync(errno.ENOSPC))
+    store.append("t", _messages("refused"))
+    with pytest.raises(StorageFull):
+        await store.sync()
+    monkeypatch.undo()  # space again: writes go on
+    store.append("t", _messages("kept"))
+    await store.sync()
+    assert _payloads(await store.read("t", None, 10)) == [b"kept"]
+    await store.aclose()
