@@ -35,14 +35,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     """One mop broker process (Pulsar protocol only) for every cluster test of the session:
     it takes a second or more to start. Tests keep apart by their names (see `Names`)."""
-    process = broker_process(tmp_path_factory.mktemp("broker") / "data")
-    process.start()
-    try:
+    with broker_process(tmp_path_factory.mktemp("broker") / "data").serving() as process:
         yield process
-    finally:
-        if process.running:
-            assert process.stop() == 0, process.log()
-        process.close()
 
 
 @pytest.fixture(params=BACKENDS)

@@ -76,14 +76,8 @@ def mode(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     """The broker process of the separated-mode tests of one module."""
-    process = broker_process(tmp_path_factory.mktemp("broker") / "data")
-    process.start()
-    try:
+    with broker_process(tmp_path_factory.mktemp("broker") / "data").serving() as process:
         yield process
-    finally:
-        if process.running:
-            assert process.stop() == 0, process.log()
-        process.close()
 
 
 @pytest.fixture(autouse=True)

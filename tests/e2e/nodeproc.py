@@ -25,7 +25,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import psutil
 
 import mop
 
@@ -120,6 +123,10 @@ class NodeProcess:
         assert self.listening is PULSAR_LISTENING, "not a broker process"
         return f"pulsar://127.0.0.1:{self.port}"
 
+    def rss(self) -> int:
+        """The running process's resident memory, in bytes."""
+        return int(psutil.Process(self._require().pid).memory_info().rss)
+
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -143,6 +150,22 @@ class NodeProcess:
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=STOP_TIMEOUT)
         self._finish()
+
+    def end(self) -> None:
+        """For the teardown of a node that must have run well: stop it if it still runs (exit
+        status 0 expected), then release it."""
+        if self.running:
+            assert self.stop() == 0, self.log()
+        self.close()
+
+    @contextlib.contextmanager
+    def serving(self, **overrides: str) -> Iterator[NodeProcess]:
+        """`start` it, and `end` it on the way out."""
+        self.start(**overrides)
+        try:
+            yield self
+        finally:
+            self.end()
 
     def close(self) -> None:
         """For teardown: kill the process if it still runs."""

@@ -188,10 +188,9 @@ def idle_rss(data_dir: Path) -> int:
     probe = NodeProcess(data_dir, MOP_STORAGE__FSYNC="interval")
     port = probe.start()
     try:
-        assert probe.process is not None
         client = Client(port, "idle-probe")
         time.sleep(1.0)
-        rss = int(psutil.Process(probe.process.pid).memory_info().rss)
+        rss = probe.rss()
         client.disconnect()
         return rss
     finally:

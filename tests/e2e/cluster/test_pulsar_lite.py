@@ -241,14 +241,8 @@ def lite_proxy(lite: LiteBroker, data_dir: Path) -> NodeProcess:
 @contextmanager
 def running_proxy(lite: LiteBroker, data_dir: Path) -> Iterator[NodeProcess]:
     """A started `lite_proxy`, which must stop with status 0."""
-    process = lite_proxy(lite, data_dir)
-    process.start()
-    try:
+    with lite_proxy(lite, data_dir).serving() as process:
         yield process
-    finally:
-        if process.running:
-            assert process.stop() == 0, process.log()
-        process.close()
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ import uuid
 from collections.abc import Iterator
 
 import grpc
-import psutil
 import pytest
 
 from mop.protocols.grpc.proto.mop_grpc_pb2 import Ack, Send, SendResult
@@ -60,24 +59,13 @@ def node(
         settings = {"MOP_PROTOCOLS": '["grpc"]', "MOP_STORAGE__FSYNC": "always"}
         if request.param == "separated":
             broker = broker_process(workdir / "broker", MOP_STORAGE__FSYNC="always")
-            stack.callback(_stop, broker)
+            stack.callback(broker.end)
             broker.start()
             settings.update(MOP_MODE="separated", MOP_CLUSTER__SERVICE_URL=broker.service_url)
         process = NodeProcess(workdir / "node", listening=GRPC_LISTENING, **settings)
-        stack.callback(_stop, process)
+        stack.callback(process.end)
         process.start()
         yield process
-
-
-def _stop(process: NodeProcess) -> None:
-    if process.running:
-        assert process.stop() == 0, process.log()
-    process.close()
-
-
-def rss(node: NodeProcess) -> int:
-    assert node.process is not None
-    return int(psutil.Process(node.process.pid).memory_info().rss)
 
 
 def payloads(total: int, tag: str, size: int) -> list[bytes]:
@@ -117,7 +105,7 @@ def test_a_consumer_that_stops_reading_does_not_make_the_node_buffer_the_backlog
             yield from ()
 
         time.sleep(0.5)
-        before = rss(node)
+        before = node.rss()
         call = stalled.consume_call(
             topic,
             "stalled",
@@ -129,7 +117,7 @@ def test_a_consumer_that_stops_reading_does_not_make_the_node_buffer_the_backlog
             first = next(call)  # the call is open and delivering; from here on nobody reads
             assert first.payload == backlog[0]
             time.sleep(2.0)  # time for the node to push whatever it would push
-            grown = rss(node) - before
+            grown = node.rss() - before
             assert grown < STALL_BOUND, (
                 f"the node grew {grown / MiB:.1f} MiB while {BACKLOG / MiB:.0f} MiB waited for"
                 f" a consumer that does not read"

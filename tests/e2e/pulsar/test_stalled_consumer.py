@@ -13,7 +13,6 @@ import time
 import uuid
 from collections.abc import Iterator
 
-import psutil
 import pulsar
 import pytest
 
@@ -40,18 +39,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
         listening=PULSAR_LISTENING,
         MOP_PROTOCOLS='["pulsar"]',
     )
-    process.start()
-    try:
+    with process.serving():
         yield process
-    finally:
-        if process.running:
-            assert process.stop() == 0, process.log()
-        process.close()
-
-
-def _rss(node: NodeProcess) -> int:
-    assert node.process is not None
-    return int(psutil.Process(node.process.pid).memory_info().rss)
 
 
 def _messages(total: int, tag: str) -> list[bytes]:
@@ -115,10 +104,10 @@ def test_a_consumer_that_stops_reading_does_not_make_the_node_hold_what_is_publi
         consumer = client.subscribe(topic, "stalled", receiver_queue_size=8)
         published = _messages(PUBLISHED, "p")
         time.sleep(0.5)
-        before = _rss(node)
+        before = node.rss()
         _publish(client, topic, published)  # nobody reads meanwhile
         time.sleep(1.0)
-        grown = _rss(node) - before
+        grown = node.rss() - before
         assert grown < STALL_BOUND, (
             f"the node grew {grown / MiB:.1f} MiB while {PUBLISHED / MiB:.0f} MiB were published"
             " for a consumer that does not read"

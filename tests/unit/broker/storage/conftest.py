@@ -3,6 +3,8 @@ they share is written once and run against each."""
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -56,6 +58,21 @@ async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     await harness.open()
     yield harness
     await harness.close()
+
+
+@pytest.fixture
+def fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
+    """Every fsync made from now on (each still done): its descriptor and the name of the
+    thread that made it."""
+    made: list[tuple[int, str]] = []
+    real = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        made.append((fd, threading.current_thread().name))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    return made
 
 
 @pytest.fixture

@@ -430,17 +430,10 @@ async def test_small_writes_without_fsync_stay_on_the_event_loop(
 
 
 @pytest.mark.parametrize("policy", ["always", "interval", "never"])
-async def test_fsync_policies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str) -> None:
+async def test_fsync_policies(tmp_path: Path, fsyncs: list[tuple[int, str]], policy: str) -> None:
     settings = small_settings(fsync=policy, fsync_interval=0.05)
     store = await open_durable_storage(tmp_path, settings)
-    fsyncs: list[int] = []
-    real = os.fsync
-
-    def counting_fsync(fd: int) -> None:
-        fsyncs.append(fd)
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", counting_fsync)
+    fsyncs.clear()  # opening the store fsynced its epoch
     store.append("t", _messages("a"))
     await store.sync()
     assert bool(fsyncs) == (policy == "always")
@@ -459,19 +452,12 @@ async def test_fsync_policies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, p
 
 
 async def test_interval_fsyncs_on_its_timer_not_on_every_background_write(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fsyncs: list[tuple[int, str]]
 ) -> None:
     # Segments large enough that no write seals one (which fsyncs it).
     settings = small_settings(fsync="interval", fsync_interval=60, segment_bytes=64 << 20)
     store = await open_durable_storage(tmp_path, settings)
-    fsyncs: list[int] = []
-    real = os.fsync
-
-    def counting_fsync(fd: int) -> None:
-        fsyncs.append(fd)
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", counting_fsync)
+    fsyncs.clear()  # opening the store fsynced its epoch
     async with trio.open_nursery() as nursery:
         await nursery.start(store.serve)
         for _ in range(3):  # each over the background flush size: `serve` writes it

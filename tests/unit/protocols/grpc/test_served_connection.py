@@ -43,6 +43,26 @@ class Client:
     async def flush(self) -> None:
         await self.stream.send_all(self.h2.data_to_send())
 
+    async def call(self, path: str, body: bytes, *headers: tuple[str, str]) -> int:
+        """Send a whole unary call to `path` (its request headers, then `headers`); its
+        stream id."""
+        stream_id: int = self.h2.get_next_available_stream_id()
+        self.h2.send_headers(
+            stream_id,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", path),
+                (":authority", "x"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+                *headers,
+            ],
+        )
+        self.h2.send_data(stream_id, encode_message(body), end_stream=True)
+        await self.flush()
+        return stream_id
+
     async def events(self) -> list[h2.events.Event]:
         data = await self.stream.receive_some(65536)
         if not data:
@@ -100,21 +120,7 @@ async def test_a_client_that_answers_is_pinged_again_and_kept(
 
 async def test_the_deadline_ends_a_hanging_call(autojump_clock: trio.testing.MockClock) -> None:
     async with connected(GrpcSettings(keepalive_interval=0)) as client:
-        stream_id = client.h2.get_next_available_stream_id()
-        client.h2.send_headers(
-            stream_id,
-            [
-                (":method", "POST"),
-                (":scheme", "http"),
-                (":path", "/t.S/hang"),
-                (":authority", "x"),
-                ("content-type", "application/grpc"),
-                ("te", "trailers"),
-                ("grpc-timeout", "5S"),
-            ],
-        )
-        client.h2.send_data(stream_id, encode_message(b""), end_stream=True)
-        await client.flush()
+        await client.call("/t.S/hang", b"", ("grpc-timeout", "5S"))
         start = trio.current_time()
         while True:
             ended = [
@@ -174,20 +180,7 @@ async def test_a_clients_graceful_goaway_lets_its_calls_finish_then_closes(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with connected(GrpcSettings(keepalive_interval=0)) as client:
-        stream_id = client.h2.get_next_available_stream_id()
-        client.h2.send_headers(
-            stream_id,
-            [
-                (":method", "POST"),
-                (":scheme", "http"),
-                (":path", "/t.S/echo"),
-                (":authority", "x"),
-                ("content-type", "application/grpc"),
-                ("te", "trailers"),
-            ],
-        )
-        client.h2.send_data(stream_id, encode_message(b"hi"), end_stream=True)
-        await client.flush()
+        stream_id = await client.call("/t.S/echo", b"hi")
         # GOAWAY NO_ERROR framed by hand: the client's h2 would read nothing after its own.
         goaway = GoAwayFrame(0)
         goaway.last_stream_id = stream_id

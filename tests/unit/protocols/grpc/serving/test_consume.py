@@ -3,6 +3,7 @@ types, initial positions, and the bound on messages taken ahead of the client's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -308,6 +309,20 @@ async def test_a_deliver_at_time_holds_a_message_back_from_a_shared_subscription
         call.half_close()
 
 
+def wrap_consumers(
+    processor: MessagingProcessor,
+    monkeypatch: pytest.MonkeyPatch,
+    wrap: Callable[[Consumer], object],
+) -> None:
+    """Every consumer the processor opens from now on is `wrap(consumer)`."""
+    subscribe = processor.subscribe
+
+    async def wrapped(ctx: ClientContext, spec: SubscriptionSpec) -> Consumer:
+        return wrap(await subscribe(ctx, spec))  # type: ignore[return-value]
+
+    monkeypatch.setattr(processor, "subscribe", wrapped)
+
+
 class RefusingAcks:
     """A consumer whose backend cannot do a cumulative ack (a separated proxy's, for a
     message it does not hold)."""
@@ -327,12 +342,7 @@ async def test_an_ack_the_backend_refuses_ends_the_call_with_its_status(
     methods: dict[str, MethodHandler],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    subscribe = processor.subscribe
-
-    async def refusing(ctx: ClientContext, spec: SubscriptionSpec) -> Consumer:
-        return RefusingAcks(await subscribe(ctx, spec))  # type: ignore[return-value]
-
-    monkeypatch.setattr(processor, "subscribe", refusing)
+    wrap_consumers(processor, monkeypatch, RefusingAcks)
     call = consumer()
     async with trio.open_nursery() as nursery:
         await started(nursery, call, methods[CONSUME])
@@ -365,13 +375,8 @@ async def test_a_repeated_or_stale_cumulative_ack_is_a_no_op(
     methods: dict[str, MethodHandler],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    subscribe = processor.subscribe
     acked: list[MessageId] = []
-
-    async def holding(ctx: ClientContext, spec: SubscriptionSpec) -> Consumer:
-        return HoldingAcks(await subscribe(ctx, spec), acked)  # type: ignore[return-value]
-
-    monkeypatch.setattr(processor, "subscribe", holding)
+    wrap_consumers(processor, monkeypatch, lambda consumer: HoldingAcks(consumer, acked))
     call = consumer()
     async with trio.open_nursery() as nursery:
         await started(nursery, call, methods[CONSUME])
@@ -413,13 +418,8 @@ class CountingReceives:
 async def test_no_more_is_taken_while_max_unwritten_bytes_wait_for_the_client(
     processor: MessagingProcessor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    subscribe = processor.subscribe
     taken: list[int] = []
-
-    async def counting(ctx: ClientContext, spec: SubscriptionSpec) -> Consumer:
-        return CountingReceives(await subscribe(ctx, spec), taken)  # type: ignore[return-value]
-
-    monkeypatch.setattr(processor, "subscribe", counting)
+    wrap_consumers(processor, monkeypatch, lambda consumer: CountingReceives(consumer, taken))
     consuming = Consuming(
         processor,
         Namespaces("public", "default"),
