@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
-from brokers import REPO_DIR, accepts, free_port  # noqa: E402
+from brokers import MOP_MQTT_SETTINGS, MOP_SOURCE, accepts, free_port, mop_environ  # noqa: E402
 from loadgen import build, run  # noqa: E402
 
 # Steps and waits recorded at most (a few seconds at 5k msgs/s); recording stops after.
@@ -177,22 +176,18 @@ def _run_one(kind: str, args: argparse.Namespace, loadgen: Path) -> dict[str, An
     work = Path(tempfile.mkdtemp(prefix=f"loop-trace-{kind}-"))
     trace = work / "trace.json"
     python = str(args.mop_compiled) if kind == "mop" and args.mop_compiled else sys.executable
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MOP_")}
-    if kind == "mop" and not args.mop_compiled:
-        source = str(args.mop_source or REPO_DIR)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
-    env.update(
-        MOP_DATA_DIR=str(work / "data"),
-        MOP_ADMIN__PORT="0",
+    # The bench's settings for mop; the child finds this directory's modules (the floor) as
+    # those next to its script.
+    env = mop_environ(
+        work / "data",
+        **MOP_MQTT_SETTINGS,
         MOP_PROTOCOLS='["mqtt"]',
-        MOP_MQTT__HOST="127.0.0.1",
         MOP_MQTT__PORT=str(port),
-        MOP_MQTT__SYS_INTERVAL="0",
-        MOP_MQTT__MAX_INFLIGHT="100",
         MOP_PULSAR__PORT="0",
         MOP_STORAGE__FSYNC=args.fsync,
     )
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH_DIR), env.get("PYTHONPATH")]))
+    if kind == "mop" and args.mop_compiled:
+        env.pop("PYTHONPATH", None)  # the installed package only
     warmup = 0.5
     argv = [python, str(Path(__file__).resolve()), "--child", kind, "--port", str(port)]
     argv += ["--warmup", str(warmup), "--seconds", str(args.seconds), "--trace", str(trace)]
@@ -275,6 +270,8 @@ def main() -> int:
     if args.child:
         _child(args.child, args.port, args.warmup, args.seconds, args.trace)
         return 0
+    if args.mop_source:
+        MOP_SOURCE.root = args.mop_source.resolve()
     loadgen = build(args.deps_dir.resolve())
     results = {}
     for kind in args.brokers.split(","):
