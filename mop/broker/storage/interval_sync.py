@@ -3,11 +3,11 @@
 At every tick of the store's background writer (`poke`, once it has written what no `sync()`
 asked for), the thread fsyncs what the event loop has written to the log since the last fsync,
 and reports how far that covered; should the loop be too busy to poke it, it does so on its own
-every two intervals. The event loop takes no part in it: handing
-each fsync to a worker thread from a task cost the loop several task steps every interval,
-and a message that arrived during them waited for all of them (a good part of the p99 latency
-of a node at a steady rate). `os.fsync` releases the GIL, so the thread holds it only for a
-few lines either side of the system call.
+every two intervals. The event loop takes no part in it: handing each fsync to a worker thread
+from a task cost the loop several task steps every interval, and a message that arrived during
+them waited for all of them (a good part of the p99 latency of a node at a steady rate).
+`os.fsync` releases the GIL, so the thread holds it only for a few lines either side of the
+system call.
 """
 
 from __future__ import annotations

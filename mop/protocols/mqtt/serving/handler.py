@@ -254,7 +254,6 @@ class ClientHandler:
                 self._linger = True
             await self._flush_quietly()
             await tasks.aclose()
-            self.out.write_from(None)
             # Once a DISCONNECT is on its way the client is given time to read it
             # (`end_and_drain` below): the failure goes into the log instead.
             if tasks.error is not None and not self._linger:
